@@ -1,0 +1,141 @@
+// The codec interface: a codec turns one worker's gradient into payloads,
+// round by round, and turns everybody's payloads back into the average.
+//
+//   GC_ASSIGN_OR_RETURN(auto session, codec.Start(grad, state, ctx));
+//   while (true) {
+//     GC_ASSIGN_OR_RETURN(std::optional<Round> round, session->NextRound());
+//     if (!round) break;
+//     GC_ASSIGN_OR_RETURN(RoundResult r, collective.Run(*round));
+//     GC_RETURN_IF_ERROR(session->Absorb(std::move(r)));
+//   }
+//   GC_RETURN_IF_ERROR(session->Finish(out));
+//
+// Most codecs have one round and derive from SingleRoundCodec, which writes
+// the session once for all of them.
+#ifndef GRADCOMP_CODECS_CODEC_H_
+#define GRADCOMP_CODECS_CODEC_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "codecs/state.h"
+#include "codecs/tensor.h"
+#include "codecs/wire.h"
+
+namespace gradcomp::codecs {
+
+// What a round asks of the collective layer.
+enum class Collective {
+  // Payloads carry a dense body (wire.h: kFlagDenseBody) that can be added
+  // element-wise in fp32 as it is; any allreduce works.
+  kSum,
+  // Payloads must be decoded one by one; the collective hands back all of them.
+  kGather,
+};
+
+absl::string_view CollectiveName(Collective c);
+
+struct Round {
+  Collective collective = Collective::kGather;
+  Bytes payload;  // wire format, wire.h
+};
+
+struct RoundResult {
+  int world_size = 1;
+  // kSum: the fp32 element-wise sum over all workers of the payloads' dense
+  // bodies (wire::AddDenseBody of each).
+  std::vector<float> sum;
+  // kGather: every worker's payload, in rank order.
+  std::vector<Bytes> payloads;
+};
+
+// Identifies one tensor of one step on every rank, for reproducible randomness.
+struct StepContext {
+  uint64_t seed = 0;       // job seed, the same on every rank
+  uint64_t tensor_id = 0;  // TensorId(name), random.h
+  int64_t step = 0;
+  int rank = 0;
+  int world_size = 1;
+};
+
+struct CodecInfo {
+  std::string name;           // registry name, e.g. "topk"
+  CodecId id = CodecId::kNone;
+  std::string family;         // "dense", "sparsification", "quantization", ...
+  bool summable = false;      // its rounds are kSum
+  bool unbiased = false;      // E[decode(encode(g))] = g
+  bool stateful = false;      // keeps per-tensor state between steps
+  int rounds = 1;
+  std::vector<std::string> params;  // parameter names it accepts
+};
+
+// One tensor, one step, on one worker.
+class CodecSession {
+ public:
+  virtual ~CodecSession() = default;
+
+  // The next round's payload and collective, or nullopt when every round ran.
+  virtual absl::StatusOr<std::optional<Round>> NextRound() = 0;
+
+  // Takes the collective's result for the round NextRound() returned last.
+  virtual absl::Status Absorb(RoundResult result) = 0;
+
+  // Writes the decoded average over all workers. `out` has numel elements.
+  virtual absl::Status Finish(absl::Span<float> out) = 0;
+
+  // Writes this worker's own gradient as it survived compression,
+  // D(C(g)) (before averaging); used for error metrics. Valid once
+  // NextRound() has returned nullopt.
+  virtual absl::Status DecodeOwn(absl::Span<float> out) = 0;
+};
+
+// A compression algorithm with fixed parameters. Thread-safe: one instance
+// serves many tensors at once; per-tensor state lives in TensorState.
+class Codec {
+ public:
+  virtual ~Codec() = default;
+
+  virtual const CodecInfo& info() const = 0;
+
+  // Starts the session of one tensor and step. `grad` and `state` must
+  // outlive the session; the caller holds the state's lock throughout.
+  virtual absl::StatusOr<std::unique_ptr<CodecSession>> Start(
+      const TensorView& grad, TensorState& state,
+      const StepContext& ctx) const = 0;
+};
+
+// Base of every codec with exactly one round. Subclasses write Encode and
+// DecodeAdd (and FinishSum when the summed body is not the tensor itself).
+class SingleRoundCodec : public Codec {
+ public:
+  // Encodes `grad` into `payload` (wire format). May read and update `state`.
+  virtual absl::Status Encode(const TensorView& grad, TensorState& state,
+                              const StepContext& ctx, Bytes* payload) const = 0;
+
+  // Validates `payload` completely (header, every length, index and count)
+  // and adds alpha * decode(payload) to `acc`. A bad payload is an
+  // InvalidArgument error and leaves `acc` untouched.
+  virtual absl::Status DecodeAdd(absl::string_view payload, float alpha,
+                                 absl::Span<float> acc) const = 0;
+
+  // For summable codecs: turns the sum of W dense bodies into the average.
+  // The default treats the body as the tensor itself: out = sum / W.
+  virtual absl::Status FinishSum(absl::Span<const float> sum, int world_size,
+                                 const StepContext& ctx,
+                                 absl::Span<float> out) const;
+
+  absl::StatusOr<std::unique_ptr<CodecSession>> Start(
+      const TensorView& grad, TensorState& state,
+      const StepContext& ctx) const final;
+};
+
+}  // namespace gradcomp::codecs
+
+#endif  // GRADCOMP_CODECS_CODEC_H_

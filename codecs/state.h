@@ -1,0 +1,106 @@
+// Per-tensor codec state (error-feedback residuals, momentum, warm starts),
+// owned by the daemon and keyed by (job, tensor).
+//
+//   StateStore store;
+//   GC_ASSIGN_OR_RETURN(StateStore::Locked locked,
+//                       store.Acquire("job", "fc1.weight", shape, dtype));
+//   absl::Span<float> residual = locked->Buffer("ef.residual", numel);
+//
+// A change of shape or dtype resets the tensor's state; StateStore counts resets so
+// the daemon can export the count as a metric.
+#ifndef GRADCOMP_CODECS_STATE_H_
+#define GRADCOMP_CODECS_STATE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "codecs/tensor.h"
+
+namespace gradcomp::codecs {
+
+// Named fp32 buffers of one tensor. Not thread-safe: StateStore::Locked
+// serialises access.
+class TensorState {
+ public:
+  // The buffer `name` with `size` elements, zero-filled when first made or
+  // when its size changed. Names are prefixed by their owner ("ef.", "dgc.").
+  absl::Span<float> Buffer(absl::string_view name, size_t size);
+
+  // The buffer `name` if it exists.
+  std::optional<absl::Span<float>> Find(absl::string_view name);
+
+  void Clear() { buffers_.clear(); }
+  size_t ByteSize() const;
+  const std::map<std::string, std::vector<float>, std::less<>>& buffers()
+      const {
+    return buffers_;
+  }
+
+ private:
+  std::map<std::string, std::vector<float>, std::less<>> buffers_;
+};
+
+class StateStore {
+ private:
+  struct Entry {
+    absl::Mutex mu;
+    std::vector<int64_t> shape ABSL_GUARDED_BY(mu);
+    int dtype ABSL_GUARDED_BY(mu) = 0;
+    TensorState state ABSL_GUARDED_BY(mu);
+  };
+
+ public:
+  // Exclusive access to one tensor's state for as long as it lives.
+  class Locked {
+   public:
+    explicit Locked(std::shared_ptr<Entry> entry);
+    Locked(Locked&& other) = default;
+    Locked& operator=(Locked&& other) = default;
+    ~Locked();
+    TensorState* operator->() const;
+    TensorState& operator*() const;
+
+   private:
+    std::shared_ptr<Entry> entry_;
+  };
+
+  // Locks the state of (job, tensor), creating it empty, or resetting it
+  // (and counting the reset) when `shape` or `dtype` (the caller's opaque
+  // element-type code) differs from the last call's.
+  Locked Acquire(absl::string_view job, absl::string_view tensor,
+                 absl::Span<const int64_t> shape, int dtype);
+
+  // Number of resets caused by a change of shape, since start.
+  uint64_t resets() const;
+  // Bytes held by every tensor's state.
+  size_t ByteSize() const;
+
+  // Serialises every tensor state of `job` (a self-describing, versioned
+  // binary format) and restores it; Import replaces the job's tensors that
+  // the blob names and validates the blob completely before touching any.
+  absl::StatusOr<Bytes> Export(absl::string_view job) const;
+  absl::Status Import(absl::string_view job, absl::string_view blob);
+
+ private:
+  mutable absl::Mutex mu_;
+  // Key: job + '\0' + tensor.
+  absl::flat_hash_map<std::string, std::shared_ptr<Entry>> entries_
+      ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> resets_{0};
+};
+
+}  // namespace gradcomp::codecs
+
+#endif  // GRADCOMP_CODECS_STATE_H_

@@ -1,0 +1,110 @@
+// The versioned wire format shared by every codec (docs/wire-format.md).
+//
+// A payload is a 32-byte little-endian header, then a codec-specific
+// parameter block, then the body:
+//
+//   offset  size  field
+//        0     4  magic "GCMP"
+//        4     1  format version (kWireVersion)
+//        5     1  codec id (CodecId)
+//        6     1  round index within the step
+//        7     1  flags (kFlagDenseBody; other bits must be 0)
+//        8     8  element count of the tensor (numel)
+//       16     4  parameter block length P
+//       20     4  reserved, 0
+//       24     8  body length B
+//       32     P  parameters
+//     32+P     B  body
+//
+// The payload's length must be exactly 32 + P + B. With kFlagDenseBody the
+// first parameter byte is an ElemType and the body is a dense vector of that
+// type, which is what lets a collective sum payloads without knowing the codec.
+#ifndef GRADCOMP_CODECS_WIRE_H_
+#define GRADCOMP_CODECS_WIRE_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "codecs/tensor.h"
+
+namespace gradcomp::codecs {
+
+inline constexpr uint32_t kWireMagic = 0x504D4347;  // "GCMP" little-endian
+inline constexpr uint8_t kWireVersion = 1;
+inline constexpr size_t kWireHeaderBytes = 32;
+inline constexpr uint8_t kFlagDenseBody = 0x01;
+
+// Stable on the wire: never renumber, only append.
+enum class CodecId : uint8_t {
+  kNone = 1,
+  kFp16 = 2,
+  kBf16 = 3,
+  kTopK = 4,
+  kQsgd = 5,
+  kRandomK = 6,
+  kThreshold = 7,
+  kTernGrad = 8,
+  kInt8 = 9,
+  kSignSgd = 10,
+  kEfSign = 11,
+  kSignum = 12,
+  kOneBit = 13,
+  kPowerSgd = 14,
+  kAtomo = 15,
+  kPolar = 16,
+};
+
+// Element type of a dense body.
+enum class ElemType : uint8_t { kF32 = 1, kF16 = 2, kBF16 = 3 };
+
+size_t ElemTypeBytes(ElemType t);
+
+struct WireHeader {
+  CodecId codec = CodecId::kNone;
+  uint8_t round = 0;
+  uint8_t flags = 0;
+  uint64_t numel = 0;
+};
+
+// A parsed, validated payload: views into the original bytes.
+struct ParsedPayload {
+  WireHeader header;
+  absl::string_view params;
+  absl::string_view body;
+};
+
+// Appends header + params + body to an empty `out`.
+void WritePayload(const WireHeader& header, absl::string_view params,
+                  absl::string_view body, Bytes* out);
+
+// Starts a payload whose body the caller writes in place: `out` is resized to
+// header + params + body_bytes and the returned pointer is the body's start.
+char* BeginPayload(const WireHeader& header, absl::string_view params,
+                   size_t body_bytes, Bytes* out);
+
+// Checks magic, version, flags, lengths, and that codec, round and numel are
+// the expected ones. Errors are InvalidArgument and say what was expected.
+absl::StatusOr<ParsedPayload> ParsePayload(absl::string_view payload,
+                                           CodecId codec, uint8_t round,
+                                           uint64_t numel);
+
+// Reads only the header (for dispatch and diagnostics), with the same
+// structural checks as ParsePayload but no expectations.
+absl::StatusOr<ParsedPayload> PeekPayload(absl::string_view payload);
+
+// Writes a dense-body payload of `values` converted to `type`.
+void WriteDensePayload(const WireHeader& header, ElemType type,
+                       absl::Span<const float> values, Bytes* out);
+
+// For a kFlagDenseBody payload: acc += alpha * body. The body must hold
+// exactly acc.size() elements.
+absl::Status AddDenseBody(const ParsedPayload& payload, float alpha,
+                          absl::Span<float> acc);
+
+}  // namespace gradcomp::codecs
+
+#endif  // GRADCOMP_CODECS_WIRE_H_
