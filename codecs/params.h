@@ -7,9 +7,11 @@
 #define GRADCOMP_CODECS_PARAMS_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -22,6 +24,11 @@ class CodecParams {
   CodecParams() = default;
   explicit CodecParams(std::map<std::string, std::string> values)
       : values_(std::move(values)) {}
+  // Makes CodecParams({{"ratio", "0.01"}}) unambiguous: with one pair, the
+  // map constructor alone also matches std::map's (first, last) constructor.
+  CodecParams(
+      std::initializer_list<std::pair<const std::string, std::string>> values)
+      : values_(values) {}
 
   // Each returns `fallback` when the key is absent, and InvalidArgument
   // naming the key and the text when the value does not parse.

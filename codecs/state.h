@@ -67,7 +67,8 @@ class StateStore {
    public:
     explicit Locked(std::shared_ptr<Entry> entry);
     Locked(Locked&& other) = default;
-    Locked& operator=(Locked&& other) = default;
+    // Releases the lock this one held before taking over `other`'s.
+    Locked& operator=(Locked&& other);
     ~Locked();
     TensorState* operator->() const;
     TensorState& operator*() const;
@@ -94,6 +95,9 @@ class StateStore {
   absl::Status Import(absl::string_view job, absl::string_view blob);
 
  private:
+  static std::shared_ptr<Entry> NewEntry(absl::Span<const int64_t> shape,
+                                         int dtype);
+
   mutable absl::Mutex mu_;
   // Key: job + '\0' + tensor.
   absl::flat_hash_map<std::string, std::shared_ptr<Entry>> entries_

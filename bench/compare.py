@@ -1,0 +1,80 @@
+"""Turns codec_benchmark and torch_reference results into a markdown table.
+
+    /usr/bin/python3 bench/compare.py gradcomp.json torch.json > table.md
+
+Speed-up = PyTorch time / gradcomp time on the same 25M-float input; "% of
+memcpy" = memcpy time / gradcomp time (both move the 100 MB fp32 input once).
+"""
+
+import json
+import sys
+from typing import Dict, List, Tuple
+
+# (gradcomp benchmark, what it does, [(torch case, note)]).
+ROWS: List[Tuple[str, str, List[Tuple[str, str]]]] = [
+    ("BM_Memcpy", "memcpy 100 MB", [("copy", "preallocated"),
+                                    ("clone", "allocates")]),
+    ("BM_Encode/none", "encode none (fp32)", [("copy", "preallocated")]),
+    ("BM_Encode/fp16", "encode fp16", [("half", "allocates"),
+                                       ("half_copy", "preallocated")]),
+    ("BM_Encode/bf16", "encode bf16", [("bfloat16", "allocates"),
+                                       ("bfloat16_copy", "preallocated")]),
+    ("BM_TopKSelect/10", "top-k select 0.001 (+ values)",
+     [("topk_0.001", "")]),
+    ("BM_TopKSelect/100", "top-k select 0.01 (+ values)",
+     [("topk_0.01", "")]),
+    ("BM_Encode/topk_0.001", "encode topk 0.001 (DGC step)",
+     [("dgc_0.001", "in place")]),
+    ("BM_Encode/topk_0.01", "encode topk 0.01 (DGC step)",
+     [("dgc_0.01", "in place")]),
+    ("BM_Encode/qsgd_4bit", "encode qsgd 4-bit", [("qsgd_4bit", "int8 levels, unpacked")]),
+    ("BM_Decode/fp16", "decode-add fp16", [("half_decode", "")]),
+    ("BM_Decode/topk_0.001", "decode-add topk 0.001",
+     [("topk_decode_0.001", "")]),
+    ("BM_Decode/topk_0.01", "decode-add topk 0.01",
+     [("topk_decode_0.01", "")]),
+    ("BM_Decode/qsgd_4bit", "decode-add qsgd 4-bit",
+     [("qsgd_decode_4bit", "")]),
+    ("BM_PhiloxFillUniform", "25M Philox uniforms, 1 thread", []),
+]
+
+
+def gradcomp_ms(path: str) -> Dict[str, float]:
+    """Median real time (ms) per benchmark, from Google Benchmark's JSON."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    times: Dict[str, float] = {}
+    for b in data["benchmarks"]:
+        if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
+            continue
+        name = b["run_name"].replace("/real_time", "")
+        assert b["time_unit"] == "ms", b
+        times[name] = b["real_time"]
+    return times
+
+
+def main() -> None:
+    ours = gradcomp_ms(sys.argv[1])
+    with open(sys.argv[2], encoding="utf-8") as f:
+        torch = json.load(f)
+    memcpy = ours["BM_Memcpy"]
+    gb = 25_000_000 * 4 / 1e9
+    print(f"PyTorch {torch['torch_version']}, {torch['threads']} threads.\n")
+    print("| operation | gradcomp ms | GB/s (fp32 in) | % of memcpy "
+          "| PyTorch peer | PyTorch ms | speed-up |")
+    print("| --- | ---: | ---: | ---: | --- | ---: | ---: |")
+    for bench, what, peers in ROWS:
+        if bench not in ours:
+            continue
+        ms = ours[bench]
+        head = f"| {what} | {ms:.2f} | {gb / (ms / 1e3):.1f} | {100 * memcpy / ms:.0f} %"
+        if not peers:
+            print(f"{head} | | | |")
+        for case, note in peers:
+            t = torch["cases"][case]
+            label = f"`{t['code']}`" + (f" ({note})" if note else "")
+            print(f"{head} | {label} | {t['ms']:.2f} | {t['ms'] / ms:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()

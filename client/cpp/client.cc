@@ -1,0 +1,159 @@
+#include "client/cpp/client.h"
+
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+
+namespace gradcomp::client {
+namespace {
+
+std::chrono::system_clock::time_point DeadlineAfter(absl::Duration timeout) {
+  return std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout);
+}
+
+}  // namespace
+
+absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view rpc,
+                            absl::string_view target) {
+  if (status.ok()) return absl::OkStatus();
+  // grpc::StatusCode and absl::StatusCode share the google.rpc.Code values.
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat(rpc, " to gradcompd at ", target, ": ",
+                                   status.error_message()));
+}
+
+size_t DTypeSize(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FLOAT16:
+    case v1::DTYPE_BFLOAT16:
+      return 2;
+    case v1::DTYPE_FLOAT32:
+      return 4;
+    case v1::DTYPE_FLOAT64:
+      return 8;
+    default:
+      return 0;
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
+    const std::string& target, ClientOptions options) {
+  if (target.empty()) {
+    return absl::InvalidArgumentError(
+        "empty gradcompd target; expected host:port or unix:/path");
+  }
+  if (options.rpc_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rpc_timeout must be positive, got ",
+                     absl::FormatDuration(options.rpc_timeout)));
+  }
+  grpc::ChannelArguments args;
+  // Tensors travel inline: no 4 MiB cap on either direction.
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+      target, grpc::InsecureChannelCredentials(), args);
+  return std::unique_ptr<Client>(
+      new Client(target, options, std::move(channel)));
+}
+
+Client::Client(std::string target, ClientOptions options,
+               std::shared_ptr<grpc::Channel> channel)
+    : target_(std::move(target)),
+      options_(options),
+      channel_(std::move(channel)),
+      stub_(v1::Gradcomp::NewStub(channel_)) {}
+
+absl::Status Client::WaitForReady(absl::Duration timeout) {
+  if (channel_->WaitForConnected(DeadlineAfter(timeout))) {
+    return absl::OkStatus();
+  }
+  return absl::UnavailableError(absl::StrCat("gradcompd at ", target_,
+                                             " did not accept a connection in ",
+                                             absl::FormatDuration(timeout)));
+}
+
+std::unique_ptr<grpc::ClientContext> Client::NewContext() const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(DeadlineAfter(options_.rpc_timeout));
+  return context;
+}
+
+absl::StatusOr<ReduceResult> Client::ReduceBytes(
+    const std::string& job, const std::string& tensor, int64_t step,
+    v1::DType dtype, std::string data, absl::Span<const int64_t> shape,
+    const std::optional<v1::CodecSpec>& codec) {
+  v1::ReduceRequest request;
+  request.set_job(job);
+  request.set_tensor(tensor);
+  request.set_step(step);
+  request.set_dtype(dtype);
+  request.mutable_shape()->Add(shape.begin(), shape.end());
+  const size_t input_bytes = data.size();
+  request.set_data(std::move(data));
+  if (codec) *request.mutable_codec() = *codec;
+
+  v1::ReduceResponse response;
+  GC_RETURN_IF_ERROR(
+      FromGrpcStatus(stub_->Reduce(NewContext().get(), request, &response),
+                     "Reduce", target_));
+  if (response.data().size() != input_bytes) {
+    return absl::InternalError(absl::StrCat(
+        "Reduce of '", tensor, "': gradcompd at ", target_, " returned ",
+        response.data().size(), " bytes for a ", input_bytes, "-byte input"));
+  }
+  ReduceResult result;
+  result.dtype = response.dtype();
+  result.data = std::move(*response.mutable_data());
+  result.stats = std::move(*response.mutable_stats());
+  return result;
+}
+
+absl::StatusOr<Float32ReduceResult> Client::Reduce(
+    const std::string& job, const std::string& tensor, int64_t step,
+    absl::Span<const float> values, absl::Span<const int64_t> shape,
+    const std::optional<v1::CodecSpec>& codec) {
+  // The wire format is little-endian, like every host this runs on (x86-64,
+  // aarch64): float memory is sent as it is.
+  std::string data(reinterpret_cast<const char*>(values.data()),
+                   values.size() * sizeof(float));
+  GC_ASSIGN_OR_RETURN(ReduceResult raw,
+                      ReduceBytes(job, tensor, step, v1::DTYPE_FLOAT32,
+                                  std::move(data), shape, codec));
+  Float32ReduceResult result;
+  result.values.resize(values.size());
+  std::memcpy(result.values.data(), raw.data.data(), raw.data.size());
+  result.stats = std::move(raw.stats);
+  return result;
+}
+
+absl::StatusOr<v1::GetInfoResponse> Client::GetInfo() {
+  v1::GetInfoResponse response;
+  GC_RETURN_IF_ERROR(FromGrpcStatus(
+      stub_->GetInfo(NewContext().get(), v1::GetInfoRequest(), &response),
+      "GetInfo", target_));
+  return response;
+}
+
+absl::StatusOr<v1::GetPolicyResponse> Client::GetPolicy() {
+  v1::GetPolicyResponse response;
+  GC_RETURN_IF_ERROR(FromGrpcStatus(
+      stub_->GetPolicy(NewContext().get(), v1::GetPolicyRequest(), &response),
+      "GetPolicy", target_));
+  return response;
+}
+
+absl::StatusOr<std::string> Client::SetPolicy(const v1::Policy& policy) {
+  v1::SetPolicyRequest request;
+  *request.mutable_policy() = policy;
+  v1::SetPolicyResponse response;
+  GC_RETURN_IF_ERROR(
+      FromGrpcStatus(stub_->SetPolicy(NewContext().get(), request, &response),
+                     "SetPolicy", target_));
+  return response.hash();
+}
+
+}  // namespace gradcomp::client

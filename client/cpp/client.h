@@ -1,0 +1,104 @@
+// C++ client of gradcompd: reduce tensors, read the daemon's info and policy.
+// Every RPC error comes back as an absl::Status with the gRPC code kept and
+// the RPC and target named in the message.
+//
+//   GC_ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
+//                       Client::Connect("127.0.0.1:50051"));
+//   v1::CodecSpec topk;
+//   topk.set_name("topk");
+//   (*topk.mutable_params())["ratio"] = "0.01";
+//   GC_ASSIGN_OR_RETURN(Float32ReduceResult r,
+//       client->Reduce("job", "fc.weight", step, grad, {256, 784}, topk));
+//   // r.values: the average over all workers; r.stats: bytes, error, timings.
+#ifndef GRADCOMP_CLIENT_CPP_CLIENT_H_
+#define GRADCOMP_CLIENT_CPP_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "gradcomp/v1/gradcomp.grpc.pb.h"
+#include "gradcomp/v1/gradcomp.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace gradcomp::client {
+
+struct ClientOptions {
+  // Deadline of each RPC. A Reduce waits for every worker of the job, so this
+  // bounds how long one straggler can hold a caller.
+  absl::Duration rpc_timeout = absl::Seconds(60);
+};
+
+// The result of a Reduce in the input's dtype.
+struct ReduceResult {
+  v1::DType dtype = v1::DTYPE_UNSPECIFIED;
+  std::string data;  // little-endian, C order, same shape as the input
+  v1::ReduceStats stats;
+};
+
+struct Float32ReduceResult {
+  std::vector<float> values;
+  v1::ReduceStats stats;
+};
+
+// The one place where gRPC errors become absl errors: the code is kept and
+// the message says which RPC on which target failed.
+absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view rpc,
+                            absl::string_view target);
+
+// Bytes per element of `dtype`; 0 for DTYPE_UNSPECIFIED or unknown values.
+size_t DTypeSize(v1::DType dtype);
+
+class Client {
+ public:
+  // `target` is "host:port" or "unix:/path". Connecting is lazy: an absent
+  // daemon shows up as Unavailable on the first RPC (see WaitForReady).
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const std::string& target, ClientOptions options = {});
+
+  // Blocks until the channel is connected or `timeout` passes.
+  absl::Status WaitForReady(absl::Duration timeout);
+
+  // Reduces a float32 tensor; `codec` unset lets the daemon's policy decide.
+  absl::StatusOr<Float32ReduceResult> Reduce(
+      const std::string& job, const std::string& tensor, int64_t step,
+      absl::Span<const float> values, absl::Span<const int64_t> shape,
+      const std::optional<v1::CodecSpec>& codec = std::nullopt);
+
+  // Reduces raw little-endian bytes of `dtype` (float16/bfloat16/float32/
+  // float64). The length must be numel(shape) * DTypeSize(dtype).
+  absl::StatusOr<ReduceResult> ReduceBytes(
+      const std::string& job, const std::string& tensor, int64_t step,
+      v1::DType dtype, std::string data, absl::Span<const int64_t> shape,
+      const std::optional<v1::CodecSpec>& codec = std::nullopt);
+
+  absl::StatusOr<v1::GetInfoResponse> GetInfo();
+  absl::StatusOr<v1::GetPolicyResponse> GetPolicy();
+  // Returns the new policy's hash.
+  absl::StatusOr<std::string> SetPolicy(const v1::Policy& policy);
+
+  const std::string& target() const { return target_; }
+
+ private:
+  Client(std::string target, ClientOptions options,
+         std::shared_ptr<grpc::Channel> channel);
+
+  // A context with the RPC deadline set.
+  std::unique_ptr<grpc::ClientContext> NewContext() const;
+
+  std::string target_;
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Gradcomp::Stub> stub_;
+};
+
+}  // namespace gradcomp::client
+
+#endif  // GRADCOMP_CLIENT_CPP_CLIENT_H_

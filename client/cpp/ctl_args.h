@@ -1,0 +1,62 @@
+// Command-line parsing for gradcompctl, kept apart from main() so that it can
+// be tested. Flags take "--flag=value" or "--flag value" and may appear before
+// or after the subcommand:
+//
+//   absl::StatusOr<CtlArgs> args = ParseCtlArgs({"reduce", "--input=g.npy",
+//       "--tensor=fc.weight", "--step=3", "--codec=topk",
+//       "--param=ratio=0.01"});
+//
+// Errors name the offending flag and say what was expected.
+#ifndef GRADCOMP_CLIENT_CPP_CTL_ARGS_H_
+#define GRADCOMP_CLIENT_CPP_CTL_ARGS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/cpp/npy.h"
+#include "gradcomp/v1/gradcomp.pb.h"
+
+namespace gradcomp::client {
+
+enum class CtlCommand { kHelp, kInfo, kPolicy, kReduce, kBench };
+
+struct CtlArgs {
+  CtlCommand command = CtlCommand::kHelp;
+  std::string target;
+  absl::Duration timeout = absl::Seconds(60);
+  std::string job = "default";
+  // Unset: the daemon's policy decides.
+  std::optional<v1::CodecSpec> codec;
+
+  // policy
+  std::string policy_file;  // --set: a gradcomp.v1.Policy in text or JSON
+
+  // reduce
+  std::string input;   // .npy, or raw little-endian bytes with --shape
+  std::string output;  // .npy; empty: not written
+  std::string tensor;
+  int64_t step = 0;
+  std::optional<std::vector<int64_t>> shape;  // for raw input
+  NpyDType raw_dtype = NpyDType::kFloat32;    // for raw input
+
+  // bench
+  int64_t numel = 0;
+  int64_t iters = 20;
+  uint64_t seed = 1;
+};
+
+// Parses argv without the program name. `default_target` is used when no
+// --target is given (main passes $GRADCOMP_TARGET or 127.0.0.1:50051).
+absl::StatusOr<CtlArgs> ParseCtlArgs(const std::vector<std::string>& args,
+                                     const std::string& default_target);
+
+// The --help text.
+std::string CtlUsage();
+
+}  // namespace gradcomp::client
+
+#endif  // GRADCOMP_CLIENT_CPP_CTL_ARGS_H_

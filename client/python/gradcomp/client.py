@@ -1,0 +1,251 @@
+"""Python client of gradcompd.
+
+    import gradcomp
+    client = gradcomp.Client("127.0.0.1:50051")
+    avg, stats = client.reduce(grad, "fc.weight", step, codec="topk",
+                               params={"ratio": 0.01})
+    print(stats.ratio, stats.relative_error)
+
+Tensors travel as raw little-endian bytes (float16, float32 or float64
+numpy arrays), never as protobuf number lists. Every RPC failure raises
+gradcomp.GradcompError with the gRPC code and the daemon's message.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Iterator, Mapping
+
+import grpc
+import numpy as np
+
+from gradcomp.errors import GradcompError, status_code
+
+try:
+    from gradcomp.v1 import gradcomp_pb2, gradcomp_pb2_grpc
+except ModuleNotFoundError as error:  # the stubs are build outputs
+    raise ImportError(
+        "gradcomp's protobuf stubs are missing: run "
+        "client/python/generate_protos.sh") from error
+
+_PB_DTYPE = {
+    np.dtype("<f2"): gradcomp_pb2.DTYPE_FLOAT16,
+    np.dtype("<f4"): gradcomp_pb2.DTYPE_FLOAT32,
+    np.dtype("<f8"): gradcomp_pb2.DTYPE_FLOAT64,
+}
+_NP_DTYPE = {pb: np_dtype for np_dtype, pb in _PB_DTYPE.items()}
+
+# Tensors are sent inline, so lift gRPC's 4 MiB default in both directions.
+_CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReduceStats:
+    """What one Reduce cost and how accurate it was (see ReduceStats in the proto)."""
+    codec: str
+    raw_bytes: int
+    wire_bytes: int
+    relative_error: float
+    encode_seconds: float
+    collective_seconds: float
+    decode_seconds: float
+    total_seconds: float
+    world_size: int
+    dense_reason: str
+    nonfinite_values: int
+
+    @property
+    def ratio(self) -> float:
+        """raw_bytes / wire_bytes; inf when nothing went on the wire."""
+        return self.raw_bytes / self.wire_bytes if self.wire_bytes else float("inf")
+
+    @classmethod
+    def from_proto(cls, stats: gradcomp_pb2.ReduceStats) -> "ReduceStats":
+        t = stats.timings
+        return cls(codec=stats.codec, raw_bytes=stats.raw_bytes,
+                   wire_bytes=stats.wire_bytes,
+                   relative_error=stats.relative_error,
+                   encode_seconds=t.encode_seconds,
+                   collective_seconds=t.collective_seconds,
+                   decode_seconds=t.decode_seconds,
+                   total_seconds=t.total_seconds, world_size=stats.world_size,
+                   dense_reason=stats.dense_reason,
+                   nonfinite_values=stats.nonfinite_values)
+
+
+def codec_spec(codec: str | None,
+               params: Mapping[str, object] | None) -> gradcomp_pb2.CodecSpec | None:
+    """A CodecSpec from a name and parameters; None lets the policy decide.
+
+    Parameter values may be numbers, bools or strings: the proto carries
+    strings, and each codec parses its own.
+    """
+    if codec is None:
+        if params:
+            raise ValueError("params given without a codec to apply them to")
+        return None
+    spec = gradcomp_pb2.CodecSpec(name=codec)
+    for key, value in (params or {}).items():
+        spec.params[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    return spec
+
+
+def _as_wire_array(array: np.ndarray) -> np.ndarray:
+    """`array` as a C-ordered little-endian float array, copying only if needed."""
+    array = np.asarray(array)
+    if array.dtype.kind != "f" or array.dtype.itemsize not in (2, 4, 8):
+        raise TypeError(f"gradcomp reduces float16, float32 or float64 arrays; "
+                        f"got {array.dtype}")
+    # Not ascontiguousarray: it turns a 0-d array (a scalar) into 1-d.
+    return np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
+
+
+class Client:
+    """A connection to one gradcompd.
+
+    Args:
+      target: "host:port" or "unix:/path".
+      timeout: deadline of each RPC in seconds; a Reduce waits for every
+        worker of its job, so this bounds how long a straggler holds a caller.
+    """
+
+    def __init__(self, target: str, timeout: float = 60.0):
+        if not target:
+            raise ValueError("empty gradcompd target; expected host:port or unix:/path")
+        self.target = target
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        self._stub = gradcomp_pb2_grpc.GradcompStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def wait_ready(self, timeout: float) -> None:
+        """Blocks until the channel connects; GradcompError UNAVAILABLE if not in time."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise GradcompError("connect", self.target, grpc.StatusCode.UNAVAILABLE,
+                                f"no connection within {timeout} s") from None
+
+    def _call(self, rpc: str, request: object) -> object:
+        try:
+            return getattr(self._stub, rpc)(request, timeout=self.timeout)
+        except grpc.RpcError as error:
+            raise GradcompError.from_rpc_error(rpc, self.target, error) from None
+
+    @staticmethod
+    def _request(array: np.ndarray, name: str, step: int, job: str,
+                 spec: gradcomp_pb2.CodecSpec | None,
+                 request_id: int = 0) -> gradcomp_pb2.ReduceRequest:
+        request = gradcomp_pb2.ReduceRequest(
+            job=job, tensor=name, step=step, dtype=_PB_DTYPE[array.dtype],
+            shape=array.shape, data=array.tobytes(), request_id=request_id)
+        if spec is not None:
+            request.codec.CopyFrom(spec)
+        return request
+
+    def _result(self, response: gradcomp_pb2.ReduceResponse,
+                shape: tuple[int, ...]) -> tuple[np.ndarray, ReduceStats]:
+        dtype = _NP_DTYPE.get(response.dtype)
+        if dtype is None:
+            raise GradcompError("Reduce", self.target, grpc.StatusCode.INTERNAL,
+                                f"tensor '{response.tensor}': response dtype "
+                                f"{response.dtype} is not float16/32/64")
+        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if len(response.data) != expected:
+            raise GradcompError("Reduce", self.target, grpc.StatusCode.INTERNAL,
+                                f"tensor '{response.tensor}': {len(response.data)} "
+                                f"result bytes for shape {list(shape)} of {dtype} "
+                                f"({expected} expected)")
+        # frombuffer views immutable bytes; copy so callers get a writable array.
+        result = np.frombuffer(response.data, dtype=dtype).reshape(shape).copy()
+        return result, ReduceStats.from_proto(response.stats)
+
+    def reduce(self, array: np.ndarray, name: str, step: int,
+               codec: str | None = None,
+               params: Mapping[str, object] | None = None,
+               job: str = "default") -> tuple[np.ndarray, ReduceStats]:
+        """Averages `array` over the job's workers, compressed with `codec`.
+
+        `codec` None lets the daemon's policy choose. Returns the average in
+        the input's dtype and shape, and the stats of this reduce.
+        """
+        array = _as_wire_array(array)
+        response = self._call("Reduce", self._request(
+            array, name, step, job, codec_spec(codec, params)))
+        return self._result(response, array.shape)
+
+    def reduce_many(self, tensors: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
+                    step: int, codec: str | None = None,
+                    params: Mapping[str, object] | None = None,
+                    job: str = "default") -> dict[str, tuple[np.ndarray, ReduceStats]]:
+        """Reduces a bucket of tensors over one ReduceStream.
+
+        Returns {name: (average, stats)} in the order given. If any tensor
+        fails, the stream is still drained and GradcompError is raised with
+        every failure in its `failures`.
+        """
+        items = list(tensors.items() if isinstance(tensors, Mapping) else tensors)
+        names = [name for name, _ in items]
+        if len(set(names)) != len(names):
+            raise ValueError("reduce_many: tensor names must be unique")
+        arrays = [_as_wire_array(array) for _, array in items]
+        spec = codec_spec(codec, params)
+
+        def requests() -> Iterator[gradcomp_pb2.ReduceRequest]:
+            for i, (name, array) in enumerate(zip(names, arrays)):
+                yield self._request(array, name, step, job, spec, request_id=i)
+
+        results: dict[int, tuple[np.ndarray, ReduceStats]] = {}
+        failures: dict[str, tuple[grpc.StatusCode, str]] = {}
+        try:
+            for reply in self._stub.ReduceStream(requests(), timeout=self.timeout):
+                if reply.error_code != 0:
+                    name = reply.tensor or (names[reply.request_id]
+                                            if reply.request_id < len(names)
+                                            else f"request {reply.request_id}")
+                    failures[name] = (status_code(reply.error_code),
+                                      reply.error_message)
+                    continue
+                i = reply.result.request_id
+                if i >= len(items) or i in results:
+                    raise GradcompError("ReduceStream", self.target,
+                                        grpc.StatusCode.INTERNAL,
+                                        f"unexpected request_id {i} in a reply")
+                results[i] = self._result(reply.result, arrays[i].shape)
+        except grpc.RpcError as error:
+            raise GradcompError.from_rpc_error("ReduceStream", self.target, error) from None
+        if failures:
+            first_code, first_details = next(iter(failures.values()))
+            raise GradcompError(
+                "ReduceStream", self.target, first_code,
+                f"{len(failures)} of {len(items)} tensors failed, first: {first_details}",
+                failures)
+        missing = [names[i] for i in range(len(items)) if i not in results]
+        if missing:
+            raise GradcompError("ReduceStream", self.target, grpc.StatusCode.INTERNAL,
+                                f"the stream ended without results for {missing}")
+        return {names[i]: results[i] for i in range(len(items))}
+
+    def info(self) -> gradcomp_pb2.GetInfoResponse:
+        """Version, wire format, codecs and their properties, world size, policy hash."""
+        return self._call("GetInfo", gradcomp_pb2.GetInfoRequest())
+
+    def get_policy(self) -> tuple[gradcomp_pb2.Policy, str]:
+        """The daemon's policy and its hash."""
+        response = self._call("GetPolicy", gradcomp_pb2.GetPolicyRequest())
+        return response.policy, response.hash
+
+    def set_policy(self, policy: gradcomp_pb2.Policy) -> str:
+        """Replaces the daemon's policy; returns the new hash."""
+        response = self._call("SetPolicy", gradcomp_pb2.SetPolicyRequest(policy=policy))
+        return response.hash

@@ -1,0 +1,128 @@
+"""Starts a real gradcompd process for tests, on free local ports.
+
+    with Daemon() as daemon:
+        client = gradcomp.Client(daemon.target)
+        scrape(daemon.metrics_url)
+
+The binary is $GRADCOMPD, else bazel-bin/service/gradcompd of this checkout
+(build it with `bazel build //service:gradcompd`).
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Sequence
+
+import grpc
+
+from gradcomp.client import Client
+from gradcomp.errors import GradcompError
+
+_REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
+
+
+def daemon_binary() -> pathlib.Path:
+    """The gradcompd to test; FileNotFoundError that says how to get one."""
+    path = pathlib.Path(os.environ.get("GRADCOMPD") or
+                        _REPO_ROOT / "bazel-bin" / "service" / "gradcompd")
+    if not os.access(path, os.X_OK):
+        raise FileNotFoundError(
+            f"no gradcompd at {path}: run `bazel build //service:gradcompd` "
+            f"or set $GRADCOMPD")
+    return path
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (another process may take it;
+    Daemon retries with new ports if its start fails)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    """One gradcompd child process; `extra_args` go after the port flags."""
+
+    def __init__(self, extra_args: Sequence[str] = (), start_timeout: float = 30.0):
+        self.extra_args = list(extra_args)
+        self.start_timeout = start_timeout
+        self.binary = daemon_binary()
+        self._dir = tempfile.TemporaryDirectory(prefix="gradcompd-test-")
+        self.log_path = pathlib.Path(self._dir.name) / "gradcompd.log"
+        self.process: subprocess.Popen | None = None
+        self.port = 0
+        self.metrics_port = 0
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def start(self) -> "Daemon":
+        attempts = 3
+        for attempt in range(attempts):
+            self.port, self.metrics_port = free_port(), free_port()
+            with open(self.log_path, "ab") as log:
+                self.process = subprocess.Popen(
+                    [str(self.binary), f"--listen={self.target}",
+                     f"--metrics_listen=127.0.0.1:{self.metrics_port}",
+                     "--world_size=1", *self.extra_args],
+                    stdout=log, stderr=subprocess.STDOUT)
+            if self._wait_serving():
+                return self
+            # Exited early: most likely a port taken between free_port() and
+            # bind; try again with new ones.
+            if attempt == attempts - 1:
+                break
+        raise RuntimeError(f"gradcompd did not start ({self.binary}); "
+                           f"its log:\n{self.log()[-4000:]}")
+
+    def _wait_serving(self) -> bool:
+        """True once GetInfo answers; False if the process exits first."""
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                return False
+            # A fresh channel per try: a channel that failed to connect
+            # backs off for a second or more before it tries again.
+            with Client(self.target, timeout=2.0) as client:
+                try:
+                    client.info()
+                    return True
+                except GradcompError as error:
+                    if error.code not in (grpc.StatusCode.UNAVAILABLE,
+                                          grpc.StatusCode.DEADLINE_EXCEEDED):
+                        raise
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"gradcompd did not answer GetInfo within "
+                           f"{self.start_timeout} s; its log:\n{self.log()[-4000:]}")
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self) -> "Daemon":
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+        self._dir.cleanup()

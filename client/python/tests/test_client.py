@@ -1,0 +1,208 @@
+"""The Python client against a real gradcompd (world size 1), started here.
+
+Needs the daemon binary: `bazel build //service:gradcompd`, or $GRADCOMPD.
+"""
+import unittest
+
+import grpc
+import numpy as np
+
+import gradcomp
+from gradcomp import metrics
+from gradcomp.testing import Daemon, free_port
+from gradcomp.v1 import gradcomp_pb2
+
+
+def _gradient(shape, seed=0, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_t(3.0, size=shape) * 1e-3).astype(dtype)
+
+
+class ClientTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = Daemon().start()
+        cls.client = gradcomp.Client(cls.daemon.target, timeout=60.0)
+        cls.info = cls.client.info()
+        cls.codecs = {c.name: c for c in cls.info.codecs}
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.daemon.stop()
+
+    def tearDown(self):
+        self.assertTrue(self.daemon.running(),
+                        f"gradcompd exited; its log:\n{self.daemon.log()[-4000:]}")
+
+    def test_info(self):
+        self.assertEqual(self.info.world_size, 1)
+        self.assertEqual(self.info.rank, 0)
+        self.assertTrue(self.info.version)
+        self.assertGreaterEqual(self.info.wire_format_version, 1)
+        for name in ("none", "fp16", "bf16", "topk", "qsgd"):
+            self.assertIn(name, self.codecs)
+        self.assertTrue(self.codecs["none"].summable)
+        self.assertTrue(self.codecs["topk"].stateful)
+
+    def test_none_is_exact_in_every_dtype_and_shape(self):
+        for dtype, shape in ((np.float32, (3, 5, 7)), (np.float16, (64,)),
+                             (np.float32, ()), (np.float64, (4, 4)),
+                             (np.float32, (0, 3))):
+            with self.subTest(dtype=dtype, shape=shape):
+                x = _gradient(shape, dtype=dtype)
+                out, stats = self.client.reduce(x, f"exact/{np.dtype(dtype)}/{shape}",
+                                                step=0, codec="none")
+                self.assertEqual(out.dtype, x.dtype)
+                self.assertEqual(out.shape, x.shape)
+                # Codecs compute in fp32: float64 comes back rounded to fp32.
+                want = x.astype(np.float32).astype(dtype)
+                np.testing.assert_array_equal(out, want)
+                self.assertEqual(stats.codec, "none")
+                self.assertEqual(stats.raw_bytes, x.size * 4)
+                self.assertEqual(stats.world_size, 1)
+
+    def test_result_is_writable_and_big_endian_input_accepted(self):
+        x = _gradient((100,)).astype(">f4")
+        out, _ = self.client.reduce(x, "endian", step=0, codec="none")
+        np.testing.assert_array_equal(out, x.astype("<f4"))
+        out[0] = 1.0
+
+    def test_fp16_codec_within_half_precision(self):
+        x = _gradient((1000,), seed=1) * 100  # mostly fp16 normal range
+        out, stats = self.client.reduce(x, "fp16", step=0, codec="fp16")
+        self.assertEqual(out.dtype, np.float32)
+        np.testing.assert_allclose(out, x, rtol=2.0 ** -11, atol=2.0 ** -24)
+        self.assertLess(stats.wire_bytes, stats.raw_bytes)
+
+    def test_compressing_codecs_report_the_error_of_their_result(self):
+        x = _gradient((64, 256), seed=2)
+        norm = np.linalg.norm(x.astype(np.float64))
+        for codec in self.codecs:
+            with self.subTest(codec=codec):
+                # A fresh tensor at step 0: no residual or momentum yet, so
+                # with one worker the result is D(C(x)) and its error is the
+                # daemon's reported one.
+                out, stats = self.client.reduce(x, f"err/{codec}", step=0, codec=codec)
+                self.assertEqual(stats.codec, codec)
+                self.assertEqual(out.shape, x.shape)
+                mine = np.linalg.norm(x.astype(np.float64) - out) / norm
+                self.assertTrue(np.isfinite(stats.relative_error), stats)
+                self.assertAlmostEqual(stats.relative_error, mine,
+                                       delta=1e-4 + 1e-3 * mine)
+
+    def test_topk_keeps_the_largest_entries(self):
+        # sample=1 selects the exact top k; by default DGC estimates the
+        # threshold from a sample and keeps about k.
+        x = _gradient((10000,), seed=3)
+        out, stats = self.client.reduce(x, "topk/ratio", step=0, codec="topk",
+                                        params={"ratio": 0.01, "sample": 1})
+        kept = np.flatnonzero(out)
+        self.assertEqual(len(kept), 100)
+        threshold = np.sort(np.abs(x))[-100]
+        self.assertTrue(np.all(np.abs(x[kept]) >= threshold))
+        np.testing.assert_array_equal(out[kept], x[kept])
+        self.assertGreater(stats.ratio, 10)
+
+    def test_tensor_larger_than_grpc_default_limit(self):
+        x = _gradient((2048, 1000), seed=4)  # 8 MB, like ResNet-50's fc.weight
+        out, stats = self.client.reduce(x, "large", step=0, codec="none")
+        np.testing.assert_array_equal(out, x)
+        self.assertEqual(stats.raw_bytes, x.nbytes)
+
+    def test_reduce_many_returns_every_tensor_in_order(self):
+        tensors = {f"bucket/{i}": _gradient((i + 1, 33), seed=i) for i in range(6)}
+        results = self.client.reduce_many(tensors, step=0, codec="none")
+        self.assertEqual(list(results), list(tensors))
+        for name, (out, stats) in results.items():
+            np.testing.assert_array_equal(out, tensors[name])
+            self.assertEqual(stats.raw_bytes, tensors[name].nbytes)
+
+    def test_reduce_many_reports_every_failed_tensor(self):
+        tensors = {"bad/a": _gradient((8,)), "bad/b": _gradient((9,))}
+        with self.assertRaises(gradcomp.GradcompError) as caught:
+            self.client.reduce_many(tensors, step=0, codec="no-such-codec")
+        self.assertEqual(set(caught.exception.failures), set(tensors))
+        self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("no-such-codec", str(caught.exception))
+
+    def test_bad_requests_get_invalid_argument(self):
+        x = _gradient((16,))
+        cases = [
+            dict(codec="no-such-codec"),
+            dict(codec="topk", params={"ratio": 2.0}),
+            dict(codec="topk", params={"no_such_param": 1}),
+        ]
+        for kwargs in cases:
+            with self.subTest(**kwargs):
+                with self.assertRaises(gradcomp.GradcompError) as caught:
+                    self.client.reduce(x, "bad", step=0, **kwargs)
+                self.assertEqual(caught.exception.code,
+                                 grpc.StatusCode.INVALID_ARGUMENT)
+                self.assertEqual(caught.exception.rpc, "Reduce")
+        with self.assertRaises(gradcomp.GradcompError) as caught:
+            self.client.reduce(x, "bad", step=-1, codec="none")
+        self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        # Still serving.
+        out, _ = self.client.reduce(x, "after-bad", step=0, codec="none")
+        np.testing.assert_array_equal(out, x)
+
+    def test_client_side_type_errors(self):
+        with self.assertRaisesRegex(TypeError, "int32"):
+            self.client.reduce(np.arange(4, dtype=np.int32), "ints", step=0)
+        with self.assertRaisesRegex(ValueError, "unique"):
+            self.client.reduce_many([("a", _gradient((2,))), ("a", _gradient((2,)))], step=0)
+
+    def test_policy_round_trip(self):
+        original, original_hash = self.client.get_policy()
+        self.assertEqual(original_hash, self.info.policy_hash)
+        policy = gradcomp_pb2.Policy(
+            rules=[gradcomp_pb2.PolicyRule(
+                name_glob="policy-test/*",
+                codec=gradcomp_pb2.CodecSpec(name="fp16"))],
+            dense_below_numel=16, dense_1d=False)
+        try:
+            new_hash = self.client.set_policy(policy)
+            self.assertNotEqual(new_hash, original_hash)
+            got, got_hash = self.client.get_policy()
+            self.assertEqual(got_hash, new_hash)
+            self.assertEqual(got.rules[0].codec.name, "fp16")
+            _, stats = self.client.reduce(_gradient((64,)), "policy-test/w", step=0)
+            self.assertEqual(stats.codec, "fp16")
+            _, stats = self.client.reduce(_gradient((8,)), "policy-test/tiny", step=0)
+            self.assertEqual(stats.codec, "none")
+            self.assertEqual(stats.dense_reason, "small")
+        finally:
+            self.assertEqual(self.client.set_policy(original), original_hash)
+
+    def test_metrics_count_reduces_and_bytes(self):
+        before = metrics.scrape(self.daemon.metrics_url)
+        x = _gradient((50, 20))
+        for step in range(3):
+            self.client.reduce(x, "metrics/qsgd", step=step, codec="qsgd")
+        after = metrics.scrape(self.daemon.metrics_url)
+
+        def growth(name, **labels):
+            return (metrics.total(after, name, **labels) -
+                    metrics.total(before, name, **labels))
+
+        self.assertEqual(growth("gradcomp_reduce_total", codec="qsgd", code="OK"), 3)
+        self.assertEqual(growth("gradcomp_raw_bytes_total", codec="qsgd"), 3 * x.size * 4)
+        wire = growth("gradcomp_wire_bytes_total", codec="qsgd")
+        self.assertGreater(wire, 0)
+        self.assertLess(wire, 3 * x.size * 4)
+
+
+class NoDaemonTest(unittest.TestCase):
+
+    def test_unavailable(self):
+        with gradcomp.Client(f"127.0.0.1:{free_port()}", timeout=5.0) as client:
+            with self.assertRaises(gradcomp.GradcompError) as caught:
+                client.info()
+        self.assertEqual(caught.exception.code, grpc.StatusCode.UNAVAILABLE)
+        self.assertIn("GetInfo to gradcompd at 127.0.0.1:", str(caught.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()

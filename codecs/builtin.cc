@@ -1,0 +1,38 @@
+#include "codecs/builtin.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "codecs/cpu/dense.h"
+#include "codecs/cpu/qsgd.h"
+#include "codecs/cpu/topk.h"
+
+namespace gradcomp::codecs {
+namespace {
+
+CodecRegistry MakeBuiltinCodecs() {
+  CodecRegistry registry;
+  // Each codec family registers itself; a failure is a programming error
+  // (two codecs with one name), so it stops the process at start-up.
+  for (const absl::Status& status :
+       {RegisterDenseCodecs(registry), RegisterTopK(registry),
+        RegisterQsgd(registry)}) {
+    if (!status.ok()) {
+      std::fprintf(stderr, "gradcomp: registering built-in codecs: %s\n",
+                   std::string(status.message()).c_str());
+      std::abort();
+    }
+  }
+  return registry;
+}
+
+}  // namespace
+
+const CodecRegistry& BuiltinCodecs() {
+  static const CodecRegistry* const registry =
+      new CodecRegistry(MakeBuiltinCodecs());
+  return *registry;
+}
+
+}  // namespace gradcomp::codecs

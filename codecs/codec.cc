@@ -1,0 +1,171 @@
+#include "codecs/codec.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "codecs/wire.h"
+
+namespace gradcomp::codecs {
+
+absl::string_view CollectiveName(Collective c) {
+  switch (c) {
+    case Collective::kSum: return "sum";
+    case Collective::kGather: return "gather";
+  }
+  return "unknown";
+}
+
+absl::Status SingleRoundCodec::FinishSum(absl::Span<const float> sum,
+                                         int world_size,
+                                         const StepContext& /*ctx*/,
+                                         absl::Span<float> out) const {
+  if (world_size < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: expected a world size >= 1, got %d", info().name, world_size));
+  }
+  if (sum.size() != out.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: expected a sum of %d elements, got %d",
+                        info().name, out.size(), sum.size()));
+  }
+  const float w = static_cast<float>(world_size);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = sum[i] / w;
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The session every single-round codec shares: encode once, hand the payload
+// to the collective, then decode what came back.
+class SingleRoundSession : public CodecSession {
+ public:
+  SingleRoundSession(const SingleRoundCodec& codec, const TensorView& grad,
+                     TensorState& state, const StepContext& ctx)
+      : codec_(codec), grad_(grad), state_(state), ctx_(ctx) {}
+
+  absl::StatusOr<std::optional<Round>> NextRound() override {
+    if (stage_ == Stage::kStart) {
+      GC_RETURN_IF_ERROR(codec_.Encode(grad_, state_, ctx_, &own_));
+      stage_ = Stage::kAwaitingResult;
+      Round round;
+      round.collective = collective();
+      round.payload.reserve(own_.size());
+      AdviseHugePages(round.payload.data(), own_.size());
+      round.payload.assign(own_);
+      return std::optional<Round>(std::move(round));
+    }
+    if (stage_ == Stage::kAwaitingResult) {
+      return Error("NextRound", "Absorb() of round 0 has not run");
+    }
+    return std::optional<Round>();
+  }
+
+  absl::Status Absorb(RoundResult result) override {
+    if (stage_ != Stage::kAwaitingResult) {
+      return Error("Absorb",
+                   stage_ == Stage::kStart ? "NextRound() has not run"
+                                           : "round 0 was already absorbed");
+    }
+    if (result.world_size < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: expected a world size >= 1, got %d", name(),
+                          result.world_size));
+    }
+    // A summed body's length is the codec's to check (FinishSum): it need
+    // not be the tensor's.
+    if (collective() == Collective::kGather &&
+        result.payloads.size() !=
+               static_cast<size_t>(result.world_size)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: expected %d gathered payloads (one per worker), got %d", name(),
+          result.world_size, result.payloads.size()));
+    }
+    result_ = std::move(result);
+    stage_ = Stage::kAbsorbed;
+    return absl::OkStatus();
+  }
+
+  absl::Status Finish(absl::Span<float> out) override {
+    if (stage_ != Stage::kAbsorbed) {
+      return Error("Finish", "the round's result has not been absorbed");
+    }
+    GC_RETURN_IF_ERROR(CheckOutSize(out));
+    if (collective() == Collective::kSum) {
+      return codec_.FinishSum(result_.sum, result_.world_size, ctx_, out);
+    }
+    // Decode into scratch first: a bad payload from any worker must leave
+    // `out` as it was.
+    std::vector<float> average;
+    average.reserve(out.size());
+    AdviseHugePages(average.data(), out.size() * sizeof(float));
+    average.resize(out.size(), 0.0f);
+    const float weight = 1.0f / static_cast<float>(result_.world_size);
+    for (size_t r = 0; r < result_.payloads.size(); ++r) {
+      absl::Status s =
+          codec_.DecodeAdd(result_.payloads[r], weight, absl::MakeSpan(average));
+      if (!s.ok()) {
+        return absl::Status(s.code(), absl::StrFormat("%s: payload of rank %d: %s",
+                                                      name(), r, s.message()));
+      }
+    }
+    std::copy(average.begin(), average.end(), out.begin());
+    return absl::OkStatus();
+  }
+
+  absl::Status DecodeOwn(absl::Span<float> out) override {
+    if (stage_ == Stage::kStart) {
+      return Error("DecodeOwn", "NextRound() has not run");
+    }
+    GC_RETURN_IF_ERROR(CheckOutSize(out));
+    std::fill(out.begin(), out.end(), 0.0f);
+    return codec_.DecodeAdd(own_, 1.0f, out);
+  }
+
+ private:
+  enum class Stage { kStart, kAwaitingResult, kAbsorbed };
+
+  Collective collective() const {
+    return codec_.info().summable ? Collective::kSum : Collective::kGather;
+  }
+  const std::string& name() const { return codec_.info().name; }
+
+  absl::Status Error(absl::string_view call, absl::string_view why) const {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("%s session: %s called out of order: %s", name(), call,
+                        why));
+  }
+
+  absl::Status CheckOutSize(absl::Span<float> out) const {
+    if (out.size() != grad_.numel()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: expected an output of %d elements, got %d",
+                          name(), grad_.numel(), out.size()));
+    }
+    return absl::OkStatus();
+  }
+
+  const SingleRoundCodec& codec_;
+  const TensorView grad_;
+  TensorState& state_;
+  const StepContext ctx_;
+  Stage stage_ = Stage::kStart;
+  Bytes own_;
+  RoundResult result_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CodecSession>> SingleRoundCodec::Start(
+    const TensorView& grad, TensorState& state, const StepContext& ctx) const {
+  if (ctx.world_size < 1 || ctx.rank < 0 || ctx.rank >= ctx.world_size) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: expected 0 <= rank < world_size, got rank %d of %d", info().name,
+        ctx.rank, ctx.world_size));
+  }
+  return std::unique_ptr<CodecSession>(
+      std::make_unique<SingleRoundSession>(*this, grad, state, ctx));
+}
+
+}  // namespace gradcomp::codecs

@@ -1,0 +1,63 @@
+#include "codecs/cpu/kernels.h"
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace gradcomp::codecs {
+namespace {
+
+std::vector<float> Normal(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist;
+  std::vector<float> x(n);
+  for (float& v : x) v = dist(gen);
+  return x;
+}
+
+double Reference(const std::vector<float>& x) {
+  double sum = 0;
+  for (float v : x) sum += static_cast<double>(v) * v;
+  return sum;
+}
+
+TEST(SumOfSquaresTest, MatchesDoubleSumIncludingTail) {
+  for (size_t n : {0u, 1u, 7u, 256u, 1000u, 100003u}) {
+    const std::vector<float> x = Normal(n, 7);
+    EXPECT_NEAR(SumOfSquares(x), Reference(x), 1e-6 * Reference(x) + 1e-12)
+        << n;
+  }
+}
+
+TEST(BucketSumOfSquaresTest, MatchesDoubleSumIncludingTail) {
+  for (size_t n : {0u, 3u, 8u, 13u, 512u, 4099u}) {
+    const std::vector<float> x = Normal(n, 11);
+    EXPECT_NEAR(BucketSumOfSquares(x), Reference(x),
+                1e-5 * Reference(x) + 1e-12)
+        << n;
+  }
+}
+
+TEST(WorkerStreamTest, SameContextSameStreamOtherRankOtherStream) {
+  StepContext ctx;
+  ctx.seed = 42;
+  ctx.tensor_id = 7;
+  ctx.step = 3;
+  StepContext other_rank = ctx;
+  other_rank.rank = 1;
+  const PhiloxStream a = WorkerStream(ctx, 0);
+  const PhiloxStream b = WorkerStream(ctx, 0);
+  const PhiloxStream c = WorkerStream(other_rank, 0);
+  int differing = 0;
+  for (uint64_t i = 0; i < 64; ++i) {
+    EXPECT_EQ(a.Bits(i), b.Bits(i));
+    differing += a.Bits(i) != c.Bits(i);
+  }
+  EXPECT_GE(differing, 60);
+}
+
+}  // namespace
+}  // namespace gradcomp::codecs

@@ -1,0 +1,56 @@
+// Deep Gradient Compression's per-worker transforms (Lin et al. 2018, steps 1,
+// 2 and 5): local gradient clipping and momentum correction, kept in a
+// tensor's state so that any sparsifier can send from the accumulated velocity.
+//
+//   MomentumCorrection mc(MomentumCorrection::Options{0.9, false});
+//   absl::Span<float> v = mc.Accumulate(grad, ClipScale(grad, clip), state);
+//   ... send v[i] for i in indices ...
+//   mc.Sent(indices, /*masking=*/true, state);
+#ifndef GRADCOMP_CODECS_CPU_MOMENTUM_H_
+#define GRADCOMP_CODECS_CPU_MOMENTUM_H_
+
+#include <cstdint>
+
+#include "absl/types/span.h"
+#include "codecs/state.h"
+
+namespace gradcomp::codecs {
+
+// The factor min(1, clip_norm / ||g||_2) that clips g to L2 norm clip_norm;
+// 1 when clip_norm <= 0 (clipping off) or g is zero.
+float ClipScale(absl::Span<const float> g, double clip_norm);
+
+class MomentumCorrection {
+ public:
+  struct Options {
+    float momentum = 0.9f;
+    bool nesterov = false;
+  };
+
+  // State buffers, each of numel floats.
+  static constexpr char kMomentumBuffer[] = "dgc.u";
+  static constexpr char kVelocityBuffer[] = "dgc.v";
+
+  explicit MomentumCorrection(Options options) : options_(options) {}
+
+  // With g' = scale * g, updates the state in one pass over memory:
+  //   u <- m*u + g';        v <- v + u        (classic)
+  //   u <- (u + g')*m;      v <- v + u + g'   (Nesterov)
+  // and returns v, the velocity to sparsify (a view into `state`).
+  absl::Span<float> Accumulate(absl::Span<const float> g, float scale,
+                               TensorState& state) const;
+
+  // Records that v[i] was sent for every i in `indices` (each < numel), on
+  // the state a call to Accumulate has made:
+  // v[i] <- 0, and with momentum factor masking u[i] <- 0 too, so that stale
+  // momentum does not keep pushing a coordinate that was just applied.
+  void Sent(absl::Span<const uint32_t> indices, bool masking,
+            TensorState& state) const;
+
+ private:
+  Options options_;
+};
+
+}  // namespace gradcomp::codecs
+
+#endif  // GRADCOMP_CODECS_CPU_MOMENTUM_H_

@@ -1,0 +1,36 @@
+// Splits a loop over [0, n) into contiguous parts run on the machine's cores,
+// for the few CPU kernels whose tensors are large enough to pay for threads.
+//
+//   ParallelFor(n, {/*min_per_part=*/1 << 20, /*align=*/512},
+//               [&](size_t begin, size_t end, int part) { ... });
+#ifndef GRADCOMP_CODECS_CPU_PARALLEL_H_
+#define GRADCOMP_CODECS_CPU_PARALLEL_H_
+
+#include <cstddef>
+
+#include "absl/functional/function_ref.h"
+
+namespace gradcomp::codecs {
+
+struct ParallelOptions {
+  // A part gets at least this many elements; below it threads cost more than
+  // they save (a thread start is tens of microseconds).
+  size_t min_per_part = size_t{1} << 20;
+  // Every part but the last starts and ends on a multiple of `align` (a
+  // bucket, or the elements of one packed byte).
+  size_t align = 1;
+};
+
+// The number of parts ParallelFor(n, options, ...) will run.
+int ParallelParts(size_t n, const ParallelOptions& options);
+
+// Runs fn(begin, end, part) for ParallelParts(n, options) disjoint ranges
+// covering [0, n) in order, part 0 on the calling thread, and returns when
+// all have finished. fn must not throw.
+void ParallelFor(
+    size_t n, const ParallelOptions& options,
+    absl::FunctionRef<void(size_t begin, size_t end, int part)> fn);
+
+}  // namespace gradcomp::codecs
+
+#endif  // GRADCOMP_CODECS_CPU_PARALLEL_H_

@@ -1,0 +1,216 @@
+#include "codecs/cpu/topk.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "codecs/cpu/select.h"
+#include "codecs/random.h"
+#include "codecs/wire.h"
+
+namespace gradcomp::codecs {
+namespace {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the payload is written with host-order memcpy");
+
+constexpr uint8_t kIndexUint32 = 1;
+constexpr size_t kParamBytes = 8;
+constexpr double kWarmupDensities[] = {0.25, 0.0625, 0.0156, 0.004};
+
+uint32_t Load32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+absl::Status CheckRange(absl::string_view name, double value, double low,
+                        bool low_inclusive, double high, bool high_inclusive) {
+  const bool ok = std::isfinite(value) &&
+                  (low_inclusive ? value >= low : value > low) &&
+                  (high_inclusive ? value <= high : value < high);
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "topk: parameter '%s' must be in %c%g, %g%c; got %g", name,
+      low_inclusive ? '[' : '(', low, high, high_inclusive ? ']' : ')', value));
+}
+
+}  // namespace
+
+CodecInfo TopKInfo() {
+  CodecInfo info;
+  info.name = "topk";
+  info.id = CodecId::kTopK;
+  info.family = "sparsification";
+  info.summable = false;
+  info.unbiased = false;
+  info.stateful = true;
+  info.rounds = 1;
+  info.params = {"clip_norm",
+                 "masking",
+                 "momentum",
+                 "nesterov",
+                 "ratio",
+                 "sample",
+                 "warmup_steps_per_stage"};
+  return info;
+}
+
+absl::StatusOr<std::unique_ptr<TopKCodec>> TopKCodec::Create(
+    const CodecParams& params) {
+  TopKOptions o;
+  GC_ASSIGN_OR_RETURN(o.ratio, params.GetDouble("ratio", o.ratio));
+  GC_ASSIGN_OR_RETURN(o.sample, params.GetDouble("sample", o.sample));
+  GC_ASSIGN_OR_RETURN(const double momentum,
+                      params.GetDouble("momentum", o.momentum));
+  GC_ASSIGN_OR_RETURN(o.nesterov, params.GetBool("nesterov", o.nesterov));
+  GC_ASSIGN_OR_RETURN(o.masking, params.GetBool("masking", o.masking));
+  GC_ASSIGN_OR_RETURN(o.clip_norm, params.GetDouble("clip_norm", o.clip_norm));
+  GC_ASSIGN_OR_RETURN(
+      o.warmup_steps_per_stage,
+      params.GetInt("warmup_steps_per_stage", o.warmup_steps_per_stage));
+  GC_RETURN_IF_ERROR(params.CheckAllUsed("topk"));
+  GC_RETURN_IF_ERROR(CheckRange("ratio", o.ratio, 0, false, 1, true));
+  GC_RETURN_IF_ERROR(CheckRange("sample", o.sample, 0, false, 1, true));
+  GC_RETURN_IF_ERROR(CheckRange("momentum", momentum, 0, true, 1, false));
+  GC_RETURN_IF_ERROR(CheckRange("clip_norm", o.clip_norm, 0, true,
+                                std::numeric_limits<double>::max(), true));
+  if (o.warmup_steps_per_stage < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "topk: parameter 'warmup_steps_per_stage' must be >= 0; got %d",
+        o.warmup_steps_per_stage));
+  }
+  o.momentum = static_cast<float>(momentum);
+  return std::make_unique<TopKCodec>(o);
+}
+
+TopKCodec::TopKCodec(const TopKOptions& options)
+    : options_(options),
+      momentum_(
+          MomentumCorrection::Options{options.momentum, options.nesterov}),
+      info_(TopKInfo()) {}
+
+double TopKCodec::DensityAt(int64_t step) const {
+  const int64_t per_stage = options_.warmup_steps_per_stage;
+  if (per_stage == 0) return options_.ratio;
+  const int64_t stage = std::max<int64_t>(step, 0) / per_stage;
+  constexpr int64_t kStages = std::size(kWarmupDensities);
+  if (stage >= kStages) return options_.ratio;
+  return std::max(options_.ratio, kWarmupDensities[stage]);
+}
+
+size_t TopKCodec::KAt(size_t numel, int64_t step) const {
+  if (numel == 0) return 0;
+  // The 1e-9 absorbs the rounding of density * numel (0.001 * 25e6 is
+  // 25000.000000000004 in double), which would otherwise add one.
+  const double k =
+      std::ceil(DensityAt(step) * static_cast<double>(numel) - 1e-9);
+  return static_cast<size_t>(std::clamp(k, 1.0, static_cast<double>(numel)));
+}
+
+absl::Status TopKCodec::Encode(const TensorView& grad, TensorState& state,
+                               const StepContext& ctx, Bytes* payload) const {
+  const size_t n = grad.numel();
+  if (n > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "topk: tensor has %d elements; uint32 indices allow at most %d", n,
+        std::numeric_limits<uint32_t>::max()));
+  }
+  const float scale = ClipScale(grad.values, options_.clip_norm);
+  absl::Span<float> v = momentum_.Accumulate(grad.values, scale, state);
+  const PhiloxStream rng(ctx.seed, ctx.tensor_id, ctx.step, /*round=*/0);
+  const TopKSelection selection =
+      SelectTopK(v, KAt(n, ctx.step), options_.sample, rng);
+  const std::vector<uint32_t>& indices = selection.indices;
+  const uint32_t count = static_cast<uint32_t>(indices.size());
+
+  char params[kParamBytes] = {static_cast<char>(kIndexUint32)};
+  std::memcpy(params + 4, &count, sizeof(count));
+  WireHeader header;
+  header.codec = CodecId::kTopK;
+  header.numel = n;
+  char* body = BeginPayload(header, absl::string_view(params, kParamBytes),
+                            size_t{8} * count, payload);
+  std::memcpy(body, indices.data(), size_t{4} * count);
+  char* values = body + size_t{4} * count;
+  for (uint32_t j = 0; j < count; ++j) {
+    std::memcpy(values + size_t{4} * j, &v[indices[j]], sizeof(float));
+  }
+  momentum_.Sent(indices, options_.masking, state);
+  return absl::OkStatus();
+}
+
+absl::Status TopKCodec::DecodeAdd(absl::string_view payload, float alpha,
+                                  absl::Span<float> acc) const {
+  const size_t n = acc.size();
+  GC_ASSIGN_OR_RETURN(const ParsedPayload parsed,
+                      ParsePayload(payload, CodecId::kTopK, /*round=*/0, n));
+  if (parsed.header.flags != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "topk: expected header flags 0 (not a dense body), got 0x%02x",
+        parsed.header.flags));
+  }
+  if (parsed.params.size() != kParamBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("topk: expected %d parameter bytes, got %d",
+                        kParamBytes, parsed.params.size()));
+  }
+  const char* params = parsed.params.data();
+  if (static_cast<uint8_t>(params[0]) != kIndexUint32 || params[1] != 0 ||
+      params[2] != 0 || params[3] != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "topk: expected index encoding %d with zero padding, got bytes "
+        "%d %d %d %d",
+        kIndexUint32, static_cast<uint8_t>(params[0]),
+        static_cast<uint8_t>(params[1]), static_cast<uint8_t>(params[2]),
+        static_cast<uint8_t>(params[3])));
+  }
+  const uint64_t count = Load32(params + 4);
+  if (count > n) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "topk: payload holds %d pairs, more than the tensor's %d elements",
+        count, n));
+  }
+  if (parsed.body.size() != 8 * count) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("topk: %d pairs need a body of %d bytes, got %d", count,
+                        8 * count, parsed.body.size()));
+  }
+  const char* index_bytes = parsed.body.data();
+  const char* value_bytes = index_bytes + 4 * count;
+  int64_t previous = -1;
+  for (uint64_t j = 0; j < count; ++j) {
+    const uint32_t index = Load32(index_bytes + 4 * j);
+    if (index >= n || static_cast<int64_t>(index) <= previous) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "topk: index %d at position %d must be below %d and above the "
+          "previous index %d",
+          index, j, n, previous));
+    }
+    previous = index;
+  }
+  for (uint64_t j = 0; j < count; ++j) {
+    float value;
+    std::memcpy(&value, value_bytes + 4 * j, sizeof(value));
+    acc[Load32(index_bytes + 4 * j)] += alpha * value;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RegisterTopK(CodecRegistry& registry) {
+  return registry.Register(
+      TopKInfo(),
+      [](const CodecParams& params) -> absl::StatusOr<std::unique_ptr<Codec>> {
+        GC_ASSIGN_OR_RETURN(std::unique_ptr<TopKCodec> codec,
+                            TopKCodec::Create(params));
+        return std::unique_ptr<Codec>(std::move(codec));
+      });
+}
+
+}  // namespace gradcomp::codecs

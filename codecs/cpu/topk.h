@@ -1,0 +1,84 @@
+// `topk`: Deep Gradient Compression (Lin et al., ICLR 2018). Each worker clips
+// its gradient, accumulates it with momentum correction, sends the ~k largest
+// accumulated values as (index, value) pairs and keeps the rest for later.
+//
+//   GC_ASSIGN_OR_RETURN(auto codec, TopKCodec::Create(CodecParams(
+//                           {{"ratio", "0.001"}, {"momentum", "0.9"}})));
+//   GC_RETURN_IF_ERROR(codec->Encode(grad, state, ctx, &payload));
+//   GC_RETURN_IF_ERROR(codec->DecodeAdd(payload, 1.0f / world_size, out));
+//
+// Payload (after the wire header, little-endian): parameters are 8 bytes,
+// [0] index encoding (1 = uint32), [1..3] zero, [4..7] uint32 count c; the
+// body is c strictly ascending uint32 indices, then c fp32 values.
+// The decoded average is the update itself: apply it without the optimizer's
+// own momentum (that lives in this codec's state, "dgc.u" and "dgc.v").
+#ifndef GRADCOMP_CODECS_CPU_TOPK_H_
+#define GRADCOMP_CODECS_CPU_TOPK_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "codecs/codec.h"
+#include "codecs/cpu/momentum.h"
+#include "codecs/params.h"
+#include "codecs/registry.h"
+
+namespace gradcomp::codecs {
+
+struct TopKOptions {
+  double ratio = 0.001;  // density k / n after warm-up, in (0, 1]
+  double sample = 0.01;  // fraction of v sampled for the threshold, (0, 1]
+  float momentum = 0.9f;
+  bool nesterov = false;
+  bool masking = true;   // momentum factor masking
+  double clip_norm = 0;  // local L2 clipping of g; 0 = off
+  // Warm-up: steps [s*i, s*(i+1)) use density max(ratio, {0.25, 0.0625,
+  // 0.0156, 0.004}[i]) for i < 4, then `ratio`. 0 = off (the default: the
+  // paper counts epochs, which only the trainer knows; set s to the steps of
+  // an epoch to follow it).
+  int64_t warmup_steps_per_stage = 0;
+};
+
+class TopKCodec : public SingleRoundCodec {
+ public:
+  // Parses and checks "ratio", "sample", "momentum", "nesterov", "masking",
+  // "clip_norm" and "warmup_steps_per_stage"; rejects unknown names.
+  static absl::StatusOr<std::unique_ptr<TopKCodec>> Create(
+      const CodecParams& params);
+
+  explicit TopKCodec(const TopKOptions& options);
+
+  const CodecInfo& info() const override { return info_; }
+
+  absl::Status Encode(const TensorView& grad, TensorState& state,
+                      const StepContext& ctx, Bytes* payload) const override;
+
+  absl::Status DecodeAdd(absl::string_view payload, float alpha,
+                         absl::Span<float> acc) const override;
+
+  // The density at `step` under the warm-up schedule.
+  double DensityAt(int64_t step) const;
+  // k = ceil(density * numel) at `step`, at least 1 for a nonempty tensor.
+  size_t KAt(size_t numel, int64_t step) const;
+
+  const TopKOptions& options() const { return options_; }
+
+ private:
+  TopKOptions options_;
+  MomentumCorrection momentum_;
+  CodecInfo info_;
+};
+
+CodecInfo TopKInfo();
+
+// Registers "topk".
+absl::Status RegisterTopK(CodecRegistry& registry);
+
+}  // namespace gradcomp::codecs
+
+#endif  // GRADCOMP_CODECS_CPU_TOPK_H_

@@ -1,0 +1,270 @@
+#include "codecs/cpu/topk.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/status_macros.h"
+#include "codecs/registry.h"
+#include "codecs/state.h"
+#include "codecs/wire.h"
+#include "gtest/gtest.h"
+
+namespace gradcomp::codecs {
+namespace {
+
+std::vector<float> Normal(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist;
+  std::vector<float> x(n);
+  for (float& v : x) v = dist(gen);
+  return x;
+}
+
+std::unique_ptr<TopKCodec> Make(std::map<std::string, std::string> params) {
+  absl::StatusOr<std::unique_ptr<TopKCodec>> codec =
+      TopKCodec::Create(CodecParams(std::move(params)));
+  EXPECT_TRUE(codec.ok()) << codec.status();
+  return std::move(codec).value();
+}
+
+struct Encoded {
+  Bytes payload;
+  std::vector<float> dense;  // the payload scattered into a zero tensor
+  std::vector<uint32_t> indices;
+};
+
+Encoded EncodeStep(const TopKCodec& codec, const std::vector<float>& g,
+                   TensorState& state, int64_t step) {
+  const int64_t shape[] = {static_cast<int64_t>(g.size())};
+  StepContext ctx;
+  ctx.seed = 5;
+  ctx.step = step;
+  Encoded out;
+  EXPECT_TRUE(
+      codec.Encode(TensorView{g, shape}, state, ctx, &out.payload).ok());
+  out.dense.assign(g.size(), 0.0f);
+  EXPECT_TRUE(
+      codec.DecodeAdd(out.payload, 1.0f, absl::MakeSpan(out.dense)).ok());
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (out.dense[i] != 0) out.indices.push_back(static_cast<uint32_t>(i));
+  }
+  return out;
+}
+
+std::vector<float> Buffer(TensorState& state, const char* name) {
+  const absl::Span<float> b = *state.Find(name);
+  return std::vector<float>(b.begin(), b.end());
+}
+
+TEST(TopKCodecTest, VelocityInvariantHoldsAcrossSteps) {
+  // v_before + u = v_after + scatter(sent), u the momentum after its update.
+  const auto codec = Make({{"ratio", "0.01"}, {"masking", "false"}});
+  TensorState state;
+  const size_t n = 50000;
+  for (int step = 0; step < 5; ++step) {
+    const std::vector<float> g = Normal(n, 100 + step);
+    std::vector<float> v_before(n, 0.0f);
+    if (step > 0) v_before = Buffer(state, MomentumCorrection::kVelocityBuffer);
+    const Encoded e = EncodeStep(*codec, g, state, step);
+    const std::vector<float> u =
+        Buffer(state, MomentumCorrection::kMomentumBuffer);
+    const std::vector<float> v_after =
+        Buffer(state, MomentumCorrection::kVelocityBuffer);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(v_before[i] + u[i], v_after[i] + e.dense[i]) << i;
+    }
+  }
+}
+
+TEST(TopKCodecTest, SendsAtMostKAndCloseToK) {
+  const auto codec = Make({});  // ratio 0.001, sample 1 %
+  TensorState state;
+  const size_t n = 1'000'000;
+  for (int step = 0; step < 3; ++step) {
+    const Encoded e = EncodeStep(*codec, Normal(n, step), state, step);
+    EXPECT_LE(e.indices.size(), 1000u);
+    EXPECT_GE(e.indices.size(), 800u);
+  }
+}
+
+TEST(TopKCodecTest, FullSampleSelectsTheExactTopK) {
+  const auto codec = Make({{"ratio", "0.01"}, {"sample", "1"}});
+  TensorState state;
+  const std::vector<float> g = Normal(20000, 3);
+  const Encoded e = EncodeStep(*codec, g, state, 0);
+  // First step: u = g, v = g, so the top k of |g| go.
+  std::vector<uint32_t> order(g.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    return std::fabs(g[a]) > std::fabs(g[b]);
+  });
+  order.resize(200);
+  std::sort(order.begin(), order.end());
+  EXPECT_EQ(e.indices, order);
+  for (uint32_t i : e.indices) EXPECT_EQ(e.dense[i], g[i]);
+}
+
+TEST(TopKCodecTest, MaskingClearsMomentumOfSentCoordinates) {
+  const auto codec = Make({{"ratio", "0.05"}, {"momentum", "0.9"}});
+  TensorState state;
+  const std::vector<float> g = Normal(10000, 4);
+  const Encoded e = EncodeStep(*codec, g, state, 0);
+  const std::vector<float> u =
+      Buffer(state, MomentumCorrection::kMomentumBuffer);
+  const std::vector<float> v =
+      Buffer(state, MomentumCorrection::kVelocityBuffer);
+  std::vector<bool> sent(g.size());
+  for (uint32_t i : e.indices) sent[i] = true;
+  for (size_t i = 0; i < g.size(); ++i) {
+    EXPECT_EQ(u[i], sent[i] ? 0.0f : g[i]) << i;
+    EXPECT_EQ(v[i], sent[i] ? 0.0f : g[i]) << i;
+  }
+}
+
+TEST(TopKCodecTest, RatioOneWithoutMaskingIsDenseMomentumSgd) {
+  for (bool nesterov : {false, true}) {
+    const auto codec = Make({{"ratio", "1"},
+                             {"masking", "false"},
+                             {"momentum", "0.9"},
+                             {"nesterov", nesterov ? "true" : "false"}});
+    TensorState state;
+    const size_t n = 1000;
+    std::vector<float> momentum(n, 0.0f);
+    for (int step = 0; step < 4; ++step) {
+      const std::vector<float> g = Normal(n, 40 + step);
+      const Encoded e = EncodeStep(*codec, g, state, step);
+      for (size_t i = 0; i < n; ++i) {
+        float update;
+        if (nesterov) {
+          momentum[i] = (momentum[i] + g[i]) * 0.9f;
+          update = momentum[i] + g[i];
+        } else {
+          momentum[i] = 0.9f * momentum[i] + g[i];
+          update = momentum[i];
+        }
+        ASSERT_FLOAT_EQ(e.dense[i], update) << step << " " << i;
+      }
+    }
+  }
+}
+
+TEST(TopKCodecTest, ClippingScalesTheGradientToClipNorm) {
+  const auto codec = Make({{"ratio", "1"}, {"clip_norm", "0.5"}});
+  TensorState state;
+  const std::vector<float> g = {3, 0, -4};  // norm 5
+  const Encoded e = EncodeStep(*codec, g, state, 0);
+  EXPECT_FLOAT_EQ(e.dense[0], 0.3f);
+  EXPECT_FLOAT_EQ(e.dense[2], -0.4f);
+}
+
+TEST(TopKCodecTest, WarmupDensityScheduleByStep) {
+  const auto codec =
+      Make({{"ratio", "0.001"}, {"warmup_steps_per_stage", "10"}});
+  EXPECT_DOUBLE_EQ(codec->DensityAt(0), 0.25);
+  EXPECT_DOUBLE_EQ(codec->DensityAt(9), 0.25);
+  EXPECT_DOUBLE_EQ(codec->DensityAt(10), 0.0625);
+  EXPECT_DOUBLE_EQ(codec->DensityAt(25), 0.0156);
+  EXPECT_DOUBLE_EQ(codec->DensityAt(39), 0.004);
+  EXPECT_DOUBLE_EQ(codec->DensityAt(40), 0.001);
+  EXPECT_EQ(codec->KAt(25'000'000, 1000), 25000u);
+  EXPECT_EQ(codec->KAt(10, 1000), 1u);
+  EXPECT_EQ(codec->KAt(0, 1000), 0u);
+  const auto no_warmup = Make({{"ratio", "0.01"}});
+  EXPECT_DOUBLE_EQ(no_warmup->DensityAt(0), 0.01);
+}
+
+TEST(TopKCodecTest, DecodeAddScalesByAlpha) {
+  const auto codec = Make({{"ratio", "1"}});
+  TensorState state;
+  const Encoded e = EncodeStep(*codec, {1, -2}, state, 0);
+  std::vector<float> acc = {10, 10};
+  ASSERT_TRUE(codec->DecodeAdd(e.payload, 0.5f, absl::MakeSpan(acc)).ok());
+  EXPECT_EQ(acc, (std::vector<float>{10.5f, 9.0f}));
+}
+
+// A payload of `indices` / `values` with a declared count.
+Bytes Payload(uint64_t numel, std::vector<uint32_t> indices,
+              uint32_t declared_count, size_t values) {
+  char params[8] = {1};
+  std::memcpy(params + 4, &declared_count, 4);
+  std::string body(reinterpret_cast<const char*>(indices.data()),
+                   4 * indices.size());
+  body.append(4 * values, '\0');
+  WireHeader header;
+  header.codec = CodecId::kTopK;
+  header.numel = numel;
+  Bytes out;
+  WritePayload(header, absl::string_view(params, 8), body, &out);
+  return out;
+}
+
+TEST(TopKCodecTest, DecodeRejectsBadPayloadsAndLeavesAccUntouched) {
+  const auto codec = Make({});
+  std::vector<float> acc(10, 1.0f);
+  const std::vector<float> untouched = acc;
+  struct Case {
+    const char* what;
+    Bytes payload;
+  } cases[] = {
+      {"index out of range", Payload(10, {2, 10}, 2, 2)},
+      {"duplicate index", Payload(10, {3, 3}, 2, 2)},
+      {"descending indices", Payload(10, {4, 1}, 2, 2)},
+      {"count above numel", Payload(10, std::vector<uint32_t>(11), 11, 11)},
+      {"count/body mismatch", Payload(10, {1, 2}, 3, 2)},
+      {"missing values", Payload(10, {1, 2}, 2, 1)},
+      {"wrong numel", Payload(11, {1}, 1, 1)},
+  };
+  for (const Case& c : cases) {
+    const absl::Status status =
+        codec->DecodeAdd(c.payload, 1.0f, absl::MakeSpan(acc));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.what;
+    EXPECT_EQ(acc, untouched) << c.what;
+  }
+  Bytes bad_encoding = Payload(10, {1}, 1, 1);
+  bad_encoding[kWireHeaderBytes] = 2;
+  EXPECT_EQ(codec->DecodeAdd(bad_encoding, 1.0f, absl::MakeSpan(acc)).code(),
+            absl::StatusCode::kInvalidArgument);
+  Bytes truncated = Payload(10, {1}, 1, 1);
+  truncated.pop_back();
+  EXPECT_EQ(codec->DecodeAdd(truncated, 1.0f, absl::MakeSpan(acc)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(acc, untouched);
+  EXPECT_TRUE(
+      codec->DecodeAdd(Payload(10, {0, 9}, 2, 2), 1.0f, absl::MakeSpan(acc))
+          .ok());
+}
+
+TEST(TopKCodecTest, CreateRejectsBadParameters) {
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"ratio", "0"},
+           {"ratio", "1.5"},
+           {"sample", "0"},
+           {"momentum", "1"},
+           {"momentum", "-0.1"},
+           {"clip_norm", "-1"},
+           {"warmup_steps_per_stage", "-2"},
+           {"ratoi", "0.1"}}) {
+    const auto codec = TopKCodec::Create(CodecParams({{key, value}}));
+    EXPECT_EQ(codec.status().code(), absl::StatusCode::kInvalidArgument)
+        << key << "=" << value;
+  }
+}
+
+TEST(TopKCodecTest, RegistersUnderItsName) {
+  CodecRegistry registry;
+  ASSERT_TRUE(RegisterTopK(registry).ok());
+  const auto codec = registry.Create("topk", CodecParams({{"ratio", "0.1"}}));
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  EXPECT_EQ((*codec)->info().id, CodecId::kTopK);
+  EXPECT_TRUE((*codec)->info().stateful);
+}
+
+}  // namespace
+}  // namespace gradcomp::codecs

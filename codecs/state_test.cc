@@ -1,0 +1,160 @@
+#include "codecs/state.h"
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace gradcomp::codecs {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::vector<int64_t> kShape = {2, 3};
+
+TEST(TensorStateTest, BuffersStartZeroAndResetOnResize) {
+  TensorState state;
+  EXPECT_FALSE(state.Find("ef.residual").has_value());
+  absl::Span<float> b = state.Buffer("ef.residual", 4);
+  EXPECT_EQ(b.size(), 4u);
+  for (float v : b) EXPECT_EQ(v, 0.0f);
+  b[1] = 5.0f;
+  EXPECT_EQ(state.Buffer("ef.residual", 4)[1], 5.0f);
+  ASSERT_TRUE(state.Find("ef.residual").has_value());
+  EXPECT_EQ((*state.Find("ef.residual"))[1], 5.0f);
+  EXPECT_EQ(state.ByteSize(), 16u);
+  EXPECT_EQ(state.Buffer("ef.residual", 6)[1], 0.0f);
+  state.Clear();
+  EXPECT_EQ(state.ByteSize(), 0u);
+}
+
+TEST(StateStoreTest, KeepsStatePerJobAndTensor) {
+  StateStore store;
+  {
+    StateStore::Locked s = store.Acquire("job", "w", kShape, 1);
+    s->Buffer("x", 2)[0] = 1.0f;
+  }
+  {
+    StateStore::Locked s = store.Acquire("job", "w", kShape, 1);
+    EXPECT_EQ(s->Buffer("x", 2)[0], 1.0f);
+  }
+  EXPECT_FALSE(store.Acquire("other", "w", kShape, 1)->Find("x").has_value());
+  EXPECT_FALSE(store.Acquire("job", "v", kShape, 1)->Find("x").has_value());
+  EXPECT_EQ(store.resets(), 0u);
+  EXPECT_EQ(store.ByteSize(), 8u);
+}
+
+TEST(StateStoreTest, ShapeOrDtypeChangeResetsAndCounts) {
+  StateStore store;
+  store.Acquire("job", "w", kShape, 1)->Buffer("x", 2)[0] = 1.0f;
+  EXPECT_FALSE(store.Acquire("job", "w", {3, 2}, 1)->Find("x").has_value());
+  EXPECT_EQ(store.resets(), 1u);
+  store.Acquire("job", "w", {3, 2}, 1)->Buffer("x", 2)[0] = 1.0f;
+  EXPECT_FALSE(store.Acquire("job", "w", {3, 2}, 2)->Find("x").has_value());
+  EXPECT_EQ(store.resets(), 2u);
+}
+
+TEST(StateStoreTest, LockedIsExclusive) {
+  StateStore store;
+  constexpr int kThreads = 4, kIncrements = 2000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < kIncrements; ++i) {
+        StateStore::Locked s = store.Acquire("job", "w", kShape, 1);
+        // A read-modify-write that would lose updates without the lock.
+        float& v = s->Buffer("count", 1)[0];
+        const float old = v;
+        std::this_thread::yield();
+        v = old + 1.0f;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(store.Acquire("job", "w", kShape, 1)->Buffer("count", 1)[0],
+            static_cast<float>(kThreads * kIncrements));
+}
+
+TEST(StateStoreTest, MoveAssignmentReleasesTheOldLock) {
+  StateStore store;
+  StateStore::Locked a = store.Acquire("job", "a", kShape, 1);
+  a->Buffer("x", 1)[0] = 2.0f;
+  a = store.Acquire("job", "b", kShape, 1);
+  // "a" must be free again (a leaked lock would hang this thread). Another
+  // thread takes it, as locking it here while holding "b" would invert the
+  // lock order just used.
+  float seen = 0.0f;
+  std::thread other([&] {
+    seen = store.Acquire("job", "a", kShape, 1)->Buffer("x", 1)[0];
+  });
+  other.join();
+  EXPECT_EQ(seen, 2.0f);
+}
+
+void Fill(StateStore& store) {
+  {
+    StateStore::Locked s = store.Acquire("job", "fc1.weight", {2, 2}, 1);
+    absl::Span<float> r = s->Buffer("ef.residual", 4);
+    for (int i = 0; i < 4; ++i) r[i] = 0.5f * i - 1.0f;
+    s->Buffer("dgc.momentum", 3)[2] = 7.0f;
+  }
+  store.Acquire("job", "bias", {5}, 1)->Buffer("ef.residual", 5)[4] = -3.0f;
+  store.Acquire("other", "fc1.weight", {2, 2}, 1)->Buffer("x", 1)[0] = 9.0f;
+}
+
+TEST(StateStoreTest, ExportImportRoundTripsOneJob) {
+  StateStore source;
+  Fill(source);
+  absl::StatusOr<Bytes> blob = source.Export("job");
+  ASSERT_TRUE(blob.ok()) << blob.status();
+  EXPECT_EQ(blob->substr(0, 4), "GCST");
+  StateStore target;
+  ASSERT_TRUE(target.Import("restored", *blob).ok());
+  {
+    StateStore::Locked s = target.Acquire("restored", "fc1.weight", {2, 2}, 1);
+    ASSERT_TRUE(s->Find("ef.residual").has_value());
+    EXPECT_EQ((*s->Find("ef.residual"))[3], 0.5f);
+    EXPECT_EQ((*s->Find("dgc.momentum"))[2], 7.0f);
+    EXPECT_FALSE(s->Find("x").has_value());  // the other job's
+  }
+  EXPECT_EQ((*target.Acquire("restored", "bias", {5}, 1)->Find("ef.residual"))[4],
+            -3.0f);
+  EXPECT_EQ(target.resets(), 0u);
+  // Exports of equal states are equal bytes.
+  EXPECT_EQ(*target.Export("restored"), *blob);
+}
+
+TEST(StateStoreTest, ImportRejectsEveryCorruptionWithoutTouchingState) {
+  StateStore source;
+  Fill(source);
+  const Bytes blob = *source.Export("job");
+  StateStore target;
+  target.Acquire("job", "fc1.weight", {2, 2}, 1)->Buffer("keep", 1)[0] = 4.0f;
+  auto untouched = [&] {
+    StateStore::Locked s = target.Acquire("job", "fc1.weight", {2, 2}, 1);
+    return s->Find("keep").has_value() && !s->Find("ef.residual").has_value();
+  };
+  for (size_t len = 0; len < blob.size(); ++len) {
+    absl::Status s = target.Import("job", absl::string_view(blob).substr(0, len));
+    ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << len;
+    ASSERT_TRUE(untouched()) << len;
+  }
+  EXPECT_THAT(target.Import("job", blob + "x").message(),
+              HasSubstr("expected the end after 2 tensors, got 1 more bytes"));
+  Bytes bad = blob;
+  bad[0] = 'X';
+  EXPECT_THAT(target.Import("job", bad).message(), HasSubstr("magic"));
+  bad = blob;
+  bad[4] = 2;
+  EXPECT_THAT(target.Import("job", bad).message(),
+              HasSubstr("expected version 1, got 2"));
+  bad = blob;
+  bad[8] = static_cast<char>(0xFF);  // tensor count
+  EXPECT_EQ(target.Import("job", bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(untouched());
+}
+
+}  // namespace
+}  // namespace gradcomp::codecs

@@ -1,0 +1,50 @@
+#include "service/api/convert.h"
+
+#include <utility>
+
+#include "service/config/policy_proto.h"
+
+namespace gradcomp::service {
+
+absl::StatusOr<ReduceInput> ReduceInputFromProto(
+    const v1::ReduceRequest& request) {
+  if (request.has_input_shm() || request.has_output_shm()) {
+    return absl::UnimplementedError(kSharedMemoryUnimplemented);
+  }
+  ReduceInput input;
+  input.job = request.job();
+  input.tensor = request.tensor();
+  input.step = request.step();
+  input.dtype = DTypeFromProto(request.dtype());
+  input.shape.assign(request.shape().begin(), request.shape().end());
+  input.data = request.data();
+  if (request.has_codec()) input.codec = CodecSpecFromProto(request.codec());
+  return input;
+}
+
+v1::ReduceResponse ReduceResponseToProto(const v1::ReduceRequest& request,
+                                         ReduceOutput output) {
+  v1::ReduceResponse response;
+  response.set_tensor(request.tensor());
+  response.set_step(request.step());
+  response.set_request_id(request.request_id());
+  response.set_dtype(request.dtype());
+  response.set_data(std::move(output.data));
+  const ReduceStats& s = output.stats;
+  v1::ReduceStats* stats = response.mutable_stats();
+  stats->set_codec(s.codec);
+  stats->set_raw_bytes(s.raw_bytes);
+  stats->set_wire_bytes(s.wire_bytes);
+  stats->set_relative_error(s.relative_error);
+  stats->set_world_size(static_cast<uint32_t>(s.world_size));
+  stats->set_dense_reason(s.dense_reason);
+  stats->set_nonfinite_values(s.nonfinite_values);
+  v1::StageTimings* t = stats->mutable_timings();
+  t->set_encode_seconds(s.encode_seconds);
+  t->set_collective_seconds(s.collective_seconds);
+  t->set_decode_seconds(s.decode_seconds);
+  t->set_total_seconds(s.total_seconds);
+  return response;
+}
+
+}  // namespace gradcomp::service

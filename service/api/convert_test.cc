@@ -1,0 +1,75 @@
+#include "service/api/convert.h"
+
+#include <cmath>
+
+#include "gtest/gtest.h"
+
+namespace gradcomp::service {
+namespace {
+
+TEST(ConvertTest, RequestFieldsReachTheEngineInput) {
+  v1::ReduceRequest request;
+  request.set_job("j");
+  request.set_tensor("t");
+  request.set_step(9);
+  request.set_dtype(v1::DTYPE_BFLOAT16);
+  request.add_shape(2);
+  request.add_shape(3);
+  request.set_data("abcdefghijkl");
+  request.mutable_codec()->set_name("topk");
+  (*request.mutable_codec()->mutable_params())["ratio"] = "0.1";
+  auto input = ReduceInputFromProto(request);
+  ASSERT_TRUE(input.ok()) << input.status();
+  EXPECT_EQ(input->job, "j");
+  EXPECT_EQ(input->tensor, "t");
+  EXPECT_EQ(input->step, 9);
+  EXPECT_EQ(input->dtype, DType::kBFloat16);
+  EXPECT_EQ(input->shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(input->data.data(), request.data().data());  // a view, no copy
+  ASSERT_TRUE(input->codec.has_value());
+  EXPECT_EQ(input->codec->params.at("ratio"), "0.1");
+}
+
+TEST(ConvertTest, NoCodecMeansThePolicyDecides) {
+  auto input = ReduceInputFromProto(v1::ReduceRequest());
+  ASSERT_TRUE(input.ok());
+  EXPECT_FALSE(input->codec.has_value());
+}
+
+TEST(ConvertTest, SharedMemoryIsUnimplemented) {
+  v1::ReduceRequest request;
+  request.mutable_output_shm()->set_region("r");
+  EXPECT_EQ(ReduceInputFromProto(request).status().code(),
+            absl::StatusCode::kUnimplemented);
+}
+
+TEST(ConvertTest, ResponseCarriesIdsAndStats) {
+  v1::ReduceRequest request;
+  request.set_tensor("t");
+  request.set_step(4);
+  request.set_request_id(12);
+  request.set_dtype(v1::DTYPE_FLOAT16);
+  ReduceOutput output;
+  output.data = "xy";
+  output.stats.codec = "qsgd";
+  output.stats.raw_bytes = 400;
+  output.stats.wire_bytes = 50;
+  output.stats.relative_error = NAN;
+  output.stats.decode_seconds = 0.5;
+  output.stats.dense_reason = "";
+  output.stats.nonfinite_values = 0;
+  const v1::ReduceResponse response =
+      ReduceResponseToProto(request, std::move(output));
+  EXPECT_EQ(response.tensor(), "t");
+  EXPECT_EQ(response.step(), 4);
+  EXPECT_EQ(response.request_id(), 12u);
+  EXPECT_EQ(response.dtype(), v1::DTYPE_FLOAT16);
+  EXPECT_EQ(response.data(), "xy");
+  EXPECT_EQ(response.stats().codec(), "qsgd");
+  EXPECT_EQ(response.stats().wire_bytes(), 50u);
+  EXPECT_TRUE(std::isnan(response.stats().relative_error()));
+  EXPECT_EQ(response.stats().timings().decode_seconds(), 0.5);
+}
+
+}  // namespace
+}  // namespace gradcomp::service

@@ -1,0 +1,79 @@
+// The gRPC shell of the gradcomp.v1.Gradcomp API: converts protos to core
+// types, calls the Engine, and converts its absl::Status back through
+// ToGrpcStatus. No business logic lives here.
+//
+//   GradcompService service(engine.get(), &metrics);
+//   GC_ASSIGN_OR_RETURN(auto server, StartGrpcServer(listen, &service));
+#ifndef GRADCOMP_SERVICE_API_GRADCOMP_SERVICE_H_
+#define GRADCOMP_SERVICE_API_GRADCOMP_SERVICE_H_
+
+#include "gradcomp/v1/gradcomp.grpc.pb.h"
+#include "gradcomp/v1/gradcomp.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "service/api/worker_pool.h"
+#include "service/engine/engine.h"
+#include "service/metrics/metrics.h"
+
+namespace gradcomp::service {
+
+namespace v1 = ::gradcomp::v1;
+
+class GradcompService final : public v1::Gradcomp::Service {
+ public:
+  // `stream_workers` threads reduce the tensors of every ReduceStream.
+  // `engine` and `metrics` must outlive the service.
+  GradcompService(Engine* engine, Metrics* metrics, int stream_workers);
+
+  grpc::Status Reduce(grpc::ServerContext* context,
+                      const v1::ReduceRequest* request,
+                      v1::ReduceResponse* response) override;
+  // Results are written in completion order; a failed tensor answers with
+  // error_code/error_message and the stream goes on.
+  grpc::Status ReduceStream(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::ReduceStreamResponse, v1::ReduceRequest>*
+          stream) override;
+  grpc::Status GetInfo(grpc::ServerContext* context,
+                       const v1::GetInfoRequest* request,
+                       v1::GetInfoResponse* response) override;
+  grpc::Status GetPolicy(grpc::ServerContext* context,
+                         const v1::GetPolicyRequest* request,
+                         v1::GetPolicyResponse* response) override;
+  grpc::Status SetPolicy(grpc::ServerContext* context,
+                         const v1::SetPolicyRequest* request,
+                         v1::SetPolicyResponse* response) override;
+  grpc::Status RegisterSystemSharedMemory(
+      grpc::ServerContext* context,
+      const v1::RegisterSystemSharedMemoryRequest* request,
+      v1::RegisterSystemSharedMemoryResponse* response) override;
+  grpc::Status RegisterCudaSharedMemory(
+      grpc::ServerContext* context,
+      const v1::RegisterCudaSharedMemoryRequest* request,
+      v1::RegisterCudaSharedMemoryResponse* response) override;
+  grpc::Status UnregisterSharedMemory(
+      grpc::ServerContext* context,
+      const v1::UnregisterSharedMemoryRequest* request,
+      v1::UnregisterSharedMemoryResponse* response) override;
+  grpc::Status SharedMemoryStatus(
+      grpc::ServerContext* context,
+      const v1::SharedMemoryStatusRequest* request,
+      v1::SharedMemoryStatusResponse* response) override;
+  grpc::Status ExportState(grpc::ServerContext* context,
+                           const v1::ExportStateRequest* request,
+                           v1::ExportStateResponse* response) override;
+  grpc::Status ImportState(grpc::ServerContext* context,
+                           const v1::ImportStateRequest* request,
+                           v1::ImportStateResponse* response) override;
+
+ private:
+  // One Reduce in core terms; the status is what the client sees.
+  absl::StatusOr<v1::ReduceResponse> DoReduce(const v1::ReduceRequest& request);
+
+  Engine* const engine_;
+  Metrics* const metrics_;
+  WorkerPool stream_pool_;
+};
+
+}  // namespace gradcomp::service
+
+#endif  // GRADCOMP_SERVICE_API_GRADCOMP_SERVICE_H_

@@ -1,0 +1,36 @@
+#include "service/api/server.h"
+
+#include <climits>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace gradcomp::service {
+
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
+    const std::string& listen, grpc::Service* service, int* port) {
+  // Both are process-wide switches read when a server is built.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(),
+                           &bound_port);
+  builder.RegisterService(service);
+  // gRPC's ceiling is INT_MAX bytes per message (2 GiB - 1).
+  builder.SetMaxReceiveMessageSize(INT_MAX);
+  builder.SetMaxSendMessageSize(INT_MAX);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot serve gRPC on '", listen,
+        "': the address is invalid or already in use (expected a free "
+        "host:port or unix:/path)"));
+  }
+  if (port != nullptr) *port = bound_port;
+  return server;
+}
+
+}  // namespace gradcomp::service

@@ -1,0 +1,27 @@
+// Builds and starts the daemon's gRPC server around a service: the standard
+// grpc.health.v1 service (SERVING once started), server reflection, and no
+// 4 MiB message cap (tensors travel inline up to 2 GiB; larger ones will
+// travel in chunks once ReduceStream chunking and peers exist).
+//
+//   GC_ASSIGN_OR_RETURN(std::unique_ptr<grpc::Server> server,
+//                       StartGrpcServer("127.0.0.1:0", &service, &port));
+#ifndef GRADCOMP_SERVICE_API_SERVER_H_
+#define GRADCOMP_SERVICE_API_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+
+namespace gradcomp::service {
+
+// `listen` is "host:port" (port 0 picks a free one, written to `port` if
+// not null) or "unix:/path". Unavailable, naming the address, if it cannot
+// bind.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
+    const std::string& listen, grpc::Service* service, int* port = nullptr);
+
+}  // namespace gradcomp::service
+
+#endif  // GRADCOMP_SERVICE_API_SERVER_H_

@@ -1,0 +1,43 @@
+#include "service/api/worker_pool.h"
+
+#include <utility>
+
+namespace gradcomp::service {
+
+WorkerPool::WorkerPool(int threads) {
+  threads_.reserve(threads);
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
+}
+
+WorkerPool::~WorkerPool() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (std::thread& t : threads_) t.join();
+}
+
+void WorkerPool::Schedule(std::function<void()> work) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(work));
+}
+
+void WorkerPool::Loop() {
+  while (true) {
+    std::function<void()> work;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](WorkerPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
+            return p->stopping_ || !p->queue_.empty();
+          },
+          this));
+      if (queue_.empty()) return;  // stopping, and nothing left to run
+      work = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    work();
+  }
+}
+
+}  // namespace gradcomp::service

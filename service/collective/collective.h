@@ -1,0 +1,43 @@
+// How the engine exchanges one round's payload with the other workers of a
+// job. The engine calls Run once per round and gets back the summed dense
+// bodies (kSum) or every worker's payload (kGather); implementations decide
+// how (in-process for world size 1, over peers later).
+//
+//   GC_ASSIGN_OR_RETURN(codecs::RoundResult result,
+//                       collective.Run({job, tensor, step, 0}, std::move(round)));
+#ifndef GRADCOMP_SERVICE_COLLECTIVE_COLLECTIVE_H_
+#define GRADCOMP_SERVICE_COLLECTIVE_COLLECTIVE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "codecs/codec.h"
+
+namespace gradcomp::service {
+
+// Rendezvous key: every worker's call for the same key meets in the same
+// collective, whatever order tensors arrive in.
+struct RoundKey {
+  std::string job;
+  std::string tensor;
+  int64_t step = 0;
+  int round = 0;
+};
+
+class Collective {
+ public:
+  virtual ~Collective() = default;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+
+  // Contributes `round.payload` and returns the round's result. Must be
+  // thread-safe: the engine runs many tensors at once.
+  virtual absl::StatusOr<codecs::RoundResult> Run(const RoundKey& key,
+                                                  codecs::Round round) = 0;
+};
+
+}  // namespace gradcomp::service
+
+#endif  // GRADCOMP_SERVICE_COLLECTIVE_COLLECTIVE_H_

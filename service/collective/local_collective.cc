@@ -1,0 +1,37 @@
+#include "service/collective/local_collective.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "codecs/wire.h"
+
+namespace gradcomp::service {
+
+absl::StatusOr<codecs::RoundResult> LocalCollective::Run(const RoundKey& key,
+                                                         codecs::Round round) {
+  codecs::RoundResult result;
+  result.world_size = 1;
+  switch (round.collective) {
+    case codecs::Collective::kSum: {
+      GC_ASSIGN_OR_RETURN(codecs::ParsedPayload parsed,
+                          codecs::PeekPayload(round.payload));
+      if ((parsed.header.flags & codecs::kFlagDenseBody) == 0) {
+        return absl::InternalError(absl::StrCat(
+            "tensor '", key.tensor, "' step ", key.step, " round ", key.round,
+            ": a SUM round's payload has no dense body (flags ",
+            parsed.header.flags, ")"));
+      }
+      result.sum.assign(parsed.header.numel, 0.0f);
+      GC_RETURN_IF_ERROR(
+          codecs::AddDenseBody(parsed, 1.0f, absl::MakeSpan(result.sum)));
+      break;
+    }
+    case codecs::Collective::kGather:
+      result.payloads.push_back(std::move(round.payload));
+      break;
+  }
+  return result;
+}
+
+}  // namespace gradcomp::service

@@ -1,0 +1,225 @@
+#include "service/config/config.h"
+
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status_macros.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+#include "service/config/policy_proto.h"
+
+namespace gradcomp::service {
+namespace {
+
+constexpr uint64_t kDefaultMaxTensorBytes = uint64_t{4} << 30;
+
+// Collects the text-format parser's complaints instead of printing them.
+class TextErrors : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    errors_.push_back(absl::StrCat("line ", line + 1, " column ", column + 1,
+                                   ": ", message));
+  }
+  void AddWarning(int line, int column, const std::string& message) override {
+    AddError(line, column, message);
+  }
+  std::string str() const { return absl::StrJoin(errors_, "; "); }
+
+ private:
+  std::vector<std::string> errors_;
+};
+
+absl::Status MergeJson(const std::string& path, const std::string& text,
+                       v1::DaemonConfig* config) {
+  v1::DaemonConfig file;
+  google::protobuf::util::Status parsed =
+      google::protobuf::util::JsonStringToMessage(text, &file);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config file '", path, "': not a JSON gradcomp.v1.DaemonConfig: ",
+        parsed.message().ToString()));
+  }
+  // Proto3 cannot tell an explicit "metrics_listen": "" (metrics off) from
+  // an absent field (the default); the raw JSON object can.
+  google::protobuf::Struct raw;
+  bool metrics_off = false;
+  if (google::protobuf::util::JsonStringToMessage(text, &raw).ok()) {
+    metrics_off = file.metrics_listen().empty() &&
+                  (raw.fields().contains("metricsListen") ||
+                   raw.fields().contains("metrics_listen"));
+  }
+  config->MergeFrom(file);
+  if (metrics_off) config->clear_metrics_listen();
+  return absl::OkStatus();
+}
+
+absl::Status MergeText(const std::string& path, const std::string& text,
+                       v1::DaemonConfig* config) {
+  // Merging in place keeps presence: an explicit metrics_listen: "" sets it.
+  TextErrors errors;
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  v1::DaemonConfig merged = *config;
+  if (!parser.MergeFromString(text, &merged)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config file '", path,
+                     "': not a text-format gradcomp.v1.DaemonConfig: ",
+                     errors.str()));
+  }
+  *config = std::move(merged);
+  return absl::OkStatus();
+}
+
+bool LooksLikeJson(const std::string& path, const std::string& text) {
+  if (absl::EndsWith(path, ".json")) return true;
+  for (absl::string_view ext : {".textproto", ".txtpb", ".pbtxt", ".txt"}) {
+    if (absl::EndsWith(path, ext)) return false;
+  }
+  return absl::StartsWith(absl::StripLeadingAsciiWhitespace(text), "{");
+}
+
+absl::Status ValidateAddress(absl::string_view what,
+                             const std::string& address) {
+  if (absl::StartsWith(address, "unix:")) {
+    if (address.size() == 5) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " is 'unix:' with no path, expected unix:/path/to.sock"));
+    }
+    return absl::OkStatus();
+  }
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 ||
+      colon + 1 == address.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is '", address,
+                     "', expected host:port (e.g. 127.0.0.1:50051, "
+                     "[::1]:50051) or unix:/path"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+v1::DaemonConfig DefaultConfig() {
+  v1::DaemonConfig config;
+  config.set_listen(kDefaultListen);
+  config.set_metrics_listen(kDefaultMetricsListen);
+  config.set_world_size(1);
+  config.set_error_sample_rate(1.0);
+  config.set_max_tensor_bytes(kDefaultMaxTensorBytes);
+  return config;
+}
+
+absl::Status MergeConfigFile(const std::string& path,
+                             v1::DaemonConfig* config) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(
+        "config file '", path, "' cannot be opened, expected a readable "
+        "JSON or text-format gradcomp.v1.DaemonConfig"));
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string text = buffer.str();
+  return LooksLikeJson(path, text) ? MergeJson(path, text, config)
+                                   : MergeText(path, text, config);
+}
+
+void ApplyFlags(const FlagOverrides& flags, v1::DaemonConfig* config) {
+  if (flags.listen) config->set_listen(*flags.listen);
+  if (flags.metrics_listen) config->set_metrics_listen(*flags.metrics_listen);
+  if (flags.rank) config->set_rank(*flags.rank);
+  if (flags.world_size) config->set_world_size(*flags.world_size);
+  if (flags.peers) {
+    config->clear_peers();
+    for (const std::string& peer : *flags.peers) config->add_peers(peer);
+  }
+  if (flags.seed) config->set_seed(*flags.seed);
+}
+
+absl::Status ValidateConfig(const v1::DaemonConfig& config,
+                            const codecs::CodecRegistry& registry) {
+  GC_RETURN_IF_ERROR(ValidateAddress("listen", config.listen()));
+  if (!config.metrics_listen().empty()) {
+    GC_RETURN_IF_ERROR(
+        ValidateAddress("metrics_listen", config.metrics_listen()));
+    if (absl::StartsWith(config.metrics_listen(), "unix:")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "metrics_listen is '", config.metrics_listen(),
+          "', expected host:port (Prometheus scrapes over TCP)"));
+    }
+  }
+  if (config.world_size() == 0) {
+    return absl::InvalidArgumentError(
+        "world_size is 0, expected the number of workers (>= 1)");
+  }
+  if (config.rank() >= config.world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank is ", config.rank(), ", expected < world_size ",
+                     config.world_size()));
+  }
+  if (config.peers_size() != 0 &&
+      config.peers_size() != static_cast<int>(config.world_size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peers lists ", config.peers_size(), " addresses, expected one per "
+        "rank (world_size ", config.world_size(), ")"));
+  }
+  if (config.world_size() > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "world_size is ", config.world_size(),
+        ": reducing across several daemons needs the peer transport, which "
+        "this release does not have yet (peers come in a later release); "
+        "run with world_size 1"));
+  }
+  const double rate = config.error_sample_rate();
+  if (!(rate >= 0 && rate <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "error_sample_rate is ", rate, ", expected a fraction in [0, 1]"));
+  }
+  if (config.max_tensor_bytes() == 0) {
+    return absl::InvalidArgumentError(
+        "max_tensor_bytes is 0, expected a positive byte count");
+  }
+  return ValidatePolicy(PolicyFromProto(config.policy()), registry);
+}
+
+absl::StatusOr<v1::DaemonConfig> LoadConfig(
+    const std::string& config_path, const FlagOverrides& flags,
+    const codecs::CodecRegistry& registry) {
+  v1::DaemonConfig config = DefaultConfig();
+  if (!config_path.empty()) {
+    GC_RETURN_IF_ERROR(MergeConfigFile(config_path, &config));
+  }
+  ApplyFlags(flags, &config);
+  GC_RETURN_IF_ERROR(ValidateConfig(config, registry));
+  *config.mutable_policy() = PolicyToProto(PolicyFromProto(config.policy()));
+  return config;
+}
+
+EngineOptions EngineOptionsFromConfig(const v1::DaemonConfig& config) {
+  EngineOptions options;
+  options.seed = config.seed();
+  options.error_sample_rate = config.error_sample_rate();
+  options.max_tensor_bytes = config.max_tensor_bytes();
+  return options;
+}
+
+std::string ConfigToJson(const v1::DaemonConfig& config) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  // Printing a message of a known type cannot fail.
+  (void)google::protobuf::util::MessageToJsonString(config, &json, options);
+  return json;
+}
+
+}  // namespace gradcomp::service

@@ -1,0 +1,74 @@
+// The daemon's effective configuration: built-in defaults, then a config
+// file (gradcomp.v1.DaemonConfig as protobuf JSON or text format), then the
+// command-line flags that were given, then validation of the whole, policy
+// included, so that a bad config fails at start with a message, not at the
+// first tensor.
+//
+//   FlagOverrides flags;
+//   flags.listen = "unix:/run/gradcomp.sock";
+//   GC_ASSIGN_OR_RETURN(v1::DaemonConfig config,
+//                       LoadConfig("gradcomp.json", flags, BuiltinCodecs()));
+#ifndef GRADCOMP_SERVICE_CONFIG_CONFIG_H_
+#define GRADCOMP_SERVICE_CONFIG_CONFIG_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "codecs/registry.h"
+#include "gradcomp/v1/config.pb.h"
+#include "service/engine/engine.h"
+
+namespace gradcomp::service {
+
+namespace v1 = ::gradcomp::v1;
+
+inline constexpr char kDefaultListen[] = "127.0.0.1:50051";
+inline constexpr char kDefaultMetricsListen[] = "127.0.0.1:9464";
+
+// Flags given on the command line; each set one replaces the config's field.
+struct FlagOverrides {
+  std::optional<std::string> listen;
+  std::optional<std::string> metrics_listen;  // "" turns metrics off
+  std::optional<uint32_t> rank;
+  std::optional<uint32_t> world_size;
+  std::optional<std::vector<std::string>> peers;
+  std::optional<uint64_t> seed;
+};
+
+// Every field at its default: the listen addresses above, world size 1,
+// error_sample_rate 1, max_tensor_bytes 4 GiB.
+v1::DaemonConfig DefaultConfig();
+
+// Parses the file at `path` and merges the fields it sets over `config`.
+// ".json" is JSON; ".textproto", ".txtpb", ".pbtxt" and ".txt" are text
+// format; any other name is JSON if it starts with '{', text otherwise.
+// Errors name the file, the format and the parser's message.
+absl::Status MergeConfigFile(const std::string& path,
+                             v1::DaemonConfig* config);
+
+void ApplyFlags(const FlagOverrides& flags, v1::DaemonConfig* config);
+
+// Checks addresses, rank, world size, peers, limits and the policy (every
+// codec created once through `registry`). A world size above 1 is
+// Unimplemented until the peer transport exists.
+absl::Status ValidateConfig(const v1::DaemonConfig& config,
+                            const codecs::CodecRegistry& registry);
+
+// Defaults, then the file at `config_path` (if not empty), then `flags`,
+// then ValidateConfig. The policy comes back with its defaults written out.
+absl::StatusOr<v1::DaemonConfig> LoadConfig(
+    const std::string& config_path, const FlagOverrides& flags,
+    const codecs::CodecRegistry& registry);
+
+EngineOptions EngineOptionsFromConfig(const v1::DaemonConfig& config);
+
+// Pretty-printed JSON with every field, for --check_config.
+std::string ConfigToJson(const v1::DaemonConfig& config);
+
+}  // namespace gradcomp::service
+
+#endif  // GRADCOMP_SERVICE_CONFIG_CONFIG_H_

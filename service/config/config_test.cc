@@ -1,0 +1,191 @@
+#include "service/config/config.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "codecs/builtin.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace gradcomp::service {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string WriteFile(const std::string& name, const std::string& text) {
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(ConfigTest, DefaultsWithoutAFile) {
+  auto config = LoadConfig("", FlagOverrides(), codecs::BuiltinCodecs());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->listen(), "127.0.0.1:50051");
+  EXPECT_EQ(config->metrics_listen(), "127.0.0.1:9464");
+  EXPECT_EQ(config->world_size(), 1u);
+  EXPECT_EQ(config->error_sample_rate(), 1.0);
+  EXPECT_EQ(config->max_tensor_bytes(), uint64_t{4} << 30);
+  // The policy's defaults are written out, so --check_config shows them.
+  EXPECT_EQ(config->policy().dense_below_numel(), 1024u);
+  EXPECT_TRUE(config->policy().dense_1d());
+  EXPECT_EQ(config->policy().default_codec().name(), "none");
+}
+
+TEST(ConfigTest, JsonFileSetsFieldsAndKeepsOtherDefaults) {
+  const std::string path = WriteFile("daemon.json", R"({
+    "listen": "unix:/tmp/gradcomp.sock",
+    "seed": "42",
+    "errorSampleRate": 0.5,
+    "policy": {
+      "warmupSteps": "10",
+      "rules": [{"nameGlob": "*.weight", "codec": {"name": "fp16"}}]
+    }
+  })");
+  auto config = LoadConfig(path, FlagOverrides(), codecs::BuiltinCodecs());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->listen(), "unix:/tmp/gradcomp.sock");
+  EXPECT_EQ(config->metrics_listen(), "127.0.0.1:9464");
+  EXPECT_EQ(config->seed(), 42u);
+  EXPECT_EQ(config->error_sample_rate(), 0.5);
+  EXPECT_EQ(config->policy().warmup_steps(), 10u);
+  ASSERT_EQ(config->policy().rules_size(), 1);
+  EXPECT_EQ(config->policy().rules(0).codec().name(), "fp16");
+}
+
+TEST(ConfigTest, TextFormatFile) {
+  const std::string path = WriteFile("daemon.textproto", R"(
+    listen: "0.0.0.0:6000"
+    max_tensor_bytes: 1048576
+    policy { dense_1d: false default_codec { name: "bf16" } }
+  )");
+  auto config = LoadConfig(path, FlagOverrides(), codecs::BuiltinCodecs());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->listen(), "0.0.0.0:6000");
+  EXPECT_EQ(config->max_tensor_bytes(), 1048576u);
+  EXPECT_FALSE(config->policy().dense_1d());
+  EXPECT_EQ(config->policy().default_codec().name(), "bf16");
+}
+
+TEST(ConfigTest, UnknownExtensionIsSniffed) {
+  auto json = LoadConfig(WriteFile("a.conf", R"({"seed": "7"})"),
+                         FlagOverrides(), codecs::BuiltinCodecs());
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->seed(), 7u);
+  auto text = LoadConfig(WriteFile("b.conf", "seed: 8"), FlagOverrides(),
+                         codecs::BuiltinCodecs());
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(text->seed(), 8u);
+}
+
+TEST(ConfigTest, ExplicitEmptyMetricsListenTurnsMetricsOff) {
+  auto json = LoadConfig(WriteFile("off.json", R"({"metricsListen": ""})"),
+                         FlagOverrides(), codecs::BuiltinCodecs());
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->metrics_listen(), "");
+  auto text = LoadConfig(WriteFile("off.txt", R"(metrics_listen: "")"),
+                         FlagOverrides(), codecs::BuiltinCodecs());
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(text->metrics_listen(), "");
+}
+
+TEST(ConfigTest, FlagsOverrideTheFile) {
+  const std::string path =
+      WriteFile("flags.json", R"({"listen": "127.0.0.1:1", "seed": "1"})");
+  FlagOverrides flags;
+  flags.listen = "127.0.0.1:2";
+  flags.metrics_listen = "";
+  auto config = LoadConfig(path, flags, codecs::BuiltinCodecs());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->listen(), "127.0.0.1:2");
+  EXPECT_EQ(config->metrics_listen(), "");
+  EXPECT_EQ(config->seed(), 1u);
+}
+
+TEST(ConfigTest, BadFilesNameTheFileAndTheProblem) {
+  auto missing = LoadConfig("/nonexistent/gradcomp.json", FlagOverrides(),
+                            codecs::BuiltinCodecs());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(),
+              HasSubstr("'/nonexistent/gradcomp.json' cannot be opened"));
+
+  const std::string bad_json = WriteFile("bad.json", R"({"listen": )");
+  auto json = LoadConfig(bad_json, FlagOverrides(), codecs::BuiltinCodecs());
+  EXPECT_EQ(json.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(json.status().message(), HasSubstr(bad_json));
+  EXPECT_THAT(json.status().message(), HasSubstr("not a JSON"));
+
+  const std::string typo = WriteFile("typo.json", R"({"lisen": "x:1"})");
+  auto unknown = LoadConfig(typo, FlagOverrides(), codecs::BuiltinCodecs());
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("lisen"));
+
+  const std::string bad_text =
+      WriteFile("bad.textproto", "listen: \"a:1\"\nwrold_size: 2\n");
+  auto text = LoadConfig(bad_text, FlagOverrides(), codecs::BuiltinCodecs());
+  EXPECT_EQ(text.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(text.status().message(), HasSubstr("line 2"));
+  EXPECT_THAT(text.status().message(), HasSubstr("wrold_size"));
+}
+
+TEST(ConfigTest, BadPolicyFailsAtLoad) {
+  const std::string path = WriteFile("policy.json", R"({"policy": {"rules": [
+      {"nameGlob": "*", "codec": {"name": "fp16", "params": {"ratoi": "1"}}}
+  ]}})");
+  auto config = LoadConfig(path, FlagOverrides(), codecs::BuiltinCodecs());
+  ASSERT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(config.status().message(), HasSubstr("policy rule 0"));
+  EXPECT_THAT(config.status().message(), HasSubstr("ratoi"));
+}
+
+TEST(ConfigTest, SeveralWorkersAreRefusedUntilPeersExist) {
+  FlagOverrides flags;
+  flags.world_size = 2;
+  auto config = LoadConfig("", flags, codecs::BuiltinCodecs());
+  ASSERT_EQ(config.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(config.status().message(), HasSubstr("world_size is 2"));
+  EXPECT_THAT(config.status().message(), HasSubstr("peer"));
+}
+
+TEST(ConfigTest, InvalidFieldsAreNamed) {
+  struct Case {
+    std::function<void(FlagOverrides&)> set;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](FlagOverrides& f) { f.listen = "nohost"; },
+       "listen is 'nohost', expected host:port"},
+      {[](FlagOverrides& f) { f.listen = "unix:"; }, "unix:/path/to.sock"},
+      {[](FlagOverrides& f) { f.metrics_listen = "unix:/m.sock"; },
+       "Prometheus scrapes over TCP"},
+      {[](FlagOverrides& f) { f.world_size = 0; }, "world_size is 0"},
+      {[](FlagOverrides& f) { f.rank = 1; },
+       "rank is 1, expected < world_size 1"},
+      {[](FlagOverrides& f) { f.peers = {{"a:1", "b:2"}}; },
+       "peers lists 2 addresses"},
+  };
+  for (const Case& c : cases) {
+    FlagOverrides flags;
+    c.set(flags);
+    auto config = LoadConfig("", flags, codecs::BuiltinCodecs());
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.message;
+    EXPECT_THAT(config.status().message(), HasSubstr(c.message));
+  }
+}
+
+TEST(ConfigTest, JsonOfTheEffectiveConfigLoadsBackTheSame) {
+  auto config = LoadConfig("", FlagOverrides(), codecs::BuiltinCodecs());
+  ASSERT_TRUE(config.ok());
+  const std::string json = ConfigToJson(*config);
+  EXPECT_THAT(json, HasSubstr("\"dense_below_numel\": \"1024\""));
+  EXPECT_THAT(json, HasSubstr("\"listen\": \"127.0.0.1:50051\""));
+  auto again = LoadConfig(WriteFile("again.json", json), FlagOverrides(),
+                          codecs::BuiltinCodecs());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->SerializeAsString(), config->SerializeAsString());
+}
+
+}  // namespace
+}  // namespace gradcomp::service

@@ -1,0 +1,51 @@
+#include "service/config/policy_proto.h"
+
+#include "gtest/gtest.h"
+
+namespace gradcomp::service {
+namespace {
+
+TEST(PolicyProtoTest, UnsetFieldsTakeTheDefaults) {
+  Policy policy = PolicyFromProto(v1::Policy());
+  EXPECT_EQ(policy.dense_below_numel, 1024u);
+  EXPECT_TRUE(policy.dense_1d);
+  EXPECT_EQ(policy.warmup_steps, 0u);
+  EXPECT_EQ(policy.default_codec.name, "none");
+  EXPECT_TRUE(policy.rules.empty());
+}
+
+TEST(PolicyProtoTest, ExplicitZeroAndFalseAreKept) {
+  v1::Policy proto;
+  proto.set_dense_below_numel(0);
+  proto.set_dense_1d(false);
+  Policy policy = PolicyFromProto(proto);
+  EXPECT_EQ(policy.dense_below_numel, 0u);
+  EXPECT_FALSE(policy.dense_1d);
+}
+
+TEST(PolicyProtoTest, RoundTripKeepsEveryField) {
+  v1::Policy proto;
+  v1::PolicyRule* rule = proto.add_rules();
+  rule->set_name_glob("layer*.weight");
+  rule->set_min_numel(10);
+  rule->set_max_numel(20);
+  rule->set_min_ndim(2);
+  rule->set_max_ndim(4);
+  rule->set_dtype(v1::DTYPE_BFLOAT16);
+  rule->mutable_codec()->set_name("topk");
+  (*rule->mutable_codec()->mutable_params())["ratio"] = "0.01";
+  proto.set_dense_below_numel(5);
+  proto.set_dense_1d(false);
+  proto.set_warmup_steps(3);
+  proto.mutable_default_codec()->set_name("fp16");
+
+  const Policy policy = PolicyFromProto(proto);
+  ASSERT_EQ(policy.rules.size(), 1u);
+  EXPECT_EQ(policy.rules[0].dtype, DType::kBFloat16);
+  EXPECT_EQ(policy.rules[0].codec.params.at("ratio"), "0.01");
+  EXPECT_EQ(PolicyToProto(policy).SerializeAsString(),
+            proto.SerializeAsString());
+}
+
+}  // namespace
+}  // namespace gradcomp::service

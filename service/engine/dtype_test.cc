@@ -1,0 +1,85 @@
+#include "service/engine/dtype.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace gradcomp::service {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Values exactly representable in fp16 and bf16, so every round trip is exact.
+const std::vector<float> kExact = {0.0f, -0.0f, 1.0f, -2.5f, 0.125f, 96.0f};
+
+TEST(DTypeTest, BytesAndNames) {
+  EXPECT_EQ(*DTypeBytes(DType::kFloat32), 4u);
+  EXPECT_EQ(*DTypeBytes(DType::kFloat16), 2u);
+  EXPECT_EQ(*DTypeBytes(DType::kBFloat16), 2u);
+  EXPECT_EQ(*DTypeBytes(DType::kFloat64), 8u);
+  EXPECT_EQ(DTypeName(DType::kBFloat16), "bfloat16");
+}
+
+TEST(DTypeTest, UnknownDTypeIsRejectedWithTheAcceptedOnes) {
+  absl::StatusOr<size_t> bytes = DTypeBytes(static_cast<DType>(42));
+  ASSERT_EQ(bytes.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bytes.status().message(), HasSubstr("dtype(42)"));
+  EXPECT_THAT(bytes.status().message(), HasSubstr("float32, float16"));
+  EXPECT_FALSE(DTypeBytes(DType::kUnspecified).ok());
+}
+
+class RoundTripTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(RoundTripTest, EncodeThenDecodeIsExactOnRepresentableValues) {
+  absl::StatusOr<std::string> bytes = EncodeFromFloat(GetParam(), kExact);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_EQ(bytes->size(), kExact.size() * *DTypeBytes(GetParam()));
+  std::vector<float> back(kExact.size());
+  ASSERT_TRUE(DecodeToFloat(GetParam(), *bytes, absl::MakeSpan(back)).ok());
+  for (size_t i = 0; i < kExact.size(); ++i) {
+    EXPECT_EQ(back[i], kExact[i]) << "element " << i;
+    EXPECT_EQ(std::signbit(back[i]), std::signbit(kExact[i]));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, RoundTripTest,
+                         ::testing::Values(DType::kFloat32, DType::kFloat16,
+                                           DType::kBFloat16, DType::kFloat64));
+
+TEST(DTypeTest, DecodeChecksTheByteCount) {
+  std::vector<float> out(3);
+  absl::Status s =
+      DecodeToFloat(DType::kFloat16, std::string(5, '\0'), absl::MakeSpan(out));
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("data has 5 bytes, expected 6"));
+}
+
+TEST(DTypeTest, Float64BeyondFloatRangeSaturatesToInf) {
+  const double in[3] = {1e300, -1e300, 0.5};
+  std::string data(sizeof(in), '\0');
+  std::memcpy(data.data(), in, sizeof(in));
+  std::vector<float> out(3);
+  ASSERT_TRUE(DecodeToFloat(DType::kFloat64, data, absl::MakeSpan(out)).ok());
+  EXPECT_EQ(out[0], std::numeric_limits<float>::infinity());
+  EXPECT_EQ(out[1], -std::numeric_limits<float>::infinity());
+  EXPECT_EQ(out[2], 0.5f);
+}
+
+TEST(DTypeTest, HalfPrecisionRoundsToNearest) {
+  // 1 + 2^-12 is below half an fp16 ulp (2^-11) above 1: rounds to 1.
+  const std::vector<float> in = {1.0f + 1.0f / 4096};
+  std::vector<float> back(1);
+  ASSERT_TRUE(DecodeToFloat(DType::kFloat16,
+                            *EncodeFromFloat(DType::kFloat16, in),
+                            absl::MakeSpan(back))
+                  .ok());
+  EXPECT_EQ(back[0], 1.0f);
+}
+
+}  // namespace
+}  // namespace gradcomp::service

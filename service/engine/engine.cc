@@ -1,0 +1,294 @@
+#include "service/engine/engine.h"
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status_macros.h"
+#include "codecs/random.h"
+#include "codecs/tensor.h"
+
+namespace gradcomp::service {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::string ShapeString(absl::Span<const int64_t> shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
+}
+
+// Element count of `shape`, checked: dims >= 0 and numel * width within
+// `max_bytes`, tested before each multiplication so nothing can overflow.
+absl::StatusOr<uint64_t> CheckedNumel(absl::Span<const int64_t> shape,
+                                      size_t width, uint64_t max_bytes) {
+  const uint64_t max_numel = max_bytes / width;
+  uint64_t numel = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shape ", ShapeString(shape), ": dimension ", i, " is ",
+                       shape[i], ", expected >= 0"));
+    }
+  }
+  for (int64_t dim : shape) {
+    const uint64_t d = static_cast<uint64_t>(dim);
+    if (d == 0) return 0;
+    if (numel > max_numel / d) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "shape ", ShapeString(shape), " holds more than ", max_numel,
+          " elements of ", width, " bytes, over max_tensor_bytes ",
+          max_bytes));
+    }
+    numel *= d;
+  }
+  return numel;
+}
+
+struct Nonfinite {
+  uint64_t count = 0;
+  size_t first = 0;
+};
+
+Nonfinite CountNonfinite(absl::Span<const float> values) {
+  Nonfinite n;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i])) {
+      if (n.count == 0) n.first = i;
+      ++n.count;
+    }
+  }
+  return n;
+}
+
+// ||a - b|| / ||a|| in double; NaN when ||a|| = 0.
+double RelativeError(absl::Span<const float> a, absl::Span<const float> b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    diff += d * d;
+    norm += static_cast<double>(a[i]) * a[i];
+  }
+  if (norm == 0) return std::numeric_limits<double>::quiet_NaN();
+  return std::sqrt(diff / norm);
+}
+
+std::string TensorLabel(const ReduceInput& in) {
+  return absl::StrCat("tensor '", in.tensor, "' step ", in.step);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
+    const EngineOptions& options, const codecs::CodecRegistry& registry,
+    codecs::StateStore* store, Collective* collective, Metrics* metrics,
+    Policy policy) {
+  if (!(options.error_sample_rate >= 0 && options.error_sample_rate <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("error_sample_rate is ", options.error_sample_rate,
+                     ", expected a fraction in [0, 1]"));
+  }
+  if (options.max_tensor_bytes == 0) {
+    return absl::InvalidArgumentError(
+        "max_tensor_bytes is 0, expected a positive byte count");
+  }
+  GC_RETURN_IF_ERROR(ValidatePolicy(policy, registry));
+  std::string hash = PolicyHash(policy);
+  auto snapshot = std::make_shared<const PolicySnapshot>(
+      PolicySnapshot{std::move(policy), std::move(hash)});
+  return std::unique_ptr<Engine>(new Engine(options, registry, store,
+                                            collective, metrics,
+                                            std::move(snapshot)));
+}
+
+Engine::Engine(const EngineOptions& options,
+               const codecs::CodecRegistry& registry,
+               codecs::StateStore* store, Collective* collective,
+               Metrics* metrics, std::shared_ptr<const PolicySnapshot> policy)
+    : options_(options),
+      registry_(registry),
+      store_(store),
+      collective_(collective),
+      metrics_(metrics),
+      codecs_(registry),
+      policy_(std::move(policy)) {}
+
+std::shared_ptr<const Engine::PolicySnapshot> Engine::policy() const {
+  absl::MutexLock lock(&mu_);
+  return policy_;
+}
+
+absl::StatusOr<std::string> Engine::SetPolicy(Policy policy) {
+  GC_RETURN_IF_ERROR(ValidatePolicy(policy, registry_));
+  std::string hash = PolicyHash(policy);
+  auto snapshot = std::make_shared<const PolicySnapshot>(
+      PolicySnapshot{std::move(policy), hash});
+  absl::MutexLock lock(&mu_);
+  policy_ = std::move(snapshot);
+  return hash;
+}
+
+absl::StatusOr<std::string> Engine::ExportState(absl::string_view job) const {
+  return store_->Export(job);
+}
+
+absl::Status Engine::ImportState(absl::string_view job,
+                                 absl::string_view blob) {
+  return store_->Import(job, blob);
+}
+
+bool Engine::SampleError() {
+  // Deterministic: the n-th reduce is measured when floor(n * rate) steps
+  // up, which measures exactly the configured fraction, evenly spread.
+  const double rate = options_.error_sample_rate;
+  const uint64_t n = reduces_.fetch_add(1, std::memory_order_relaxed);
+  return std::floor((n + 1) * rate) > std::floor(n * rate);
+}
+
+absl::StatusOr<ReduceOutput> Engine::Reduce(const ReduceInput& input) {
+  const Clock::time_point start = Clock::now();
+  std::string codec_label = "unresolved";
+  absl::StatusOr<ReduceOutput> out = ReduceImpl(input, &codec_label);
+  metrics_->CountReduce(codec_label, out.status().code());
+  if (!out.ok()) {
+    return absl::Status(out.status().code(),
+                        absl::StrCat(TensorLabel(input), ": ",
+                                     out.status().message()));
+  }
+  out->stats.total_seconds = SecondsSince(start);
+  RecordSuccess(out->stats);
+  return out;
+}
+
+void Engine::RecordSuccess(const ReduceStats& stats) {
+  metrics_->AddBytes(stats.codec, stats.raw_bytes, stats.wire_bytes);
+  metrics_->ObserveStage(Stage::kEncode, stats.encode_seconds);
+  metrics_->ObserveStage(Stage::kCollective, stats.collective_seconds);
+  metrics_->ObserveStage(Stage::kDecode, stats.decode_seconds);
+  metrics_->ObserveStage(Stage::kTotal, stats.total_seconds);
+  if (std::isfinite(stats.relative_error)) {
+    metrics_->ObserveRelativeError(stats.codec, stats.relative_error);
+  }
+  if (!stats.dense_reason.empty()) metrics_->CountDense(stats.dense_reason);
+}
+
+absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
+                                                std::string* codec_label) {
+  if (in.tensor.empty()) {
+    return absl::InvalidArgumentError(
+        "tensor name is empty, expected a name that is the same on every "
+        "worker, such as 'fc1.weight'");
+  }
+  if (in.step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step is ", in.step, ", expected >= 0"));
+  }
+  GC_ASSIGN_OR_RETURN(const size_t width, DTypeBytes(in.dtype));
+  GC_ASSIGN_OR_RETURN(
+      const uint64_t numel,
+      CheckedNumel(in.shape, width, options_.max_tensor_bytes));
+  if (in.data.size() != numel * width) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data has ", in.data.size(), " bytes, expected ", numel * width,
+        " (shape ", ShapeString(in.shape), " x ", DTypeName(in.dtype), ")"));
+  }
+
+  ReduceOutput out;
+  ReduceStats& stats = out.stats;
+  stats.world_size = collective_->world_size();
+  if (numel == 0) {
+    // Nothing to exchange: every worker holds the same empty shape.
+    *codec_label = std::string(kDenseCodec);
+    stats.codec = std::string(kDenseCodec);
+    stats.dense_reason = "empty";
+    stats.relative_error = std::numeric_limits<double>::quiet_NaN();
+    return out;
+  }
+
+  std::vector<float> grad(numel);
+  GC_RETURN_IF_ERROR(DecodeToFloat(in.dtype, in.data, absl::MakeSpan(grad)));
+  const Nonfinite nonfinite = CountNonfinite(grad);
+  stats.nonfinite_values = nonfinite.count;
+  if (nonfinite.count > 0) metrics_->AddNonfinite(nonfinite.count);
+
+  PolicyDecision decision;
+  if (in.codec.has_value()) {
+    decision.codec = *in.codec;
+    if (decision.codec.name == kDenseCodec) decision.dense_reason = "request";
+  } else {
+    decision = Decide(policy()->policy,
+                      {in.tensor, numel, static_cast<uint32_t>(in.shape.size()),
+                       in.dtype, in.step});
+  }
+  GC_ASSIGN_OR_RETURN(std::shared_ptr<const codecs::Codec> codec,
+                      codecs_.Get(decision.codec));
+  const codecs::CodecInfo& info = codec->info();
+  *codec_label = info.name;
+  stats.codec = info.name;
+  stats.dense_reason = std::move(decision.dense_reason);
+
+  if (nonfinite.count > 0 && info.family != "dense") {
+    // Dense codecs pass NaN/Inf through as an allreduce would, so that AMP's
+    // loss scaler sees the overflow; a compressing codec would fold them
+    // into its residual state and poison every later step.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "input holds ", nonfinite.count, " NaN/Inf values (first at index ",
+        nonfinite.first, ": ", grad[nonfinite.first], "); codec '", info.name,
+        "' compresses and would keep them in its state, expected finite "
+        "values (skip the step, or send it with a dense codec such as "
+        "'none')"));
+  }
+
+  codecs::StateStore::Locked state = store_->Acquire(
+      in.job, in.tensor, in.shape, static_cast<int>(in.dtype));
+  codecs::StepContext ctx;
+  ctx.seed = options_.seed;
+  ctx.tensor_id = codecs::TensorId(in.tensor);
+  ctx.step = in.step;
+  ctx.rank = collective_->rank();
+  ctx.world_size = collective_->world_size();
+  const codecs::TensorView view{grad, in.shape};
+
+  Clock::time_point t = Clock::now();
+  GC_ASSIGN_OR_RETURN(std::unique_ptr<codecs::CodecSession> session,
+                      codec->Start(view, *state, ctx));
+  for (int round_index = 0;; ++round_index) {
+    GC_ASSIGN_OR_RETURN(std::optional<codecs::Round> round,
+                        session->NextRound());
+    stats.encode_seconds += SecondsSince(t);
+    if (!round.has_value()) break;
+    stats.wire_bytes += round->payload.size();
+    t = Clock::now();
+    GC_ASSIGN_OR_RETURN(
+        codecs::RoundResult result,
+        collective_->Run({in.job, in.tensor, in.step, round_index},
+                         std::move(*round)));
+    stats.collective_seconds += SecondsSince(t);
+    t = Clock::now();
+    GC_RETURN_IF_ERROR(session->Absorb(std::move(result)));
+    stats.decode_seconds += SecondsSince(t);
+    t = Clock::now();
+  }
+  t = Clock::now();
+  std::vector<float> average(numel);
+  GC_RETURN_IF_ERROR(session->Finish(absl::MakeSpan(average)));
+  stats.decode_seconds += SecondsSince(t);
+
+  stats.raw_bytes = numel * sizeof(float);
+  stats.relative_error = std::numeric_limits<double>::quiet_NaN();
+  if (nonfinite.count == 0 && SampleError()) {
+    std::vector<float> own(numel);
+    GC_RETURN_IF_ERROR(session->DecodeOwn(absl::MakeSpan(own)));
+    stats.relative_error = RelativeError(grad, own);
+  }
+  GC_ASSIGN_OR_RETURN(out.data, EncodeFromFloat(in.dtype, average));
+  return out;
+}
+
+}  // namespace gradcomp::service

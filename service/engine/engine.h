@@ -1,0 +1,135 @@
+// The reduce pipeline of one tensor, in core types (no proto, no gRPC):
+// validate the input, convert it to fp32, let the policy (or the request's
+// override) choose a codec, run the codec's rounds through the Collective,
+// decode the average and convert it back to the request's dtype. Every
+// call, failed or not, is counted in the metrics.
+//
+//   GC_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+//                       Engine::Create(options, BuiltinCodecs(), &store,
+//                                      &collective, &metrics, Policy()));
+//   GC_ASSIGN_OR_RETURN(ReduceOutput out, engine->Reduce(input));
+#ifndef GRADCOMP_SERVICE_ENGINE_ENGINE_H_
+#define GRADCOMP_SERVICE_ENGINE_ENGINE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "codecs/codec.h"
+#include "codecs/registry.h"
+#include "codecs/state.h"
+#include "service/collective/collective.h"
+#include "service/engine/codec_cache.h"
+#include "service/engine/dtype.h"
+#include "service/engine/policy.h"
+#include "service/metrics/metrics.h"
+
+namespace gradcomp::service {
+
+struct EngineOptions {
+  uint64_t seed = 0;  // job seed for the codecs' Philox streams
+  // Fraction of reduces whose relative error is measured (one extra decode
+  // of the worker's own payload); in [0, 1].
+  double error_sample_rate = 1.0;
+  // Largest input accepted, in bytes (of the request's dtype).
+  uint64_t max_tensor_bytes = uint64_t{4} << 30;
+};
+
+struct ReduceInput {
+  std::string job;
+  std::string tensor;
+  int64_t step = 0;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;  // empty: a scalar
+  absl::string_view data;      // raw little-endian bytes; outlive the call
+  std::optional<CodecSpec> codec;  // overrides the policy when set
+};
+
+struct ReduceStats {
+  std::string codec;         // the codec that ran
+  uint64_t raw_bytes = 0;    // numel * 4
+  uint64_t wire_bytes = 0;   // payload bytes this worker sent, all rounds
+  // ||g - D(C(g))|| / ||g||; NaN when not sampled, when ||g|| = 0 or when
+  // the input held NaN/Inf.
+  double relative_error = 0;
+  double encode_seconds = 0;
+  double collective_seconds = 0;
+  double decode_seconds = 0;
+  double total_seconds = 0;
+  int world_size = 1;
+  std::string dense_reason;  // policy.h, plus "request" and "empty"
+  uint64_t nonfinite_values = 0;
+};
+
+struct ReduceOutput {
+  std::string data;  // the average, in the request's dtype
+  ReduceStats stats;
+};
+
+class Engine {
+ public:
+  // InvalidArgument if `options` or `policy` are invalid. The registry,
+  // store, collective and metrics must outlive the engine.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(
+      const EngineOptions& options, const codecs::CodecRegistry& registry,
+      codecs::StateStore* store, Collective* collective, Metrics* metrics,
+      Policy policy);
+
+  // Thread-safe; tensors of one job may be reduced concurrently (calls for
+  // the same tensor are serialised by its state lock). Errors are prefixed
+  // with "tensor '<name>' step <n>: ". A tensor with zero elements returns
+  // empty data at once, without a collective.
+  absl::StatusOr<ReduceOutput> Reduce(const ReduceInput& input);
+
+  struct PolicySnapshot {
+    Policy policy;
+    std::string hash;  // PolicyHash(policy)
+  };
+  std::shared_ptr<const PolicySnapshot> policy() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Validates `policy` first and swaps it in atomically: a Reduce sees the
+  // old policy or the new one, never a mix. Returns the new hash.
+  absl::StatusOr<std::string> SetPolicy(Policy policy) ABSL_LOCKS_EXCLUDED(mu_);
+
+  absl::StatusOr<std::string> ExportState(absl::string_view job) const;
+  absl::Status ImportState(absl::string_view job, absl::string_view blob);
+
+  int rank() const { return collective_->rank(); }
+  int world_size() const { return collective_->world_size(); }
+  const codecs::CodecRegistry& registry() const { return registry_; }
+
+ private:
+  Engine(const EngineOptions& options, const codecs::CodecRegistry& registry,
+         codecs::StateStore* store, Collective* collective, Metrics* metrics,
+         std::shared_ptr<const PolicySnapshot> policy);
+
+  // The pipeline; `codec_label` is set once the codec is known, for the
+  // metrics Reduce records whatever the outcome.
+  absl::StatusOr<ReduceOutput> ReduceImpl(const ReduceInput& input,
+                                          std::string* codec_label);
+  void RecordSuccess(const ReduceStats& stats);
+  bool SampleError();
+
+  const EngineOptions options_;
+  const codecs::CodecRegistry& registry_;
+  codecs::StateStore* const store_;
+  Collective* const collective_;
+  Metrics* const metrics_;
+  CodecCache codecs_;
+  std::atomic<uint64_t> reduces_{0};
+
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const PolicySnapshot> policy_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gradcomp::service
+
+#endif  // GRADCOMP_SERVICE_ENGINE_ENGINE_H_

@@ -1,0 +1,367 @@
+#include "service/engine/engine.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "codecs/builtin.h"
+#include "codecs/state.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "service/collective/local_collective.h"
+#include "service/metrics/metrics.h"
+#include "service/metrics/metrics_testing.h"
+
+namespace gradcomp::service {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string FloatBytes(const std::vector<float>& values) {
+  std::string out(values.size() * sizeof(float), '\0');
+  std::memcpy(out.data(), values.data(), out.size());
+  return out;
+}
+
+std::vector<float> BytesToFloats(const std::string& bytes) {
+  std::vector<float> out(bytes.size() / sizeof(float));
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
+// A smooth, non-trivial gradient: every value distinct, none zero.
+std::vector<float> Ramp(size_t n) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    v[i] = std::sin(0.37f * static_cast<float>(i)) + 0.01f;
+  }
+  return v;
+}
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Build(EngineOptions(), Policy()); }
+
+  void Build(const EngineOptions& options, const Policy& policy) {
+    engine_.reset();
+    auto engine = Engine::Create(options, codecs::BuiltinCodecs(), &store_,
+                                 &collective_, &metrics_, policy);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = std::move(*engine);
+  }
+
+  // A 64 x 64 fp32 reduce of `values` (which must hold 4096 elements).
+  ReduceInput Matrix(const std::string& data, int64_t step = 0) {
+    ReduceInput in;
+    in.job = "job";
+    in.tensor = "fc1.weight";
+    in.step = step;
+    in.dtype = DType::kFloat32;
+    in.shape = {64, 64};
+    in.data = data;
+    return in;
+  }
+
+  double Metric(absl::string_view name,
+                const std::map<std::string, std::string>& labels = {}) {
+    return MetricValue(*metrics_.collectable(), name, labels);
+  }
+
+  codecs::StateStore store_;
+  Metrics metrics_{&store_, "test"};
+  LocalCollective collective_;
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(EngineTest, DenseReduceOfOneWorkerIsTheInput) {
+  const std::vector<float> g = Ramp(4096);
+  const std::string data = FloatBytes(g);
+  auto out = engine_->Reduce(Matrix(data));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(BytesToFloats(out->data), g);
+  const ReduceStats& s = out->stats;
+  EXPECT_EQ(s.codec, "none");
+  EXPECT_EQ(s.dense_reason, "default");
+  EXPECT_EQ(s.raw_bytes, 4096u * 4);
+  EXPECT_GT(s.wire_bytes, s.raw_bytes);  // the body plus a header
+  EXPECT_EQ(s.relative_error, 0);
+  EXPECT_EQ(s.world_size, 1);
+  EXPECT_EQ(s.nonfinite_values, 0u);
+  EXPECT_GE(s.total_seconds, s.encode_seconds);
+}
+
+TEST_F(EngineTest, TheSpecExampleMessageForAByteSizeMismatch) {
+  const std::string data(1000, '\0');
+  ReduceInput in = Matrix(data, 3);
+  in.shape = {32, 32};
+  auto out = engine_->Reduce(in);
+  ASSERT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(out.status().message(),
+            "tensor 'fc1.weight' step 3: data has 1000 bytes, expected 4096 "
+            "(shape [32,32] x float32)");
+  EXPECT_EQ(Metric("gradcomp_reduce_total",
+                   {{"codec", "unresolved"}, {"code", "INVALID_ARGUMENT"}}),
+            1);
+}
+
+TEST_F(EngineTest, BadRequestsAreInvalidArgumentWithClearMessages) {
+  const std::string data = FloatBytes(Ramp(4096));
+  struct Case {
+    std::string what;
+    std::function<void(ReduceInput&)> mutate;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"empty name", [](ReduceInput& in) { in.tensor = ""; },
+       "tensor name is empty"},
+      {"negative step", [](ReduceInput& in) { in.step = -1; },
+       "step is -1, expected >= 0"},
+      {"unknown dtype", [](ReduceInput& in) { in.dtype = DType(9); },
+       "dtype is dtype(9), expected one of float32"},
+      {"unspecified dtype",
+       [](ReduceInput& in) { in.dtype = DType::kUnspecified; },
+       "dtype is unspecified"},
+      {"negative dim", [](ReduceInput& in) { in.shape = {64, -64}; },
+       "shape [64,-64]: dimension 1 is -64, expected >= 0"},
+      {"unknown codec",
+       [](ReduceInput& in) { in.codec = CodecSpec{"zip", {}}; },
+       "unknown codec 'zip' (known: "},
+      {"bad codec param",
+       [](ReduceInput& in) { in.codec = CodecSpec{"fp16", {{"bogus", "1"}}}; },
+       "bogus"},
+  };
+  for (const Case& c : cases) {
+    ReduceInput in = Matrix(data);
+    c.mutate(in);
+    auto out = engine_->Reduce(in);
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.what;
+    EXPECT_THAT(out.status().message(), HasSubstr(c.message)) << c.what;
+  }
+  // The daemon keeps serving after every one of them.
+  EXPECT_TRUE(engine_->Reduce(Matrix(data)).ok());
+  EXPECT_EQ(Metric("gradcomp_reduce_total", {{"codec", "none"}, {"code", "OK"}}),
+            1);
+}
+
+TEST_F(EngineTest, OversizedTensorsAreRefusedBeforeAnyAllocation) {
+  EngineOptions options;
+  options.max_tensor_bytes = 1 << 20;
+  Build(options, Policy());
+  const std::string data;
+  ReduceInput in = Matrix(data);
+  in.shape = {1 << 20, 1};  // 4 MiB of fp32
+  auto out = engine_->Reduce(in);
+  ASSERT_EQ(out.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(out.status().message(), HasSubstr("max_tensor_bytes 1048576"));
+
+  // Dimensions whose product overflows 64 bits are caught the same way.
+  in.shape = {int64_t{1} << 40, int64_t{1} << 40};
+  EXPECT_EQ(engine_->Reduce(in).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(EngineTest, ZeroSizeTensorReturnsAnEmptyResult) {
+  const std::string data;
+  ReduceInput in = Matrix(data);
+  in.shape = {0, 128};
+  auto out = engine_->Reduce(in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(out->data.empty());
+  EXPECT_EQ(out->stats.dense_reason, "empty");
+  EXPECT_EQ(out->stats.wire_bytes, 0u);
+  EXPECT_TRUE(std::isnan(out->stats.relative_error));
+}
+
+TEST_F(EngineTest, ScalarIsOneElement) {
+  const std::string data = FloatBytes({2.5f});
+  ReduceInput in = Matrix(data);
+  in.shape = {};
+  auto out = engine_->Reduce(in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(BytesToFloats(out->data), std::vector<float>{2.5f});
+  EXPECT_EQ(out->stats.dense_reason, "small");
+}
+
+TEST_F(EngineTest, DenseCodecsPassNanAndInfThrough) {
+  std::vector<float> g = Ramp(4096);
+  g[7] = std::numeric_limits<float>::quiet_NaN();
+  g[100] = -std::numeric_limits<float>::infinity();
+  const std::string data = FloatBytes(g);
+  for (const std::string codec : {"none", "fp16", "bf16"}) {
+    ReduceInput in = Matrix(data);
+    in.codec = CodecSpec{codec, {}};
+    auto out = engine_->Reduce(in);
+    ASSERT_TRUE(out.ok()) << codec << ": " << out.status();
+    const std::vector<float> result = BytesToFloats(out->data);
+    EXPECT_TRUE(std::isnan(result[7])) << codec;
+    EXPECT_EQ(result[100], -std::numeric_limits<float>::infinity()) << codec;
+    EXPECT_EQ(out->stats.nonfinite_values, 2u);
+    EXPECT_TRUE(std::isnan(out->stats.relative_error));
+  }
+  EXPECT_EQ(Metric("gradcomp_nonfinite_values_total"), 6);
+}
+
+TEST_F(EngineTest, CompressingCodecsRejectNanWithCountAndFirstIndex) {
+  std::vector<float> g = Ramp(4096);
+  g[42] = std::numeric_limits<float>::quiet_NaN();
+  g[43] = std::numeric_limits<float>::infinity();
+  const std::string data = FloatBytes(g);
+  ReduceInput in = Matrix(data);
+  in.codec = CodecSpec{"topk", {{"ratio", "0.01"}}};
+  auto out = engine_->Reduce(in);
+  ASSERT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(out.status().message(),
+              HasSubstr("2 NaN/Inf values (first at index 42"));
+  EXPECT_THAT(out.status().message(), HasSubstr("codec 'topk'"));
+  EXPECT_EQ(Metric("gradcomp_nonfinite_values_total"), 2);
+  EXPECT_EQ(Metric("gradcomp_reduce_total",
+                   {{"codec", "topk"}, {"code", "INVALID_ARGUMENT"}}),
+            1);
+  // Nothing reached the codec's state: a clean step afterwards still works.
+  EXPECT_TRUE(engine_->Reduce(Matrix(FloatBytes(Ramp(4096)))).ok());
+}
+
+TEST_F(EngineTest, HalfAndDoubleInputsComeBackInTheirOwnDType) {
+  // Values exact in every dtype, so a dense round trip is exact.
+  std::vector<float> g(4096);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i % 64) - 32;
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16, DType::kFloat64}) {
+    absl::StatusOr<std::string> data = EncodeFromFloat(dtype, g);
+    ASSERT_TRUE(data.ok());
+    ReduceInput in = Matrix(*data);
+    in.dtype = dtype;
+    auto out = engine_->Reduce(in);
+    ASSERT_TRUE(out.ok()) << DTypeName(dtype) << ": " << out.status();
+    EXPECT_EQ(out->data, *data) << DTypeName(dtype);
+    EXPECT_EQ(out->stats.raw_bytes, 4096u * 4);  // codecs compute in fp32
+  }
+}
+
+TEST_F(EngineTest, PolicyDecidesAndRequestOverrideWins) {
+  Policy policy;
+  policy.warmup_steps = 2;
+  PolicyRule rule;
+  rule.name_glob = "*.weight";
+  rule.codec = {"fp16", {}};
+  policy.rules.push_back(rule);
+  Build(EngineOptions(), policy);
+  const std::string data = FloatBytes(Ramp(4096));
+
+  auto warm = engine_->Reduce(Matrix(data, 1));
+  ASSERT_TRUE(warm.ok());
+  EXPECT_EQ(warm->stats.codec, "none");
+  EXPECT_EQ(warm->stats.dense_reason, "warmup");
+
+  auto ruled = engine_->Reduce(Matrix(data, 2));
+  ASSERT_TRUE(ruled.ok());
+  EXPECT_EQ(ruled->stats.codec, "fp16");
+  EXPECT_EQ(ruled->stats.dense_reason, "");
+  EXPECT_LT(ruled->stats.wire_bytes, ruled->stats.raw_bytes);
+  EXPECT_GT(ruled->stats.relative_error, 0);
+  EXPECT_LT(ruled->stats.relative_error, 1e-3);
+
+  ReduceInput in = Matrix(data, 2);
+  in.codec = CodecSpec{"bf16", {}};
+  auto overridden = engine_->Reduce(in);
+  ASSERT_TRUE(overridden.ok());
+  EXPECT_EQ(overridden->stats.codec, "bf16");
+
+  const std::string bias = FloatBytes(Ramp(4096));
+  ReduceInput one_d = Matrix(bias, 5);
+  one_d.tensor = "fc1.bias";
+  one_d.shape = {4096};
+  auto dense = engine_->Reduce(one_d);
+  ASSERT_TRUE(dense.ok());
+  EXPECT_EQ(dense->stats.dense_reason, "1-d");
+
+  EXPECT_EQ(Metric("gradcomp_dense_total", {{"reason", "warmup"}}), 1);
+  EXPECT_EQ(Metric("gradcomp_dense_total", {{"reason", "1-d"}}), 1);
+  EXPECT_EQ(Metric("gradcomp_raw_bytes_total", {{"codec", "fp16"}}), 4096 * 4);
+  EXPECT_EQ(Metric("gradcomp_compression_relative_error", {{"codec", "fp16"}}),
+            1);
+  EXPECT_EQ(Metric("gradcomp_stage_duration_seconds", {{"stage", "total"}}), 4);
+}
+
+TEST_F(EngineTest, SetPolicyValidatesBeforeSwapping) {
+  const std::string before = engine_->policy()->hash;
+  Policy bad;
+  bad.default_codec = {"zip", {}};
+  auto rejected = engine_->SetPolicy(bad);
+  ASSERT_EQ(rejected.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(rejected.status().message(), HasSubstr("default_codec"));
+  EXPECT_EQ(engine_->policy()->hash, before);
+
+  Policy good;
+  good.default_codec = {"bf16", {}};
+  auto hash = engine_->SetPolicy(good);
+  ASSERT_TRUE(hash.ok()) << hash.status();
+  EXPECT_NE(*hash, before);
+  EXPECT_EQ(engine_->policy()->hash, *hash);
+  auto out = engine_->Reduce(Matrix(FloatBytes(Ramp(4096))));
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->stats.codec, "bf16");
+}
+
+TEST_F(EngineTest, CreateRejectsBadOptionsAndPolicies) {
+  EngineOptions options;
+  options.error_sample_rate = 1.5;
+  auto engine = Engine::Create(options, codecs::BuiltinCodecs(), &store_,
+                               &collective_, &metrics_, Policy());
+  ASSERT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(engine.status().message(), HasSubstr("error_sample_rate is 1.5"));
+
+  Policy bad;
+  bad.default_codec = {"zip", {}};
+  EXPECT_FALSE(Engine::Create(EngineOptions(), codecs::BuiltinCodecs(),
+                              &store_, &collective_, &metrics_, bad)
+                   .ok());
+}
+
+TEST_F(EngineTest, ErrorSampleRateMeasuresThatFraction) {
+  EngineOptions options;
+  options.error_sample_rate = 0.25;
+  Build(options, Policy());
+  const std::string data = FloatBytes(Ramp(4096));
+  int measured = 0;
+  for (int step = 0; step < 8; ++step) {
+    auto out = engine_->Reduce(Matrix(data, step));
+    ASSERT_TRUE(out.ok());
+    if (!std::isnan(out->stats.relative_error)) ++measured;
+  }
+  EXPECT_EQ(measured, 2);
+}
+
+TEST_F(EngineTest, StateExportAndImportRoundTrip) {
+  const std::string data = FloatBytes(Ramp(4096));
+  ReduceInput in = Matrix(data);
+  in.codec = CodecSpec{"topk", {{"ratio", "0.01"}}};
+  auto first = engine_->Reduce(in);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto blob = engine_->ExportState("job");
+  ASSERT_TRUE(blob.ok()) << blob.status();
+
+  // A fresh daemon with the imported state continues exactly as this one.
+  codecs::StateStore other_store;
+  Metrics other_metrics(&other_store, "test");
+  auto other = Engine::Create(EngineOptions(), codecs::BuiltinCodecs(),
+                              &other_store, &collective_, &other_metrics,
+                              Policy());
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE((*other)->ImportState("job", *blob).ok());
+  EXPECT_GT(other_store.ByteSize(), 0u);
+  in.step = 1;
+  auto here = engine_->Reduce(in);
+  auto there = (*other)->Reduce(in);
+  ASSERT_TRUE(here.ok() && there.ok());
+  EXPECT_EQ(here->data, there->data);
+
+  EXPECT_EQ(engine_->ImportState("job", "garbage").code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace gradcomp::service

@@ -1,0 +1,38 @@
+#include "service/engine/glob.h"
+
+#include "gtest/gtest.h"
+
+namespace gradcomp::service {
+namespace {
+
+TEST(GlobTest, EmptyPatternAndStarMatchEverything) {
+  EXPECT_TRUE(GlobMatch("", "fc1.weight"));
+  EXPECT_TRUE(GlobMatch("*", "fc1.weight"));
+  EXPECT_TRUE(GlobMatch("*", ""));
+}
+
+TEST(GlobTest, LiteralMustMatchWholeName) {
+  EXPECT_TRUE(GlobMatch("fc1.weight", "fc1.weight"));
+  EXPECT_FALSE(GlobMatch("fc1.weight", "fc1.weight2"));
+  EXPECT_FALSE(GlobMatch("fc1.weight", "xfc1.weight"));
+  EXPECT_FALSE(GlobMatch("fc1", ""));
+}
+
+TEST(GlobTest, StarSpansDotsAndBacktracks) {
+  EXPECT_TRUE(GlobMatch("*.weight", "layer1.conv.weight"));
+  EXPECT_FALSE(GlobMatch("*.weight", "layer1.conv.bias"));
+  EXPECT_TRUE(GlobMatch("layer*.conv*.weight", "layer1.conv2.weight"));
+  EXPECT_TRUE(GlobMatch("*ab", "aab"));
+  EXPECT_TRUE(GlobMatch("a*b*c", "abbbc"));
+  EXPECT_FALSE(GlobMatch("a*b*c", "abbbd"));
+  EXPECT_TRUE(GlobMatch("a**", "a"));
+}
+
+TEST(GlobTest, QuestionMarkIsExactlyOneCharacter) {
+  EXPECT_TRUE(GlobMatch("fc?.bias", "fc1.bias"));
+  EXPECT_FALSE(GlobMatch("fc?.bias", "fc.bias"));
+  EXPECT_FALSE(GlobMatch("fc?.bias", "fc12.bias"));
+}
+
+}  // namespace
+}  // namespace gradcomp::service

@@ -1,0 +1,164 @@
+#include "service/metrics/metrics.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "codecs/wire.h"
+#include "prometheus/metric_family.h"
+
+namespace gradcomp::service {
+namespace {
+
+// 10 us .. ~20 s, doubling: encode of a small tensor to a slow collective.
+prometheus::Histogram::BucketBoundaries StageBuckets() {
+  prometheus::Histogram::BucketBoundaries b;
+  for (double v = 1e-5; v < 30; v *= 2) b.push_back(v);
+  return b;
+}
+
+// Relative L2 error: 0.1 % (fp16) .. 2 (aggressive sparsification), 1-2-5.
+prometheus::Histogram::BucketBoundaries ErrorBuckets() {
+  return {0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2};
+}
+
+prometheus::MetricFamily OneValue(std::string name, std::string help,
+                                  prometheus::MetricType type, double value) {
+  prometheus::MetricFamily family;
+  family.name = std::move(name);
+  family.help = std::move(help);
+  family.type = type;
+  prometheus::ClientMetric metric;
+  if (type == prometheus::MetricType::Counter) {
+    metric.counter.value = value;
+  } else {
+    metric.gauge.value = value;
+  }
+  family.metric.push_back(std::move(metric));
+  return family;
+}
+
+}  // namespace
+
+// The registry's metrics plus the state store's, read when scraped.
+class Metrics::Collector : public prometheus::Collectable {
+ public:
+  Collector(std::shared_ptr<prometheus::Registry> registry,
+            const codecs::StateStore* state)
+      : registry_(std::move(registry)), state_(state) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> families = registry_->Collect();
+    if (state_ != nullptr) {
+      families.push_back(OneValue(
+          "gradcomp_state_resets_total",
+          "Per-tensor codec states reset by a change of shape or dtype.",
+          prometheus::MetricType::Counter,
+          static_cast<double>(state_->resets())));
+      families.push_back(OneValue(
+          "gradcomp_state_bytes",
+          "Bytes held by per-tensor codec state (residuals, momentum).",
+          prometheus::MetricType::Gauge,
+          static_cast<double>(state_->ByteSize())));
+    }
+    return families;
+  }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  const codecs::StateStore* state_;
+};
+
+Metrics::Metrics(const codecs::StateStore* state, absl::string_view version)
+    : registry_(std::make_shared<prometheus::Registry>()),
+      collector_(std::make_shared<Collector>(registry_, state)),
+      reduce_total_(prometheus::BuildCounter()
+                        .Name("gradcomp_reduce_total")
+                        .Help("Reduce calls by codec and gRPC status code.")
+                        .Register(*registry_)),
+      raw_bytes_(prometheus::BuildCounter()
+                     .Name("gradcomp_raw_bytes_total")
+                     .Help("Bytes a dense fp32 exchange would have sent.")
+                     .Register(*registry_)),
+      wire_bytes_(prometheus::BuildCounter()
+                      .Name("gradcomp_wire_bytes_total")
+                      .Help("Compressed payload bytes sent, all rounds.")
+                      .Register(*registry_)),
+      relative_error_(
+          prometheus::BuildHistogram()
+              .Name("gradcomp_compression_relative_error")
+              .Help("||g - D(C(g))|| / ||g|| of this worker's payloads.")
+              .Register(*registry_)),
+      dense_total_(prometheus::BuildCounter()
+                       .Name("gradcomp_dense_total")
+                       .Help("Tensors the policy sent dense, by reason.")
+                       .Register(*registry_)),
+      nonfinite_(prometheus::BuildCounter()
+                     .Name("gradcomp_nonfinite_values_total")
+                     .Help("NaN and Inf values found in input gradients.")
+                     .Register(*registry_)
+                     .Add({})) {
+  auto& stages = prometheus::BuildHistogram()
+                     .Name("gradcomp_stage_duration_seconds")
+                     .Help("Time per Reduce stage.")
+                     .Register(*registry_);
+  const auto buckets = StageBuckets();
+  stages_[static_cast<int>(Stage::kEncode)] =
+      &stages.Add({{"stage", "encode"}}, buckets);
+  stages_[static_cast<int>(Stage::kCollective)] =
+      &stages.Add({{"stage", "collective"}}, buckets);
+  stages_[static_cast<int>(Stage::kDecode)] =
+      &stages.Add({{"stage", "decode"}}, buckets);
+  stages_[static_cast<int>(Stage::kTotal)] =
+      &stages.Add({{"stage", "total"}}, buckets);
+  prometheus::BuildGauge()
+      .Name("gradcomp_build_info")
+      .Help("Always 1; labels carry the daemon version and wire format.")
+      .Register(*registry_)
+      .Add({{"version", std::string(version)},
+            {"wire_format", std::to_string(codecs::kWireVersion)}})
+      .Set(1);
+}
+
+void Metrics::CountReduce(absl::string_view codec, absl::StatusCode code) {
+  reduce_total_
+      .Add({{"codec", std::string(codec)},
+            {"code", absl::StatusCodeToString(code)}})
+      .Increment();
+}
+
+void Metrics::AddBytes(absl::string_view codec, uint64_t raw_bytes,
+                       uint64_t wire_bytes) {
+  const prometheus::Labels labels = {{"codec", std::string(codec)}};
+  raw_bytes_.Add(labels).Increment(static_cast<double>(raw_bytes));
+  wire_bytes_.Add(labels).Increment(static_cast<double>(wire_bytes));
+}
+
+void Metrics::ObserveStage(Stage stage, double seconds) {
+  stages_[static_cast<int>(stage)]->Observe(seconds);
+}
+
+void Metrics::ObserveRelativeError(absl::string_view codec,
+                                   double relative_error) {
+  prometheus::Histogram* histogram;
+  {
+    absl::MutexLock lock(&mu_);
+    auto [it, inserted] = error_by_codec_.try_emplace(codec, nullptr);
+    if (inserted) {
+      it->second = &relative_error_.Add({{"codec", std::string(codec)}},
+                                        ErrorBuckets());
+    }
+    histogram = it->second;
+  }
+  histogram->Observe(relative_error);
+}
+
+void Metrics::AddNonfinite(uint64_t count) {
+  nonfinite_.Increment(static_cast<double>(count));
+}
+
+void Metrics::CountDense(absl::string_view reason) {
+  dense_total_.Add({{"reason", std::string(reason)}}).Increment();
+}
+
+}  // namespace gradcomp::service

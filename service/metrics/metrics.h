@@ -1,0 +1,78 @@
+// The daemon's Prometheus metrics: one object the engine reports into, and
+// a Collectable that the /metrics exposer (metrics_server.h) and tests read.
+// Labels are bounded sets (codec names, status codes, stages, dense
+// reasons), never tensor names.
+//
+//   codecs::StateStore store;
+//   Metrics metrics(&store, kVersion);
+//   metrics.CountReduce("topk", absl::StatusCode::kOk);
+//   exposer->RegisterCollectable(metrics.collectable());
+#ifndef GRADCOMP_SERVICE_METRICS_METRICS_H_
+#define GRADCOMP_SERVICE_METRICS_METRICS_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "codecs/state.h"
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace gradcomp::service {
+
+enum class Stage { kEncode, kCollective, kDecode, kTotal };
+
+class Metrics {
+ public:
+  // `state` (may be null) is read at every scrape for the state metrics, so
+  // they cost nothing per request; it must outlive this object.
+  Metrics(const codecs::StateStore* state, absl::string_view version);
+
+  // One finished Reduce. `code` becomes its gRPC name ("OK",
+  // "INVALID_ARGUMENT"); `codec` is a registry name, or "unresolved" when
+  // the request failed before a codec was chosen.
+  void CountReduce(absl::string_view codec, absl::StatusCode code);
+  void AddBytes(absl::string_view codec, uint64_t raw_bytes,
+                uint64_t wire_bytes);
+  void ObserveStage(Stage stage, double seconds);
+  void ObserveRelativeError(absl::string_view codec, double relative_error);
+  void AddNonfinite(uint64_t count);
+  void CountDense(absl::string_view reason);
+
+  std::shared_ptr<prometheus::Collectable> collectable() const {
+    return collector_;
+  }
+
+ private:
+  class Collector;
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<prometheus::Collectable> collector_;
+  prometheus::Family<prometheus::Counter>& reduce_total_;
+  prometheus::Family<prometheus::Counter>& raw_bytes_;
+  prometheus::Family<prometheus::Counter>& wire_bytes_;
+  prometheus::Family<prometheus::Histogram>& relative_error_;
+  prometheus::Family<prometheus::Counter>& dense_total_;
+  prometheus::Counter& nonfinite_;
+  std::array<prometheus::Histogram*, 4> stages_;
+
+  absl::Mutex mu_;
+  // Family::Add builds a histogram (and its buckets) before it looks the
+  // labels up, so the per-codec histograms are kept here after the first.
+  absl::flat_hash_map<std::string, prometheus::Histogram*> error_by_codec_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gradcomp::service
+
+#endif  // GRADCOMP_SERVICE_METRICS_METRICS_H_

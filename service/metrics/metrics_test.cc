@@ -1,0 +1,77 @@
+#include "service/metrics/metrics.h"
+
+#include <vector>
+
+#include "codecs/state.h"
+#include "gtest/gtest.h"
+#include "service/metrics/metrics_testing.h"
+
+namespace gradcomp::service {
+namespace {
+
+TEST(MetricsTest, CountersCarryCodecAndGrpcCodeNames) {
+  Metrics metrics(nullptr, "1.2.3");
+  metrics.CountReduce("topk", absl::StatusCode::kOk);
+  metrics.CountReduce("topk", absl::StatusCode::kOk);
+  metrics.CountReduce("unresolved", absl::StatusCode::kInvalidArgument);
+  const auto& c = *metrics.collectable();
+  EXPECT_EQ(MetricValue(c, "gradcomp_reduce_total",
+                        {{"codec", "topk"}, {"code", "OK"}}),
+            2);
+  EXPECT_EQ(MetricValue(c, "gradcomp_reduce_total",
+                        {{"codec", "unresolved"}, {"code", "INVALID_ARGUMENT"}}),
+            1);
+}
+
+TEST(MetricsTest, BytesErrorsDenseAndNonfinite) {
+  Metrics metrics(nullptr, "1.2.3");
+  metrics.AddBytes("qsgd", 4000, 500);
+  metrics.AddBytes("qsgd", 4000, 700);
+  metrics.ObserveRelativeError("qsgd", 0.1);
+  metrics.ObserveRelativeError("qsgd", 0.3);
+  metrics.CountDense("small");
+  metrics.AddNonfinite(3);
+  metrics.ObserveStage(Stage::kEncode, 1e-4);
+  const auto& c = *metrics.collectable();
+  EXPECT_EQ(MetricValue(c, "gradcomp_raw_bytes_total", {{"codec", "qsgd"}}),
+            8000);
+  EXPECT_EQ(MetricValue(c, "gradcomp_wire_bytes_total", {{"codec", "qsgd"}}),
+            1200);
+  EXPECT_EQ(MetricValue(c, "gradcomp_compression_relative_error",
+                        {{"codec", "qsgd"}}),
+            2);
+  EXPECT_EQ(MetricValue(c, "gradcomp_dense_total", {{"reason", "small"}}), 1);
+  EXPECT_EQ(MetricValue(c, "gradcomp_nonfinite_values_total"), 3);
+  EXPECT_EQ(MetricValue(c, "gradcomp_stage_duration_seconds",
+                        {{"stage", "encode"}}),
+            1);
+  EXPECT_EQ(MetricValue(c, "gradcomp_stage_duration_seconds",
+                        {{"stage", "decode"}}),
+            0);
+}
+
+TEST(MetricsTest, BuildInfoIsOneWithVersionAndWireFormat) {
+  Metrics metrics(nullptr, "1.2.3");
+  EXPECT_EQ(MetricValue(*metrics.collectable(), "gradcomp_build_info",
+                        {{"version", "1.2.3"}, {"wire_format", "1"}}),
+            1);
+}
+
+TEST(MetricsTest, StateMetricsAreReadFromTheStoreAtCollection) {
+  codecs::StateStore store;
+  Metrics metrics(&store, "1.2.3");
+  const auto& c = *metrics.collectable();
+  EXPECT_EQ(MetricValue(c, "gradcomp_state_bytes"), 0);
+  const std::vector<int64_t> shape = {4};
+  {
+    codecs::StateStore::Locked locked = store.Acquire("job", "t", shape, 1);
+    locked->Buffer("ef.residual", 4);
+  }
+  EXPECT_EQ(MetricValue(c, "gradcomp_state_bytes"), 16);
+  const std::vector<int64_t> reshaped = {2, 2};
+  store.Acquire("job", "t", reshaped, 1);
+  EXPECT_EQ(MetricValue(c, "gradcomp_state_resets_total"), 1);
+}
+
+}  // namespace
+}  // namespace gradcomp::service

@@ -1,0 +1,75 @@
+// Runs a real gradcompd as a child process for integration tests: free
+// local ports, a log file, readiness by GetInfo, SIGTERM on destruction.
+//
+//   GC_ASSIGN_OR_RETURN(std::unique_ptr<DaemonProcess> daemon,
+//                       DaemonProcess::Start(DaemonBinary(), {}));
+//   Client::Connect(daemon->target());   // "127.0.0.1:<port>"
+//   HttpGet(daemon->metrics_port(), "/metrics");
+#ifndef GRADCOMP_TESTS_INTEGRATION_DAEMON_PROCESS_H_
+#define GRADCOMP_TESTS_INTEGRATION_DAEMON_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace gradcomp::testing {
+
+// $GRADCOMPD if set, else gradcompd in the test's runfiles
+// ($TEST_SRCDIR/gradcomp/service/gradcompd).
+absl::StatusOr<std::string> DaemonBinary();
+
+// A TCP port that was free on 127.0.0.1 when asked.
+absl::StatusOr<int> FreePort();
+
+// The body of http://127.0.0.1:<port><path>; error unless the status is 200.
+absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
+
+class DaemonProcess {
+ public:
+  // Starts `binary` with --listen, --metrics_listen and --world_size=1 on
+  // free ports, then `extra_args`; returns once GetInfo answers. Retries
+  // with new ports if the process exits early (a port taken meanwhile).
+  static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(
+      const std::string& binary, const std::vector<std::string>& extra_args,
+      absl::Duration timeout = absl::Seconds(30));
+
+  ~DaemonProcess();  // Stop()
+  DaemonProcess(const DaemonProcess&) = delete;
+  DaemonProcess& operator=(const DaemonProcess&) = delete;
+
+  std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+  int metrics_port() const { return metrics_port_; }
+  // False once the process has exited (reaping it).
+  bool Running();
+  // The daemon's stdout and stderr so far.
+  std::string Log() const;
+  // SIGTERM, then SIGKILL after 10 s; returns the exit status as waitpid gives
+  // it.
+  int Stop();
+
+ private:
+  DaemonProcess(pid_t pid, int port, int metrics_port, std::string log_path)
+      : pid_(pid),
+        port_(port),
+        metrics_port_(metrics_port),
+        log_path_(std::move(log_path)) {}
+
+  absl::Status WaitServing(absl::Duration timeout);
+
+  pid_t pid_;
+  int port_;
+  int metrics_port_;
+  std::string log_path_;
+  int exit_status_ = 0;
+  bool exited_ = false;
+};
+
+}  // namespace gradcomp::testing
+
+#endif  // GRADCOMP_TESTS_INTEGRATION_DAEMON_PROCESS_H_
