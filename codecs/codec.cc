@@ -11,8 +11,10 @@ namespace gradcomp::codecs {
 
 absl::string_view CollectiveName(Collective c) {
   switch (c) {
-    case Collective::kSum: return "sum";
-    case Collective::kGather: return "gather";
+    case Collective::kSum:
+      return "sum";
+    case Collective::kGather:
+      return "gather";
   }
   return "unknown";
 }
@@ -64,20 +66,18 @@ class SingleRoundSession : public CodecSession {
 
   absl::Status Absorb(RoundResult result) override {
     if (stage_ != Stage::kAwaitingResult) {
-      return Error("Absorb",
-                   stage_ == Stage::kStart ? "NextRound() has not run"
-                                           : "round 0 was already absorbed");
+      return Error("Absorb", stage_ == Stage::kStart
+                                 ? "NextRound() has not run"
+                                 : "round 0 was already absorbed");
     }
     if (result.world_size < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s: expected a world size >= 1, got %d", name(),
-                          result.world_size));
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: expected a world size >= 1, got %d", name(), result.world_size));
     }
     // A summed body's length is the codec's to check (FinishSum): it need
     // not be the tensor's.
     if (collective() == Collective::kGather &&
-        result.payloads.size() !=
-               static_cast<size_t>(result.world_size)) {
+        result.payloads.size() != static_cast<size_t>(result.world_size)) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s: expected %d gathered payloads (one per worker), got %d", name(),
           result.world_size, result.payloads.size()));
@@ -103,11 +103,12 @@ class SingleRoundSession : public CodecSession {
     average.resize(out.size(), 0.0f);
     const float weight = 1.0f / static_cast<float>(result_.world_size);
     for (size_t r = 0; r < result_.payloads.size(); ++r) {
-      absl::Status s =
-          codec_.DecodeAdd(result_.payloads[r], weight, absl::MakeSpan(average));
+      absl::Status s = codec_.DecodeAdd(result_.payloads[r], weight,
+                                        absl::MakeSpan(average));
       if (!s.ok()) {
-        return absl::Status(s.code(), absl::StrFormat("%s: payload of rank %d: %s",
-                                                      name(), r, s.message()));
+        return absl::Status(
+            s.code(), absl::StrFormat("%s: payload of rank %d: %s", name(), r,
+                                      s.message()));
       }
     }
     std::copy(average.begin(), average.end(), out.begin());
@@ -132,9 +133,8 @@ class SingleRoundSession : public CodecSession {
   const std::string& name() const { return codec_.info().name; }
 
   absl::Status Error(absl::string_view call, absl::string_view why) const {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("%s session: %s called out of order: %s", name(), call,
-                        why));
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s session: %s called out of order: %s", name(), call, why));
   }
 
   absl::Status CheckOutSize(absl::Span<float> out) const {

@@ -19,7 +19,8 @@ class SingleRoundSessionTest : public ::testing::Test {
   std::vector<int64_t> shape_ = {3};
   TensorView view_{grad_, shape_};
   TensorState state_;
-  StepContext ctx_{.seed = 1, .tensor_id = 2, .step = 3, .rank = 0, .world_size = 2};
+  StepContext ctx_{
+      .seed = 1, .tensor_id = 2, .step = 3, .rank = 0, .world_size = 2};
 };
 
 TEST_F(SingleRoundSessionTest, GatherRoundAveragesDecodedPayloads) {
@@ -67,7 +68,8 @@ TEST_F(SingleRoundSessionTest, CallsOutOfOrderAreFailedPrecondition) {
   auto session = *codec.Start(view_, state_, ctx_);
   std::vector<float> out(3);
   RoundResult empty;
-  EXPECT_EQ(session->Absorb(empty).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(session->Absorb(empty).code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(session->Finish(absl::MakeSpan(out)).code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(session->DecodeOwn(absl::MakeSpan(out)).code(),
@@ -87,8 +89,9 @@ TEST_F(SingleRoundSessionTest, AbsorbChecksTheResultShape) {
   RoundResult one_payload;
   one_payload.world_size = 2;
   one_payload.payloads = {"x"};
-  EXPECT_THAT(g->Absorb(one_payload).message(),
-              HasSubstr("expected 2 gathered payloads (one per worker), got 1"));
+  EXPECT_THAT(
+      g->Absorb(one_payload).message(),
+      HasSubstr("expected 2 gathered payloads (one per worker), got 1"));
   RoundResult zero_world;
   zero_world.world_size = 0;
   EXPECT_EQ(g->Absorb(zero_world).code(), absl::StatusCode::kInvalidArgument);

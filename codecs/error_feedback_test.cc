@@ -12,7 +12,8 @@ namespace {
 
 using ::gradcomp::codecs::testing::RoundingCodec;
 
-TEST(ErrorFeedbackTest, KeepsTheInvariantGradPlusOldErrorIsDecodedPlusNewError) {
+TEST(ErrorFeedbackTest,
+     KeepsTheInvariantGradPlusOldErrorIsDecodedPlusNewError) {
   ErrorFeedback ef(std::make_unique<RoundingCodec>(0.25f, false));
   EXPECT_TRUE(ef.info().stateful);
   EXPECT_FALSE(ef.info().unbiased);
@@ -24,8 +25,9 @@ TEST(ErrorFeedbackTest, KeepsTheInvariantGradPlusOldErrorIsDecodedPlusNewError) 
   for (int step = 0; step < 20; ++step) {
     std::vector<float> g(64);
     for (float& v : g) v = normal(gen);
-    const std::vector<float> e_old(state.Buffer(kErrorFeedbackBuffer, 64).begin(),
-                                   state.Buffer(kErrorFeedbackBuffer, 64).end());
+    const std::vector<float> e_old(
+        state.Buffer(kErrorFeedbackBuffer, 64).begin(),
+        state.Buffer(kErrorFeedbackBuffer, 64).end());
     Bytes payload;
     ASSERT_TRUE(ef.Encode({g, shape}, state, ctx, &payload).ok());
     std::vector<float> decoded(64, 0.0f);

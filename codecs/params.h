@@ -34,8 +34,7 @@ class CodecParams {
   // naming the key and the text when the value does not parse.
   absl::StatusOr<double> GetDouble(absl::string_view key,
                                    double fallback) const;
-  absl::StatusOr<int64_t> GetInt(absl::string_view key,
-                                 int64_t fallback) const;
+  absl::StatusOr<int64_t> GetInt(absl::string_view key, int64_t fallback) const;
   absl::StatusOr<bool> GetBool(absl::string_view key, bool fallback) const;
   absl::StatusOr<std::string> GetString(absl::string_view key,
                                         absl::string_view fallback) const;

@@ -47,7 +47,8 @@ TEST(CodecParamsTest, CheckAllUsedNamesUnknownAndAcceptedKeys) {
   ASSERT_TRUE(params.GetDouble("momentum", 0.9).ok());
   absl::Status s = params.CheckAllUsed("topk");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("unknown parameter 'ratoi' for codec 'topk'"));
+  EXPECT_THAT(s.message(),
+              HasSubstr("unknown parameter 'ratoi' for codec 'topk'"));
   EXPECT_THAT(s.message(), HasSubstr("accepted: momentum, ratio"));
 }
 

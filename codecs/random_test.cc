@@ -63,10 +63,9 @@ TEST(PhiloxStreamTest, FillUniformEqualsUniformAtEveryOffset) {
 
 TEST(PhiloxStreamTest, EveryKeyPartChangesTheStream) {
   const PhiloxStream base(1, 2, 3, 0);
-  const PhiloxStream others[] = {PhiloxStream(9, 2, 3, 0),
-                                 PhiloxStream(1, 9, 3, 0),
-                                 PhiloxStream(1, 2, 9, 0),
-                                 PhiloxStream(1, 2, 3, 1)};
+  const PhiloxStream others[] = {
+      PhiloxStream(9, 2, 3, 0), PhiloxStream(1, 9, 3, 0),
+      PhiloxStream(1, 2, 9, 0), PhiloxStream(1, 2, 3, 1)};
   for (const PhiloxStream& other : others) {
     int same = 0;
     for (uint64_t i = 0; i < 64; ++i) same += base.Bits(i) == other.Bits(i);

@@ -31,12 +31,13 @@ CodecInfo Info(const std::string& name) {
 }
 
 CodecFactory FactoryAsking(const std::string& name, const std::string& key) {
-  return [name, key](const CodecParams& params)
-             -> absl::StatusOr<std::unique_ptr<Codec>> {
-    absl::StatusOr<double> v = params.GetDouble(key, 1.0);
-    if (!v.ok()) return v.status();
-    return std::unique_ptr<Codec>(std::make_unique<NullCodec>(Info(name)));
-  };
+  return
+      [name, key](
+          const CodecParams& params) -> absl::StatusOr<std::unique_ptr<Codec>> {
+        absl::StatusOr<double> v = params.GetDouble(key, 1.0);
+        if (!v.ok()) return v.status();
+        return std::unique_ptr<Codec>(std::make_unique<NullCodec>(Info(name)));
+      };
 }
 
 TEST(CodecRegistryTest, CreatesRegisteredCodecs) {

@@ -9,8 +9,9 @@
 #include "base/status_macros.h"
 
 // Buffers are copied as they lie in memory, which is the format's order.
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
-              "the state format is little-endian; add byte swaps for this host");
+static_assert(
+    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+    "the state format is little-endian; add byte swaps for this host");
 
 namespace gradcomp::codecs {
 namespace {
@@ -37,14 +38,16 @@ class Writer {
     out_.append(s.data(), s.size());
   }
   void Floats(const std::vector<float>& v) {
-    out_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+    out_.append(reinterpret_cast<const char*>(v.data()),
+                v.size() * sizeof(float));
   }
   void Raw(absl::string_view s) { out_.append(s.data(), s.size()); }
   Bytes Take() { return std::move(out_); }
 
  private:
   void Le(uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; ++i) out_.push_back(static_cast<char>(v >> (8 * i)));
+    for (int i = 0; i < bytes; ++i)
+      out_.push_back(static_cast<char>(v >> (8 * i)));
   }
   Bytes out_;
 };

@@ -6,16 +6,16 @@
 //                       store.Acquire("job", "fc1.weight", shape, dtype));
 //   absl::Span<float> residual = locked->Buffer("ef.residual", numel);
 //
-// A change of shape or dtype resets the tensor's state; StateStore counts resets so
-// the daemon can export the count as a metric.
+// A change of shape or dtype resets the tensor's state; StateStore counts
+// resets so the daemon can export the count as a metric.
 #ifndef GRADCOMP_CODECS_STATE_H_
 #define GRADCOMP_CODECS_STATE_H_
 
 #include <atomic>
 #include <cstdint>
-#include <optional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 

@@ -86,9 +86,8 @@ TEST(StateStoreTest, MoveAssignmentReleasesTheOldLock) {
   // thread takes it, as locking it here while holding "b" would invert the
   // lock order just used.
   float seen = 0.0f;
-  std::thread other([&] {
-    seen = store.Acquire("job", "a", kShape, 1)->Buffer("x", 1)[0];
-  });
+  std::thread other(
+      [&] { seen = store.Acquire("job", "a", kShape, 1)->Buffer("x", 1)[0]; });
   other.join();
   EXPECT_EQ(seen, 2.0f);
 }
@@ -119,8 +118,9 @@ TEST(StateStoreTest, ExportImportRoundTripsOneJob) {
     EXPECT_EQ((*s->Find("dgc.momentum"))[2], 7.0f);
     EXPECT_FALSE(s->Find("x").has_value());  // the other job's
   }
-  EXPECT_EQ((*target.Acquire("restored", "bias", {5}, 1)->Find("ef.residual"))[4],
-            -3.0f);
+  EXPECT_EQ(
+      (*target.Acquire("restored", "bias", {5}, 1)->Find("ef.residual"))[4],
+      -3.0f);
   EXPECT_EQ(target.resets(), 0u);
   // Exports of equal states are equal bytes.
   EXPECT_EQ(*target.Export("restored"), *blob);
@@ -137,7 +137,8 @@ TEST(StateStoreTest, ImportRejectsEveryCorruptionWithoutTouchingState) {
     return s->Find("keep").has_value() && !s->Find("ef.residual").has_value();
   };
   for (size_t len = 0; len < blob.size(); ++len) {
-    absl::Status s = target.Import("job", absl::string_view(blob).substr(0, len));
+    absl::Status s =
+        target.Import("job", absl::string_view(blob).substr(0, len));
     ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << len;
     ASSERT_TRUE(untouched()) << len;
   }
@@ -152,7 +153,8 @@ TEST(StateStoreTest, ImportRejectsEveryCorruptionWithoutTouchingState) {
               HasSubstr("expected version 1, got 2"));
   bad = blob;
   bad[8] = static_cast<char>(0xFF);  // tensor count
-  EXPECT_EQ(target.Import("job", bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(target.Import("job", bad).code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(untouched());
 }
 

@@ -43,22 +43,38 @@ uint64_t GetLe(const char* p, int bytes) {
 
 const char* KnownCodecName(uint8_t id) {
   switch (static_cast<CodecId>(id)) {
-    case CodecId::kNone: return "none";
-    case CodecId::kFp16: return "fp16";
-    case CodecId::kBf16: return "bf16";
-    case CodecId::kTopK: return "topk";
-    case CodecId::kQsgd: return "qsgd";
-    case CodecId::kRandomK: return "randomk";
-    case CodecId::kThreshold: return "threshold";
-    case CodecId::kTernGrad: return "terngrad";
-    case CodecId::kInt8: return "int8";
-    case CodecId::kSignSgd: return "signsgd";
-    case CodecId::kEfSign: return "efsign";
-    case CodecId::kSignum: return "signum";
-    case CodecId::kOneBit: return "onebit";
-    case CodecId::kPowerSgd: return "powersgd";
-    case CodecId::kAtomo: return "atomo";
-    case CodecId::kPolar: return "polar";
+    case CodecId::kNone:
+      return "none";
+    case CodecId::kFp16:
+      return "fp16";
+    case CodecId::kBf16:
+      return "bf16";
+    case CodecId::kTopK:
+      return "topk";
+    case CodecId::kQsgd:
+      return "qsgd";
+    case CodecId::kRandomK:
+      return "randomk";
+    case CodecId::kThreshold:
+      return "threshold";
+    case CodecId::kTernGrad:
+      return "terngrad";
+    case CodecId::kInt8:
+      return "int8";
+    case CodecId::kSignSgd:
+      return "signsgd";
+    case CodecId::kEfSign:
+      return "efsign";
+    case CodecId::kSignum:
+      return "signum";
+    case CodecId::kOneBit:
+      return "onebit";
+    case CodecId::kPowerSgd:
+      return "powersgd";
+    case CodecId::kAtomo:
+      return "atomo";
+    case CodecId::kPolar:
+      return "polar";
   }
   return nullptr;
 }
@@ -86,9 +102,12 @@ void WriteHeader(const WireHeader& header, size_t params_bytes,
 
 size_t ElemTypeBytes(ElemType t) {
   switch (t) {
-    case ElemType::kF32: return 4;
-    case ElemType::kF16: return 2;
-    case ElemType::kBF16: return 2;
+    case ElemType::kF32:
+      return 4;
+    case ElemType::kF16:
+      return 2;
+    case ElemType::kBF16:
+      return 2;
   }
   return 0;
 }
@@ -101,7 +120,8 @@ void AdviseHugePages(void* data, size_t bytes) {
   if (bytes < kMinBytes) return;
   const uintptr_t begin =
       (reinterpret_cast<uintptr_t>(data) + kPage - 1) & ~(kPage - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kPage - 1);
+  const uintptr_t end =
+      (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kPage - 1);
   // Only advice: if the kernel declines, the buffer works as before.
   madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
 #else
@@ -138,16 +158,16 @@ void WritePayload(const WireHeader& header, absl::string_view params,
 absl::StatusOr<ParsedPayload> PeekPayload(absl::string_view payload) {
   const size_t size = payload.size();
   if (size < kWireHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "payload: expected at least %d header bytes, got %d", kWireHeaderBytes,
-        size));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("payload: expected at least %d header bytes, got %d",
+                        kWireHeaderBytes, size));
   }
   const char* p = payload.data();
   const uint32_t magic = static_cast<uint32_t>(GetLe(p + kOffMagic, 4));
   if (magic != kWireMagic) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "payload: expected magic 0x%08x (\"GCMP\"), got 0x%08x", kWireMagic,
-        magic));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("payload: expected magic 0x%08x (\"GCMP\"), got 0x%08x",
+                        kWireMagic, magic));
   }
   const uint8_t version = static_cast<uint8_t>(p[kOffVersion]);
   if (version != kWireVersion) {
@@ -162,9 +182,9 @@ absl::StatusOr<ParsedPayload> PeekPayload(absl::string_view payload) {
   }
   const uint8_t flags = static_cast<uint8_t>(p[kOffFlags]);
   if ((flags & ~kFlagDenseBody) != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "payload: expected flags within 0x%02x, got 0x%02x", kFlagDenseBody,
-        flags));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("payload: expected flags within 0x%02x, got 0x%02x",
+                        kFlagDenseBody, flags));
   }
   const uint32_t reserved = static_cast<uint32_t>(GetLe(p + kOffReserved, 4));
   if (reserved != 0) {
@@ -238,8 +258,8 @@ absl::StatusOr<ParsedPayload> ParsePayload(absl::string_view payload,
         got != nullptr ? got : "?", static_cast<int>(h.codec)));
   }
   if (h.round != round) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "payload: expected round %d, got %d", round, h.round));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("payload: expected round %d, got %d", round, h.round));
   }
   if (h.numel != numel) {
     return absl::InvalidArgumentError(absl::StrFormat(

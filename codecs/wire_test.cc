@@ -24,11 +24,13 @@ WireHeader Header(CodecId codec, uint8_t round, uint64_t numel,
 }
 
 void PutLe(Bytes& b, size_t offset, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) b[offset + i] = static_cast<char>(v >> (8 * i));
+  for (int i = 0; i < bytes; ++i)
+    b[offset + i] = static_cast<char>(v >> (8 * i));
 }
 
-absl::Status ParseStatus(absl::string_view payload, CodecId codec = CodecId::kTopK,
-                         uint8_t round = 2, uint64_t numel = 1000) {
+absl::Status ParseStatus(absl::string_view payload,
+                         CodecId codec = CodecId::kTopK, uint8_t round = 2,
+                         uint64_t numel = 1000) {
   return ParsePayload(payload, codec, round, numel).status();
 }
 
@@ -56,7 +58,8 @@ TEST(WireTest, HeaderLayoutIsTheDocumentedOne) {
 
 TEST(WireTest, ParseReturnsViewsOfParamsAndBody) {
   const Bytes p = Sample();
-  absl::StatusOr<ParsedPayload> parsed = ParsePayload(p, CodecId::kTopK, 2, 1000);
+  absl::StatusOr<ParsedPayload> parsed =
+      ParsePayload(p, CodecId::kTopK, 2, 1000);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->header.codec, CodecId::kTopK);
   EXPECT_EQ(parsed->header.round, 2);
@@ -71,7 +74,8 @@ TEST(WireTest, BeginPayloadReturnsTheBodyStart) {
   Bytes out = "left over";
   char* body = BeginPayload(Header(CodecId::kQsgd, 0, 4), "pp", 4, &out);
   std::memcpy(body, "wxyz", 4);
-  absl::StatusOr<ParsedPayload> parsed = ParsePayload(out, CodecId::kQsgd, 0, 4);
+  absl::StatusOr<ParsedPayload> parsed =
+      ParsePayload(out, CodecId::kQsgd, 0, 4);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->params, "pp");
   EXPECT_EQ(parsed->body, "wxyz");
@@ -125,8 +129,7 @@ TEST(WireTest, RejectsLengthFieldsThatDoNotAddUp) {
   EXPECT_EQ(ParseStatus(p).code(), absl::StatusCode::kInvalidArgument);
   p = Sample();
   PutLe(p, 24, 4, 8);  // body shorter than the payload holds
-  EXPECT_THAT(ParseStatus(p).message(),
-              HasSubstr("expected body of 5 bytes"));
+  EXPECT_THAT(ParseStatus(p).message(), HasSubstr("expected body of 5 bytes"));
   // Lengths whose sum would wrap around 2^64 must not pass.
   p = Sample();
   PutLe(p, 24, ~uint64_t{0} - 34, 8);
@@ -148,8 +151,8 @@ TEST(WireTest, DensePayloadsRoundTripEveryElementType) {
                                      7.0f, 8.0f,  9.0f, 10.0f,    -11.0f};
   for (ElemType type : {ElemType::kF32, ElemType::kF16, ElemType::kBF16}) {
     Bytes p;
-    WriteDensePayload(Header(CodecId::kRandomK, 1, values.size()), type,
-                      values, &p);
+    WriteDensePayload(Header(CodecId::kRandomK, 1, values.size()), type, values,
+                      &p);
     absl::StatusOr<ParsedPayload> parsed =
         ParsePayload(p, CodecId::kRandomK, 1, values.size());
     ASSERT_TRUE(parsed.ok()) << parsed.status();
@@ -160,8 +163,10 @@ TEST(WireTest, DensePayloadsRoundTripEveryElementType) {
     ASSERT_TRUE(AddDenseBody(*parsed, 2.0f, absl::MakeSpan(acc)).ok());
     for (size_t i = 0; i < values.size(); ++i) {
       float decoded = values[i];
-      if (type == ElemType::kF16) decoded = HalfBitsToFloat(FloatToHalfBits(decoded));
-      if (type == ElemType::kBF16) decoded = Bf16BitsToFloat(FloatToBf16Bits(decoded));
+      if (type == ElemType::kF16)
+        decoded = HalfBitsToFloat(FloatToHalfBits(decoded));
+      if (type == ElemType::kBF16)
+        decoded = Bf16BitsToFloat(FloatToBf16Bits(decoded));
       EXPECT_EQ(acc[i], 1.0f + 2.0f * decoded) << i;
     }
   }
@@ -178,10 +183,12 @@ TEST(WireTest, RejectsMalformedDenseBodies) {
   bad = p;
   bad.pop_back();  // half an fp16 element
   PutLe(bad, 24, 15, 8);
-  EXPECT_THAT(ParseStatus(bad, CodecId::kNone, 0, 8).message(),
-              HasSubstr("expected a dense body of whole 2-byte elements, got 15"));
+  EXPECT_THAT(
+      ParseStatus(bad, CodecId::kNone, 0, 8).message(),
+      HasSubstr("expected a dense body of whole 2-byte elements, got 15"));
   Bytes no_params;
-  WritePayload(Header(CodecId::kNone, 0, 0, kFlagDenseBody), "", "", &no_params);
+  WritePayload(Header(CodecId::kNone, 0, 0, kFlagDenseBody), "", "",
+               &no_params);
   EXPECT_THAT(PeekPayload(no_params).status().message(),
               HasSubstr("expected an element type"));
 }
@@ -192,8 +199,9 @@ TEST(WireTest, AddDenseBodyChecksFlagAndSizeAndLeavesAccOnError) {
   WriteDensePayload(Header(CodecId::kNone, 0, 4), ElemType::kF32, values, &p);
   ParsedPayload parsed = *PeekPayload(p);
   std::vector<float> acc(5, 3.0f);
-  EXPECT_THAT(AddDenseBody(parsed, 1.0f, absl::MakeSpan(acc)).message(),
-              HasSubstr("expected a dense body of 5 elements of 4 bytes, got 16"));
+  EXPECT_THAT(
+      AddDenseBody(parsed, 1.0f, absl::MakeSpan(acc)).message(),
+      HasSubstr("expected a dense body of 5 elements of 4 bytes, got 16"));
   EXPECT_EQ(acc, std::vector<float>(5, 3.0f));
   // A summable codec's body may hold fewer values than the tensor.
   Bytes k_values;

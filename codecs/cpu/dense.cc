@@ -29,12 +29,15 @@ class DenseCodec : public SingleRoundCodec {
   absl::Status Encode(const TensorView& grad, TensorState& /*state*/,
                       const StepContext& ctx, Bytes* payload) const override {
     if (ctx.world_size < 1) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: expected a world size >= 1, got %d", info_.name, ctx.world_size));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: expected a world size >= 1, got %d", info_.name,
+                          ctx.world_size));
     }
-    const uint32_t divisor = prescale_ ? static_cast<uint32_t>(ctx.world_size) : 1;
+    const uint32_t divisor =
+        prescale_ ? static_cast<uint32_t>(ctx.world_size) : 1;
     char params[kDenseParamsBytes] = {static_cast<char>(type_)};
-    for (int i = 0; i < 4; ++i) params[4 + i] = static_cast<char>(divisor >> (8 * i));
+    for (int i = 0; i < 4; ++i)
+      params[4 + i] = static_cast<char>(divisor >> (8 * i));
 
     WireHeader header;
     header.codec = info_.id;
@@ -97,9 +100,9 @@ class DenseCodec : public SingleRoundCodec {
   absl::StatusOr<uint32_t> ParseParams(const ParsedPayload& parsed) const {
     const absl::string_view p = parsed.params;
     if (p.size() != kDenseParamsBytes) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s payload: expected %d parameter bytes, got %d", info_.name,
-          kDenseParamsBytes, p.size()));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s payload: expected %d parameter bytes, got %d",
+                          info_.name, kDenseParamsBytes, p.size()));
     }
     if (static_cast<uint8_t>(p[0]) != static_cast<uint8_t>(type_)) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -108,11 +111,13 @@ class DenseCodec : public SingleRoundCodec {
     }
     if (p[1] != 0 || p[2] != 0 || p[3] != 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "%s payload: expected reserved parameter bytes 1-3 to be 0", info_.name));
+          "%s payload: expected reserved parameter bytes 1-3 to be 0",
+          info_.name));
     }
     uint32_t divisor = 0;
     for (int i = 0; i < 4; ++i) {
-      divisor |= static_cast<uint32_t>(static_cast<unsigned char>(p[4 + i])) << (8 * i);
+      divisor |= static_cast<uint32_t>(static_cast<unsigned char>(p[4 + i]))
+                 << (8 * i);
     }
     if (divisor == 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -143,8 +148,8 @@ CodecInfo DenseInfo(const char* name, CodecId id, bool exact) {
 absl::Status RegisterOne(CodecRegistry& registry, CodecInfo info,
                          ElemType type) {
   CodecFactory factory =
-      [info, type](const CodecParams& params)
-      -> absl::StatusOr<std::unique_ptr<Codec>> {
+      [info, type](
+          const CodecParams& params) -> absl::StatusOr<std::unique_ptr<Codec>> {
     GC_ASSIGN_OR_RETURN(bool prescale, params.GetBool("prescale", false));
     return std::unique_ptr<Codec>(
         std::make_unique<DenseCodec>(info, type, prescale));

@@ -22,7 +22,8 @@ class DenseTest : public ::testing::Test {
 
   std::unique_ptr<SingleRoundCodec> Make(const std::string& name,
                                          const CodecParams& params = {}) {
-    absl::StatusOr<std::unique_ptr<Codec>> codec = registry_.Create(name, params);
+    absl::StatusOr<std::unique_ptr<Codec>> codec =
+        registry_.Create(name, params);
     EXPECT_TRUE(codec.ok()) << codec.status();
     if (!codec.ok()) return nullptr;
     return std::unique_ptr<SingleRoundCodec>(
@@ -56,8 +57,9 @@ TEST_F(DenseTest, RegistersThreeSummableCodecs) {
 }
 
 TEST_F(DenseTest, RejectsUnknownAndBadParameters) {
-  EXPECT_THAT(registry_.Create("fp16", {{"prescal", "true"}}).status().message(),
-              HasSubstr("unknown parameter 'prescal' for codec 'fp16'"));
+  EXPECT_THAT(
+      registry_.Create("fp16", {{"prescal", "true"}}).status().message(),
+      HasSubstr("unknown parameter 'prescal' for codec 'fp16'"));
   EXPECT_EQ(registry_.Create("bf16", {{"prescale", "perhaps"}}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
@@ -84,8 +86,10 @@ TEST_F(DenseTest, NoneIsExactAndHalfFormatsRoundToNearest) {
     ASSERT_TRUE(codec->DecodeAdd(p, 1.0f, absl::MakeSpan(out)).ok());
     for (size_t i = 0; i < g.size(); ++i) {
       float expected = g[i];
-      if (std::string(name) == "fp16") expected = HalfBitsToFloat(FloatToHalfBits(g[i]));
-      if (std::string(name) == "bf16") expected = Bf16BitsToFloat(FloatToBf16Bits(g[i]));
+      if (std::string(name) == "fp16")
+        expected = HalfBitsToFloat(FloatToHalfBits(g[i]));
+      if (std::string(name) == "bf16")
+        expected = Bf16BitsToFloat(FloatToBf16Bits(g[i]));
       EXPECT_EQ(out[i], expected) << name << " " << i;
     }
   }
@@ -97,7 +101,8 @@ TEST_F(DenseTest, NanAndInfPassThrough) {
   for (const char* name : {"none", "fp16", "bf16"}) {
     auto codec = Make(name);
     std::vector<float> out(g.size(), 0.0f);
-    ASSERT_TRUE(codec->DecodeAdd(Encode(*codec, g), 1.0f, absl::MakeSpan(out)).ok());
+    ASSERT_TRUE(
+        codec->DecodeAdd(Encode(*codec, g), 1.0f, absl::MakeSpan(out)).ok());
     EXPECT_TRUE(std::isnan(out[0])) << name;
     EXPECT_EQ(out[1], inf) << name;
     EXPECT_EQ(out[2], -inf) << name;
@@ -106,7 +111,9 @@ TEST_F(DenseTest, NanAndInfPassThrough) {
   // fp16 has no values above 65504: they become infinity, visibly.
   auto fp16 = Make("fp16");
   std::vector<float> out(1, 0.0f);
-  ASSERT_TRUE(fp16->DecodeAdd(Encode(*fp16, {70000.0f}), 1.0f, absl::MakeSpan(out)).ok());
+  ASSERT_TRUE(
+      fp16->DecodeAdd(Encode(*fp16, {70000.0f}), 1.0f, absl::MakeSpan(out))
+          .ok());
   EXPECT_EQ(out[0], inf);
 }
 
@@ -136,7 +143,9 @@ TEST_F(DenseTest, PrescaleDividesBeforeTheCastAndTheSumIsTheAverage) {
             absl::StatusCode::kInvalidArgument);
   // Without prescale the sum is divided at the end.
   auto plain = Make("fp16");
-  ASSERT_TRUE(plain->FinishSum({8.0f, 4.0f, 2.0f}, kWorld, ctx, absl::MakeSpan(out)).ok());
+  ASSERT_TRUE(
+      plain->FinishSum({8.0f, 4.0f, 2.0f}, kWorld, ctx, absl::MakeSpan(out))
+          .ok());
   EXPECT_EQ(out, std::vector<float>({2.0f, 1.0f, 0.5f}));
 }
 
@@ -161,7 +170,8 @@ TEST_F(DenseTest, DecodeRejectsBadParameterBlocksAndLeavesAccUntouched) {
   p = good;
   std::memset(&p[36], 0, 4);
   rejects(p, "divisor >= 1, got 0");
-  rejects(Encode(*Make("fp16"), {1.0f, 2.0f}), "expected codec 'bf16' (3), got 'fp16' (2)");
+  rejects(Encode(*Make("fp16"), {1.0f, 2.0f}),
+          "expected codec 'bf16' (3), got 'fp16' (2)");
   std::vector<float> wrong(3, 0.0f);
   EXPECT_THAT(codec->DecodeAdd(good, 1.0f, absl::MakeSpan(wrong)).message(),
               HasSubstr("expected 3 elements, got 2"));

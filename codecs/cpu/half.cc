@@ -65,11 +65,13 @@ void ParallelFor(size_t n, const Fn& fn) {
 // ---- Portable loops (also the tails of the SIMD loops). ----
 
 void FloatToHalfPortable(const float* in, size_t n, float scale, char* out) {
-  for (size_t i = 0; i < n; ++i) Store16(out + 2 * i, FloatToHalfBits(in[i] * scale));
+  for (size_t i = 0; i < n; ++i)
+    Store16(out + 2 * i, FloatToHalfBits(in[i] * scale));
 }
 
 void FloatToBf16Portable(const float* in, size_t n, float scale, char* out) {
-  for (size_t i = 0; i < n; ++i) Store16(out + 2 * i, FloatToBf16Bits(in[i] * scale));
+  for (size_t i = 0; i < n; ++i)
+    Store16(out + 2 * i, FloatToBf16Bits(in[i] * scale));
 }
 
 void ScaleFloatPortable(const float* in, size_t n, float scale, char* out) {
@@ -115,7 +117,8 @@ void AddFloatPortable(const char* in, size_t n, float alpha, float* acc) {
 
 // vcvtps2ph/vcvtph2ps round to nearest even and quieten NaNs exactly as the
 // scalar functions do, so both paths give identical bits.
-GC_AVX2 void FloatToHalfAvx2(const float* in, size_t n, float scale, char* out) {
+GC_AVX2 void FloatToHalfAvx2(const float* in, size_t n, float scale,
+                             char* out) {
   const __m256 s = _mm256_set1_ps(scale);
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -132,17 +135,18 @@ GC_AVX2 void FloatToHalfAvx2(const float* in, size_t n, float scale, char* out) 
 // Eight floats to eight bf16 in the low 16 bits of each 32-bit lane.
 GC_AVX2 __m256i Bf16Lanes(__m256 v) {
   const __m256i x = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16),
-                                       _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_add_epi32(
-      x, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+  const __m256i lsb =
+      _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_add_epi32(x, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
   const __m256i abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFFFFFF));
   const __m256i is_nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F800000));
   const __m256i quiet = _mm256_or_si256(x, _mm256_set1_epi32(0x00400000));
   return _mm256_srli_epi32(_mm256_blendv_epi8(rounded, quiet, is_nan), 16);
 }
 
-GC_AVX2 void FloatToBf16Avx2(const float* in, size_t n, float scale, char* out) {
+GC_AVX2 void FloatToBf16Avx2(const float* in, size_t n, float scale,
+                             char* out) {
   const __m256 s = _mm256_set1_ps(scale);
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -212,16 +216,17 @@ GC_AVX2 void AddFloatAvx2(const char* in, size_t n, float alpha, float* acc) {
   const __m256 a = _mm256_set1_ps(alpha);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 v = _mm256_loadu_ps(reinterpret_cast<const float*>(in + 4 * i));
-    _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i),
-                                            _mm256_mul_ps(a, v)));
+    const __m256 v =
+        _mm256_loadu_ps(reinterpret_cast<const float*>(in + 4 * i));
+    _mm256_storeu_ps(
+        acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), _mm256_mul_ps(a, v)));
   }
   AddFloatPortable(in + 4 * i, n - i, alpha, acc + i);
 }
 
 bool CpuHasAvx2F16c() {
-  static const bool has = __builtin_cpu_supports("avx2") &&
-                          __builtin_cpu_supports("f16c");
+  static const bool has =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
   return has;
 }
 #else
@@ -275,7 +280,8 @@ float HalfBitsToFloat(uint16_t h) {
     return BitsFloat(sign | 0x7F800000u | quiet | (mantissa << 13));
   }
   if (exponent == 0) {  // Zero or subnormal: mantissa * 2^-24, exact in fp32.
-    const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
+    const float magnitude =
+        static_cast<float>(mantissa) * 5.9604644775390625e-8f;
     return sign != 0 ? -magnitude : magnitude;
   }
   return BitsFloat(sign | ((exponent + 112) << 23) | (mantissa << 13));

@@ -48,7 +48,8 @@ uint16_t ReferenceToHalf(float x) {
   const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
   const double a = std::fabs(static_cast<double>(x));
   if (a >= 65536.0) return sign | 0x7C00;
-  const size_t hi = std::lower_bound(table->begin(), table->end(), a) - table->begin();
+  const size_t hi =
+      std::lower_bound(table->begin(), table->end(), a) - table->begin();
   if ((*table)[hi] == a) return sign | static_cast<uint16_t>(hi);
   const size_t lo = hi - 1;
   const double dlo = a - (*table)[lo], dhi = (*table)[hi] - a;
@@ -60,13 +61,15 @@ uint16_t ReferenceToHalf(float x) {
 uint16_t ReferenceToBf16(float x) {
   const uint32_t u = Bits(x);
   const uint16_t lo = static_cast<uint16_t>(u >> 16);
-  const double below = static_cast<double>(FromBits(static_cast<uint32_t>(lo) << 16));
+  const double below =
+      static_cast<double>(FromBits(static_cast<uint32_t>(lo) << 16));
   const uint16_t hi = lo + 1;
   // One step further in magnitude; from the largest finite value that is
   // infinity, whose distance counts as if it were the next binade's value.
-  const double above = ((hi & 0x7FFF) == 0x7F80)
-                           ? std::copysign(std::ldexp(1.0, 128), x)
-                           : static_cast<double>(FromBits(static_cast<uint32_t>(hi) << 16));
+  const double above =
+      ((hi & 0x7FFF) == 0x7F80)
+          ? std::copysign(std::ldexp(1.0, 128), x)
+          : static_cast<double>(FromBits(static_cast<uint32_t>(hi) << 16));
   const double dlo = std::fabs(x - below), dhi = std::fabs(above - x);
   if (dlo < dhi) return lo;
   if (dhi < dlo) return hi;
@@ -84,7 +87,8 @@ TEST(HalfTest, HalfToFloatMatchesTheDefinitionForAll65536Values) {
       ASSERT_TRUE(std::isinf(f)) << h;
       ASSERT_EQ(std::signbit(f), (h & 0x8000) != 0) << h;
     } else {
-      ASSERT_EQ(static_cast<double>(f), HalfValue(static_cast<uint16_t>(h))) << h;
+      ASSERT_EQ(static_cast<double>(f), HalfValue(static_cast<uint16_t>(h)))
+          << h;
       ASSERT_EQ(std::signbit(f), (h & 0x8000) != 0) << h;
     }
   }
@@ -92,7 +96,8 @@ TEST(HalfTest, HalfToFloatMatchesTheDefinitionForAll65536Values) {
 
 TEST(HalfTest, All65536HalvesRoundTrip) {
   for (uint32_t h = 0; h < 0x10000; ++h) {
-    const uint16_t back = FloatToHalfBits(HalfBitsToFloat(static_cast<uint16_t>(h)));
+    const uint16_t back =
+        FloatToHalfBits(HalfBitsToFloat(static_cast<uint16_t>(h)));
     const bool nan = (h & 0x7C00) == 0x7C00 && (h & 0x3FF) != 0;
     // A NaN comes back quiet (bit 9 set), with its sign and payload.
     ASSERT_EQ(back, nan ? (h | 0x200) : h) << h;
@@ -100,12 +105,17 @@ TEST(HalfTest, All65536HalvesRoundTrip) {
 }
 
 TEST(HalfTest, RoundsToNearestEven) {
-  EXPECT_EQ(FloatToHalfBits(1.0f + std::ldexp(1.0f, -11)), 0x3C00);      // tie, even down
-  EXPECT_EQ(FloatToHalfBits(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3C02);  // tie, even up
-  EXPECT_EQ(FloatToHalfBits(std::nextafter(1.0f + std::ldexp(1.0f, -11), 2.0f)), 0x3C01);
-  EXPECT_EQ(FloatToHalfBits(std::ldexp(1.0f, -25)), 0x0000);      // subnormal tie
-  EXPECT_EQ(FloatToHalfBits(3 * std::ldexp(1.0f, -25)), 0x0002);  // subnormal tie
-  EXPECT_EQ(FloatToHalfBits(-std::ldexp(1.0f, -26)), 0x8000);     // underflow keeps sign
+  EXPECT_EQ(FloatToHalfBits(1.0f + std::ldexp(1.0f, -11)),
+            0x3C00);  // tie, even down
+  EXPECT_EQ(FloatToHalfBits(1.0f + 3 * std::ldexp(1.0f, -11)),
+            0x3C02);  // tie, even up
+  EXPECT_EQ(FloatToHalfBits(std::nextafter(1.0f + std::ldexp(1.0f, -11), 2.0f)),
+            0x3C01);
+  EXPECT_EQ(FloatToHalfBits(std::ldexp(1.0f, -25)), 0x0000);  // subnormal tie
+  EXPECT_EQ(FloatToHalfBits(3 * std::ldexp(1.0f, -25)),
+            0x0002);  // subnormal tie
+  EXPECT_EQ(FloatToHalfBits(-std::ldexp(1.0f, -26)),
+            0x8000);  // underflow keeps sign
   EXPECT_EQ(FloatToHalfBits(65519.0f), 0x7BFF);
   EXPECT_EQ(FloatToHalfBits(65520.0f), 0x7C00);  // tie with 2^16: infinity
   EXPECT_EQ(FloatToHalfBits(-1e10f), 0xFC00);
@@ -115,8 +125,11 @@ TEST(HalfTest, RoundsToNearestEven) {
 
 TEST(HalfTest, FloatToHalfMatchesReferenceAtEveryTieAndItsNeighbours) {
   for (uint32_t h = 0; h < 0x7C00; ++h) {
-    const double mid = (HalfValue(static_cast<uint16_t>(h)) +
-                        (h + 1 == 0x7C00 ? 65536.0 : HalfValue(static_cast<uint16_t>(h + 1)))) / 2;
+    const double mid =
+        (HalfValue(static_cast<uint16_t>(h)) +
+         (h + 1 == 0x7C00 ? 65536.0
+                          : HalfValue(static_cast<uint16_t>(h + 1)))) /
+        2;
     const float m = static_cast<float>(mid);  // exact: halves have 11 bits
     for (float x : {m, std::nextafter(m, 0.0f), std::nextafter(m, 1e30f)}) {
       ASSERT_EQ(FloatToHalfBits(x), ReferenceToHalf(x)) << x;
@@ -129,7 +142,7 @@ TEST(HalfTest, FloatToHalfMatchesReferenceOnRandomFloats) {
   std::mt19937 gen(1234);
   for (int i = 0; i < 1000000; ++i) {
     // Exponents near fp16's range get most draws.
-    const float x = FromBits(gen()) ;
+    const float x = FromBits(gen());
     const float near = std::ldexp(static_cast<float>(gen()) / 4294967296.0f,
                                   static_cast<int>(gen() % 48) - 30);
     for (float v : {x, near, -near}) {
@@ -150,7 +163,8 @@ TEST(Bf16Test, All65536Bf16RoundTripAndTiesGoToEven) {
   EXPECT_EQ(FloatToBf16Bits(FromBits(0x3F818000)), 0x3F82);
   EXPECT_EQ(FloatToBf16Bits(FromBits(0x3F808001)), 0x3F81);
   EXPECT_EQ(FloatToBf16Bits(FromBits(0x7F7FFFFF)), 0x7F80);  // overflow to inf
-  EXPECT_EQ(FloatToBf16Bits(FromBits(0x7F800001)) & 0x7FC0, 0x7FC0);  // NaN stays NaN
+  EXPECT_EQ(FloatToBf16Bits(FromBits(0x7F800001)) & 0x7FC0,
+            0x7FC0);  // NaN stays NaN
 }
 
 TEST(Bf16Test, MatchesReferenceOnRandomFloats) {
@@ -168,11 +182,19 @@ std::vector<float> MixedFloats(size_t n, uint32_t seed) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) {
     switch (i % 4) {
-      case 0: v[i] = FromBits(gen()); break;
-      case 1: v[i] = std::ldexp(static_cast<float>(gen()) / 4294967296.0f - 0.5f,
-                                static_cast<int>(gen() % 40) - 25); break;
-      case 2: v[i] = static_cast<float>(gen() % 2001) - 1000.0f; break;
-      default: v[i] = FromBits(gen() | 0x7F800000u); break;  // Inf or NaN
+      case 0:
+        v[i] = FromBits(gen());
+        break;
+      case 1:
+        v[i] = std::ldexp(static_cast<float>(gen()) / 4294967296.0f - 0.5f,
+                          static_cast<int>(gen() % 40) - 25);
+        break;
+      case 2:
+        v[i] = static_cast<float>(gen() % 2001) - 1000.0f;
+        break;
+      default:
+        v[i] = FromBits(gen() | 0x7F800000u);
+        break;  // Inf or NaN
     }
   }
   return v;
@@ -204,7 +226,8 @@ TEST_P(HalfSpanTest, SpanFunctionsEqualScalarOnes) {
   };
 
   FloatToHalf(in, scale, out);
-  for (size_t i = 0; i < n; ++i) ASSERT_EQ(load16(i), FloatToHalfBits(in[i] * scale)) << i;
+  for (size_t i = 0; i < n; ++i)
+    ASSERT_EQ(load16(i), FloatToHalfBits(in[i] * scale)) << i;
   std::vector<float> back(n), acc(n, 1.0f);
   HalfToFloat(out, absl::MakeSpan(back));
   AddHalf(out, alpha, absl::MakeSpan(acc));
@@ -215,7 +238,8 @@ TEST_P(HalfSpanTest, SpanFunctionsEqualScalarOnes) {
   }
 
   FloatToBf16(in, scale, out);
-  for (size_t i = 0; i < n; ++i) ASSERT_EQ(load16(i), FloatToBf16Bits(in[i] * scale)) << i;
+  for (size_t i = 0; i < n; ++i)
+    ASSERT_EQ(load16(i), FloatToBf16Bits(in[i] * scale)) << i;
   std::fill(acc.begin(), acc.end(), 1.0f);
   Bf16ToFloat(out, absl::MakeSpan(back));
   AddBf16(out, alpha, absl::MakeSpan(acc));

@@ -86,6 +86,19 @@ TEST(SelectTopKTest, SampledSelectionIsCloseToKAndTheLargest) {
   }
 }
 
+TEST(SelectTopKTest, LargeSampleSplitAcrossThreads) {
+  // 200k sampled values: enough for the sample to be drawn in parallel.
+  const std::vector<float> x = Normal(2'000'000, 5);
+  const TopKSelection sel = SelectTopK(x, 20000, 0.1, kRng);
+  EXPECT_EQ(sel.sample_size, 200000u);
+  EXPECT_LE(sel.indices.size(), 20000u);
+  EXPECT_GE(sel.indices.size(), 16000u);
+  ExpectStrictlyAscending(sel.indices);
+  ExpectLargestSelected(x, sel.indices);
+  // The same stream draws the same sample and selection.
+  EXPECT_EQ(SelectTopK(x, 20000, 0.1, kRng).indices, sel.indices);
+}
+
 TEST(SelectTopKTest, SampleHasAtLeastTwoOverRatioValues) {
   const std::vector<float> x = Normal(1'000'000, 3);
   const TopKSelection sel = SelectTopK(x, 100, 0.001, kRng);

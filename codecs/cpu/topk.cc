@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
+#include "codecs/cpu/index_coding.h"
 #include "codecs/cpu/select.h"
 #include "codecs/random.h"
 #include "codecs/wire.h"
@@ -20,7 +21,7 @@ namespace {
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "the payload is written with host-order memcpy");
 
-constexpr uint8_t kIndexUint32 = 1;
+constexpr uint8_t kIndexDeltaPacked = 1;  // index_coding.h
 constexpr size_t kParamBytes = 8;
 constexpr double kWarmupDensities[] = {0.25, 0.0625, 0.0156, 0.004};
 
@@ -129,16 +130,17 @@ absl::Status TopKCodec::Encode(const TensorView& grad, TensorState& state,
       SelectTopK(v, KAt(n, ctx.step), options_.sample, rng);
   const std::vector<uint32_t>& indices = selection.indices;
   const uint32_t count = static_cast<uint32_t>(indices.size());
+  const IndexPlan plan = PlanIndices(indices);
 
-  char params[kParamBytes] = {static_cast<char>(kIndexUint32)};
+  char params[kParamBytes] = {static_cast<char>(kIndexDeltaPacked)};
   std::memcpy(params + 4, &count, sizeof(count));
   WireHeader header;
   header.codec = CodecId::kTopK;
   header.numel = n;
   char* body = BeginPayload(header, absl::string_view(params, kParamBytes),
-                            size_t{8} * count, payload);
-  std::memcpy(body, indices.data(), size_t{4} * count);
-  char* values = body + size_t{4} * count;
+                            plan.bytes + size_t{4} * count, payload);
+  EncodeIndices(indices, plan, body);
+  char* values = body + plan.bytes;
   for (uint32_t j = 0; j < count; ++j) {
     std::memcpy(values + size_t{4} * j, &v[indices[j]], sizeof(float));
   }
@@ -162,12 +164,12 @@ absl::Status TopKCodec::DecodeAdd(absl::string_view payload, float alpha,
                         kParamBytes, parsed.params.size()));
   }
   const char* params = parsed.params.data();
-  if (static_cast<uint8_t>(params[0]) != kIndexUint32 || params[1] != 0 ||
+  if (static_cast<uint8_t>(params[0]) != kIndexDeltaPacked || params[1] != 0 ||
       params[2] != 0 || params[3] != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "topk: expected index encoding %d with zero padding, got bytes "
         "%d %d %d %d",
-        kIndexUint32, static_cast<uint8_t>(params[0]),
+        kIndexDeltaPacked, static_cast<uint8_t>(params[0]),
         static_cast<uint8_t>(params[1]), static_cast<uint8_t>(params[2]),
         static_cast<uint8_t>(params[3])));
   }
@@ -177,28 +179,19 @@ absl::Status TopKCodec::DecodeAdd(absl::string_view payload, float alpha,
         "topk: payload holds %d pairs, more than the tensor's %d elements",
         count, n));
   }
-  if (parsed.body.size() != 8 * count) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("topk: %d pairs need a body of %d bytes, got %d", count,
-                        8 * count, parsed.body.size()));
+  std::vector<uint32_t> indices;
+  GC_ASSIGN_OR_RETURN(const size_t index_bytes,
+                      DecodeIndices(parsed.body, count, n, &indices));
+  if (parsed.body.size() - index_bytes != 4 * count) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "topk: %d values need %d bytes after the indices, got %d", count,
+        4 * count, parsed.body.size() - index_bytes));
   }
-  const char* index_bytes = parsed.body.data();
-  const char* value_bytes = index_bytes + 4 * count;
-  int64_t previous = -1;
-  for (uint64_t j = 0; j < count; ++j) {
-    const uint32_t index = Load32(index_bytes + 4 * j);
-    if (index >= n || static_cast<int64_t>(index) <= previous) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "topk: index %d at position %d must be below %d and above the "
-          "previous index %d",
-          index, j, n, previous));
-    }
-    previous = index;
-  }
+  const char* values = parsed.body.data() + index_bytes;
   for (uint64_t j = 0; j < count; ++j) {
     float value;
-    std::memcpy(&value, value_bytes + 4 * j, sizeof(value));
-    acc[Load32(index_bytes + 4 * j)] += alpha * value;
+    std::memcpy(&value, values + 4 * j, sizeof(value));
+    acc[indices[j]] += alpha * value;
   }
   return absl::OkStatus();
 }

@@ -8,8 +8,9 @@
 //   GC_RETURN_IF_ERROR(codec->DecodeAdd(payload, 1.0f / world_size, out));
 //
 // Payload (after the wire header, little-endian): parameters are 8 bytes,
-// [0] index encoding (1 = uint32), [1..3] zero, [4..7] uint32 count c; the
-// body is c strictly ascending uint32 indices, then c fp32 values.
+// [0] index coding (1 = gaps bit-packed per block, index_coding.h), [1..3]
+// zero, [4..7] uint32 count c; the body is the c strictly ascending indices
+// so coded, then c fp32 values.
 // The decoded average is the update itself: apply it without the optimizer's
 // own momentum (that lives in this codec's state, "dgc.u" and "dgc.v").
 #ifndef GRADCOMP_CODECS_CPU_TOPK_H_

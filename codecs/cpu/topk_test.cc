@@ -188,13 +188,14 @@ TEST(TopKCodecTest, DecodeAddScalesByAlpha) {
   EXPECT_EQ(acc, (std::vector<float>{10.5f, 9.0f}));
 }
 
-// A payload of `indices` / `values` with a declared count.
-Bytes Payload(uint64_t numel, std::vector<uint32_t> indices,
-              uint32_t declared_count, size_t values) {
+// A payload with `count` pairs whose gaps are written at width 32 in one
+// block (so a test can say any gap), followed by `values` zero values.
+Bytes Payload(uint64_t numel, std::vector<uint32_t> gaps, uint32_t count,
+              size_t values) {
   char params[8] = {1};
-  std::memcpy(params + 4, &declared_count, 4);
-  std::string body(reinterpret_cast<const char*>(indices.data()),
-                   4 * indices.size());
+  std::memcpy(params + 4, &count, 4);
+  std::string body(1, static_cast<char>(32));
+  body.append(reinterpret_cast<const char*>(gaps.data()), 4 * gaps.size());
   body.append(4 * values, '\0');
   WireHeader header;
   header.codec = CodecId::kTopK;
@@ -212,12 +213,11 @@ TEST(TopKCodecTest, DecodeRejectsBadPayloadsAndLeavesAccUntouched) {
     const char* what;
     Bytes payload;
   } cases[] = {
-      {"index out of range", Payload(10, {2, 10}, 2, 2)},
-      {"duplicate index", Payload(10, {3, 3}, 2, 2)},
-      {"descending indices", Payload(10, {4, 1}, 2, 2)},
+      {"index out of range", Payload(10, {2, 7}, 2, 2)},  // 2, 10
       {"count above numel", Payload(10, std::vector<uint32_t>(11), 11, 11)},
       {"count/body mismatch", Payload(10, {1, 2}, 3, 2)},
       {"missing values", Payload(10, {1, 2}, 2, 1)},
+      {"extra values", Payload(10, {1, 2}, 2, 3)},
       {"wrong numel", Payload(11, {1}, 1, 1)},
   };
   for (const Case& c : cases) {
@@ -226,9 +226,9 @@ TEST(TopKCodecTest, DecodeRejectsBadPayloadsAndLeavesAccUntouched) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.what;
     EXPECT_EQ(acc, untouched) << c.what;
   }
-  Bytes bad_encoding = Payload(10, {1}, 1, 1);
-  bad_encoding[kWireHeaderBytes] = 2;
-  EXPECT_EQ(codec->DecodeAdd(bad_encoding, 1.0f, absl::MakeSpan(acc)).code(),
+  Bytes bad_coding = Payload(10, {1}, 1, 1);
+  bad_coding[kWireHeaderBytes] = 2;
+  EXPECT_EQ(codec->DecodeAdd(bad_coding, 1.0f, absl::MakeSpan(acc)).code(),
             absl::StatusCode::kInvalidArgument);
   Bytes truncated = Payload(10, {1}, 1, 1);
   truncated.pop_back();
@@ -236,8 +236,17 @@ TEST(TopKCodecTest, DecodeRejectsBadPayloadsAndLeavesAccUntouched) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(acc, untouched);
   EXPECT_TRUE(
-      codec->DecodeAdd(Payload(10, {0, 9}, 2, 2), 1.0f, absl::MakeSpan(acc))
+      codec->DecodeAdd(Payload(10, {0, 8}, 2, 2), 1.0f, absl::MakeSpan(acc))
           .ok());
+}
+
+TEST(TopKCodecTest, PayloadIsSmallerThanInt32Pairs) {
+  const auto codec = Make({{"ratio", "0.001"}});
+  TensorState state;
+  const Encoded e = EncodeStep(*codec, Normal(1'000'000, 9), state, 0);
+  const size_t pairs = e.indices.size();
+  // Gaps average 1000: about 11 bits per index instead of 32.
+  EXPECT_LT(e.payload.size(), kWireHeaderBytes + 8 + pairs * (4 + 2));
 }
 
 TEST(TopKCodecTest, CreateRejectsBadParameters) {

@@ -72,9 +72,9 @@ absl::StatusOr<SimulatedStep> SimulateStep(
   constexpr int kMaxRounds = 16;
   for (int round = 0;; ++round) {
     if (round == kMaxRounds) {
-      return absl::InternalError(absl::StrFormat(
-          "SimulateStep: %s still has rounds after %d", codec.info().name,
-          kMaxRounds));
+      return absl::InternalError(
+          absl::StrFormat("SimulateStep: %s still has rounds after %d",
+                          codec.info().name, kMaxRounds));
     }
     std::vector<Bytes> payloads;
     std::optional<Collective> collective;
@@ -205,7 +205,8 @@ TEST_P(CodecConformanceTest, InfoMatchesWhatTheCodecDoes) {
   ASSERT_TRUE(step.ok()) << step.status();
   EXPECT_EQ(static_cast<int>(step->payloads.size()), codec_->info().rounds);
   for (size_t round = 0; round < step->payloads.size(); ++round) {
-    absl::StatusOr<ParsedPayload> parsed = PeekPayload(step->payloads[round][0]);
+    absl::StatusOr<ParsedPayload> parsed =
+        PeekPayload(step->payloads[round][0]);
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(parsed->header.codec, codec_->info().id);
     EXPECT_EQ(parsed->header.round, round);
@@ -228,7 +229,8 @@ TEST_P(CodecConformanceTest, DecodeOwnIsDecodeAddOfTheOwnPayload) {
   // alpha scales, and the accumulator's content is added to.
   std::vector<float> acc(kNumel, 1.0f);
   ASSERT_TRUE(
-      single_->DecodeAdd(step->payloads[0][0], -2.0f, absl::MakeSpan(acc)).ok());
+      single_->DecodeAdd(step->payloads[0][0], -2.0f, absl::MakeSpan(acc))
+          .ok());
   for (size_t i = 0; i < kNumel; ++i) {
     ASSERT_NEAR(acc[i], 1.0f - 2.0f * decoded[i],
                 1e-6f * (1.0f + 2.0f * std::fabs(decoded[i])))
@@ -246,11 +248,13 @@ class PayloadAbuse {
 
   // Decodes `bad` into a sentinel accumulator: must be InvalidArgument and
   // leave it untouched, unless `may_pass`, when OK is also fine.
-  void Expect(const Bytes& bad, const std::string& what, bool may_pass = false) {
+  void Expect(const Bytes& bad, const std::string& what,
+              bool may_pass = false) {
     std::vector<float> acc(numel_, 7.0f);
     const absl::Status s = codec_.DecodeAdd(bad, 1.0f, absl::MakeSpan(acc));
     if (may_pass && s.ok()) return;
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << what << ": " << s;
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument)
+        << what << ": " << s;
     EXPECT_TRUE(SameBits(acc, std::vector<float>(numel_, 7.0f)))
         << what << ": the accumulator changed";
   }
@@ -265,7 +269,8 @@ class PayloadAbuse {
 
 TEST_P(CodecConformanceTest, EveryCorruptHeaderByteIsRejected) {
   if (single_ == nullptr) GTEST_SKIP() << "not a single-round codec";
-  absl::StatusOr<SimulatedStep> step = Single(*codec_, Gaussian(100, 4), {10, 10});
+  absl::StatusOr<SimulatedStep> step =
+      Single(*codec_, Gaussian(100, 4), {10, 10});
   ASSERT_TRUE(step.ok()) << step.status();
   PayloadAbuse abuse(*single_, step->payloads[0][0], 100);
   for (size_t i = 0; i < kWireHeaderBytes; ++i) {
@@ -279,7 +284,8 @@ TEST_P(CodecConformanceTest, EveryCorruptHeaderByteIsRejected) {
 
 TEST_P(CodecConformanceTest, EveryTruncationAndAnyPaddingIsRejected) {
   if (single_ == nullptr) GTEST_SKIP() << "not a single-round codec";
-  absl::StatusOr<SimulatedStep> step = Single(*codec_, Gaussian(100, 4), {10, 10});
+  absl::StatusOr<SimulatedStep> step =
+      Single(*codec_, Gaussian(100, 4), {10, 10});
   ASSERT_TRUE(step.ok()) << step.status();
   PayloadAbuse abuse(*single_, step->payloads[0][0], 100);
   const Bytes& p = abuse.payload();
@@ -294,17 +300,21 @@ TEST_P(CodecConformanceTest, EveryTruncationAndAnyPaddingIsRejected) {
     Bytes longer = p + std::string(extra, '\0');
     uint64_t body_len = 0;
     for (int b = 0; b < 8; ++b) {
-      body_len |= static_cast<uint64_t>(static_cast<unsigned char>(longer[24 + b])) << (8 * b);
+      body_len |=
+          static_cast<uint64_t>(static_cast<unsigned char>(longer[24 + b]))
+          << (8 * b);
     }
     body_len += extra;
-    for (int b = 0; b < 8; ++b) longer[24 + b] = static_cast<char>(body_len >> (8 * b));
+    for (int b = 0; b < 8; ++b)
+      longer[24 + b] = static_cast<char>(body_len >> (8 * b));
     abuse.Expect(longer, absl::StrCat(extra, " bytes appended to the body"));
   }
 }
 
 TEST_P(CodecConformanceTest, CorruptBodiesNeverCrashOrHalfWrite) {
   if (single_ == nullptr) GTEST_SKIP() << "not a single-round codec";
-  absl::StatusOr<SimulatedStep> step = Single(*codec_, Gaussian(100, 4), {10, 10});
+  absl::StatusOr<SimulatedStep> step =
+      Single(*codec_, Gaussian(100, 4), {10, 10});
   ASSERT_TRUE(step.ok()) << step.status();
   PayloadAbuse abuse(*single_, step->payloads[0][0], 100);
   const Bytes& p = abuse.payload();
@@ -314,11 +324,13 @@ TEST_P(CodecConformanceTest, CorruptBodiesNeverCrashOrHalfWrite) {
     Bytes bad = p;
     const int flips = 1 + trial % 4;
     for (int f = 0; f < flips; ++f) {
-      const size_t at = kWireHeaderBytes + gen() % (p.size() - kWireHeaderBytes);
+      const size_t at =
+          kWireHeaderBytes + gen() % (p.size() - kWireHeaderBytes);
       bad[at] = static_cast<char>(gen());
     }
     // A changed value can be a valid payload; a rejected one must be clean.
-    abuse.Expect(bad, absl::StrCat("body corruption ", trial), /*may_pass=*/true);
+    abuse.Expect(bad, absl::StrCat("body corruption ", trial),
+                 /*may_pass=*/true);
   }
 }
 
@@ -326,9 +338,9 @@ TEST_P(CodecConformanceTest, ZeroGradientGivesZeroAverage) {
   const std::vector<float> zero(kNumel, 0.0f);
   for (int world : {1, 3}) {
     std::vector<TensorState> states(world);
-    absl::StatusOr<SimulatedStep> step = SimulateStep(
-        *codec_, std::vector<std::vector<float>>(world, zero), kShape, states,
-        Context());
+    absl::StatusOr<SimulatedStep> step =
+        SimulateStep(*codec_, std::vector<std::vector<float>>(world, zero),
+                     kShape, states, Context());
     ASSERT_TRUE(step.ok()) << step.status();
     for (int r = 0; r < world; ++r) {
       for (size_t i = 0; i < kNumel; ++i) {
@@ -375,7 +387,8 @@ TEST_P(CodecConformanceTest, SameInputsGiveSameBytesOnEveryRank) {
   ASSERT_EQ(runs[0].size(), runs[1].size());
   for (size_t i = 0; i < runs[0].size(); ++i) {
     for (int r = 0; r < kWorld; ++r) {
-      EXPECT_TRUE(runs[0][i][r] == runs[1][i][r]) << "round " << i << " rank " << r;
+      EXPECT_TRUE(runs[0][i][r] == runs[1][i][r])
+          << "round " << i << " rank " << r;
     }
   }
 }
@@ -417,7 +430,8 @@ TEST_P(CodecConformanceTest, UnbiasedCodecsAreUnbiasedOnAverage) {
     for (size_t i = 0; i < kNumel; ++i) sum[i] += step->own[0][i];
   }
   std::vector<float> mean(kNumel);
-  for (size_t i = 0; i < kNumel; ++i) mean[i] = static_cast<float>(sum[i] / kDraws);
+  for (size_t i = 0; i < kNumel; ++i)
+    mean[i] = static_cast<float>(sum[i] / kDraws);
   EXPECT_LE(Distance(mean, g) / Norm(g),
             4.0 * GetParam().max_rel_error / std::sqrt(kDraws) + 1e-6);
 }

@@ -26,11 +26,12 @@ INSTANTIATE_TEST_SUITE_P(
 // sends every value.
 INSTANTIATE_TEST_SUITE_P(
     TopK, CodecConformanceTest,
-    ::testing::Values(
-        ConformanceCase{"topk", {{"ratio", "0.01"}}, 0.997},
-        ConformanceCase{"topk", {{"ratio", "0.01"}, {"sample", "1"}}, 0.995,
-                        "exact"},
-        ConformanceCase{"topk", {{"ratio", "1"}}, 0.0, "dense"}),
+    ::testing::Values(ConformanceCase{"topk", {{"ratio", "0.01"}}, 0.997},
+                      ConformanceCase{"topk",
+                                      {{"ratio", "0.01"}, {"sample", "1"}},
+                                      0.995,
+                                      "exact"},
+                      ConformanceCase{"topk", {{"ratio", "1"}}, 0.0, "dense"}),
     ConformanceCaseName);
 
 // QSGD: E||Q(v) - v||^2 <= min(d/s^2, sqrt(d)/s) ||v||^2, so the relative

@@ -20,11 +20,19 @@ const std::vector<GoldenCase>& GoldenCases() {
       {"topk_nesterov_exact",
        "topk",
        {{"ratio", "0.1"}, {"sample", "1"}, {"nesterov", "true"}},
-       {4, 33}, 1, 0, 1, 1},
+       {4, 33},
+       1,
+       0,
+       1,
+       1},
       {"qsgd", "qsgd", {}, {4, 33}},
       // Rank 1 pins the per-worker rounding stream; 3 bits pins odd packing.
-      {"qsgd_3bit_rank1", "qsgd", {{"bits", "3"}, {"bucket", "50"}}, {4, 33},
-       2, 1},
+      {"qsgd_3bit_rank1",
+       "qsgd",
+       {{"bits", "3"}, {"bucket", "50"}},
+       {4, 33},
+       2,
+       1},
   };
   return *cases;
 }

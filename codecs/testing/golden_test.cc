@@ -32,9 +32,10 @@ TEST_P(GoldenTest, EncodingMatchesTheStoredPayloadByteForByte) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Codecs, GoldenTest, ::testing::ValuesIn(GoldenCases()),
-    [](const ::testing::TestParamInfo<GoldenCase>& info) { return info.param.file; });
+INSTANTIATE_TEST_SUITE_P(Codecs, GoldenTest, ::testing::ValuesIn(GoldenCases()),
+                         [](const ::testing::TestParamInfo<GoldenCase>& info) {
+                           return info.param.file;
+                         });
 
 TEST(GoldenCasesTest, FileNamesAreUnique) {
   std::set<std::string> names;
