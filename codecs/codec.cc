@@ -37,6 +37,32 @@ absl::Status SingleRoundCodec::FinishSum(absl::Span<const float> sum,
   return absl::OkStatus();
 }
 
+absl::Status SingleRoundCodec::FinishGather(absl::Span<const Bytes> payloads,
+                                            const StepContext& /*ctx*/,
+                                            absl::Span<float> out) const {
+  if (payloads.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: expected at least one gathered payload, got none", info().name));
+  }
+  // Decode into scratch first: a bad payload from any worker must leave
+  // `out` as it was.
+  std::vector<float> average;
+  average.reserve(out.size());
+  AdviseHugePages(average.data(), out.size() * sizeof(float));
+  average.resize(out.size(), 0.0f);
+  const float weight = 1.0f / static_cast<float>(payloads.size());
+  for (size_t r = 0; r < payloads.size(); ++r) {
+    absl::Status s = DecodeAdd(payloads[r], weight, absl::MakeSpan(average));
+    if (!s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrFormat("%s: payload of rank %d: %s",
+                                          info().name, r, s.message()));
+    }
+  }
+  std::copy(average.begin(), average.end(), out.begin());
+  return absl::OkStatus();
+}
+
 namespace {
 
 // The session every single-round codec shares: encode once, hand the payload
@@ -95,24 +121,7 @@ class SingleRoundSession : public CodecSession {
     if (collective() == Collective::kSum) {
       return codec_.FinishSum(result_.sum, result_.world_size, ctx_, out);
     }
-    // Decode into scratch first: a bad payload from any worker must leave
-    // `out` as it was.
-    std::vector<float> average;
-    average.reserve(out.size());
-    AdviseHugePages(average.data(), out.size() * sizeof(float));
-    average.resize(out.size(), 0.0f);
-    const float weight = 1.0f / static_cast<float>(result_.world_size);
-    for (size_t r = 0; r < result_.payloads.size(); ++r) {
-      absl::Status s = codec_.DecodeAdd(result_.payloads[r], weight,
-                                        absl::MakeSpan(average));
-      if (!s.ok()) {
-        return absl::Status(
-            s.code(), absl::StrFormat("%s: payload of rank %d: %s", name(), r,
-                                      s.message()));
-      }
-    }
-    std::copy(average.begin(), average.end(), out.begin());
-    return absl::OkStatus();
+    return codec_.FinishGather(result_.payloads, ctx_, out);
   }
 
   absl::Status DecodeOwn(absl::Span<float> out) override {

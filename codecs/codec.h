@@ -74,6 +74,9 @@ struct CodecInfo {
   bool stateful = false;      // keeps per-tensor state between steps
   int rounds = 1;
   std::vector<std::string> params;  // parameter names it accepts
+  // The average is a per-element majority vote on the workers' signs
+  // (signSGD), not the mean of their decodes.
+  bool majority_vote = false;
 };
 
 // One tensor, one step, on one worker.
@@ -130,6 +133,13 @@ class SingleRoundCodec : public Codec {
   virtual absl::Status FinishSum(absl::Span<const float> sum, int world_size,
                                  const StepContext& ctx,
                                  absl::Span<float> out) const;
+
+  // For gathered codecs: turns every worker's payload (rank order) into the
+  // average. The default is the mean of the decodes. A bad payload is an
+  // error naming its rank and leaves `out` untouched.
+  virtual absl::Status FinishGather(absl::Span<const Bytes> payloads,
+                                    const StepContext& ctx,
+                                    absl::Span<float> out) const;
 
   absl::StatusOr<std::unique_ptr<CodecSession>> Start(
       const TensorView& grad, TensorState& state,

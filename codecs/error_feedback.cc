@@ -43,4 +43,10 @@ absl::Status ErrorFeedback::FinishSum(absl::Span<const float> sum,
   return inner_->FinishSum(sum, world_size, ctx, out);
 }
 
+absl::Status ErrorFeedback::FinishGather(absl::Span<const Bytes> payloads,
+                                         const StepContext& ctx,
+                                         absl::Span<float> out) const {
+  return inner_->FinishGather(payloads, ctx, out);
+}
+
 }  // namespace gradcomp::codecs

@@ -38,6 +38,9 @@ class ErrorFeedback : public SingleRoundCodec {
   absl::Status FinishSum(absl::Span<const float> sum, int world_size,
                          const StepContext& ctx,
                          absl::Span<float> out) const override;
+  absl::Status FinishGather(absl::Span<const Bytes> payloads,
+                            const StepContext& ctx,
+                            absl::Span<float> out) const override;
 
  private:
   std::unique_ptr<SingleRoundCodec> inner_;

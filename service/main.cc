@@ -40,8 +40,7 @@
 
 ABSL_FLAG(std::string, listen, gradcomp::service::kDefaultListen,
           "Client API address: host:port, or unix:/path/to.sock.");
-ABSL_FLAG(std::string, metrics_listen,
-          gradcomp::service::kDefaultMetricsListen,
+ABSL_FLAG(std::string, metrics_listen, gradcomp::service::kDefaultMetricsListen,
           "Prometheus /metrics address (host:port); empty turns metrics off.");
 ABSL_FLAG(std::string, config, "",
           "DaemonConfig file (gradcomp/v1/config.proto), protobuf JSON or text "
@@ -119,8 +118,8 @@ int WaitForShutdownSignal(const sigset_t& signals) {
 absl::Status Run(const std::set<std::string>& named_flags) {
   const sigset_t signals = BlockShutdownSignals();
   const codecs::CodecRegistry& registry = codecs::BuiltinCodecs();
-  absl::StatusOr<v1::DaemonConfig> config =
-      LoadConfig(absl::GetFlag(FLAGS_config), GivenFlags(named_flags), registry);
+  absl::StatusOr<v1::DaemonConfig> config = LoadConfig(
+      absl::GetFlag(FLAGS_config), GivenFlags(named_flags), registry);
   if (absl::GetFlag(FLAGS_check_config)) {
     if (!config.ok()) return config.status();
     std::printf("%s\n", ConfigToJson(*config).c_str());
@@ -137,12 +136,12 @@ absl::Status Run(const std::set<std::string>& named_flags) {
                      &collective, &metrics, PolicyFromProto(config->policy())));
 
   std::unique_ptr<prometheus::Exposer> exposer;
-  std::string metrics_address = "off";
+  std::string metrics_address = "metrics off";
   if (!config->metrics_listen().empty()) {
     GC_ASSIGN_OR_RETURN(exposer, StartMetricsServer(config->metrics_listen(),
                                                     metrics.collectable()));
     metrics_address = absl::StrCat(
-        "http://",
+        "metrics on http://",
         BoundAddress(config->metrics_listen(), exposer->GetListeningPorts()[0]),
         "/metrics");
   }
@@ -154,7 +153,7 @@ absl::Status Run(const std::set<std::string>& named_flags) {
   GC_ASSIGN_OR_RETURN(std::unique_ptr<grpc::Server> server,
                       StartGrpcServer(config->listen(), &service, &port));
   std::fprintf(stderr,
-               "gradcompd %s: serving gRPC on %s, metrics on %s; rank %u of "
+               "gradcompd %s: serving gRPC on %s, %s; rank %u of "
                "world_size %u, policy %s\n",
                kVersion, BoundAddress(config->listen(), port).c_str(),
                metrics_address.c_str(), config->rank(), config->world_size(),
@@ -177,8 +176,7 @@ absl::Status Run(const std::set<std::string>& named_flags) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "gradcompd: gradient-compression sidecar daemon (see docs/daemon.md)");
-  const std::set<std::string> named =
-      gradcomp::service::NamedFlags(argc, argv);
+  const std::set<std::string> named = gradcomp::service::NamedFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
   const absl::Status status = gradcomp::service::Run(named);
   if (!status.ok()) {

@@ -1,5 +1,6 @@
 #include "codecs/cpu/index_coding.h"
 
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>

@@ -240,7 +240,7 @@ absl::StatusOr<std::unique_ptr<QsgdCodec>> QsgdCodec::Create(
 QsgdCodec::QsgdCodec(const QsgdOptions& options)
     : options_(options), info_(QsgdInfo()) {}
 
-absl::Status QsgdCodec::Encode(const TensorView& grad, TensorState& state,
+absl::Status QsgdCodec::Encode(const TensorView& grad, TensorState& /*state*/,
                                const StepContext& ctx, Bytes* payload) const {
   const size_t n = grad.numel();
   const size_t bucket = static_cast<size_t>(options_.bucket);

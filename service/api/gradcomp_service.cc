@@ -73,7 +73,8 @@ grpc::Status GradcompService::ReduceStream(
     request = v1::ReduceRequest();
   }
   absl::MutexLock lock(&mu);
-  mu.Await(absl::Condition(+[](int* n) { return *n == 0; }, &pending));
+  mu.Await(absl::Condition(
+      +[](int* n) { return *n == 0; }, &pending));
   if (write_failed) {
     return grpc::Status(grpc::StatusCode::CANCELLED,
                         "the client stopped reading results");
@@ -161,9 +162,9 @@ grpc::Status GradcompService::ExportState(grpc::ServerContext* /*context*/,
   return grpc::Status::OK;
 }
 
-grpc::Status GradcompService::ImportState(grpc::ServerContext* /*context*/,
-                                          const v1::ImportStateRequest* request,
-                                          v1::ImportStateResponse* /*response*/) {
+grpc::Status GradcompService::ImportState(
+    grpc::ServerContext* /*context*/, const v1::ImportStateRequest* request,
+    v1::ImportStateResponse* /*response*/) {
   return ToGrpcStatus(engine_->ImportState(request->job(), request->state()));
 }
 

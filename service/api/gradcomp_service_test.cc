@@ -67,9 +67,9 @@ class GradcompServiceTest : public ::testing::Test {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(INT_MAX);
     args.SetMaxSendMessageSize(INT_MAX);
-    channel_ = grpc::CreateCustomChannel(
-        "127.0.0.1:" + std::to_string(port),
-        grpc::InsecureChannelCredentials(), args);
+    channel_ =
+        grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port),
+                                  grpc::InsecureChannelCredentials(), args);
     stub_ = v1::Gradcomp::NewStub(channel_);
   }
 
@@ -164,8 +164,8 @@ TEST_F(GradcompServiceTest, BadInputsGetTheRightCodeAndAreCounted) {
   EXPECT_EQ(Metric("gradcomp_reduce_total",
                    {{"codec", "unresolved"}, {"code", "UNIMPLEMENTED"}}),
             1);
-  EXPECT_EQ(Metric("gradcomp_reduce_total", {{"codec", "none"}, {"code", "OK"}}),
-            1);
+  EXPECT_EQ(
+      Metric("gradcomp_reduce_total", {{"codec", "none"}, {"code", "OK"}}), 1);
   EXPECT_EQ(Metric("gradcomp_raw_bytes_total", {{"codec", "none"}}), 16384);
 }
 
@@ -189,7 +189,8 @@ TEST_F(GradcompServiceTest, ZeroSizeTensorAndNanPassThrough) {
 
 TEST_F(GradcompServiceTest, HalfPrecisionInputComesBackAsHalf) {
   std::vector<float> g(2048);
-  for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i % 16) * 0.5f;
+  for (size_t i = 0; i < g.size(); ++i)
+    g[i] = static_cast<float>(i % 16) * 0.5f;
   for (DType dtype : {DType::kFloat16, DType::kBFloat16, DType::kFloat64}) {
     v1::ReduceRequest request = Request("w", {32, 64}, g);
     request.set_dtype(static_cast<v1::DType>(dtype));
@@ -296,7 +297,8 @@ TEST_F(GradcompServiceTest, SetPolicyValidatesThenSwaps) {
   v1::GetPolicyResponse after;
   {
     grpc::ClientContext context;
-    ASSERT_TRUE(stub_->GetPolicy(&context, v1::GetPolicyRequest(), &after).ok());
+    ASSERT_TRUE(
+        stub_->GetPolicy(&context, v1::GetPolicyRequest(), &after).ok());
   }
   EXPECT_EQ(after.hash(), set.hash());
   EXPECT_EQ(after.policy().default_codec().name(), "fp16");
@@ -340,8 +342,9 @@ TEST_F(GradcompServiceTest, ExportAndImportStateRoundTrip) {
 
   import_request.set_state("not a state blob");
   grpc::ClientContext context;
-  EXPECT_EQ(stub_->ImportState(&context, import_request, &imported).error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(
+      stub_->ImportState(&context, import_request, &imported).error_code(),
+      grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 TEST_F(GradcompServiceTest, SharedMemoryRpcsAreUnimplementedWithAReason) {
@@ -365,8 +368,7 @@ TEST_F(GradcompServiceTest, HealthCheckIsServing) {
   bool done = false;
   grpc::Status status;
   generic.UnaryCall(&context, "/grpc.health.v1.Health/Check",
-                    grpc::StubOptions(), &request, &reply,
-                    [&](grpc::Status s) {
+                    grpc::StubOptions(), &request, &reply, [&](grpc::Status s) {
                       absl::MutexLock lock(&mu);
                       status = std::move(s);
                       done = true;

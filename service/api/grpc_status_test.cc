@@ -5,7 +5,9 @@
 namespace gradcomp::service {
 namespace {
 
-TEST(GrpcStatusTest, OkStaysOk) { EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok()); }
+TEST(GrpcStatusTest, OkStaysOk) {
+  EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
+}
 
 TEST(GrpcStatusTest, CodesAndMessagesCarryOver) {
   const struct {

@@ -22,6 +22,9 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
   // gRPC's ceiling is INT_MAX bytes per message (2 GiB - 1).
   builder.SetMaxReceiveMessageSize(INT_MAX);
   builder.SetMaxSendMessageSize(INT_MAX);
+  // gRPC sets SO_REUSEPORT by default, which lets a second daemon bind the
+  // same port and silently share its traffic; a taken port must fail.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
     return absl::UnavailableError(absl::StrCat(

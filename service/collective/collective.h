@@ -4,7 +4,8 @@
 // how (in-process for world size 1, over peers later).
 //
 //   GC_ASSIGN_OR_RETURN(codecs::RoundResult result,
-//                       collective.Run({job, tensor, step, 0}, std::move(round)));
+//                       collective.Run({job, tensor, step, 0},
+//                       std::move(round)));
 #ifndef GRADCOMP_SERVICE_COLLECTIVE_COLLECTIVE_H_
 #define GRADCOMP_SERVICE_COLLECTIVE_COLLECTIVE_H_
 

@@ -19,13 +19,15 @@ namespace gradcomp::service {
 namespace {
 
 constexpr uint64_t kDefaultMaxTensorBytes = uint64_t{4} << 30;
+// sockaddr_un.sun_path holds 108 bytes on Linux, the terminating NUL included.
+constexpr size_t kMaxUnixPathBytes = 107;
 
 // Collects the text-format parser's complaints instead of printing them.
 class TextErrors : public google::protobuf::io::ErrorCollector {
  public:
   void AddError(int line, int column, const std::string& message) override {
-    errors_.push_back(absl::StrCat("line ", line + 1, " column ", column + 1,
-                                   ": ", message));
+    errors_.push_back(
+        absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message));
   }
   void AddWarning(int line, int column, const std::string& message) override {
     AddError(line, column, message);
@@ -68,10 +70,9 @@ absl::Status MergeText(const std::string& path, const std::string& text,
   parser.RecordErrorsTo(&errors);
   v1::DaemonConfig merged = *config;
   if (!parser.MergeFromString(text, &merged)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config file '", path,
-                     "': not a text-format gradcomp.v1.DaemonConfig: ",
-                     errors.str()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config file '", path,
+        "': not a text-format gradcomp.v1.DaemonConfig: ", errors.str()));
   }
   *config = std::move(merged);
   return absl::OkStatus();
@@ -88,15 +89,21 @@ bool LooksLikeJson(const std::string& path, const std::string& text) {
 absl::Status ValidateAddress(absl::string_view what,
                              const std::string& address) {
   if (absl::StartsWith(address, "unix:")) {
-    if (address.size() == 5) {
+    const size_t path_bytes = address.size() - 5;
+    if (path_bytes == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, " is 'unix:' with no path, expected unix:/path/to.sock"));
+    }
+    if (path_bytes > kMaxUnixPathBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " is '", address, "': the socket path has ", path_bytes,
+          " bytes, expected at most ", kMaxUnixPathBytes,
+          " (the size of sockaddr_un.sun_path)"));
     }
     return absl::OkStatus();
   }
   const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 ||
-      colon + 1 == address.size()) {
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, " is '", address,
                      "', expected host:port (e.g. 127.0.0.1:50051, "
@@ -121,9 +128,10 @@ absl::Status MergeConfigFile(const std::string& path,
                              v1::DaemonConfig* config) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    return absl::NotFoundError(absl::StrCat(
-        "config file '", path, "' cannot be opened, expected a readable "
-        "JSON or text-format gradcomp.v1.DaemonConfig"));
+    return absl::NotFoundError(
+        absl::StrCat("config file '", path,
+                     "' cannot be opened, expected a readable "
+                     "JSON or text-format gradcomp.v1.DaemonConfig"));
   }
   std::stringstream buffer;
   buffer << in.rdbuf();
@@ -151,9 +159,9 @@ absl::Status ValidateConfig(const v1::DaemonConfig& config,
     GC_RETURN_IF_ERROR(
         ValidateAddress("metrics_listen", config.metrics_listen()));
     if (absl::StartsWith(config.metrics_listen(), "unix:")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "metrics_listen is '", config.metrics_listen(),
-          "', expected host:port (Prometheus scrapes over TCP)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("metrics_listen is '", config.metrics_listen(),
+                       "', expected host:port (Prometheus scrapes over TCP)"));
     }
   }
   if (config.world_size() == 0) {
@@ -161,15 +169,17 @@ absl::Status ValidateConfig(const v1::DaemonConfig& config,
         "world_size is 0, expected the number of workers (>= 1)");
   }
   if (config.rank() >= config.world_size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank is ", config.rank(), ", expected < world_size ",
-                     config.world_size()));
+    return absl::InvalidArgumentError(absl::StrCat("rank is ", config.rank(),
+                                                   ", expected < world_size ",
+                                                   config.world_size()));
   }
   if (config.peers_size() != 0 &&
       config.peers_size() != static_cast<int>(config.world_size())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "peers lists ", config.peers_size(), " addresses, expected one per "
-        "rank (world_size ", config.world_size(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("peers lists ", config.peers_size(),
+                     " addresses, expected one per "
+                     "rank (world_size ",
+                     config.world_size(), ")"));
   }
   if (config.world_size() > 1) {
     return absl::UnimplementedError(absl::StrCat(

@@ -47,8 +47,7 @@ v1::DaemonConfig DefaultConfig();
 // ".json" is JSON; ".textproto", ".txtpb", ".pbtxt" and ".txt" are text
 // format; any other name is JSON if it starts with '{', text otherwise.
 // Errors name the file, the format and the parser's message.
-absl::Status MergeConfigFile(const std::string& path,
-                             v1::DaemonConfig* config);
+absl::Status MergeConfigFile(const std::string& path, v1::DaemonConfig* config);
 
 void ApplyFlags(const FlagOverrides& flags, v1::DaemonConfig* config);
 

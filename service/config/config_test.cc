@@ -157,12 +157,16 @@ TEST(ConfigTest, InvalidFieldsAreNamed) {
       {[](FlagOverrides& f) { f.listen = "nohost"; },
        "listen is 'nohost', expected host:port"},
       {[](FlagOverrides& f) { f.listen = "unix:"; }, "unix:/path/to.sock"},
+      {[](FlagOverrides& f) { f.listen = "unix:/" + std::string(200, 'a'); },
+       "socket path has 201 bytes, expected at most 107"},
       {[](FlagOverrides& f) { f.metrics_listen = "unix:/m.sock"; },
        "Prometheus scrapes over TCP"},
       {[](FlagOverrides& f) { f.world_size = 0; }, "world_size is 0"},
       {[](FlagOverrides& f) { f.rank = 1; },
        "rank is 1, expected < world_size 1"},
-      {[](FlagOverrides& f) { f.peers = {{"a:1", "b:2"}}; },
+      {[](FlagOverrides& f) {
+         f.peers = {{"a:1", "b:2"}};
+       },
        "peers lists 2 addresses"},
   };
   for (const Case& c : cases) {

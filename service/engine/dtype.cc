@@ -37,19 +37,18 @@ absl::StatusOr<size_t> DTypeBytes(DType dtype) {
     case DType::kUnspecified:
       break;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "dtype is ", DTypeName(dtype),
-      ", expected one of float32, float16, bfloat16, float64"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("dtype is ", DTypeName(dtype),
+                   ", expected one of float32, float16, bfloat16, float64"));
 }
 
 absl::Status DecodeToFloat(DType dtype, absl::string_view data,
                            absl::Span<float> out) {
   GC_ASSIGN_OR_RETURN(size_t width, DTypeBytes(dtype));
   if (data.size() != out.size() * width) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data has ", data.size(), " bytes, expected ",
-                     out.size() * width, " (", out.size(), " x ",
-                     DTypeName(dtype), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data has ", data.size(), " bytes, expected ", out.size() * width, " (",
+        out.size(), " x ", DTypeName(dtype), ")"));
   }
   switch (dtype) {
     case DType::kFloat32:

@@ -43,8 +43,7 @@ absl::StatusOr<uint64_t> CheckedNumel(absl::Span<const int64_t> shape,
     if (numel > max_numel / d) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "shape ", ShapeString(shape), " holds more than ", max_numel,
-          " elements of ", width, " bytes, over max_tensor_bytes ",
-          max_bytes));
+          " elements of ", width, " bytes, over max_tensor_bytes ", max_bytes));
     }
     numel *= d;
   }
@@ -102,15 +101,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   std::string hash = PolicyHash(policy);
   auto snapshot = std::make_shared<const PolicySnapshot>(
       PolicySnapshot{std::move(policy), std::move(hash)});
-  return std::unique_ptr<Engine>(new Engine(options, registry, store,
-                                            collective, metrics,
-                                            std::move(snapshot)));
+  return std::unique_ptr<Engine>(new Engine(
+      options, registry, store, collective, metrics, std::move(snapshot)));
 }
 
 Engine::Engine(const EngineOptions& options,
-               const codecs::CodecRegistry& registry,
-               codecs::StateStore* store, Collective* collective,
-               Metrics* metrics, std::shared_ptr<const PolicySnapshot> policy)
+               const codecs::CodecRegistry& registry, codecs::StateStore* store,
+               Collective* collective, Metrics* metrics,
+               std::shared_ptr<const PolicySnapshot> policy)
     : options_(options),
       registry_(registry),
       store_(store),
@@ -157,9 +155,9 @@ absl::StatusOr<ReduceOutput> Engine::Reduce(const ReduceInput& input) {
   absl::StatusOr<ReduceOutput> out = ReduceImpl(input, &codec_label);
   metrics_->CountReduce(codec_label, out.status().code());
   if (!out.ok()) {
-    return absl::Status(out.status().code(),
-                        absl::StrCat(TensorLabel(input), ": ",
-                                     out.status().message()));
+    return absl::Status(
+        out.status().code(),
+        absl::StrCat(TensorLabel(input), ": ", out.status().message()));
   }
   out->stats.total_seconds = SecondsSince(start);
   RecordSuccess(out->stats);
@@ -190,9 +188,8 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
         absl::StrCat("step is ", in.step, ", expected >= 0"));
   }
   GC_ASSIGN_OR_RETURN(const size_t width, DTypeBytes(in.dtype));
-  GC_ASSIGN_OR_RETURN(
-      const uint64_t numel,
-      CheckedNumel(in.shape, width, options_.max_tensor_bytes));
+  GC_ASSIGN_OR_RETURN(const uint64_t numel,
+                      CheckedNumel(in.shape, width, options_.max_tensor_bytes));
   if (in.data.size() != numel * width) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data has ", in.data.size(), " bytes, expected ", numel * width,
@@ -245,8 +242,8 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
         "'none')"));
   }
 
-  codecs::StateStore::Locked state = store_->Acquire(
-      in.job, in.tensor, in.shape, static_cast<int>(in.dtype));
+  codecs::StateStore::Locked state =
+      store_->Acquire(in.job, in.tensor, in.shape, static_cast<int>(in.dtype));
   codecs::StepContext ctx;
   ctx.seed = options_.seed;
   ctx.tensor_id = codecs::TensorId(in.tensor);

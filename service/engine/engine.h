@@ -48,15 +48,15 @@ struct ReduceInput {
   std::string tensor;
   int64_t step = 0;
   DType dtype = DType::kFloat32;
-  std::vector<int64_t> shape;  // empty: a scalar
-  absl::string_view data;      // raw little-endian bytes; outlive the call
+  std::vector<int64_t> shape;      // empty: a scalar
+  absl::string_view data;          // raw little-endian bytes; outlive the call
   std::optional<CodecSpec> codec;  // overrides the policy when set
 };
 
 struct ReduceStats {
-  std::string codec;         // the codec that ran
-  uint64_t raw_bytes = 0;    // numel * 4
-  uint64_t wire_bytes = 0;   // payload bytes this worker sent, all rounds
+  std::string codec;        // the codec that ran
+  uint64_t raw_bytes = 0;   // numel * 4
+  uint64_t wire_bytes = 0;  // payload bytes this worker sent, all rounds
   // ||g - D(C(g))|| / ||g||; NaN when not sampled, when ||g|| = 0 or when
   // the input held NaN/Inf.
   double relative_error = 0;

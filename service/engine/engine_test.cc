@@ -124,13 +124,20 @@ TEST_F(EngineTest, BadRequestsAreInvalidArgumentWithClearMessages) {
       {"unspecified dtype",
        [](ReduceInput& in) { in.dtype = DType::kUnspecified; },
        "dtype is unspecified"},
-      {"negative dim", [](ReduceInput& in) { in.shape = {64, -64}; },
+      {"negative dim",
+       [](ReduceInput& in) {
+         in.shape = {64, -64};
+       },
        "shape [64,-64]: dimension 1 is -64, expected >= 0"},
       {"unknown codec",
-       [](ReduceInput& in) { in.codec = CodecSpec{"zip", {}}; },
+       [](ReduceInput& in) {
+         in.codec = CodecSpec{"zip", {}};
+       },
        "unknown codec 'zip' (known: "},
       {"bad codec param",
-       [](ReduceInput& in) { in.codec = CodecSpec{"fp16", {{"bogus", "1"}}}; },
+       [](ReduceInput& in) {
+         in.codec = CodecSpec{"fp16", {{"bogus", "1"}}};
+       },
        "bogus"},
   };
   for (const Case& c : cases) {
@@ -143,8 +150,8 @@ TEST_F(EngineTest, BadRequestsAreInvalidArgumentWithClearMessages) {
   }
   // The daemon keeps serving after every one of them.
   EXPECT_TRUE(engine_->Reduce(Matrix(data)).ok());
-  EXPECT_EQ(Metric("gradcomp_reduce_total", {{"codec", "none"}, {"code", "OK"}}),
-            1);
+  EXPECT_EQ(
+      Metric("gradcomp_reduce_total", {{"codec", "none"}, {"code", "OK"}}), 1);
 }
 
 TEST_F(EngineTest, OversizedTensorsAreRefusedBeforeAnyAllocation) {
@@ -316,8 +323,8 @@ TEST_F(EngineTest, CreateRejectsBadOptionsAndPolicies) {
 
   Policy bad;
   bad.default_codec = {"zip", {}};
-  EXPECT_FALSE(Engine::Create(EngineOptions(), codecs::BuiltinCodecs(),
-                              &store_, &collective_, &metrics_, bad)
+  EXPECT_FALSE(Engine::Create(EngineOptions(), codecs::BuiltinCodecs(), &store_,
+                              &collective_, &metrics_, bad)
                    .ok());
 }
 
@@ -347,9 +354,9 @@ TEST_F(EngineTest, StateExportAndImportRoundTrip) {
   // A fresh daemon with the imported state continues exactly as this one.
   codecs::StateStore other_store;
   Metrics other_metrics(&other_store, "test");
-  auto other = Engine::Create(EngineOptions(), codecs::BuiltinCodecs(),
-                              &other_store, &collective_, &other_metrics,
-                              Policy());
+  auto other =
+      Engine::Create(EngineOptions(), codecs::BuiltinCodecs(), &other_store,
+                     &collective_, &other_metrics, Policy());
   ASSERT_TRUE(other.ok());
   ASSERT_TRUE((*other)->ImportState("job", *blob).ok());
   EXPECT_GT(other_store.ByteSize(), 0u);

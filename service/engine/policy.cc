@@ -44,7 +44,8 @@ class Fnv64 {
   }
   void U64(uint64_t v) {
     unsigned char le[8];
-    for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(v >> (8 * i));
+    for (int i = 0; i < 8; ++i)
+      le[i] = static_cast<unsigned char>(v >> (8 * i));
     Bytes(le, sizeof(le));
   }
   void Str(absl::string_view s) {
@@ -105,9 +106,8 @@ absl::Status ValidatePolicy(const Policy& policy,
           " is above max_ndim ", rule.max_ndim, " (0 means no bound)"));
     }
     if (rule.dtype != DType::kUnspecified && !DTypeBytes(rule.dtype).ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(RuleLabel(i, rule), ": ",
-                       DTypeBytes(rule.dtype).status().message()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          RuleLabel(i, rule), ": ", DTypeBytes(rule.dtype).status().message()));
     }
     if (rule.codec.name.empty()) {
       return absl::InvalidArgumentError(
@@ -117,8 +117,8 @@ absl::Status ValidatePolicy(const Policy& policy,
     }
     absl::Status created = CreateCodec(registry, rule.codec).status();
     if (!created.ok()) {
-      return absl::Status(created.code(), absl::StrCat(RuleLabel(i, rule),
-                                                       ": ", created.message()));
+      return absl::Status(created.code(), absl::StrCat(RuleLabel(i, rule), ": ",
+                                                       created.message()));
     }
   }
   absl::Status created = CreateCodec(registry, policy.default_codec).status();

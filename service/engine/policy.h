@@ -7,7 +7,8 @@
 //   rule.name_glob = "*.weight";
 //   rule.codec = {"topk", {{"ratio", "0.01"}}};
 //   policy.rules.push_back(rule);
-//   PolicyDecision d = Decide(policy, {"fc1.weight", 4096, 2, DType::kFloat32, 7});
+//   PolicyDecision d = Decide(policy, {"fc1.weight", 4096, 2, DType::kFloat32,
+//   7});
 #ifndef GRADCOMP_SERVICE_ENGINE_POLICY_H_
 #define GRADCOMP_SERVICE_ENGINE_POLICY_H_
 

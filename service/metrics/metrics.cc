@@ -145,8 +145,8 @@ void Metrics::ObserveRelativeError(absl::string_view codec,
     absl::MutexLock lock(&mu_);
     auto [it, inserted] = error_by_codec_.try_emplace(codec, nullptr);
     if (inserted) {
-      it->second = &relative_error_.Add({{"codec", std::string(codec)}},
-                                        ErrorBuckets());
+      it->second =
+          &relative_error_.Add({{"codec", std::string(codec)}}, ErrorBuckets());
     }
     histogram = it->second;
   }

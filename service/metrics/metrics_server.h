@@ -1,7 +1,8 @@
 // Serves a Collectable at http://<address>/metrics for Prometheus.
 //
 //   GC_ASSIGN_OR_RETURN(auto exposer,
-//                       StartMetricsServer("127.0.0.1:9464", metrics.collectable()));
+//                       StartMetricsServer("127.0.0.1:9464",
+//                       metrics.collectable()));
 #ifndef GRADCOMP_SERVICE_METRICS_METRICS_SERVER_H_
 #define GRADCOMP_SERVICE_METRICS_METRICS_SERVER_H_
 

@@ -18,9 +18,10 @@ TEST(MetricsTest, CountersCarryCodecAndGrpcCodeNames) {
   EXPECT_EQ(MetricValue(c, "gradcomp_reduce_total",
                         {{"codec", "topk"}, {"code", "OK"}}),
             2);
-  EXPECT_EQ(MetricValue(c, "gradcomp_reduce_total",
-                        {{"codec", "unresolved"}, {"code", "INVALID_ARGUMENT"}}),
-            1);
+  EXPECT_EQ(
+      MetricValue(c, "gradcomp_reduce_total",
+                  {{"codec", "unresolved"}, {"code", "INVALID_ARGUMENT"}}),
+      1);
 }
 
 TEST(MetricsTest, BytesErrorsDenseAndNonfinite) {
@@ -42,12 +43,12 @@ TEST(MetricsTest, BytesErrorsDenseAndNonfinite) {
             2);
   EXPECT_EQ(MetricValue(c, "gradcomp_dense_total", {{"reason", "small"}}), 1);
   EXPECT_EQ(MetricValue(c, "gradcomp_nonfinite_values_total"), 3);
-  EXPECT_EQ(MetricValue(c, "gradcomp_stage_duration_seconds",
-                        {{"stage", "encode"}}),
-            1);
-  EXPECT_EQ(MetricValue(c, "gradcomp_stage_duration_seconds",
-                        {{"stage", "decode"}}),
-            0);
+  EXPECT_EQ(
+      MetricValue(c, "gradcomp_stage_duration_seconds", {{"stage", "encode"}}),
+      1);
+  EXPECT_EQ(
+      MetricValue(c, "gradcomp_stage_duration_seconds", {{"stage", "decode"}}),
+      0);
 }
 
 TEST(MetricsTest, BuildInfoIsOneWithVersionAndWireFormat) {

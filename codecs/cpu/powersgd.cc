@@ -1,0 +1,354 @@
+#include "codecs/cpu/powersgd.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "Eigen/Dense"
+#include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "codecs/cpu/linalg.h"
+#include "codecs/random.h"
+#include "codecs/wire.h"
+
+namespace gradcomp::codecs {
+namespace {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the parameter block is written with host-order memcpy");
+
+constexpr int64_t kMaxRank = 1024;
+constexpr size_t kParamBytes = 16;
+constexpr uint8_t kFormDense = 0;
+constexpr uint8_t kFormLowRank = 1;
+
+using RowMatrix =
+    Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using MatrixMap = Eigen::Map<RowMatrix>;
+using ConstMatrixMap = Eigen::Map<const RowMatrix>;
+
+ConstMatrixMap View(const std::vector<float>& v, int64_t rows, int64_t cols) {
+  return ConstMatrixMap(v.data(), rows, cols);
+}
+
+bool AllFinite(absl::Span<const float> v) {
+  bool finite = true;
+  for (float x : v) finite &= std::fabs(x) <= 3.402823466e38f;
+  return finite;
+}
+
+class PowerSgdSession : public CodecSession {
+ public:
+  PowerSgdSession(const PowerSgdOptions& options, const PowerSgdPlan& plan,
+                  const TensorView& grad, TensorState& state,
+                  const StepContext& ctx)
+      : options_(options),
+        plan_(plan),
+        grad_(grad),
+        state_(state),
+        ctx_(ctx) {}
+
+  absl::StatusOr<std::optional<Round>> NextRound() override {
+    switch (stage_) {
+      case Stage::kStart:
+        if (plan_.dense()) {
+          stage_ = Stage::kAwaitDense;
+          return MakeRound(0, grad_.values);
+        }
+        GC_RETURN_IF_ERROR(ComputeP());
+        stage_ = Stage::kAwaitP;
+        return MakeRound(0, p_);
+      case Stage::kHaveP:
+        stage_ = Stage::kAwaitQ;
+        return MakeRound(1, own_q_);
+      case Stage::kDone:
+        return std::optional<Round>();
+      default:
+        return OutOfOrder("NextRound", "the last round was not absorbed");
+    }
+  }
+
+  absl::Status Absorb(RoundResult result) override {
+    if (result.world_size < 1) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "powersgd: expected a world size >= 1, got %d", result.world_size));
+    }
+    switch (stage_) {
+      case Stage::kAwaitDense:
+        GC_RETURN_IF_ERROR(CheckSum(result.sum, grad_.numel(), "dense values"));
+        sum_ = std::move(result.sum);
+        world_size_ = result.world_size;
+        stage_ = Stage::kDone;
+        return absl::OkStatus();
+      case Stage::kAwaitP:
+        GC_RETURN_IF_ERROR(CheckSum(result.sum, plan_.rows * plan_.rank, "P"));
+        return AbsorbP(std::move(result.sum));
+      case Stage::kAwaitQ:
+        GC_RETURN_IF_ERROR(CheckSum(result.sum, plan_.cols * plan_.rank, "Q"));
+        return AbsorbQ(std::move(result.sum), result.world_size);
+      default:
+        return OutOfOrder("Absorb", "no round is waiting for its result");
+    }
+  }
+
+  absl::Status Finish(absl::Span<float> out) override {
+    GC_RETURN_IF_ERROR(CheckDone("Finish", out));
+    if (plan_.dense()) {
+      const float w = static_cast<float>(world_size_);
+      for (size_t i = 0; i < out.size(); ++i) out[i] = sum_[i] / w;
+      return absl::OkStatus();
+    }
+    Expand(q_mean_, out);
+    return absl::OkStatus();
+  }
+
+  absl::Status DecodeOwn(absl::Span<float> out) override {
+    GC_RETURN_IF_ERROR(CheckDone("DecodeOwn", out));
+    if (plan_.dense()) {
+      std::copy(grad_.values.begin(), grad_.values.end(), out.begin());
+      return absl::OkStatus();
+    }
+    Expand(own_q_, out);
+    return absl::OkStatus();
+  }
+
+ private:
+  enum class Stage { kStart, kAwaitDense, kAwaitP, kHaveP, kAwaitQ, kDone };
+
+  // M = g + e, then the step's Q and P = M Q.
+  absl::Status ComputeP() {
+    const size_t n = grad_.numel();
+    m_.assign(grad_.values.begin(), grad_.values.end());
+    std::optional<absl::Span<float>> error = state_.Find(kPowerSgdErrorBuffer);
+    if (error.has_value() && error->size() == n) {
+      for (size_t i = 0; i < n; ++i) m_[i] += (*error)[i];
+    }
+    if (!AllFinite(m_)) {
+      return absl::InvalidArgumentError(
+          "powersgd: the gradient plus its error feedback holds NaN or Inf; "
+          "expected finite values");
+    }
+    const size_t q_size = static_cast<size_t>(plan_.cols * plan_.rank);
+    std::vector<float> q;
+    std::optional<absl::Span<float>> warm = state_.Find(kPowerSgdQBuffer);
+    if (options_.warm_start && warm.has_value() && warm->size() == q_size) {
+      q.assign(warm->begin(), warm->end());
+    }
+    if (q.empty() || OrthonormalizeColumns(absl::MakeSpan(q), plan_.cols,
+                                           plan_.rank) > 0) {
+      q.resize(q_size);
+      FillGaussian(PhiloxStream(ctx_.seed, ctx_.tensor_id, ctx_.step, 0), 0,
+                   absl::MakeSpan(q));
+      OrthonormalizeColumns(absl::MakeSpan(q), plan_.cols, plan_.rank);
+    }
+    p_.resize(static_cast<size_t>(plan_.rows * plan_.rank));
+    MatrixMap(p_.data(), plan_.rows, plan_.rank).noalias() =
+        View(m_, plan_.rows, plan_.cols) * View(q, plan_.cols, plan_.rank);
+    return absl::OkStatus();
+  }
+
+  absl::Status AbsorbP(std::vector<float> p_sum) {
+    p_hat_ = std::move(p_sum);
+    OrthonormalizeColumns(absl::MakeSpan(p_hat_), plan_.rows, plan_.rank);
+    own_q_.resize(static_cast<size_t>(plan_.cols * plan_.rank));
+    MatrixMap(own_q_.data(), plan_.cols, plan_.rank).noalias() =
+        View(m_, plan_.rows, plan_.cols).transpose() *
+        View(p_hat_, plan_.rows, plan_.rank);
+    stage_ = Stage::kHaveP;
+    return absl::OkStatus();
+  }
+
+  // The step's result is known: the state moves on (residual, warm start).
+  absl::Status AbsorbQ(std::vector<float> q_sum, int world_size) {
+    q_mean_ = std::move(q_sum);
+    const float w = static_cast<float>(world_size);
+    for (float& v : q_mean_) v /= w;
+    absl::Span<float> error = state_.Buffer(kPowerSgdErrorBuffer, m_.size());
+    Expand(q_mean_, error);
+    for (size_t i = 0; i < m_.size(); ++i) error[i] = m_[i] - error[i];
+    if (options_.warm_start) {
+      absl::Span<float> warm = state_.Buffer(kPowerSgdQBuffer, q_mean_.size());
+      std::copy(q_mean_.begin(), q_mean_.end(), warm.begin());
+    }
+    stage_ = Stage::kDone;
+    return absl::OkStatus();
+  }
+
+  // out = P_hat q^T, rows x cols.
+  void Expand(const std::vector<float>& q, absl::Span<float> out) const {
+    MatrixMap(out.data(), plan_.rows, plan_.cols).noalias() =
+        View(p_hat_, plan_.rows, plan_.rank) *
+        View(q, plan_.cols, plan_.rank).transpose();
+  }
+
+  std::optional<Round> MakeRound(uint8_t round_index,
+                                 absl::Span<const float> body) const {
+    char params[kParamBytes] = {};
+    params[0] = static_cast<char>(ElemType::kF32);
+    params[1] = static_cast<char>(plan_.dense() ? kFormDense : kFormLowRank);
+    const uint32_t rank = static_cast<uint32_t>(plan_.rank);
+    const uint64_t rows = static_cast<uint64_t>(plan_.rows);
+    std::memcpy(params + 4, &rank, sizeof(rank));
+    std::memcpy(params + 8, &rows, sizeof(rows));
+    Round round;
+    round.collective = Collective::kSum;
+    WireHeader header;
+    header.codec = CodecId::kPowerSgd;
+    header.round = round_index;
+    header.flags = kFlagDenseBody;
+    header.numel = grad_.numel();
+    // WriteDensePayload's parameter block is the element type alone; this
+    // codec's block also names the form, rank and rows.
+    char* out = BeginPayload(header, absl::string_view(params, kParamBytes),
+                             body.size() * sizeof(float), &round.payload);
+    if (!body.empty()) std::memcpy(out, body.data(), body.size() * sizeof(float));
+    return round;
+  }
+
+  absl::Status CheckSum(const std::vector<float>& sum, int64_t expected,
+                        absl::string_view what) const {
+    if (sum.size() != static_cast<size_t>(expected)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("powersgd: expected a sum of %d %s values, got %d",
+                          expected, what, sum.size()));
+    }
+    if (!AllFinite(sum)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "powersgd: the sum of %s holds NaN or Inf; expected finite values",
+          what));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckDone(absl::string_view call, absl::Span<float> out) const {
+    if (stage_ != Stage::kDone) {
+      return OutOfOrder(call, "the step's rounds have not all been absorbed");
+    }
+    if (out.size() != grad_.numel()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("powersgd: expected an output of %d elements, got %d",
+                          grad_.numel(), out.size()));
+    }
+    return absl::OkStatus();
+  }
+
+  static absl::Status OutOfOrder(absl::string_view call,
+                                 absl::string_view why) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "powersgd session: %s called out of order: %s", call, why));
+  }
+
+  const PowerSgdOptions options_;
+  const PowerSgdPlan plan_;
+  const TensorView grad_;
+  TensorState& state_;
+  const StepContext ctx_;
+  Stage stage_ = Stage::kStart;
+  std::vector<float> m_;       // g + e, rows x cols
+  std::vector<float> p_;       // M Q, this worker's round-0 body
+  std::vector<float> p_hat_;   // orthonormalised sum of P
+  std::vector<float> own_q_;   // M^T P_hat, this worker's round-1 body
+  std::vector<float> q_mean_;  // sum of Q / W
+  std::vector<float> sum_;     // dense: the sum of g
+  int world_size_ = 1;
+};
+
+}  // namespace
+
+PowerSgdPlan PlanPowerSgd(const PowerSgdOptions& options,
+                          absl::Span<const int64_t> shape) {
+  PowerSgdPlan plan;
+  if (shape.size() < 2) return plan;
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  if (n == 0) return plan;
+  const int64_t rows = shape[0];
+  const int64_t cols = n / rows;
+  const int64_t rank = std::min({options.rank, rows, cols});
+  // Compressed floats r (rows + cols) against n dense ones.
+  if (static_cast<double>(n) <
+      options.min_compression_rate * static_cast<double>(rank) *
+          static_cast<double>(rows + cols)) {
+    return plan;
+  }
+  plan.rows = rows;
+  plan.cols = cols;
+  plan.rank = rank;
+  return plan;
+}
+
+CodecInfo PowerSgdInfo() {
+  CodecInfo info;
+  info.name = "powersgd";
+  info.id = CodecId::kPowerSgd;
+  info.family = "low_rank";
+  info.summable = true;
+  info.unbiased = false;
+  info.stateful = true;
+  info.rounds = 2;
+  info.params = {"min_compression_rate", "rank", "warm_start"};
+  return info;
+}
+
+absl::StatusOr<std::unique_ptr<PowerSgdCodec>> PowerSgdCodec::Create(
+    const CodecParams& params) {
+  PowerSgdOptions o;
+  GC_ASSIGN_OR_RETURN(o.rank, params.GetInt("rank", o.rank));
+  GC_ASSIGN_OR_RETURN(
+      o.min_compression_rate,
+      params.GetDouble("min_compression_rate", o.min_compression_rate));
+  GC_ASSIGN_OR_RETURN(o.warm_start, params.GetBool("warm_start", o.warm_start));
+  GC_RETURN_IF_ERROR(params.CheckAllUsed("powersgd"));
+  if (o.rank < 1 || o.rank > kMaxRank) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "powersgd: rank must be in [1, %d]; got %d", kMaxRank, o.rank));
+  }
+  if (!(o.min_compression_rate >= 0) || !std::isfinite(o.min_compression_rate)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "powersgd: min_compression_rate must be a finite number >= 0; got %g",
+        o.min_compression_rate));
+  }
+  return std::make_unique<PowerSgdCodec>(o);
+}
+
+PowerSgdCodec::PowerSgdCodec(const PowerSgdOptions& options)
+    : options_(options), info_(PowerSgdInfo()) {}
+
+absl::StatusOr<std::unique_ptr<CodecSession>> PowerSgdCodec::Start(
+    const TensorView& grad, TensorState& state, const StepContext& ctx) const {
+  if (ctx.world_size < 1 || ctx.rank < 0 || ctx.rank >= ctx.world_size) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "powersgd: expected 0 <= rank < world_size, got rank %d of %d",
+        ctx.rank, ctx.world_size));
+  }
+  int64_t n = 1;
+  for (int64_t d : grad.shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("powersgd: expected dimensions >= 0, got %d", d));
+    }
+    n *= d;
+  }
+  if (static_cast<uint64_t>(n) != grad.numel()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "powersgd: the shape holds %d elements but the tensor has %d", n,
+        grad.numel()));
+  }
+  return std::unique_ptr<CodecSession>(std::make_unique<PowerSgdSession>(
+      options_, PlanPowerSgd(options_, grad.shape), grad, state, ctx));
+}
+
+absl::Status RegisterPowerSgd(CodecRegistry& registry) {
+  return registry.Register(
+      PowerSgdInfo(),
+      [](const CodecParams& params) -> absl::StatusOr<std::unique_ptr<Codec>> {
+        GC_ASSIGN_OR_RETURN(std::unique_ptr<PowerSgdCodec> codec,
+                            PowerSgdCodec::Create(params));
+        return std::unique_ptr<Codec>(std::move(codec));
+      });
+}
+
+}  // namespace gradcomp::codecs

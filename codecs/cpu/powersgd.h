@@ -1,0 +1,105 @@
+// `powersgd`: PowerSGD (Vogels, Karimireddy, Jaggi, NeurIPS 2019). Each
+// tensor, seen as a matrix M = g.view(rows, -1) plus this worker's error
+// feedback residual, is approximated at rank r by one step of subspace
+// iteration shared by all workers, in two summed rounds:
+//
+//   round 0 (sum):  P = M Q              P_hat = orthonormalize(sum P)
+//   round 1 (sum):  Q = M^T P_hat        Q_mean = sum Q / W
+//   average = P_hat Q_mean^T;   e <- M - P_hat Q_mean^T;   warm start Q_mean
+//
+//   GC_ASSIGN_OR_RETURN(auto codec, registry.Create("powersgd",
+//                           CodecParams({{"rank", "2"}})));
+//
+// Parameters: `rank` r (default 2, the rank of the paper's CIFAR-10
+// experiments; r_eff = min(r, rows, cols)), `min_compression_rate` (default
+// 2: compress only when numel >= rate * r_eff * (rows + cols), otherwise send
+// dense), `warm_start` (default true). Tensors with fewer than 2 dimensions
+// are sent dense. Dense tensors take one summed round of fp32 values and
+// keep no state.
+//
+// Q at the start of a step is the last step's Q_mean (state "powersgd.q"),
+// or, on the first step, without warm start, or when the warm start has an
+// all-zero column (a zero gradient would otherwise stall the tensor for
+// good), standard normals from the shared Philox stream (seed, tensor,
+// step, round 0), identical on all ranks. Like PyTorch's powerSGD_hook, Q is
+// orthonormalised before use: P_hat depends only on the span of Q's leading
+// columns, so the result is the same, but P is better conditioned in fp32.
+//
+// DecodeOwn writes P_hat (M^T P_hat)^T, this worker's M projected on the
+// shared subspace: the mean of the workers' own decodes is the average.
+//
+// Payload (after the wire header, flags DENSE_BODY): parameters are 16
+// bytes, [0] element type 1 (f32), [1] form (0 dense, 1 low rank), [2..3]
+// zero, [4..7] u32 r_eff (0 when dense), [8..15] u64 rows (0 when dense).
+// The body is fp32: dense g (numel values); or round 0: P, rows x r_eff;
+// round 1: Q, cols x r_eff; both row-major.
+//
+// Batching same-shape matrices into one payload is not done: a session sees
+// one tensor.
+#ifndef GRADCOMP_CODECS_CPU_POWERSGD_H_
+#define GRADCOMP_CODECS_CPU_POWERSGD_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "codecs/codec.h"
+#include "codecs/params.h"
+#include "codecs/registry.h"
+
+namespace gradcomp::codecs {
+
+// State buffers: the error feedback residual (numel) and the warm start Q
+// (cols x r_eff, row-major).
+inline constexpr absl::string_view kPowerSgdErrorBuffer = "powersgd.error";
+inline constexpr absl::string_view kPowerSgdQBuffer = "powersgd.q";
+
+struct PowerSgdOptions {
+  int64_t rank = 2;                   // r, in [1, 1024]
+  double min_compression_rate = 2.0;  // >= 0
+  bool warm_start = true;
+};
+
+// How a tensor of `shape` is sent: as a rows x cols matrix at rank r_eff,
+// or dense (rank 0).
+struct PowerSgdPlan {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t rank = 0;
+  bool dense() const { return rank == 0; }
+};
+
+PowerSgdPlan PlanPowerSgd(const PowerSgdOptions& options,
+                          absl::Span<const int64_t> shape);
+
+class PowerSgdCodec : public Codec {
+ public:
+  // Parses and checks "rank", "min_compression_rate" and "warm_start";
+  // rejects unknown names.
+  static absl::StatusOr<std::unique_ptr<PowerSgdCodec>> Create(
+      const CodecParams& params);
+
+  explicit PowerSgdCodec(const PowerSgdOptions& options);
+
+  const CodecInfo& info() const override { return info_; }
+  const PowerSgdOptions& options() const { return options_; }
+
+  absl::StatusOr<std::unique_ptr<CodecSession>> Start(
+      const TensorView& grad, TensorState& state,
+      const StepContext& ctx) const override;
+
+ private:
+  PowerSgdOptions options_;
+  CodecInfo info_;
+};
+
+CodecInfo PowerSgdInfo();
+
+// Registers "powersgd".
+absl::Status RegisterPowerSgd(CodecRegistry& registry);
+
+}  // namespace gradcomp::codecs
+
+#endif  // GRADCOMP_CODECS_CPU_POWERSGD_H_

@@ -1,0 +1,321 @@
+#include "codecs/cpu/powersgd.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "codecs/registry.h"
+#include "codecs/state.h"
+#include "codecs/testing/conformance.h"
+#include "codecs/wire.h"
+#include "gtest/gtest.h"
+
+namespace gradcomp::codecs {
+namespace {
+
+using Matrix = std::vector<float>;
+
+Matrix Normal(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist;
+  Matrix x(n);
+  for (float& v : x) v = dist(gen);
+  return x;
+}
+
+// sum_k a_k b_k^T for rows x cols, with `rank` random factor pairs.
+Matrix LowRank(int64_t rows, int64_t cols, int rank, uint32_t seed) {
+  const Matrix a = Normal(rows * rank, seed);
+  const Matrix b = Normal(cols * rank, seed + 1000);
+  Matrix m(rows * cols, 0.0f);
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) {
+      for (int k = 0; k < rank; ++k) {
+        m[i * cols + j] += a[i * rank + k] * b[j * rank + k];
+      }
+    }
+  }
+  return m;
+}
+
+double Norm(const Matrix& a) {
+  double s = 0;
+  for (float x : a) s += static_cast<double>(x) * x;
+  return std::sqrt(s);
+}
+
+double RelDistance(const Matrix& a, const Matrix& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    s += d * d;
+  }
+  return std::sqrt(s) / Norm(b);
+}
+
+Matrix Mean(const std::vector<Matrix>& grads) {
+  Matrix mean(grads[0].size(), 0.0f);
+  for (size_t i = 0; i < mean.size(); ++i) {
+    double s = 0;
+    for (const Matrix& g : grads) s += g[i];
+    mean[i] = static_cast<float>(s / grads.size());
+  }
+  return mean;
+}
+
+std::unique_ptr<PowerSgdCodec> Make(CodecParams params = {}) {
+  auto codec = PowerSgdCodec::Create(params);
+  EXPECT_TRUE(codec.ok()) << codec.status();
+  return std::move(codec).value();
+}
+
+testing::SimulatedStep Step(const Codec& codec,
+                            const std::vector<Matrix>& grads,
+                            std::vector<int64_t> shape,
+                            std::vector<TensorState>& states, int64_t step) {
+  StepContext ctx;
+  ctx.seed = 99;
+  ctx.tensor_id = 5;
+  ctx.step = step;
+  absl::StatusOr<testing::SimulatedStep> result =
+      testing::SimulateStep(codec, grads, shape, states, ctx);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return std::move(result).value();
+}
+
+TEST(PowerSgdTest, PlanFollowsRankShapeAndCompressionRate) {
+  PowerSgdOptions o;  // rank 2, rate 2
+  EXPECT_TRUE(PlanPowerSgd(o, {1000}).dense());
+  EXPECT_TRUE(PlanPowerSgd(o, {0, 7}).dense());
+  // 4 x 33: 132 < 2 * 2 * 37.
+  EXPECT_TRUE(PlanPowerSgd(o, {4, 33}).dense());
+  const PowerSgdPlan conv = PlanPowerSgd(o, {64, 32, 3, 3});
+  EXPECT_EQ(conv.rows, 64);
+  EXPECT_EQ(conv.cols, 288);
+  EXPECT_EQ(conv.rank, 2);
+  o.rank = 100;
+  o.min_compression_rate = 0;
+  EXPECT_EQ(PlanPowerSgd(o, {5, 40}).rank, 5);
+}
+
+TEST(PowerSgdTest, RejectsBadParameters) {
+  EXPECT_FALSE(PowerSgdCodec::Create(CodecParams({{"rank", "0"}})).ok());
+  EXPECT_FALSE(
+      PowerSgdCodec::Create(CodecParams({{"min_compression_rate", "-1"}}))
+          .ok());
+  EXPECT_FALSE(PowerSgdCodec::Create(CodecParams({{"rnak", "2"}})).ok());
+}
+
+TEST(PowerSgdTest, PayloadsAreTheDocumentedFactors) {
+  const auto codec = Make();
+  std::vector<TensorState> states(1);
+  const testing::SimulatedStep step =
+      Step(*codec, {Normal(30 * 50, 1)}, {30, 5, 10}, states, 0);
+  ASSERT_EQ(step.payloads.size(), 2u);
+  for (int round = 0; round < 2; ++round) {
+    absl::StatusOr<ParsedPayload> p = PeekPayload(step.payloads[round][0]);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->header.flags, kFlagDenseBody);
+    EXPECT_EQ(p->header.round, round);
+    ASSERT_EQ(p->params.size(), 16u);
+    EXPECT_EQ(p->params[0], 1);  // f32
+    EXPECT_EQ(p->params[1], 1);  // low rank
+    uint32_t rank;
+    uint64_t rows;
+    std::memcpy(&rank, p->params.data() + 4, 4);
+    std::memcpy(&rows, p->params.data() + 8, 8);
+    EXPECT_EQ(rank, 2u);
+    EXPECT_EQ(rows, 30u);
+    EXPECT_EQ(p->body.size(), 4u * 2 * (round == 0 ? 30 : 50));
+  }
+}
+
+TEST(PowerSgdTest, ExactWhenTheMeanHasRankAtMostR) {
+  // Each worker's matrix is full rank, but the noise cancels in the mean,
+  // whose rank is r (2) or less (1, where P has a dependent column).
+  constexpr int64_t kRows = 40, kCols = 70;
+  for (int true_rank : {1, 2}) {
+    const Matrix low = LowRank(kRows, kCols, true_rank, 3);
+    const Matrix noise = Normal(kRows * kCols, 4);
+    std::vector<Matrix> grads(3, low);
+    for (size_t i = 0; i < low.size(); ++i) {
+      grads[0][i] += noise[i];
+      grads[1][i] -= noise[i];
+    }
+    const auto codec = Make();
+    std::vector<TensorState> states(3);
+    const testing::SimulatedStep step =
+        Step(*codec, grads, {kRows, kCols}, states, 0);
+    // fp32 products over 70-element rows: ~1e-6 relative.
+    EXPECT_LT(RelDistance(step.out[0], Mean(grads)), 2e-5) << true_rank;
+  }
+}
+
+TEST(PowerSgdTest, WorkersCompressLikeOneWorkerWithTheirMean) {
+  constexpr int64_t kRows = 33, kCols = 64;
+  std::vector<Matrix> grads;
+  for (uint32_t w = 0; w < 4; ++w) grads.push_back(Normal(kRows * kCols, 10 + w));
+  const auto codec = Make(CodecParams({{"rank", "3"}}));
+  std::vector<TensorState> many(4), one(1);
+  // Two steps: the second uses the warm start and the residuals, which are
+  // linear in the inputs too (the mean residual is the one worker's).
+  for (int64_t s = 0; s < 2; ++s) {
+    const testing::SimulatedStep joint =
+        Step(*codec, grads, {kRows, kCols}, many, s);
+    const testing::SimulatedStep alone =
+        Step(*codec, {Mean(grads)}, {kRows, kCols}, one, s);
+    EXPECT_LT(RelDistance(joint.out[0], alone.out[0]), 1e-5) << s;
+    // The workers' own decodes average to the output.
+    EXPECT_LT(RelDistance(Mean(joint.own), joint.out[0]), 1e-5) << s;
+  }
+}
+
+TEST(PowerSgdTest, OneWorkerOutputPlusNewErrorIsTheInputPlusOldError) {
+  constexpr int64_t kRows = 20, kCols = 30;
+  const auto codec = Make();
+  std::vector<TensorState> states(1);
+  Matrix error(kRows * kCols, 0.0f);
+  for (int64_t s = 0; s < 5; ++s) {
+    const Matrix g = Normal(kRows * kCols, 20 + s);
+    const testing::SimulatedStep step = Step(*codec, {g}, {kRows, kCols}, states, s);
+    const absl::Span<float> new_error =
+        *states[0].Find(kPowerSgdErrorBuffer);
+    for (size_t i = 0; i < g.size(); ++i) {
+      const float input = g[i] + error[i];
+      ASSERT_NEAR(step.out[0][i] + new_error[i], input,
+                  1e-6f * (1 + std::fabs(input)))
+          << s << " " << i;
+    }
+    error.assign(new_error.begin(), new_error.end());
+    // The error is what a rank-2 approximation cannot hold: not zero.
+    EXPECT_GT(Norm(error), 0.1 * Norm(g));
+  }
+}
+
+TEST(PowerSgdTest, ZeroStepDoesNotStallTheWarmStart) {
+  // A zero gradient makes Q_mean zero; the next step must draw a fresh Q
+  // rather than keep projecting on nothing.
+  constexpr int64_t kRows = 16, kCols = 48;
+  const auto codec = Make();
+  std::vector<TensorState> states(2);
+  const Matrix zero(kRows * kCols, 0.0f);
+  const testing::SimulatedStep first =
+      Step(*codec, {zero, zero}, {kRows, kCols}, states, 0);
+  for (float v : first.out[0]) ASSERT_EQ(v, 0.0f);
+  const Matrix low = LowRank(kRows, kCols, 2, 30);
+  const testing::SimulatedStep second =
+      Step(*codec, {low, low}, {kRows, kCols}, states, 1);
+  EXPECT_LT(RelDistance(second.out[0], low), 2e-5);
+}
+
+TEST(PowerSgdTest, WarmStartConvergesToTheBestRankRApproximation) {
+  // The same matrix every step, residual cleared: warm-started power
+  // iteration approaches the truncated SVD's error; a fresh Q every step
+  // stays at one power step's, which is larger.
+  constexpr int64_t kRows = 30, kCols = 60;
+  // Random factors weighted 1, 1/2, 1/4, ...: a decaying spectrum.
+  Matrix m(kRows * kCols, 0.0f);
+  const Matrix u = Normal(kRows * kRows, 40), v = Normal(kCols * kRows, 41);
+  for (int64_t k = 0; k < kRows; ++k) {
+    const float w = std::pow(0.5f, static_cast<float>(k));
+    for (int64_t i = 0; i < kRows; ++i) {
+      for (int64_t j = 0; j < kCols; ++j) {
+        m[i * kCols + j] += w * u[i * kRows + k] * v[j * kRows + k];
+      }
+    }
+  }
+  double warm_error = 0, cold_error = 0;
+  for (bool warm : {true, false}) {
+    const auto codec =
+        Make(CodecParams({{"warm_start", warm ? "true" : "false"}}));
+    std::vector<TensorState> states(1);
+    double error = 0;
+    for (int64_t s = 0; s < 30; ++s) {
+      const testing::SimulatedStep step = Step(*codec, {m}, {kRows, kCols}, states, s);
+      error = RelDistance(step.out[0], m);
+      absl::Span<float> residual = *states[0].Find(kPowerSgdErrorBuffer);
+      std::fill(residual.begin(), residual.end(), 0.0f);
+    }
+    (warm ? warm_error : cold_error) = error;
+    EXPECT_EQ(states[0].Find(kPowerSgdQBuffer).has_value(), warm);
+  }
+  EXPECT_LT(warm_error, 0.9 * cold_error);
+}
+
+TEST(PowerSgdTest, ResidualsStayBoundedOverAThousandSteps) {
+  constexpr int64_t kRows = 16, kCols = 32;
+  const auto codec = Make();
+  std::vector<TensorState> states(1);
+  std::vector<double> ratio;
+  for (int64_t s = 0; s < 1000; ++s) {
+    const Matrix g = Normal(kRows * kCols, 1000 + s);
+    Step(*codec, {g}, {kRows, kCols}, states, s);
+    ratio.push_back(Norm(Matrix(states[0].Find(kPowerSgdErrorBuffer)->begin(),
+                                states[0].Find(kPowerSgdErrorBuffer)->end())) /
+                    Norm(g));
+  }
+  double early = 0, late = 0, worst = 0;
+  for (int s = 100; s < 200; ++s) early += ratio[s] / 100;
+  for (int s = 900; s < 1000; ++s) late += ratio[s] / 100;
+  for (double r : ratio) worst = std::max(worst, r);
+  // Rank 2 of 16 keeps a fraction of each step; the residual settles at a
+  // few gradient norms instead of growing like sqrt(steps) (which would
+  // make the late mean ~2.2x the early one).
+  EXPECT_LT(late, 1.3 * early);
+  EXPECT_LT(worst, 10.0);
+}
+
+TEST(PowerSgdTest, SmallAndOneDimensionalTensorsGoDenseAndExact) {
+  const auto codec = Make();
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{100}, {4, 33}}) {
+    const size_t n = shape.size() == 1 ? 100 : 132;
+    std::vector<TensorState> states(2);
+    const std::vector<Matrix> grads = {Normal(n, 50), Normal(n, 51)};
+    const testing::SimulatedStep step = Step(*codec, grads, shape, states, 0);
+    EXPECT_EQ(step.payloads.size(), 1u);
+    const Matrix mean = Mean(grads);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_NEAR(step.out[0][i], mean[i], 1e-6f);
+      ASSERT_EQ(step.own[1][i], grads[1][i]);
+    }
+    EXPECT_TRUE(states[0].buffers().empty());
+  }
+}
+
+TEST(PowerSgdTest, BadSumsAndOutOfOrderCallsAreErrors) {
+  const auto codec = Make();
+  const Matrix g = Normal(20 * 30, 60);
+  const int64_t shape[] = {20, 30};
+  TensorState state;
+  auto session = codec->Start(TensorView{g, shape}, state, StepContext());
+  ASSERT_TRUE(session.ok());
+  Matrix out(g.size());
+  EXPECT_EQ((*session)->Finish(absl::MakeSpan(out)).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*session)->NextRound().ok());
+  EXPECT_FALSE((*session)->NextRound().ok());
+  RoundResult wrong_size;
+  wrong_size.sum.assign(39, 1.0f);
+  EXPECT_EQ((*session)->Absorb(wrong_size).code(),
+            absl::StatusCode::kInvalidArgument);
+  RoundResult not_finite;
+  not_finite.sum.assign(40, 1.0f);
+  not_finite.sum[3] = std::nanf("");
+  EXPECT_EQ((*session)->Absorb(not_finite).code(),
+            absl::StatusCode::kInvalidArgument);
+  // A NaN gradient is refused before any state changes.
+  Matrix bad = g;
+  bad[7] = INFINITY;
+  auto bad_session = codec->Start(TensorView{bad, shape}, state, StepContext());
+  ASSERT_TRUE(bad_session.ok());
+  EXPECT_EQ((*bad_session)->NextRound().status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(state.buffers().empty());
+}
+
+}  // namespace
+}  // namespace gradcomp::codecs

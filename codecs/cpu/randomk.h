@@ -1,0 +1,92 @@
+// `randomk`: random-k sparsification. Every rank draws the same k = ceil(ratio
+// * n) indices from a Philox stream keyed by (seed, tensor, step), so only the
+// k values travel and payloads add up as they are (a SUM collective).
+//
+//   GC_ASSIGN_OR_RETURN(auto codec, registry.Create("randomk", CodecParams(
+//                           {{"ratio", "0.01"}})));  // scaled, unbiased
+//   // {"error_feedback", "true"}: unscaled, residual kept in the state.
+//
+// `scale` (default true) multiplies the values by n / k, which makes the
+// estimate unbiased. `error_feedback` (default false) wraps the codec in the
+// ErrorFeedback decorator; it defaults `scale` to false and rejects
+// scale=true, because the scaled error p - (n/k) p_S is larger than p itself
+// and the residual would grow without bound (Stich et al. 2018 use the
+// unscaled operator with memory).
+//
+// Index draw (docs/wire-format.md pins it): m = min(k, n - k) indices by
+// Floyd's algorithm, for t = 0..m-1: j = n - m + t, r = floor(w_t * (j + 1) /
+// 2^64) with w_t the 64-bit word t of the stream (word t % 4 of block t / 4);
+// mark r unless it is marked already, then mark j. When m = n - k the marked
+// set is the complement. O(m) draws plus one scan of an n-bit bitmap, sorted
+// output, every k-subset equally likely (up to the 2^-64 bias of the
+// multiply-shift).
+#ifndef GRADCOMP_CODECS_CPU_RANDOMK_H_
+#define GRADCOMP_CODECS_CPU_RANDOMK_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "codecs/codec.h"
+#include "codecs/params.h"
+#include "codecs/random.h"
+#include "codecs/registry.h"
+
+namespace gradcomp::codecs {
+
+struct RandomKOptions {
+  double ratio = 0.01;  // k / n, in (0, 1]
+  bool scale = true;    // multiply by n / k (unbiased)
+};
+
+// A bitmap of ceil(n / 64) words with exactly k of the bits [0, n) set, drawn
+// as the header describes. k <= n.
+std::vector<uint64_t> DrawRandomKBitmap(uint64_t n, uint64_t k,
+                                        const PhiloxStream& rng);
+
+class RandomKCodec : public SingleRoundCodec {
+ public:
+  // Parses "ratio" and "scale" only; "error_feedback" belongs to the
+  // registration (RegisterRandomK), which wraps this codec.
+  static absl::StatusOr<RandomKOptions> ParseOptions(const CodecParams& params,
+                                                     bool error_feedback);
+
+  explicit RandomKCodec(const RandomKOptions& options);
+
+  const CodecInfo& info() const override { return info_; }
+
+  absl::Status Encode(const TensorView& grad, TensorState& state,
+                      const StepContext& ctx, Bytes* payload) const override;
+
+  // Draws the indices again from the key in the payload's parameters.
+  absl::Status DecodeAdd(absl::string_view payload, float alpha,
+                         absl::Span<float> acc) const override;
+
+  // Scatters sum / W to this step's indices (drawn from `ctx`), zero
+  // elsewhere.
+  absl::Status FinishSum(absl::Span<const float> sum, int world_size,
+                         const StepContext& ctx,
+                         absl::Span<float> out) const override;
+
+  // k = ceil(ratio * n), at least 1 for a nonempty tensor.
+  uint64_t KFor(uint64_t numel) const;
+
+  const RandomKOptions& options() const { return options_; }
+
+ private:
+  RandomKOptions options_;
+  CodecInfo info_;
+};
+
+CodecInfo RandomKInfo();
+
+// Registers "randomk" (params ratio, scale, error_feedback).
+absl::Status RegisterRandomK(CodecRegistry& registry);
+
+}  // namespace gradcomp::codecs
+
+#endif  // GRADCOMP_CODECS_CPU_RANDOMK_H_

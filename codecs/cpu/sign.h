@@ -1,0 +1,81 @@
+// The sign codecs, one bit per value plus one fp32 magnitude per payload:
+//   `signsgd` (Bernstein et al. 2018): sends sign(g); the average is the
+//       per-element majority vote sign(sum_r sign(g_r)).
+//   `signum` (Bernstein et al. 2018): keeps m <- beta*m + (1 - beta)*g and
+//       sends sign(m); majority vote as signsgd.
+//   `efsign` (Karimireddy et al. 2019, EF-signSGD): sends the scaled sign
+//       ||p||_1/n * sign(p) of p = g + e through the ErrorFeedback decorator;
+//       the average is the mean of the workers' decodes.
+//
+//   GC_ASSIGN_OR_RETURN(auto codec, BuiltinCodecs().Create("signum", params));
+//
+// Magnitude: each payload carries s = ||x||_1 / n of the vector x it signs.
+// A payload decodes to s * sign(x); the vote's output is s_bar * v with s_bar
+// the mean of the workers' s and v in {-1, 0, +1}: an optimizer applying
+// lr * output moves each coordinate by about the size of an average gradient
+// coordinate, so a learning rate tuned for dense SGD stays in range (signSGD's
+// own unit step is output / s_bar), and a zero gradient gives a zero average.
+// Signs: x >= 0 (and NaN) counts as +1 (bitpack.h). Ties, possible with an even
+// number of workers, give v = 0: no rank's vote breaks them, so all agree.
+// Payload (after the wire header, little-endian): no parameter block; body =
+// f32 s, then SignBytes(n) bytes of packed signs (bitpack.h).
+#ifndef GRADCOMP_CODECS_CPU_SIGN_H_
+#define GRADCOMP_CODECS_CPU_SIGN_H_
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "codecs/codec.h"
+#include "codecs/params.h"
+#include "codecs/registry.h"
+
+namespace gradcomp::codecs {
+
+class SignCodec : public SingleRoundCodec {
+ public:
+  enum class Variant { kSignSgd, kEfSign, kSignum };
+
+  // Signum's momentum buffer (numel floats).
+  static constexpr char kMomentumBuffer[] = "signum.m";
+
+  // Parses the variant's parameters ("momentum" in [0, 1) for signum, none
+  // for the others) and rejects unknown names. efsign comes wrapped in
+  // ErrorFeedback; the others as they are.
+  static absl::StatusOr<std::unique_ptr<SingleRoundCodec>> Create(
+      Variant variant, const CodecParams& params);
+
+  SignCodec(Variant variant, float momentum);
+
+  const CodecInfo& info() const override { return info_; }
+
+  // InvalidArgument if the signed vector holds NaN or Inf (its magnitude
+  // is then not finite); signum's momentum then restarts from zero.
+  absl::Status Encode(const TensorView& grad, TensorState& state,
+                      const StepContext& ctx, Bytes* payload) const override;
+
+  // Adds alpha * s * sign to `acc`.
+  absl::Status DecodeAdd(absl::string_view payload, float alpha,
+                         absl::Span<float> acc) const override;
+
+  // signsgd and signum: the majority vote (above); efsign: the mean.
+  absl::Status FinishGather(absl::Span<const Bytes> payloads,
+                            const StepContext& ctx,
+                            absl::Span<float> out) const override;
+
+ private:
+  Variant variant_;
+  float momentum_;
+  CodecInfo info_;
+};
+
+CodecInfo SignInfo(SignCodec::Variant variant);
+
+// Registers "signsgd", "efsign" and "signum".
+absl::Status RegisterSignCodecs(CodecRegistry& registry);
+
+}  // namespace gradcomp::codecs
+
+#endif  // GRADCOMP_CODECS_CPU_SIGN_H_

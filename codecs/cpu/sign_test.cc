@@ -1,0 +1,288 @@
+#include "codecs/cpu/sign.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "codecs/error_feedback.h"
+#include "codecs/registry.h"
+#include "codecs/state.h"
+#include "codecs/testing/conformance.h"
+#include "codecs/wire.h"
+#include "gtest/gtest.h"
+
+namespace gradcomp::codecs {
+namespace {
+
+using ::gradcomp::codecs::testing::SimulatedStep;
+using ::gradcomp::codecs::testing::SimulateStep;
+
+std::vector<float> Normal(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist;
+  std::vector<float> x(n);
+  for (float& v : x) v = dist(gen);
+  return x;
+}
+
+std::unique_ptr<Codec> Make(absl::string_view name,
+                            const CodecParams& params = CodecParams()) {
+  CodecRegistry registry;
+  EXPECT_TRUE(RegisterSignCodecs(registry).ok());
+  auto codec = registry.Create(name, params);
+  EXPECT_TRUE(codec.ok()) << codec.status();
+  return std::move(codec).value();
+}
+
+absl::StatusOr<SimulatedStep> Step(const Codec& codec,
+                                   const std::vector<std::vector<float>>& g,
+                                   std::vector<TensorState>& states,
+                                   int64_t step = 0) {
+  const int64_t shape[] = {static_cast<int64_t>(g[0].size())};
+  StepContext ctx;
+  ctx.seed = 9;
+  ctx.step = step;
+  return SimulateStep(codec, g, shape, states, ctx);
+}
+
+double Mean(const std::vector<float>& x) {
+  double s = 0;
+  for (float v : x) s += std::fabs(v);
+  return s / x.size();
+}
+
+TEST(SignSgdTest, DecodesToTheMeanMagnitudeTimesTheSignWithZeroPositive) {
+  auto codec = Make("signsgd");
+  const std::vector<float> g = {0.0f, -0.0f, 1.0f, -2.0f, 5.0f};
+  std::vector<TensorState> states(1);
+  absl::StatusOr<SimulatedStep> step = Step(*codec, {g}, states);
+  ASSERT_TRUE(step.ok()) << step.status();
+  // s = ||g||_1 / n = 8 / 5.
+  const float s = 8.0f / 5.0f;
+  EXPECT_EQ(step->own[0], std::vector<float>({s, s, s, -s, s}));
+  EXPECT_EQ(step->out[0], step->own[0]);
+  // Header, then f32 s, then one word of signs: only bit 3 set.
+  const Bytes& p = step->payloads[0][0];
+  ASSERT_EQ(p.size(), kWireHeaderBytes + 4 + 8);
+  float scale;
+  std::memcpy(&scale, p.data() + kWireHeaderBytes, 4);
+  EXPECT_EQ(scale, s);
+  EXPECT_EQ(p.substr(kWireHeaderBytes + 4), std::string("\x08\0\0\0\0\0\0\0", 8));
+}
+
+TEST(SignSgdTest, MajorityVoteOfThreeWorkers) {
+  auto codec = Make("signsgd");
+  // Per element the votes are (+,+,+), (+,+,-), (+,-,-), (-,-,-), and a
+  // huge minority value that a mean would follow but a vote ignores.
+  const std::vector<std::vector<float>> g = {{1, 1, 1, -1, -100},
+                                             {2, 2, -2, -2, 1},
+                                             {3, -3, -3, -3, 1}};
+  std::vector<TensorState> states(3);
+  absl::StatusOr<SimulatedStep> step = Step(*codec, g, states);
+  ASSERT_TRUE(step.ok()) << step.status();
+  const float s = static_cast<float>((Mean(g[0]) + Mean(g[1]) + Mean(g[2])) / 3);
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(step->out[r].size(), 5u);
+    EXPECT_FLOAT_EQ(step->out[r][0], s);
+    EXPECT_FLOAT_EQ(step->out[r][1], s);
+    EXPECT_FLOAT_EQ(step->out[r][2], -s);
+    EXPECT_FLOAT_EQ(step->out[r][3], -s);
+    EXPECT_FLOAT_EQ(step->out[r][4], s);
+  }
+}
+
+TEST(SignSgdTest, TiesOfFourWorkersGiveZero) {
+  auto codec = Make("signsgd");
+  const std::vector<std::vector<float>> g = {
+      {1, 1, 1, -1}, {1, 1, -1, -1}, {-1, -1, -1, 1}, {-1, 1, -1, 0}};
+  std::vector<TensorState> states(4);
+  absl::StatusOr<SimulatedStep> step = Step(*codec, g, states);
+  ASSERT_TRUE(step.ok()) << step.status();
+  // Votes: 0, +2, -2, 0 (the zero counts as +1).
+  const float s = static_cast<float>(
+      (Mean(g[0]) + Mean(g[1]) + Mean(g[2]) + Mean(g[3])) / 4);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(step->out[r], std::vector<float>({0.0f, s, -s, 0.0f}))
+        << "rank " << r;
+  }
+}
+
+TEST(SignSgdTest, VoteMatchesANaiveTallyOnALargeTensor) {
+  // Large enough for the threaded paths of packing, tallying and voting.
+  constexpr size_t kN = 3'000'003;
+  constexpr int kWorld = 4;
+  auto codec = Make("signsgd");
+  std::vector<std::vector<float>> g;
+  for (int r = 0; r < kWorld; ++r) g.push_back(Normal(kN, 40 + r));
+  std::vector<TensorState> states(kWorld);
+  absl::StatusOr<SimulatedStep> step = Step(*codec, g, states);
+  ASSERT_TRUE(step.ok()) << step.status();
+  double s = 0;
+  for (int r = 0; r < kWorld; ++r) s += Mean(g[r]);
+  const float scale = static_cast<float>(s / kWorld);
+  size_t ties = 0;
+  for (size_t i = 0; i < kN; ++i) {
+    int tally = 0;
+    for (int r = 0; r < kWorld; ++r) tally += g[r][i] < 0 ? -1 : 1;
+    ties += tally == 0;
+    const float want = tally > 0 ? scale : (tally < 0 ? -scale : 0.0f);
+    ASSERT_NEAR(step->out[0][i], want, 1e-6f * scale) << i;
+  }
+  // 4 independent fair signs tie with probability 6/16.
+  EXPECT_NEAR(static_cast<double>(ties) / kN, 0.375, 0.002);
+}
+
+TEST(SignSgdTest, AVoteWithABadPayloadFailsAndLeavesTheOutputAlone) {
+  auto codec = Make("signsgd");
+  const auto& single = dynamic_cast<const SingleRoundCodec&>(*codec);
+  std::vector<TensorState> states(2);
+  absl::StatusOr<SimulatedStep> step =
+      Step(*codec, {Normal(100, 1), Normal(100, 2)}, states);
+  ASSERT_TRUE(step.ok()) << step.status();
+  std::vector<Bytes> payloads = step->payloads[0];
+  payloads[1].back() = '\xff';  // padding bits of the last word
+  std::vector<float> out(100, 7.0f);
+  const absl::Status s =
+      single.FinishGather(payloads, StepContext(), absl::MakeSpan(out));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("rank 1"), absl::string_view::npos) << s;
+  EXPECT_EQ(out, std::vector<float>(100, 7.0f));
+}
+
+TEST(SignSgdTest, NonFiniteGradientIsRejected) {
+  auto codec = Make("signsgd");
+  for (float bad : {std::nanf(""), INFINITY}) {
+    std::vector<TensorState> states(1);
+    std::vector<float> g = Normal(10, 5);
+    g[3] = bad;
+    absl::StatusOr<SimulatedStep> step = Step(*codec, {g}, states);
+    EXPECT_EQ(step.status().code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(SignumTest, SendsTheSignOfTheMomentumAndKeepsIt) {
+  auto codec = Make("signum", CodecParams({{"momentum", "0.5"}}));
+  std::vector<TensorState> states(1);
+  // m1 = 0.5 g1 = (1, -1); m2 = 0.5 m1 + 0.5 g2 = (0.5 - 0.75, -0.5 + 0.25).
+  ASSERT_TRUE(Step(*codec, {{2.0f, -2.0f}}, states, 0).ok());
+  absl::StatusOr<SimulatedStep> step =
+      Step(*codec, {{-1.5f, 0.5f}}, states, 1);
+  ASSERT_TRUE(step.ok()) << step.status();
+  const std::optional<absl::Span<float>> m =
+      states[0].Find(SignCodec::kMomentumBuffer);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(std::vector<float>(m->begin(), m->end()),
+            std::vector<float>({-0.25f, -0.25f}));
+  // The gradient's second element is positive; the momentum's is not.
+  EXPECT_EQ(step->own[0], std::vector<float>({-0.25f, -0.25f}));
+}
+
+TEST(SignumTest, VotesOnMomentumSigns) {
+  auto codec = Make("signum");
+  std::vector<TensorState> states(3);
+  absl::StatusOr<SimulatedStep> step =
+      Step(*codec, {{1, -1}, {1, 1}, {-1, 1}}, states);
+  ASSERT_TRUE(step.ok()) << step.status();
+  // m = 0.1 g: s_r = 0.1 each.
+  EXPECT_FLOAT_EQ(step->out[0][0], 0.1f);
+  EXPECT_FLOAT_EQ(step->out[0][1], 0.1f);
+}
+
+TEST(SignumTest, NonFiniteGradientIsRejectedAndTheMomentumRestarts) {
+  auto codec = Make("signum");
+  std::vector<TensorState> states(1);
+  ASSERT_TRUE(Step(*codec, {{1.0f, 2.0f}}, states, 0).ok());
+  absl::StatusOr<SimulatedStep> step =
+      Step(*codec, {{std::nanf(""), 2.0f}}, states, 1);
+  EXPECT_EQ(step.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::optional<absl::Span<float>> m =
+      states[0].Find(SignCodec::kMomentumBuffer);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(std::vector<float>(m->begin(), m->end()),
+            std::vector<float>({0.0f, 0.0f}));
+}
+
+TEST(SignumTest, RejectsBadParameters) {
+  CodecRegistry registry;
+  ASSERT_TRUE(RegisterSignCodecs(registry).ok());
+  for (const char* m : {"1", "-0.1", "nan"}) {
+    EXPECT_EQ(registry.Create("signum", CodecParams({{"momentum", m}}))
+                  .status()
+                  .code(),
+              absl::StatusCode::kInvalidArgument)
+        << m;
+  }
+  EXPECT_EQ(registry.Create("signsgd", CodecParams({{"momentum", "0.9"}}))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(EfSignTest, IsErrorFeedbackAroundTheScaledSign) {
+  auto codec = Make("efsign");
+  ASSERT_NE(dynamic_cast<const ErrorFeedback*>(codec.get()), nullptr);
+  EXPECT_FALSE(codec->info().majority_vote);
+  EXPECT_TRUE(codec->info().stateful);
+  constexpr size_t kN = 1000;
+  std::vector<TensorState> states(1);
+  std::vector<float> e_old(kN, 0.0f);
+  for (int64_t t = 0; t < 5; ++t) {
+    const std::vector<float> g = Normal(kN, 50 + t);
+    absl::StatusOr<SimulatedStep> step = Step(*codec, {g}, states, t);
+    ASSERT_TRUE(step.ok()) << step.status();
+    const absl::Span<float> e_new = *states[0].Find(kErrorFeedbackBuffer);
+    // p = g + e; D = ||p||_1/n sign(p); g + e_old = D + e_new.
+    std::vector<float> p(kN);
+    for (size_t i = 0; i < kN; ++i) p[i] = g[i] + e_old[i];
+    const float s = static_cast<float>(Mean(p));
+    for (size_t i = 0; i < kN; ++i) {
+      ASSERT_NEAR(step->own[0][i], p[i] < 0 ? -s : s, 1e-6f * s) << i;
+      ASSERT_NEAR(p[i], step->own[0][i] + e_new[i], 1e-5f) << i;
+    }
+    e_old.assign(e_new.begin(), e_new.end());
+  }
+}
+
+TEST(EfSignTest, AveragesTheWorkersDecodes) {
+  auto codec = Make("efsign");
+  std::vector<TensorState> states(3);
+  const std::vector<std::vector<float>> g = {{1, 1, -5}, {1, -1, 1}, {-1, -1, 1}};
+  absl::StatusOr<SimulatedStep> step = Step(*codec, g, states);
+  ASSERT_TRUE(step.ok()) << step.status();
+  for (size_t i = 0; i < 3; ++i) {
+    const float mean =
+        (step->own[0][i] + step->own[1][i] + step->own[2][i]) / 3.0f;
+    EXPECT_NEAR(step->out[0][i], mean, 1e-6f) << i;
+  }
+}
+
+TEST(SignCodecsTest, DecodersRejectBadScalesAndForeignIds) {
+  auto signsgd = Make("signsgd");
+  auto signum = Make("signum");
+  const auto& single = dynamic_cast<const SingleRoundCodec&>(*signsgd);
+  std::vector<TensorState> states(1);
+  absl::StatusOr<SimulatedStep> step = Step(*signsgd, {Normal(70, 8)}, states);
+  ASSERT_TRUE(step.ok()) << step.status();
+  const Bytes& good = step->payloads[0][0];
+  for (float scale : {-1.0f, std::nanf(""), INFINITY}) {
+    Bytes bad = good;
+    std::memcpy(bad.data() + kWireHeaderBytes, &scale, 4);
+    std::vector<float> acc(70, 0.0f);
+    EXPECT_EQ(single.DecodeAdd(bad, 1.0f, absl::MakeSpan(acc)).code(),
+              absl::StatusCode::kInvalidArgument)
+        << scale;
+  }
+  // A signsgd payload is not a signum one, though the layouts agree.
+  std::vector<float> acc(70, 0.0f);
+  EXPECT_EQ(dynamic_cast<const SingleRoundCodec&>(*signum)
+                .DecodeAdd(good, 1.0f, absl::MakeSpan(acc))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace gradcomp::codecs

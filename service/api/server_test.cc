@@ -1,0 +1,59 @@
+#include "service/api/server.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gradcomp/v1/gradcomp.grpc.pb.h"
+#include "gtest/gtest.h"
+
+namespace gradcomp::service {
+namespace {
+
+using ::testing::HasSubstr;
+
+// No RPC is called: the tests are about binding, which needs a service.
+class EmptyService : public gradcomp::v1::Gradcomp::Service {};
+
+TEST(ServerTest, PortZeroPicksAFreePort) {
+  EmptyService service;
+  int port = 0;
+  auto server = StartGrpcServer("127.0.0.1:0", &service, &port);
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_GT(port, 0);
+  (*server)->Shutdown();
+}
+
+TEST(ServerTest, ATakenPortIsAnErrorNotASharedPort) {
+  EmptyService first_service, second_service;
+  int port = 0;
+  auto first = StartGrpcServer("127.0.0.1:0", &first_service, &port);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string taken = "127.0.0.1:" + std::to_string(port);
+  auto second = StartGrpcServer(taken, &second_service);
+  ASSERT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(second.status().message(), HasSubstr(taken));
+  (*first)->Shutdown();
+}
+
+TEST(ServerTest, UnixSocket) {
+  EmptyService service;
+  // TEST_TMPDIR is too long for a socket path (107 bytes at most).
+  char dir[] = "/tmp/gradcomp-server-test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/gradcompd.sock";
+  auto server = StartGrpcServer("unix:" + path, &service);
+  ASSERT_TRUE(server.ok()) << server.status();
+  struct stat st;
+  EXPECT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  (*server)->Shutdown();
+  unlink(path.c_str());
+  rmdir(dir);
+}
+
+}  // namespace
+}  // namespace gradcomp::service
