@@ -59,6 +59,15 @@ const CodecCase kCases[] = {
     {"topk_0.001", "topk", {{"ratio", "0.001"}}},
     {"topk_0.01", "topk", {{"ratio", "0.01"}}},
     {"qsgd_4bit", "qsgd", {{"bits", "4"}}},
+    {"randomk_0.01", "randomk", {{"ratio", "0.01"}}},
+    {"threshold", "threshold", {}},
+    {"terngrad", "terngrad", {}},
+    {"int8", "int8", {}},
+    {"int8_stochastic", "int8", {{"stochastic", "true"}}},
+    {"signsgd", "signsgd", {}},
+    {"efsign", "efsign", {}},
+    {"signum", "signum", {}},
+    {"onebit", "onebit", {}},
 };
 
 std::unique_ptr<Codec> MakeCodec(const CodecCase& c) {
@@ -177,8 +186,8 @@ void RegisterAll() {
     Configure(benchmark::RegisterBenchmark(
         (std::string("BM_Decode/") + c.label).c_str(), BM_Decode, &c));
   }
-  Configure(
-      benchmark::RegisterBenchmark("BM_PhiloxFillUniform", BM_PhiloxFillUniform));
+  Configure(benchmark::RegisterBenchmark("BM_PhiloxFillUniform",
+                                         BM_PhiloxFillUniform));
   // Ratio in units of 1e-4: 10 = 0.001, 100 = 0.01.
   Configure(benchmark::RegisterBenchmark("BM_TopKSelect", BM_TopKSelect)
                 ->Arg(10)

@@ -55,6 +55,15 @@ def gradcomp_ms(path: str) -> Dict[str, float]:
     return times
 
 
+def wire_bytes(path: str) -> Dict[str, float]:
+    """Payload size per encode benchmark (its wire_bytes counter)."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    return {b["run_name"].replace("/real_time", ""): b["wire_bytes"]
+            for b in data["benchmarks"]
+            if b.get("run_type") == "iteration" and "wire_bytes" in b}
+
+
 def main() -> None:
     ours = gradcomp_ms(sys.argv[1])
     with open(sys.argv[2], encoding="utf-8") as f:
@@ -76,6 +85,11 @@ def main() -> None:
             t = torch["cases"][case]
             label = f"`{t['code']}`" + (f" ({note})" if note else "")
             print(f"{head} | {label} | {t['ms']:.2f} | {t['ms'] / ms:.1f}x |")
+    print("\n| codec | payload bytes | vs fp32 |")
+    print("| --- | ---: | ---: |")
+    for name, size in sorted(wire_bytes(sys.argv[1]).items()):
+        codec = name.split("/", 1)[1]
+        print(f"| {codec} | {size:,.0f} | {100e6 / size:.1f}x smaller |")
 
 
 if __name__ == "__main__":

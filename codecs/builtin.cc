@@ -5,7 +5,15 @@
 #include <string>
 
 #include "codecs/cpu/dense.h"
+#include "codecs/cpu/int8.h"
+#include "codecs/cpu/onebit.h"
+#include "codecs/cpu/polar.h"
+#include "codecs/cpu/powersgd.h"
 #include "codecs/cpu/qsgd.h"
+#include "codecs/cpu/randomk.h"
+#include "codecs/cpu/sign.h"
+#include "codecs/cpu/terngrad.h"
+#include "codecs/cpu/threshold.h"
 #include "codecs/cpu/topk.h"
 
 namespace gradcomp::codecs {
@@ -17,7 +25,10 @@ CodecRegistry MakeBuiltinCodecs() {
   // (two codecs with one name), so it stops the process at start-up.
   for (const absl::Status& status :
        {RegisterDenseCodecs(registry), RegisterTopK(registry),
-        RegisterQsgd(registry)}) {
+        RegisterQsgd(registry), RegisterRandomK(registry),
+        RegisterThreshold(registry), RegisterTernGrad(registry),
+        RegisterInt8(registry), RegisterSignCodecs(registry),
+        RegisterOneBit(registry), RegisterPowerSgd(registry), RegisterPolar(registry)}) {
     if (!status.ok()) {
       std::fprintf(stderr, "gradcomp: registering built-in codecs: %s\n",
                    std::string(status.message()).c_str());

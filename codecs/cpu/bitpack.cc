@@ -18,8 +18,6 @@ constexpr size_t kLanes = 8;
 // Values per partial sum of |x|: the unit of the fixed summation order and
 // of the parallel split.
 constexpr size_t kSumChunk = size_t{1} << 16;
-// Values unpacked to bytes at a time when decoding (a multiple of 64).
-constexpr size_t kUnpackChunk = 2048;
 
 // Gathers bit 0 of each of the 8 bytes of `bytes` into one byte, byte k to
 // bit k: multiplying by sum_k 2^(56 - 7k) moves byte k's bit to bit 56 + k,
@@ -66,18 +64,30 @@ double PackRange(const float* x, size_t begin, size_t end, char* out) {
   return total;
 }
 
-// kSpread[b] has byte k equal to bit k of b.
-struct SpreadTable {
-  uint64_t entry[256];
-  constexpr SpreadTable() : entry() {
-    for (int b = 0; b < 256; ++b) {
-      uint64_t v = 0;
-      for (int k = 0; k < 8; ++k) v |= uint64_t((b >> k) & 1) << (8 * k);
-      entry[b] = v;
-    }
+// kBit.v[t] = 1 << t: a constant vector the compiler can AND with, where a
+// shift by the loop index would not vectorise.
+struct BitTable {
+  uint32_t v[32];
+  constexpr BitTable() : v() {
+    for (int t = 0; t < 32; ++t) v[t] = uint32_t{1} << t;
   }
 };
-constexpr SpreadTable kSpread;
+constexpr BitTable kBit;
+
+// a[t] += (bit t of word) ? q[t] : p[t] for t < 64. Both values are loaded
+// unconditionally and the condition is a 32-bit lane mask, so that the loop
+// becomes vector compares and blends.
+inline void AddWord(uint64_t word, const float* p, const float* q, float* a) {
+  for (size_t half = 0; half < 2; ++half) {
+    const uint32_t bits = static_cast<uint32_t>(word >> (32 * half));
+    const size_t o = 32 * half;
+    for (size_t t = 0; t < 32; ++t) {
+      const float pv = p[o + t];
+      const float qv = q[o + t];
+      a[o + t] += (bits & kBit.v[t]) ? qv : pv;
+    }
+  }
+}
 
 }  // namespace
 
@@ -96,32 +106,34 @@ double PackSigns(absl::Span<const float> x, char* out) {
   return total;
 }
 
-void UnpackSigns(const char* in, size_t begin, size_t count, uint8_t* out) {
-  const char* word = in + begin / 8;
-  size_t i = 0;
-  for (; i + kWordBits <= count; i += kWordBits, word += 8) {
-    for (size_t k = 0; k < 8; ++k) {
-      std::memcpy(out + i + 8 * k,
-                  &kSpread.entry[static_cast<uint8_t>(word[k])], 8);
-    }
-  }
-  for (size_t k = 0; i < count; ++k) {
-    uint8_t spread[8];
-    std::memcpy(spread, &kSpread.entry[static_cast<uint8_t>(word[k])], 8);
-    for (size_t j = 0; j < 8 && i < count; ++j, ++i) out[i] = spread[j];
-  }
+void AddSigns(const char* in, float pos, float neg, absl::Span<float> acc) {
+  float p[1 + kWordBits], q[1 + kWordBits];
+  std::fill(p, p + 1 + kWordBits, pos);
+  std::fill(q, q + 1 + kWordBits, neg);
+  AddSignsPeriodic(in, p, q, acc);
 }
 
-void AddSigns(const char* in, float pos, float neg, absl::Span<float> acc) {
+void AddSignsPeriodic(const char* in, absl::Span<const float> pos,
+                      absl::Span<const float> neg, absl::Span<float> acc) {
+  const size_t period = pos.size() - kWordBits;
   ParallelFor(
       acc.size(), ParallelOptions{/*min_per_part=*/size_t{1} << 20, kWordBits},
       [&](size_t begin, size_t end, int) {
-        uint8_t bits[kUnpackChunk];
-        for (size_t c = begin; c < end; c += kUnpackChunk) {
-          const size_t count = std::min(kUnpackChunk, end - c);
-          UnpackSigns(in, c, count, bits);
-          float* a = acc.data() + c;
-          for (size_t t = 0; t < count; ++t) a[t] += bits[t] ? neg : pos;
+        size_t lane = begin % period;
+        for (size_t i = begin; i < end; i += kWordBits) {
+          uint64_t word;
+          std::memcpy(&word, in + i / 8, sizeof(word));
+          const float* p = pos.data() + lane;
+          const float* q = neg.data() + lane;
+          float* a = acc.data() + i;
+          if (i + kWordBits <= end) {
+            AddWord(word, p, q, a);
+          } else {
+            for (size_t t = 0; t < end - i; ++t) {
+              a[t] += ((word >> t) & 1) ? q[t] : p[t];
+            }
+          }
+          lane = (lane + kWordBits) % period;
         }
       });
 }

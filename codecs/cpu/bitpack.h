@@ -3,7 +3,7 @@
 //
 //   Bytes body(SignBytes(n), '\0');
 //   const double l1 = PackSigns(x, body.data());   // also returns sum |x|
-//   AddSigns(body.data(), /*pos=*/s, /*neg=*/-s, acc);
+//   AddSigns(body.data(), /*pos=*/s, /*neg=*/-s, acc);  // acc += s * sign
 //
 // Bit i % 64 of word i / 64 is 1 when x[i] < 0: +0, -0 and NaN give 0 ("+1"),
 // so a zero never becomes a negative step. Padding bits of the last word are 0.
@@ -26,12 +26,15 @@ inline size_t SignBytes(size_t n) { return 8 * ((n + 63) / 64); }
 // partial sums), so it does not depend on the number of threads.
 double PackSigns(absl::Span<const float> x, char* out);
 
-// Writes bits [begin, begin + count) of the packed signs `in` as bytes 0 or
-// 1; `begin` must be a multiple of 64.
-void UnpackSigns(const char* in, size_t begin, size_t count, uint8_t* out);
-
 // acc[i] += (bit i of `in`) ? neg : pos, for every i < acc.size().
 void AddSigns(const char* in, float pos, float neg, absl::Span<float> acc);
+
+// The same with values that repeat with a period p >= 1 (onebit's columns):
+// acc[i] += (bit i) ? neg[i mod p] : pos[i mod p]. `pos` and `neg` hold
+// p + 64 values, entry j equal to entry j mod p, so that any 64 consecutive
+// lanes are contiguous.
+void AddSignsPeriodic(const char* in, absl::Span<const float> pos,
+                      absl::Span<const float> neg, absl::Span<float> acc);
 
 // Whether the padding bits after the first n of `in` (SignBytes(n) bytes)
 // are zero, as PackSigns writes them; decoders reject payloads where not.

@@ -55,24 +55,6 @@ TEST(PackSignsTest, SetsABitExactlyForNegativeValues) {
   }
 }
 
-TEST(PackSignsTest, UnpackInvertsPackFromAnyWordOffset) {
-  const size_t n = 1000;
-  const std::vector<float> x = Normal(n, 3);
-  std::string packed(SignBytes(n), '\0');
-  PackSigns(x, packed.data());
-  for (size_t begin : {size_t{0}, size_t{64}, size_t{640}}) {
-    for (size_t count : {size_t{0}, size_t{1}, size_t{70}, n - begin}) {
-      if (begin + count > n) continue;
-      std::vector<uint8_t> bits(count, 9);
-      UnpackSigns(packed.data(), begin, count, bits.data());
-      for (size_t t = 0; t < count; ++t) {
-        ASSERT_EQ(bits[t], x[begin + t] < 0.0f ? 1 : 0)
-            << "begin " << begin << " t " << t;
-      }
-    }
-  }
-}
-
 TEST(AddSignsTest, AddsPosOrNegPerBit) {
   for (size_t n : {size_t{5}, size_t{129}, size_t{2'500'003}}) {
     const std::vector<float> x = Normal(n, 4);
@@ -82,6 +64,29 @@ TEST(AddSignsTest, AddsPosOrNegPerBit) {
     AddSigns(packed.data(), 0.25f, -3.0f, absl::MakeSpan(acc));
     for (size_t i = 0; i < n; ++i) {
       ASSERT_EQ(acc[i], x[i] < 0.0f ? -2.0f : 1.25f) << "n " << n << " i " << i;
+    }
+  }
+}
+
+TEST(AddSignsTest, PeriodicValuesFollowTheLaneOfEachElement) {
+  // Periods below, at and above a word; lengths that end mid-word and that
+  // run on several threads.
+  for (size_t period : {size_t{1}, size_t{3}, size_t{64}, size_t{100}}) {
+    for (size_t n : {period * 7, period * 20'001}) {
+      const std::vector<float> x = Normal(n, 6);
+      std::string packed(SignBytes(n), '\0');
+      PackSigns(x, packed.data());
+      std::vector<float> pos(period + 64), neg(period + 64);
+      for (size_t j = 0; j < pos.size(); ++j) {
+        pos[j] = static_cast<float>(j % period) + 1;
+        neg[j] = -static_cast<float>(j % period) - 0.5f;
+      }
+      std::vector<float> acc(n, 0.0f);
+      AddSignsPeriodic(packed.data(), pos, neg, absl::MakeSpan(acc));
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(acc[i], x[i] < 0.0f ? neg[i % period] : pos[i % period])
+            << "period " << period << " n " << n << " i " << i;
+      }
     }
   }
 }

@@ -209,8 +209,8 @@ absl::Status Int8Codec::DecodeAdd(absl::string_view payload, float alpha,
   const size_t buckets = BucketsOf(n, bucket);
   if (parsed.body.size() != 8 * buckets + n) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "int8: %d elements in buckets of %d need a body of %d bytes, got %d",
-        n, bucket, 8 * buckets + n, parsed.body.size()));
+        "int8: %d elements in buckets of %d need a body of %d bytes, got %d", n,
+        bucket, 8 * buckets + n, parsed.body.size()));
   }
   const char* ranges = parsed.body.data();
   for (size_t b = 0; b < buckets; ++b) {
@@ -223,8 +223,7 @@ absl::Status Int8Codec::DecodeAdd(absl::string_view payload, float alpha,
           b, lo, hi));
     }
   }
-  const uint8_t* codes =
-      reinterpret_cast<const uint8_t*>(ranges) + 8 * buckets;
+  const uint8_t* codes = reinterpret_cast<const uint8_t*>(ranges) + 8 * buckets;
   float* out = acc.data();
   ParallelFor(n, PartsFor(bucket), [&](size_t begin, size_t end, int) {
     for (size_t b0 = begin; b0 < end; b0 += bucket) {

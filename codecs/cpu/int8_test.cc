@@ -85,9 +85,9 @@ TEST(Int8CodecTest, NearestIsWithinHalfAStep) {
   const std::vector<float> q = Decode(*codec, Encode(*codec, g), g.size());
   const std::vector<double> steps = Steps(g, 1000);
   for (size_t i = 0; i < g.size(); ++i) {
-    const double tolerance = steps[i / 1000] * (0.5 + 2e-4) +
-                             4 * std::numeric_limits<float>::epsilon() *
-                                 std::fabs(g[i]);
+    const double tolerance =
+        steps[i / 1000] * (0.5 + 2e-4) +
+        4 * std::numeric_limits<float>::epsilon() * std::fabs(g[i]);
     ASSERT_LE(std::fabs(q[i] - g[i]), tolerance) << i;
   }
 }
@@ -117,10 +117,10 @@ TEST(Int8CodecTest, StochasticIsUnbiasedWithTheVarianceOfTheRounding) {
   int count = 0;
   for (size_t i = 0; i < n; ++i) {
     const double step = steps[i / bucket];
-    const double x = (g[i] - *std::min_element(g.begin() + i / bucket * bucket,
-                                               g.begin() + (i / bucket + 1) *
-                                                               bucket)) /
-                     step;
+    const double x =
+        (g[i] - *std::min_element(g.begin() + i / bucket * bucket,
+                                  g.begin() + (i / bucket + 1) * bucket)) /
+        step;
     const double p = x - std::floor(x);
     const double variance = step * step * p * (1 - p);
     const double mean = sum[i] / trials;
@@ -147,8 +147,8 @@ TEST(Int8CodecTest, ConstantBucketsAndExtremesAreExact) {
   const auto codec = Make(4, false);
   const float big = std::numeric_limits<float>::max();
   // A constant bucket, a bucket spanning more than FLT_MAX, zeros.
-  const std::vector<float> g = {2.5f, 2.5f, 2.5f, 2.5f, -big, big, 0.0f,
-                                big,  0.0f, 0.0f, 0.0f, 0.0f};
+  const std::vector<float> g = {2.5f, 2.5f, 2.5f, 2.5f, -big, big,
+                                0.0f, big,  0.0f, 0.0f, 0.0f, 0.0f};
   const std::vector<float> q = Decode(*codec, Encode(*codec, g), g.size());
   for (size_t i = 0; i < g.size(); ++i) {
     EXPECT_TRUE(std::isfinite(q[i])) << i;
@@ -188,10 +188,10 @@ TEST(Int8CodecTest, DecodeRejectsBadRangesAndParameters) {
     EXPECT_EQ(acc, std::vector<float>(10, 1.0f));
   };
   const float nan = NAN, inf = INFINITY, huge = 1e30f, tiny = -1e30f;
-  expect_rejected(ranges + 8, &nan, 4);       // bucket 1 min
-  expect_rejected(ranges + 12, &inf, 4);      // bucket 1 max
-  expect_rejected(ranges + 16, &huge, 4);     // bucket 2 min > max
-  expect_rejected(ranges + 4, &tiny, 4);      // bucket 0 max < min
+  expect_rejected(ranges + 8, &nan, 4);    // bucket 1 min
+  expect_rejected(ranges + 12, &inf, 4);   // bucket 1 max
+  expect_rejected(ranges + 16, &huge, 4);  // bucket 2 min > max
+  expect_rejected(ranges + 4, &tiny, 4);   // bucket 0 max < min
   const uint32_t zero = 0, too_big = (1u << 20) + 1;
   expect_rejected(params, &zero, 4);
   expect_rejected(params, &too_big, 4);

@@ -29,8 +29,6 @@ constexpr size_t kColumnBlock = 1024;
 // Elements per partial sum in the narrow case: the sums' order is fixed by
 // these chunks, not by the number of threads.
 constexpr size_t kNarrowChunk = size_t{1} << 16;
-// Values decoded at a time (a multiple of 64).
-constexpr size_t kDecodeChunk = 2048;
 
 size_t BodyBytes(size_t n, size_t columns) {
   return 8 * columns + SignBytes(n);
@@ -215,9 +213,9 @@ absl::Status OneBitCodec::DecodeAdd(absl::string_view payload, float alpha,
         "onebit: %d elements in %d columns need a body of %d bytes, got %d", n,
         columns, BodyBytes(n, columns), parsed.body.size()));
   }
-  // Means, scaled by alpha and repeated over the lane width.
-  const size_t w = columns == 0 ? 0 : LaneWidth(columns);
-  std::vector<float> pos(w), neg(w);
+  if (n == 0) return absl::OkStatus();
+  // Means, scaled by alpha, repeated for AddSignsPeriodic.
+  std::vector<float> pos(columns + 64), neg(columns + 64);
   for (size_t j = 0; j < columns; ++j) {
     std::memcpy(&pos[j], parsed.body.data() + 4 * j, sizeof(float));
     std::memcpy(&neg[j], parsed.body.data() + 4 * (columns + j),
@@ -229,35 +227,19 @@ absl::Status OneBitCodec::DecodeAdd(absl::string_view payload, float alpha,
           ">= 0 and <= 0",
           j, pos[j], neg[j]));
     }
+    pos[j] *= alpha;
+    neg[j] *= alpha;
   }
   const char* signs = parsed.body.data() + 8 * columns;
   if (!SignPaddingIsZero(signs, n)) {
     return absl::InvalidArgumentError(
         "onebit: expected the padding bits after the signs to be zero");
   }
-  for (size_t lane = 0; lane < w; ++lane) {
-    pos[lane] = alpha * pos[lane % columns];
-    neg[lane] = alpha * neg[lane % columns];
+  for (size_t lane = columns; lane < pos.size(); ++lane) {
+    pos[lane] = pos[lane - columns];
+    neg[lane] = neg[lane - columns];
   }
-  ParallelFor(n, ParallelOptions{size_t{1} << 20, 64},
-              [&](size_t begin, size_t end, int) {
-                uint8_t bits[kDecodeChunk];
-                for (size_t c0 = begin; c0 < end; c0 += kDecodeChunk) {
-                  const size_t c1 = std::min(c0 + kDecodeChunk, end);
-                  UnpackSigns(signs, c0, c1 - c0, bits);
-                  size_t lane = c0 % w;
-                  for (size_t i = c0; i < c1;) {
-                    const size_t run = std::min(c1 - i, w - lane);
-                    float* a = acc.data() + i;
-                    const uint8_t* b = bits + (i - c0);
-                    const float* p = pos.data() + lane;
-                    const float* q = neg.data() + lane;
-                    for (size_t t = 0; t < run; ++t) a[t] += b[t] ? q[t] : p[t];
-                    i += run;
-                    lane = 0;
-                  }
-                }
-              });
+  AddSignsPeriodic(signs, pos, neg, acc);
   return absl::OkStatus();
 }
 

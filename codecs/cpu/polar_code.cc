@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <utility>
-#include <cstdlib>
 
 #include "absl/strings/str_format.h"
 
@@ -25,10 +25,15 @@ float CheckNode(float a, float b) {
 // The LLR of b's bit once the bit of a XOR b's partner is known to be u.
 float BitNode(float a, float b, uint8_t u) { return u ? b - a : b + a; }
 
-// The randomised rounding of a leaf: 1 with its posterior probability.
+// Randomised rounding of a leaf with its posterior sharpened: 1 with
+// probability 1 / (1 + exp(kSharpness * llr)), the posterior odds raised to
+// the 4th power. Plain posterior sampling (sharpness 1) costs 0.002-0.012 of
+// distortion against hard decisions; sharpness 4 keeps the draws random
+// (which Encode's best-of-draws needs) at hard-decision distortion.
+constexpr float kSharpness = 4.0f;
+
 uint8_t Draw(float llr, float uniform) {
-  static float beta = std::atof(std::getenv("BETA"));
-  return uniform * (1.0f + std::exp(beta*llr)) < 1.0f ? 1 : 0;
+  return uniform * (1.0f + std::exp(kSharpness * llr)) < 1.0f ? 1 : 0;
 }
 
 }  // namespace
@@ -76,9 +81,8 @@ absl::StatusOr<PolarCode> PolarCode::Create(int log2_n, double rate) {
     // ln Z of every synthetic channel: Z- = 2Z - Z^2 at a 0 bit, Z+ = Z^2
     // at a 1 bit, most significant bit first. Logs, because Z+ underflows
     // doubles within a few levels at low distortion.
-    const double dc = std::min(0.4999, d * std::atof(std::getenv("CMUL")));
     std::vector<double> log_z = {std::log(2.0) +
-                                 0.5 * (std::log(dc) + std::log1p(-dc))};
+                                 0.5 * (std::log(d) + std::log1p(-d))};
     for (int level = 0; level < log2_n; ++level) {
       std::vector<double> next(2 * log_z.size());
       for (size_t j = 0; j < log_z.size(); ++j) {
@@ -131,7 +135,7 @@ void PolarCode::EncodeNode(const float* llr, int first, int size,
     // With every bit free, drawing u bit by bit from SC's exact conditionals
     // draws x from its posterior, which is the product of the leaves'.
     for (int i = 0; i < size; ++i) x[i] = Draw(llr[i], uniforms[first + i]);
-    std::copy(x, x + size, u);
+    std::memcpy(u, x, static_cast<size_t>(size));
     PolarTransform(absl::MakeSpan(u, size));
     return;
   }
@@ -146,10 +150,10 @@ void PolarCode::EncodeNode(const float* llr, int first, int size,
   for (int i = 0; i < half; ++i) x[i] ^= x[i + half];
 }
 
-void PolarCode::Encode(absl::Span<const uint8_t> source,
-                       absl::Span<const float> uniforms,
-                       absl::Span<uint8_t> info,
-                       absl::Span<uint8_t> approx) const {
+int PolarCode::Encode(absl::Span<const uint8_t> source,
+                      absl::Span<const float> uniforms,
+                      absl::Span<uint8_t> info,
+                      absl::Span<uint8_t> approx) const {
   const int size = n();
   Scratch scratch;
   scratch.llr.resize(size);
@@ -158,14 +162,24 @@ void PolarCode::Encode(absl::Span<const uint8_t> source,
   std::vector<float> root(size);
   const double d = design_distortion_;
   const float magnitude =
-      d > 0 ? std::atof(std::getenv("LMUL")) * static_cast<float>(std::log((1 - d) / d)) : 0.0f;
+      d > 0 ? static_cast<float>(std::log((1 - d) / d)) : 0.0f;
   for (int i = 0; i < size; ++i) root[i] = source[i] ? -magnitude : magnitude;
-  EncodeNode(root.data(), 0, size, uniforms, scratch);
-  int j = 0;
-  for (int i = 0; i < size; ++i) {
-    if (is_info_[i]) info[j++] = scratch.u[i];
+  const size_t draws = uniforms.size() / size;
+  int best = size + 1;
+  for (size_t draw = 0; draw < draws; ++draw) {
+    EncodeNode(root.data(), 0, size, uniforms.subspan(draw * size, size),
+               scratch);
+    int errors = 0;
+    for (int i = 0; i < size; ++i) errors += scratch.x[i] != source[i];
+    if (errors >= best) continue;
+    best = errors;
+    int j = 0;
+    for (int i = 0; i < size; ++i) {
+      if (is_info_[i]) info[j++] = scratch.u[i];
+    }
+    std::copy(scratch.x.begin(), scratch.x.end(), approx.begin());
   }
-  std::copy(scratch.x.begin(), scratch.x.end(), approx.begin());
+  return best;
 }
 
 void PolarCode::Decode(absl::Span<const uint8_t> info,

@@ -45,15 +45,16 @@ class PolarCode {
   double design_distortion() const { return design_distortion_; }
   bool is_info(int i) const { return is_info_[i] != 0; }
 
-  // Successive-cancellation encoding of `source` (n bits): each information
-  // bit u_i is drawn as 1 with probability 1 / (1 + exp(L_i)) for its leaf
-  // LLR L_i, using uniforms[i] (n values in [0, 1); only the ones at
-  // information indices are read); frozen bits are 0. Writes the k
-  // information bits in index order to `info`, and Decode(info) to
-  // `approx` (n bits). O(N log N).
-  void Encode(absl::Span<const uint8_t> source,
-              absl::Span<const float> uniforms, absl::Span<uint8_t> info,
-              absl::Span<uint8_t> approx) const;
+  // Successive-cancellation encoding of `source` (n bits), best of
+  // uniforms.size() / n draws (at least 1): in draw a, information bit u_i
+  // is 1 with probability 1 / (1 + exp(4 L_i)) for its leaf LLR L_i, decided
+  // by uniforms[a * n + i] (values in [0, 1); only information indices are
+  // read), and frozen bits are 0. Writes the k information bits of the draw
+  // closest to `source` in index order to `info`, and Decode(info) to
+  // `approx` (n bits); returns its Hamming distance to `source`. Each draw
+  // costs O(N log N).
+  int Encode(absl::Span<const uint8_t> source, absl::Span<const float> uniforms,
+             absl::Span<uint8_t> info, absl::Span<uint8_t> approx) const;
 
   // out = T(u), u zero but for `info` (k bits) at the information indices.
   void Decode(absl::Span<const uint8_t> info, absl::Span<uint8_t> out) const;

@@ -71,6 +71,8 @@ def worker(rank: int, init_file: str, rank_r: int, grads: np.ndarray,
         outputs.append(model.module.weight.grad.detach().numpy().copy())
     if rank == 0:
         np.save(out_path, np.stack(outputs))
+    # Neither side may tear gloo down while the other still talks to it.
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -109,8 +109,7 @@ uint64_t RandomKCodec::KFor(uint64_t numel) const {
   // exactly 250000 in double), which would otherwise add one.
   const double k =
       std::ceil(options_.ratio * static_cast<double>(numel) - 1e-9);
-  return static_cast<uint64_t>(
-      std::clamp(k, 1.0, static_cast<double>(numel)));
+  return static_cast<uint64_t>(std::clamp(k, 1.0, static_cast<double>(numel)));
 }
 
 absl::Status RandomKCodec::Encode(const TensorView& grad,
@@ -175,9 +174,9 @@ absl::Status RandomKCodec::DecodeAdd(absl::string_view payload, float alpha,
         "randomk: payload claims k = %d values of a %d-element tensor", k, n));
   }
   if (parsed.body.size() != k * sizeof(float)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("randomk: k = %d values need a body of %d bytes, got %d",
-                        k, k * sizeof(float), parsed.body.size()));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "randomk: k = %d values need a body of %d bytes, got %d", k,
+        k * sizeof(float), parsed.body.size()));
   }
   const PhiloxStream rng(Load64(p + 16), Load64(p + 24),
                          static_cast<int64_t>(Load64(p + 32)), /*round=*/0);
@@ -210,8 +209,7 @@ absl::Status RandomKCodec::FinishSum(absl::Span<const float> sum,
       PhiloxStream(ctx.seed, ctx.tensor_id, ctx.step, /*round=*/0));
   std::fill(out.begin(), out.end(), 0.0f);
   const float w = static_cast<float>(world_size);
-  ForEachIndex(bitmap,
-               [&](uint64_t j, uint64_t i) { out[i] = sum[j] / w; });
+  ForEachIndex(bitmap, [&](uint64_t j, uint64_t i) { out[i] = sum[j] / w; });
   return absl::OkStatus();
 }
 

@@ -96,8 +96,7 @@ TEST(RandomKTest, EveryIndexAndPairIsEquallyLikely) {
     double z2 = 0;
     int cells = 0;
     auto check = [&](int count, double p) {
-      const double z =
-          (count - kTrials * p) / std::sqrt(kTrials * p * (1 - p));
+      const double z = (count - kTrials * p) / std::sqrt(kTrials * p * (1 - p));
       EXPECT_LT(std::fabs(z), 5.0) << "k " << k << " p " << p;
       z2 += z * z;
       ++cells;

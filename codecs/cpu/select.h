@@ -40,7 +40,8 @@ struct TopKSelection {
 // the lower index, so that |indices| <= k always (the paper trims only above
 // 1.3k; trimming the candidates is cheap and makes k a hard payload bound).
 // With a sample of the whole tensor the threshold is the exact k-th largest
-// magnitude and the result is the exact top k.
+// magnitude and the result is the exact top k. NaN counts as larger than
+// +Inf, so a non-finite value is always sent rather than kept forever.
 TopKSelection SelectTopK(absl::Span<const float> x, size_t k,
                          double sample_fraction, const PhiloxStream& rng);
 

@@ -143,6 +143,20 @@ TEST(SelectTopKTest, KOfAllSelectsEveryNonzero) {
             (std::vector<uint32_t>{1, 2, 4}));
 }
 
+TEST(SelectTopKTest, NonFiniteValuesComeFirst) {
+  std::vector<float> x = Normal(100000, 6);
+  x[123] = NAN;
+  x[77777] = -INFINITY;
+  for (double fraction : {1.0, 0.01}) {
+    const std::vector<uint32_t> idx = SelectTopK(x, 2, fraction, kRng).indices;
+    EXPECT_EQ(idx, (std::vector<uint32_t>{123, 77777})) << fraction;
+  }
+  // A tensor of NaNs: no comparator trouble, k of them go.
+  const std::vector<float> nans(50000, NAN);
+  EXPECT_EQ(SelectTopK(nans, 100, 0.01, kRng).indices.size(), 100u);
+  EXPECT_EQ(SelectTopK(nans, 100, 1.0, kRng).indices.size(), 100u);
+}
+
 TEST(SelectTopKTest, EmptyInputOrZeroK) {
   EXPECT_TRUE(SelectTopK({}, 10, 0.01, kRng).indices.empty());
   const std::vector<float> x = {1, 2, 3};

@@ -74,10 +74,11 @@ bool EncodeRange(const EncodeJob& job, size_t begin, size_t end) {
         }
         float scale = std::min(largest, job.clip);
         inverse = 1.0f / scale;
-        if (nan || !std::isfinite(largest)) finite = false;
+        const bool bucket_finite = !nan && std::isfinite(largest);
+        finite = finite && bucket_finite;
         // A zero bucket, or a scale so small that 1 / s overflows: the
         // bucket goes as zeros (u < 0 never holds).
-        if (!finite || !std::isfinite(inverse)) {
+        if (!bucket_finite || !std::isfinite(inverse)) {
           scale = 0;
           inverse = 0;
         }
@@ -186,8 +187,8 @@ absl::Status TernGradCodec::Encode(const TensorView& grad,
   if (options_.clip_sigma > 0 && n > 0) {
     const double sum_of_squares = SumOfSquares(grad.values);
     if (!std::isfinite(sum_of_squares)) return non_finite;
-    clip = static_cast<float>(options_.clip_sigma *
-                              std::sqrt(sum_of_squares / n));
+    clip =
+        static_cast<float>(options_.clip_sigma * std::sqrt(sum_of_squares / n));
   }
 
   char params[kParamBytes] = {};

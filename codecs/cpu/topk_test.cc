@@ -154,6 +154,19 @@ TEST(TopKCodecTest, RatioOneWithoutMaskingIsDenseMomentumSgd) {
   }
 }
 
+TEST(TopKCodecTest, NanIsSentAndLeavesTheState) {
+  const auto codec = Make({{"ratio", "0.001"}});
+  TensorState state;
+  std::vector<float> g = Normal(100000, 8);
+  g[4242] = NAN;
+  const Bytes payload = EncodeStep(*codec, g, state, 0).payload;
+  std::vector<float> out(g.size(), 0.0f);
+  ASSERT_TRUE(codec->DecodeAdd(payload, 1.0f, absl::MakeSpan(out)).ok());
+  EXPECT_TRUE(std::isnan(out[4242]));
+  EXPECT_EQ(Buffer(state, MomentumCorrection::kVelocityBuffer)[4242], 0.0f);
+  EXPECT_EQ(Buffer(state, MomentumCorrection::kMomentumBuffer)[4242], 0.0f);
+}
+
 TEST(TopKCodecTest, ClippingScalesTheGradientToClipNorm) {
   const auto codec = Make({{"ratio", "1"}, {"clip_norm", "0.5"}});
   TensorState state;

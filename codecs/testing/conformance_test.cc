@@ -48,5 +48,83 @@ INSTANTIATE_TEST_SUITE_P(
                                       "2bit"}),
     ConformanceCaseName);
 
+// Random-k at ratio r sends k = ceil(rn) coordinates: scaled by n/k the
+// expected squared error is (n/k - 1)||g||^2 (rel 3.0 at r = 0.1, 9.95 at
+// the default 0.01 whose 41 kept values make it vary by ~11 %: 13.5 is 3
+// sd); unscaled (alone or with error feedback, whose first step is the
+// same) it is the energy left out, sqrt(1 - k/n) = 0.949.
+INSTANTIATE_TEST_SUITE_P(
+    RandomK, CodecConformanceTest,
+    ::testing::Values(
+        ConformanceCase{"randomk", {}, 13.5},
+        ConformanceCase{"randomk", {{"ratio", "0.1"}}, 3.3, "scaled"},
+        ConformanceCase{
+            "randomk", {{"ratio", "0.1"}, {"scale", "false"}}, 0.97,
+            "unscaled"},
+        ConformanceCase{"randomk",
+                        {{"ratio", "0.1"}, {"error_feedback", "true"}},
+                        0.97,
+                        "error_feedback"}),
+    ConformanceCaseName);
+
+// Threshold's first step (nothing accumulated yet) drops |g| < tau: the
+// dropped energy of N(0, 1) is 0.199 below tau = 1 (rel 0.446) and 0.90
+// below 2.5 RMS (rel 0.949, sd ~0.01 over 4097 values).
+INSTANTIATE_TEST_SUITE_P(
+    Threshold, CodecConformanceTest,
+    ::testing::Values(
+        ConformanceCase{"threshold", {}, 0.98},
+        ConformanceCase{"threshold", {{"tau", "1"}}, 0.48, "absolute"}),
+    ConformanceCaseName);
+
+// TernGrad: E(Q_i - v_i)^2 = s|v_i| - v_i^2 (plus the clipping error), with
+// s = 2.5 sigma when clipped: 2.5 * 0.80 - 0.96 ~ 1.03 (rel ~1.02); with s the
+// max of 512 normals (~3.1): rel ~1.21; with buckets of 7 (buckets and code
+// bytes out of step) s ~ 1.6: rel ~0.55.
+// int8: nearest rounding leaves step^2/12, stochastic step^2/6 on average,
+// step = range / 255 ~ 6.5 / 255 for 1024 normals: rel 0.0074 and 0.0104.
+INSTANTIATE_TEST_SUITE_P(
+    Quantizers, CodecConformanceTest,
+    ::testing::Values(
+        ConformanceCase{"terngrad", {}, 1.12},
+        ConformanceCase{"terngrad", {{"clip_sigma", "0"}}, 1.33, "unclipped"},
+        ConformanceCase{"terngrad", {{"bucket", "7"}}, 0.7, "bucket7"},
+        ConformanceCase{"int8", {}, 0.0095},
+        ConformanceCase{"int8", {{"stochastic", "true"}}, 0.0125,
+                        "stochastic"}),
+    ConformanceCaseName);
+
+// Sign family on N(0, 1): the scaled sign E|g| * sign(g) leaves
+// E(|g| - E|g|)^2 = 1 - 2/pi, rel 0.603 (sd ~0.01 over 4097 values); onebit's
+// per-column means fit better, so the same bound holds. Signum's first step
+// signs m = 0.1 g and so sends 0.1 E|g| sign(g): rel sqrt(1 - 0.19 * 2/pi) =
+// 0.937.
+INSTANTIATE_TEST_SUITE_P(
+    Sign, CodecConformanceTest,
+    ::testing::Values(ConformanceCase{"signsgd", {}, 0.62},
+                      ConformanceCase{"efsign", {}, 0.62},
+                      ConformanceCase{"signum", {}, 0.95},
+                      ConformanceCase{"signum",
+                                      {{"momentum", "0"}},
+                                      0.62,
+                                      "no_momentum"},
+                      ConformanceCase{"onebit", {}, 0.62}),
+    ConformanceCaseName);
+
+// PowerSGD, one step from a random Q, on a 17 x 241 N(0, 1) matrix: the
+// best rank-r approximation leaves 0.91 (r = 2) and 0.64 (r = 8) of the norm;
+// one power step from random Q leaves 0.94 and 0.72 (numpy, 20 draws, the
+// largest seen), so the bounds allow a little more. Rank 8 sends 2064 of
+// 4097 floats, so it needs a compression rate below 2 to stay low-rank.
+INSTANTIATE_TEST_SUITE_P(
+    PowerSgd, CodecConformanceTest,
+    ::testing::Values(ConformanceCase{"powersgd", {}, 0.96},
+                      ConformanceCase{"powersgd",
+                                      {{"rank", "8"},
+                                       {"min_compression_rate", "1"}},
+                                      0.76,
+                                      "rank8"}),
+    ConformanceCaseName);
+
 }  // namespace
 }  // namespace gradcomp::codecs::testing

@@ -33,6 +33,41 @@ const std::vector<GoldenCase>& GoldenCases() {
        {4, 33},
        2,
        1},
+      // Random-k pins the Floyd index draw; with error feedback three steps
+      // pin the residual.
+      {"randomk", "randomk", {{"ratio", "0.1"}}, {4, 33}},
+      {"randomk_error_feedback",
+       "randomk",
+       {{"ratio", "0.1"}, {"error_feedback", "true"}},
+       {4, 33},
+       1,
+       0,
+       2,
+       2},
+      {"threshold", "threshold", {}, {4, 33}, 1, 0, 2, 2},
+      {"threshold_absolute", "threshold", {{"tau", "3"}}, {4, 33}, 1, 0, 1, 1},
+      {"terngrad", "terngrad", {}, {4, 33}},
+      // Buckets of 7 cross code bytes; rank 1 pins the per-worker stream.
+      {"terngrad_unclipped_bucket7_rank1",
+       "terngrad",
+       {{"clip_sigma", "0"}, {"bucket", "7"}},
+       {4, 33},
+       2,
+       1},
+      {"int8", "int8", {}, {4, 33}},
+      {"int8_stochastic_rank1",
+       "int8",
+       {{"stochastic", "true"}, {"bucket", "50"}},
+       {4, 33},
+       2,
+       1},
+      // Sign family: three steps pin efsign's residual and signum's
+      // momentum; onebit as [4, 33] (33 narrow columns) and as one column.
+      {"signsgd", "signsgd", {}, {4, 33}},
+      {"efsign", "efsign", {}, {4, 33}, 1, 0, 2, 2},
+      {"signum", "signum", {}, {4, 33}, 1, 0, 2, 2},
+      {"onebit", "onebit", {}, {4, 33}, 1, 0, 2, 2},
+      {"onebit_1d", "onebit", {}, {132}},
   };
   return *cases;
 }

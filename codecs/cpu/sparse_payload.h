@@ -1,0 +1,41 @@
+// The (index, value) payload of the sparse codecs: a count, the strictly
+// ascending indices gap-coded (index_coding.h), then the fp32 values. One
+// writer and one checking reader, so that every sparse codec validates the
+// same way.
+//
+//   WriteSparsePayload(CodecId::kThreshold, n, indices, values, &payload);
+//   GC_RETURN_IF_ERROR(AddSparsePayload(payload, CodecId::kThreshold,
+//                                       "threshold", alpha, acc));
+//
+// Parameters are 8 bytes: [0] index coding (1 = gaps bit-packed per block),
+// [1..3] zero, [4..7] uint32 count c; the body is the c coded indices, then
+// c fp32 values (the layout topk uses).
+#ifndef GRADCOMP_CODECS_CPU_SPARSE_PAYLOAD_H_
+#define GRADCOMP_CODECS_CPU_SPARSE_PAYLOAD_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "codecs/tensor.h"
+#include "codecs/wire.h"
+
+namespace gradcomp::codecs {
+
+// `indices` strictly ascending and below numel < 2^32; values.size() ==
+// indices.size().
+void WriteSparsePayload(CodecId codec, uint64_t numel,
+                        absl::Span<const uint32_t> indices,
+                        absl::Span<const float> values, Bytes* out);
+
+// Checks the whole payload (header for `codec` and acc.size() elements,
+// parameters, every index and length) and only then adds alpha * value at
+// each index. InvalidArgument, prefixed with `name`, leaves `acc` untouched.
+absl::Status AddSparsePayload(absl::string_view payload, CodecId codec,
+                              absl::string_view name, float alpha,
+                              absl::Span<float> acc);
+
+}  // namespace gradcomp::codecs
+
+#endif  // GRADCOMP_CODECS_CPU_SPARSE_PAYLOAD_H_

@@ -1,0 +1,191 @@
+#include "service/collective/mailbox.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace gradcomp::service {
+namespace {
+
+std::string KeyString(const MessageKey& key) {
+  static constexpr const char* kPhases[] = {"", "gather", "reduce-scatter",
+                                            "allgather"};
+  return absl::StrCat("job '", key.job, "' tensor '", key.tensor, "' step ",
+                      key.step, " round ", key.round, " ",
+                      kPhases[static_cast<int>(key.phase)]);
+}
+
+}  // namespace
+
+Mailbox::Mailbox(int world_size, MailboxOptions options, PeerMetrics* metrics)
+    : world_size_(world_size), options_(options), metrics_(metrics) {}
+
+void Mailbox::CountDropped(absl::string_view reason) {
+  if (metrics_ != nullptr) metrics_->CountDropped(reason);
+}
+
+void Mailbox::EraseLocked(absl::node_hash_map<MessageKey, Slot>::iterator it) {
+  if (!it->second.claimed) unclaimed_bytes_ -= it->second.bytes;
+  slots_.erase(it);
+}
+
+void Mailbox::ExpireLocked(absl::Time now) {
+  next_expiry_ = now + options_.unclaimed_ttl / 4;
+  const absl::Time cutoff = now - options_.unclaimed_ttl;
+  for (auto it = slots_.begin(); it != slots_.end();) {
+    auto next = std::next(it);
+    if (!it->second.claimed && it->second.created < cutoff) {
+      CountDropped("expired");
+      EraseLocked(it);
+    }
+    it = next;
+  }
+}
+
+void Mailbox::OnMessage(int from, const MessageKey& key, codecs::Bytes data) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  if (now >= next_expiry_) ExpireLocked(now);
+  auto current = current_step_.find(TensorKey(key.job, key.tensor));
+  if (current != current_step_.end() && key.step < current->second) {
+    CountDropped("stale");
+    return;
+  }
+  auto [it, inserted] = slots_.try_emplace(key);
+  Slot& slot = it->second;
+  if (inserted) {
+    slot.by_rank.resize(world_size_);
+    slot.created = now;
+  }
+  std::optional<codecs::Bytes>& entry = slot.by_rank[from];
+  if (!slot.claimed) {
+    // A peer that restarted may send a key again: the newer copy wins.
+    const uint64_t replaced = entry.has_value() ? entry->size() : 0;
+    if (unclaimed_bytes_ - replaced + data.size() >
+        options_.max_unclaimed_bytes) {
+      CountDropped("overflow");
+      slot.error = absl::ResourceExhaustedError(absl::StrCat(
+          "the message of rank ", from, " for ", KeyString(key), " (",
+          data.size(), " bytes) came before this rank's call and did not fit "
+          "in the ", options_.max_unclaimed_bytes,
+          " bytes held for early messages; expected ranks to reach tensors "
+          "closer together, or a larger peer buffer"));
+      return;
+    }
+    unclaimed_bytes_ += data.size() - replaced;
+    slot.bytes += data.size() - replaced;
+  }
+  entry = std::move(data);
+  ++slot.arrivals;
+}
+
+void Mailbox::OnPeerLost(int rank, const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [key, slot] : slots_) {
+    if (slot.claimed && slot.awaited[rank] && !slot.by_rank[rank].has_value() &&
+        slot.error.ok()) {
+      slot.error = absl::UnavailableError(absl::StrCat(
+          "rank ", rank, " was lost before it sent its message for ",
+          KeyString(key), ": ", why.message()));
+    }
+  }
+}
+
+void Mailbox::BeginStep(const std::string& job, const std::string& tensor,
+                        int64_t step) {
+  absl::MutexLock lock(&mu_);
+  current_step_[TensorKey(job, tensor)] = step;
+  for (auto it = slots_.begin(); it != slots_.end();) {
+    auto next = std::next(it);
+    const MessageKey& key = it->first;
+    if (!it->second.claimed && key.step < step && key.tensor == tensor &&
+        key.job == job) {
+      CountDropped("stale");
+      EraseLocked(it);
+    }
+    it = next;
+  }
+}
+
+absl::StatusOr<std::vector<codecs::Bytes>> Mailbox::Collect(
+    const MessageKey& key, absl::Span<const int> from, absl::Time deadline,
+    const std::function<std::string(int)>& peer_name) {
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = slots_.try_emplace(key);
+  Slot& slot = it->second;
+  if (inserted) {
+    slot.by_rank.resize(world_size_);
+    slot.created = absl::Now();
+  }
+  if (slot.claimed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        KeyString(key), " is already being collected by another call on this "
+                        "rank; expected one call per tensor and step"));
+  }
+  slot.claimed = true;
+  unclaimed_bytes_ -= slot.bytes;
+  slot.bytes = 0;
+  slot.awaited.assign(world_size_, false);
+  for (int rank : from) slot.awaited[rank] = true;
+
+  // The ranks still missing, mirrored into the waiting gauges.
+  std::vector<int> waiting;
+  auto update_waiting = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<int> missing;
+    for (int rank : from) {
+      if (!slot.by_rank[rank].has_value()) missing.push_back(rank);
+    }
+    if (metrics_ != nullptr) {
+      for (int rank : waiting) metrics_->AddWaiting(rank, -1);
+      for (int rank : missing) metrics_->AddWaiting(rank, 1);
+    }
+    waiting = std::move(missing);
+  };
+  update_waiting();
+  bool timed_out = false;
+  while (!waiting.empty() && slot.error.ok() && !timed_out) {
+    const int seen = slot.arrivals;
+    auto progress = [&slot, seen]() {
+      return slot.arrivals != seen || !slot.error.ok();
+    };
+    timed_out = !mu_.AwaitWithDeadline(absl::Condition(&progress), deadline);
+    update_waiting();
+  }
+  std::vector<int> missing = waiting;
+  if (metrics_ != nullptr) {
+    for (int rank : waiting) metrics_->AddWaiting(rank, -1);
+  }
+  absl::Status error = slot.error;
+  std::vector<codecs::Bytes> out(world_size_);
+  for (int rank : from) {
+    if (slot.by_rank[rank].has_value()) out[rank] = std::move(*slot.by_rank[rank]);
+  }
+  // Erased by key: waiting let other calls rehash the map, which
+  // invalidates iterators (the node, and `slot`, stay put).
+  slots_.erase(key);
+  if (!error.ok()) return error;
+  if (!missing.empty()) {
+    std::vector<std::string> names;
+    for (int rank : missing) names.push_back(peer_name(rank));
+    std::vector<int> arrived;
+    for (int rank : from) {
+      if (std::find(missing.begin(), missing.end(), rank) == missing.end()) {
+        arrived.push_back(rank);
+      }
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        KeyString(key), ": no message from ", absl::StrJoin(names, ", "),
+        " before the deadline (", arrived.empty() ? "none" : "ranks ",
+        absl::StrJoin(arrived, ", "), arrived.empty() ? " of the others" : "",
+        " arrived)"));
+  }
+  return out;
+}
+
+uint64_t Mailbox::unclaimed_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return unclaimed_bytes_;
+}
+
+}  // namespace gradcomp::service

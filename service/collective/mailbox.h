@@ -1,0 +1,102 @@
+// The rendezvous of peer messages: what arrives is kept under its
+// (job, tensor, step, round, phase) key until the local collective for that
+// key collects it, so ranks may reach a tensor in any order. Memory stays
+// bounded: unclaimed bytes have a cap, a local call for step s frees the
+// tensor's older steps, and unclaimed messages expire.
+//
+//   mailbox.BeginStep("job", "fc1.weight", 7);
+//   GC_ASSIGN_OR_RETURN(std::vector<codecs::Bytes> got,
+//                       mailbox.Collect(key, {1, 2, 3}, deadline, name));
+#ifndef GRADCOMP_SERVICE_COLLECTIVE_MAILBOX_H_
+#define GRADCOMP_SERVICE_COLLECTIVE_MAILBOX_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "service/metrics/peer_metrics.h"
+#include "service/transport/transport.h"
+
+namespace gradcomp::service {
+
+struct MailboxOptions {
+  // Bytes of messages that arrived before their local call; one more is
+  // dropped (and its collective fails with ResourceExhausted).
+  uint64_t max_unclaimed_bytes = uint64_t{1} << 30;
+  // An unclaimed message older than this is freed.
+  absl::Duration unclaimed_ttl = absl::Minutes(5);
+};
+
+class Mailbox : public Receiver {
+ public:
+  // `metrics` may be null; it must outlive the mailbox.
+  Mailbox(int world_size, MailboxOptions options, PeerMetrics* metrics);
+
+  void OnMessage(int from, const MessageKey& key, codecs::Bytes data) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void OnPeerLost(int rank, const absl::Status& why) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // This rank starts `step` of (job, tensor): whatever is held for its
+  // earlier steps is freed, and later arrivals for them are dropped (their
+  // collectives are over here). A step below the last one (a trainer that
+  // restarted from a checkpoint) starts over from there.
+  void BeginStep(const std::string& job, const std::string& tensor,
+                 int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Waits until a message for `key` has come from every rank in `from`, and
+  // returns them indexed by rank (world_size entries; empty for ranks not in
+  // `from`). DeadlineExceeded when `deadline` passes, Unavailable when a
+  // rank still awaited is lost; both name the missing ranks through
+  // `peer_name`.
+  absl::StatusOr<std::vector<codecs::Bytes>> Collect(
+      const MessageKey& key, absl::Span<const int> from, absl::Time deadline,
+      const std::function<std::string(int)>& peer_name)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  uint64_t unclaimed_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Slot {
+    std::vector<std::optional<codecs::Bytes>> by_rank;
+    uint64_t bytes = 0;
+    absl::Time created;
+    bool claimed = false;  // a Collect waits on it
+    std::vector<bool> awaited;  // by rank, once claimed
+    int arrivals = 0;           // wakes the Collect
+    // Set when a message for it was dropped (overflow) or an awaited rank
+    // was lost: the Collect fails with it.
+    absl::Status error;
+  };
+  using TensorKey = std::pair<std::string, std::string>;  // job, tensor
+
+  void EraseLocked(absl::node_hash_map<MessageKey, Slot>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountDropped(absl::string_view reason);
+
+  const int world_size_;
+  const MailboxOptions options_;
+  PeerMetrics* const metrics_;
+
+  mutable absl::Mutex mu_;
+  // Node map: a waiting Collect holds a pointer to its slot.
+  absl::node_hash_map<MessageKey, Slot> slots_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<TensorKey, int64_t> current_step_ ABSL_GUARDED_BY(mu_);
+  uint64_t unclaimed_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time next_expiry_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gradcomp::service
+
+#endif  // GRADCOMP_SERVICE_COLLECTIVE_MAILBOX_H_

@@ -1,0 +1,165 @@
+#include "service/collective/mailbox.h"
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "service/metrics/metrics_testing.h"
+#include "service/metrics/peer_metrics.h"
+
+namespace gradcomp::service {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Name(int rank) { return absl::StrCat("rank ", rank, " (test)"); }
+
+MessageKey Key(int64_t step, std::string tensor = "w") {
+  return MessageKey{"job", std::move(tensor), step, 0, Phase::kGather};
+}
+
+TEST(MailboxTest, MessagesThatCameFirstWaitForTheLocalCall) {
+  Mailbox mailbox(3, {}, nullptr);
+  mailbox.OnMessage(2, Key(5), "from2");
+  mailbox.OnMessage(1, Key(5), "from1");
+  mailbox.OnMessage(1, Key(6), "later step");
+  EXPECT_EQ(mailbox.unclaimed_bytes(), 5u + 5u + 10u);
+  auto got = mailbox.Collect(Key(5), {1, 2}, absl::InfiniteFuture(), Name);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(*got, ::testing::ElementsAre("", "from1", "from2"));
+  EXPECT_EQ(mailbox.unclaimed_bytes(), 10u);
+}
+
+TEST(MailboxTest, CollectWaitsForMessagesThatComeLater) {
+  Mailbox mailbox(2, {}, nullptr);
+  std::thread sender([&] { mailbox.OnMessage(1, Key(0), "late"); });
+  auto got = mailbox.Collect(Key(0), {1}, absl::InfiniteFuture(), Name);
+  sender.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)[1], "late");
+}
+
+TEST(MailboxTest, DeadlineErrorNamesTheMissingRanksAndTheArrivedOnes) {
+  PeerMetrics metrics(0, 4);
+  Mailbox mailbox(4, {}, &metrics);
+  mailbox.OnMessage(2, Key(3, "fc1.weight"), "x");
+  auto got = mailbox.Collect(Key(3, "fc1.weight"), {1, 2, 3},
+                             absl::Now() + absl::Milliseconds(50), Name);
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(got.status().message(),
+              HasSubstr("tensor 'fc1.weight' step 3 round 0 gather: no "
+                        "message from rank 1 (test), rank 3 (test) before the "
+                        "deadline (ranks 2 arrived)"));
+  // Nothing waits any more.
+  for (const char* peer : {"1", "2", "3"}) {
+    EXPECT_EQ(MetricValue(*metrics.collectable(), "gradcomp_peer_waiting",
+                          {{"peer", peer}}),
+              0);
+  }
+}
+
+TEST(MailboxTest, WaitingGaugeShowsTheRanksAStepWaitsOn) {
+  PeerMetrics metrics(0, 3);
+  Mailbox mailbox(3, {}, &metrics);
+  mailbox.OnMessage(1, Key(0), "x");
+  std::thread collector([&] {
+    EXPECT_TRUE(
+        mailbox.Collect(Key(0), {1, 2}, absl::InfiniteFuture(), Name).ok());
+  });
+  auto waiting = [&](const char* peer) {
+    return MetricValue(*metrics.collectable(), "gradcomp_peer_waiting",
+                       {{"peer", peer}});
+  };
+  while (waiting("2") != 1) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(waiting("1"), 0);
+  mailbox.OnMessage(2, Key(0), "y");
+  collector.join();
+  EXPECT_EQ(waiting("2"), 0);
+}
+
+TEST(MailboxTest, LosingAnAwaitedRankFailsTheCollectAtOnce) {
+  Mailbox mailbox(3, {}, nullptr);
+  mailbox.OnMessage(1, Key(0), "x");
+  std::thread killer([&] {
+    // Rank 1 already sent: its loss does not matter; rank 2's does.
+    absl::SleepFor(absl::Milliseconds(20));
+    mailbox.OnPeerLost(1, absl::UnavailableError("rank 1 closed"));
+    mailbox.OnPeerLost(2, absl::UnavailableError("rank 2 closed"));
+  });
+  auto got = mailbox.Collect(Key(0), {1, 2}, absl::InfiniteFuture(), Name);
+  killer.join();
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(got.status().message(),
+              HasSubstr("rank 2 was lost before it sent its message for job "
+                        "'job' tensor 'w' step 0 round 0 gather: rank 2 "
+                        "closed"));
+}
+
+TEST(MailboxTest, ALaterLocalStepFreesAndRefusesOlderSteps) {
+  PeerMetrics metrics(0, 2);
+  Mailbox mailbox(2, {}, &metrics);
+  mailbox.OnMessage(1, Key(1), "abandoned");
+  mailbox.OnMessage(1, Key(1, "other"), "kept");
+  mailbox.BeginStep("job", "w", 2);
+  EXPECT_EQ(mailbox.unclaimed_bytes(), 4u);
+  mailbox.OnMessage(1, Key(1), "too late");
+  EXPECT_EQ(mailbox.unclaimed_bytes(), 4u);
+  EXPECT_EQ(MetricValue(*metrics.collectable(),
+                        "gradcomp_peer_messages_dropped_total",
+                        {{"reason", "stale"}}),
+            2);
+  // A trainer that restarts from a checkpoint goes back in steps.
+  mailbox.BeginStep("job", "w", 0);
+  mailbox.OnMessage(1, Key(0), "again");
+  EXPECT_TRUE(
+      mailbox.Collect(Key(0), {1}, absl::InfiniteFuture(), Name).ok());
+}
+
+TEST(MailboxTest, EarlyMessagesOverTheCapFailTheirCollective) {
+  MailboxOptions options;
+  options.max_unclaimed_bytes = 8;
+  Mailbox mailbox(2, options, nullptr);
+  mailbox.OnMessage(1, Key(0, "a"), "12345");
+  mailbox.OnMessage(1, Key(0, "b"), "67890");  // 10 > 8: dropped
+  EXPECT_EQ(mailbox.unclaimed_bytes(), 5u);
+  auto got = mailbox.Collect(Key(0, "b"), {1}, absl::InfiniteFuture(), Name);
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(got.status().message(), HasSubstr("rank 1"));
+  EXPECT_TRUE(
+      mailbox.Collect(Key(0, "a"), {1}, absl::InfiniteFuture(), Name).ok());
+  EXPECT_EQ(mailbox.unclaimed_bytes(), 0u);
+}
+
+TEST(MailboxTest, UnclaimedMessagesExpire) {
+  MailboxOptions options;
+  options.unclaimed_ttl = absl::Milliseconds(1);
+  Mailbox mailbox(2, options, nullptr);
+  mailbox.OnMessage(1, Key(0, "a"), "12345");
+  absl::SleepFor(absl::Milliseconds(5));
+  mailbox.OnMessage(1, Key(0, "b"), "67");
+  EXPECT_EQ(mailbox.unclaimed_bytes(), 2u);
+}
+
+TEST(MailboxTest, TwoCollectsOfOneKeyAreRefused) {
+  PeerMetrics metrics(0, 2);
+  Mailbox mailbox(2, {}, &metrics);
+  std::thread first([&] {
+    EXPECT_TRUE(
+        mailbox.Collect(Key(0), {1}, absl::InfiniteFuture(), Name).ok());
+  });
+  while (MetricValue(*metrics.collectable(), "gradcomp_peer_waiting",
+                     {{"peer", "1"}}) != 1) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  auto second = mailbox.Collect(Key(0), {1}, absl::InfiniteFuture(), Name);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(second.status().message(), HasSubstr("already being collected"));
+  mailbox.OnMessage(1, Key(0), "x");
+  first.join();
+}
+
+}  // namespace
+}  // namespace gradcomp::service

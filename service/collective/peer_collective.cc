@@ -1,0 +1,213 @@
+#include "service/collective/peer_collective.h"
+
+#include <chrono>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "codecs/wire.h"
+
+namespace gradcomp::service {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+MessageKey ToMessageKey(const RoundKey& key, Phase phase) {
+  return MessageKey{key.job, key.tensor, key.step, key.round, phase};
+}
+
+// Slice j of m elements split over w ranks: [m*j/w, m*(j+1)/w).
+struct Slice {
+  uint64_t begin;
+  uint64_t size;
+};
+Slice SliceOf(uint64_t m, int w, int j) {
+  const uint64_t begin = m * j / w;
+  return {begin, m * (j + 1) / w - begin};
+}
+
+// The dense element type an owner sends its summed slice in: the
+// payload's own, unless a sum does not fit it (fp16 overflows at 65520),
+// then fp32, so that a finite sum never turns into Inf.
+codecs::ElemType SumType(codecs::ElemType body, absl::Span<const float> sum) {
+  float limit;
+  switch (body) {
+    case codecs::ElemType::kF16:
+      limit = 65504.0f;
+      break;
+    case codecs::ElemType::kBF16:
+      limit = 3.38953139e38f;
+      break;
+    default:
+      return body;
+  }
+  for (float v : sum) {
+    if (std::isfinite(v) && std::fabs(v) > limit) return codecs::ElemType::kF32;
+  }
+  return body;
+}
+
+}  // namespace
+
+PeerCollective::PeerCollective(Transport* transport, Mailbox* mailbox,
+                               PeerCollectiveOptions options,
+                               PeerMetrics* metrics)
+    : transport_(transport),
+      mailbox_(mailbox),
+      options_(options),
+      metrics_(metrics) {
+  const int w = transport_->world_size();
+  for (int i = 1; i < w; ++i) others_.push_back((transport_->rank() + i) % w);
+}
+
+absl::Status PeerCollective::SendToOthers(
+    const MessageKey& key, std::shared_ptr<const codecs::Bytes> data,
+    absl::Time deadline) {
+  for (int to : others_) {
+    GC_RETURN_IF_ERROR(transport_->Send(to, key, data, deadline));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<codecs::Bytes>> PeerCollective::CollectFromOthers(
+    const MessageKey& key, absl::Time deadline) {
+  return mailbox_->Collect(key, others_, deadline,
+                           [this](int r) { return transport_->PeerName(r); });
+}
+
+absl::StatusOr<codecs::RoundResult> PeerCollective::Run(const RoundKey& key,
+                                                        codecs::Round round) {
+  const Clock::time_point start = Clock::now();
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  mailbox_->BeginStep(key.job, key.tensor, key.step);
+  absl::StatusOr<codecs::RoundResult> result;
+  Algorithm algorithm;
+  switch (round.collective) {
+    case codecs::Collective::kGather:
+      algorithm = Algorithm::kAllgather;
+      result = Allgather(key, std::move(round.payload), deadline);
+      break;
+    case codecs::Collective::kSum:
+      algorithm = Algorithm::kReduceScatterAllgather;
+      result = ReduceScatterAllgather(key, round.payload, deadline);
+      break;
+  }
+  if (result.ok() && metrics_ != nullptr) {
+    metrics_->ObserveCollective(
+        algorithm,
+        std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return result;
+}
+
+absl::StatusOr<codecs::RoundResult> PeerCollective::Allgather(
+    const RoundKey& key, codecs::Bytes payload, absl::Time deadline) {
+  const MessageKey message = ToMessageKey(key, Phase::kGather);
+  auto own = std::make_shared<const codecs::Bytes>(std::move(payload));
+  GC_RETURN_IF_ERROR(SendToOthers(message, own, deadline));
+  codecs::RoundResult result;
+  result.world_size = world_size();
+  GC_ASSIGN_OR_RETURN(result.payloads, CollectFromOthers(message, deadline));
+  result.payloads[rank()] = *own;
+  return result;
+}
+
+absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(
+    const RoundKey& key, const codecs::Bytes& payload, absl::Time deadline) {
+  const int w = world_size();
+  const int me = rank();
+  GC_ASSIGN_OR_RETURN(const codecs::ParsedPayload own,
+                      codecs::PeekPayload(payload));
+  if ((own.header.flags & codecs::kFlagDenseBody) == 0 || own.params.empty()) {
+    return absl::InternalError(absl::StrCat(
+        "round ", key.round, ": a SUM round's payload has no dense body (flags ",
+        own.header.flags, ")"));
+  }
+  const auto elem_type = static_cast<codecs::ElemType>(own.params[0]);
+  const size_t elem = codecs::ElemTypeBytes(elem_type);
+  if (elem == 0 || own.body.size() % elem != 0) {
+    return absl::InternalError(absl::StrCat(
+        "round ", key.round, ": dense body of ", own.body.size(),
+        " bytes is not a whole number of elements of type ",
+        static_cast<int>(elem_type)));
+  }
+  const uint64_t m = own.body.size() / elem;
+  codecs::WireHeader header = own.header;
+  header.flags = codecs::kFlagDenseBody;
+  const absl::string_view type_param = own.params.substr(0, 1);
+
+  // Reduce-scatter: slice j of this rank's body goes to rank j, as it is.
+  const MessageKey scatter = ToMessageKey(key, Phase::kReduceScatter);
+  std::vector<codecs::Bytes> slices(w);
+  for (int j = 0; j < w; ++j) {
+    const Slice s = SliceOf(m, w, j);
+    codecs::WritePayload(header, type_param,
+                         own.body.substr(s.begin * elem, s.size * elem),
+                         &slices[j]);
+  }
+  for (int to : others_) {
+    GC_RETURN_IF_ERROR(transport_->Send(
+        to, scatter, std::make_shared<const codecs::Bytes>(std::move(slices[to])),
+        deadline));
+  }
+  GC_ASSIGN_OR_RETURN(std::vector<codecs::Bytes> got,
+                      CollectFromOthers(scatter, deadline));
+  got[me] = std::move(slices[me]);
+
+  // This rank's slice: the W contributions added in rank order, whatever
+  // order they arrived in, so the sum is the same on every rank.
+  const Slice mine = SliceOf(m, w, me);
+  std::vector<float> sum(mine.size, 0.0f);
+  for (int r = 0; r < w; ++r) {
+    absl::StatusOr<codecs::ParsedPayload> part = codecs::PeekPayload(got[r]);
+    absl::Status status = part.status();
+    if (status.ok() && (part->header.codec != header.codec ||
+                        part->header.round != header.round)) {
+      status = absl::InvalidArgumentError(absl::StrCat(
+          "rank ", r, " encoded codec id ",
+          static_cast<int>(part->header.codec), " round ",
+          static_cast<int>(part->header.round), ", rank ", me,
+          " encoded codec id ", static_cast<int>(header.codec), " round ",
+          static_cast<int>(header.round),
+          "; expected the same policy on every rank"));
+    }
+    if (status.ok()) status = codecs::AddDenseBody(*part, 1.0f, absl::MakeSpan(sum));
+    if (!status.ok()) {
+      return absl::Status(
+          status.code(), absl::StrCat("reduce-scatter slice ", me, " from rank ",
+                                      r, ": ", status.message()));
+    }
+  }
+
+  // Allgather of the summed slices; the owner uses the bytes it sends, so
+  // every rank decodes exactly the same values.
+  const MessageKey gather = ToMessageKey(key, Phase::kAllgather);
+  auto reduced = std::make_shared<codecs::Bytes>();
+  codecs::WriteDensePayload(header, SumType(elem_type, sum), sum,
+                            reduced.get());
+  GC_RETURN_IF_ERROR(SendToOthers(gather, reduced, deadline));
+  GC_ASSIGN_OR_RETURN(got, CollectFromOthers(gather, deadline));
+  got[me] = *reduced;
+
+  codecs::RoundResult result;
+  result.world_size = w;
+  result.sum.assign(m, 0.0f);
+  for (int r = 0; r < w; ++r) {
+    const Slice s = SliceOf(m, w, r);
+    absl::StatusOr<codecs::ParsedPayload> part = codecs::PeekPayload(got[r]);
+    absl::Status status = part.status();
+    if (status.ok()) {
+      status = codecs::AddDenseBody(
+          *part, 1.0f, absl::MakeSpan(result.sum).subspan(s.begin, s.size));
+    }
+    if (!status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrCat("summed slice ", r, " from rank ", r,
+                                       ": ", status.message()));
+    }
+  }
+  return result;
+}
+
+}  // namespace gradcomp::service

@@ -1,0 +1,242 @@
+#include "service/collective/peer_collective.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "codecs/wire.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "service/collective/mailbox.h"
+#include "service/metrics/metrics_testing.h"
+#include "service/metrics/peer_metrics.h"
+#include "service/transport/in_process_transport.h"
+
+namespace gradcomp::service {
+namespace {
+
+using ::testing::HasSubstr;
+
+// W daemons' collectives in one process, over an InProcessHub.
+class Group {
+ public:
+  explicit Group(int world_size,
+                 absl::Duration timeout = absl::Seconds(60))
+      : hub_(world_size) {
+    for (int r = 0; r < world_size; ++r) {
+      metrics_.push_back(std::make_unique<PeerMetrics>(r, world_size));
+      mailboxes_.push_back(
+          std::make_unique<Mailbox>(world_size, MailboxOptions{},
+                                    metrics_[r].get()));
+      transports_.push_back(hub_.Connect(r, mailboxes_[r].get()));
+      collectives_.push_back(std::make_unique<PeerCollective>(
+          transports_[r].get(), mailboxes_[r].get(),
+          PeerCollectiveOptions{timeout}, metrics_[r].get()));
+    }
+  }
+  InProcessHub& hub() { return hub_; }
+  PeerCollective& collective(int rank) { return *collectives_[rank]; }
+  double Waiting(int rank, int peer) const {
+    return MetricValue(*metrics_[rank]->collectable(), "gradcomp_peer_waiting",
+                       {{"peer", std::to_string(peer)}});
+  }
+
+ private:
+  InProcessHub hub_;
+  std::vector<std::unique_ptr<PeerMetrics>> metrics_;
+  std::vector<std::unique_ptr<Mailbox>> mailboxes_;
+  std::vector<std::unique_ptr<Transport>> transports_;
+  std::vector<std::unique_ptr<PeerCollective>> collectives_;
+};
+
+codecs::Bytes DensePayload(const std::vector<float>& values,
+                           codecs::ElemType type = codecs::ElemType::kF32,
+                           codecs::CodecId codec = codecs::CodecId::kNone) {
+  codecs::WireHeader header;
+  header.codec = codec;
+  header.numel = values.size();
+  codecs::Bytes payload;
+  codecs::WriteDensePayload(header, type, values, &payload);
+  return payload;
+}
+
+std::vector<float> Values(int rank, int tensor, int step, size_t n) {
+  std::mt19937 rng(rank * 100003 + tensor * 1009 + step);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng) * (1.0f + tensor);
+  return v;
+}
+
+using Results = std::vector<std::vector<absl::StatusOr<codecs::RoundResult>>>;
+
+// Every rank runs `tensors` tensors of `step` at once, each rank starting
+// them in its own random order; make(rank, tensor) is the round.
+template <typename Make>
+Results RunAll(Group& group, int world_size, int tensors, int step,
+               Make make) {
+  Results results(world_size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world_size; ++r) {
+    results[r].resize(tensors, absl::UnknownError("not run"));
+    std::vector<int> order(tensors);
+    for (int t = 0; t < tensors; ++t) order[t] = t;
+    std::shuffle(order.begin(), order.end(), std::mt19937(r + 17 * step));
+    for (int t : order) {
+      threads.emplace_back([&, r, t] {
+        results[r][t] = group.collective(r).Run(
+            {"job", absl::StrCat("t", t), step, 0}, make(r, t));
+      });
+    }
+  }
+  for (std::thread& thread : threads) thread.join();
+  return results;
+}
+
+TEST(PeerCollectiveTest, GatherHandsEveryRankAllPayloadsInRankOrder) {
+  constexpr int kW = 4, kTensors = 12;
+  Group group(kW);
+  for (int step = 0; step < 3; ++step) {
+    Results results = RunAll(group, kW, kTensors, step, [&](int r, int t) {
+      return codecs::Round{codecs::Collective::kGather,
+                           absl::StrCat("payload r", r, " t", t, " s", step)};
+    });
+    for (int r = 0; r < kW; ++r) {
+      for (int t = 0; t < kTensors; ++t) {
+        ASSERT_TRUE(results[r][t].ok()) << results[r][t].status();
+        EXPECT_EQ(results[r][t]->world_size, kW);
+        std::vector<std::string> expected;
+        for (int from = 0; from < kW; ++from) {
+          expected.push_back(absl::StrCat("payload r", from, " t", t, " s", step));
+        }
+        EXPECT_EQ(results[r][t]->payloads, expected);
+      }
+    }
+  }
+}
+
+TEST(PeerCollectiveTest, SumIsTheRankOrderFp32SumBitForBitOnEveryRank) {
+  constexpr int kW = 4, kTensors = 8;
+  Group group(kW);
+  // Sizes not divisible by W, and smaller than W (empty slices).
+  auto size_of = [](int t) { return t % 2 == 0 ? size_t{1001 + t} : size_t(t); };
+  for (int step = 0; step < 2; ++step) {
+    Results results = RunAll(group, kW, kTensors, step, [&](int r, int t) {
+      return codecs::Round{codecs::Collective::kSum,
+                           DensePayload(Values(r, t, step, size_of(t)))};
+    });
+    for (int t = 0; t < kTensors; ++t) {
+      std::vector<float> expected(size_of(t), 0.0f);
+      for (int r = 0; r < kW; ++r) {
+        const std::vector<float> v = Values(r, t, step, size_of(t));
+        for (size_t i = 0; i < v.size(); ++i) expected[i] += v[i];
+      }
+      for (int r = 0; r < kW; ++r) {
+        ASSERT_TRUE(results[r][t].ok()) << results[r][t].status();
+        const std::vector<float>& sum = results[r][t]->sum;
+        ASSERT_EQ(sum.size(), expected.size());
+        EXPECT_EQ(std::memcmp(sum.data(), expected.data(),
+                              sum.size() * sizeof(float)),
+                  0)
+            << "rank " << r << " tensor " << t;
+      }
+    }
+  }
+}
+
+TEST(PeerCollectiveTest, Fp16SumsTravelAsFp16UnlessTheyOverflow) {
+  constexpr int kW = 4;
+  Group group(kW);
+  Results results = RunAll(group, kW, 2, 0, [&](int r, int t) {
+    // Tensor 1 sums to 4 * 40000, above fp16's largest finite 65504.
+    std::vector<float> v = t == 0 ? std::vector<float>{0.5f, -1.25f, 3.0f}
+                                  : std::vector<float>{40000.0f, 1.0f};
+    return codecs::Round{codecs::Collective::kSum,
+                         DensePayload(v, codecs::ElemType::kF16,
+                                      codecs::CodecId::kFp16)};
+  });
+  for (int r = 0; r < kW; ++r) {
+    ASSERT_TRUE(results[r][0].ok()) << results[r][0].status();
+    EXPECT_THAT(results[r][0]->sum, ::testing::ElementsAre(2.0f, -5.0f, 12.0f));
+    ASSERT_TRUE(results[r][1].ok()) << results[r][1].status();
+    EXPECT_THAT(results[r][1]->sum, ::testing::ElementsAre(160000.0f, 4.0f));
+  }
+}
+
+TEST(PeerCollectiveTest, RanksWithDifferentCodecsAreRefusedNamingBoth) {
+  constexpr int kW = 3;
+  Group group(kW);
+  Results results = RunAll(group, kW, 1, 0, [&](int r, int) {
+    return codecs::Round{
+        codecs::Collective::kSum,
+        DensePayload({1, 2, 3}, codecs::ElemType::kF32,
+                     r == 1 ? codecs::CodecId::kFp16 : codecs::CodecId::kNone)};
+  });
+  ASSERT_EQ(results[0][0].status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(results[0][0].status().message(),
+              HasSubstr("rank 1 encoded codec id 2 round 0, rank 0 encoded "
+                        "codec id 1 round 0"));
+  EXPECT_EQ(results[1][0].status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PeerCollectiveTest, AMissingRankFailsTheOthersAtTheDeadlineNamingIt) {
+  constexpr int kW = 4;
+  Group group(kW, absl::Milliseconds(100));
+  std::vector<absl::Status> status(kW - 1);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kW - 1; ++r) {
+    threads.emplace_back([&, r] {
+      status[r] = group.collective(r)
+                      .Run({"job", "fc1.weight", 9, 0},
+                           {codecs::Collective::kGather, "p"})
+                      .status();
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int r = 0; r < kW - 1; ++r) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_THAT(status[r].message(), HasSubstr("no message from rank 3"));
+    EXPECT_THAT(status[r].message(), HasSubstr("tensor 'fc1.weight' step 9"));
+  }
+}
+
+TEST(PeerCollectiveTest, AKilledRankFailsTheWaitersAndTheNextStepWorks) {
+  constexpr int kW = 4;
+  Group group(kW);
+  std::vector<absl::Status> status(kW - 1);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kW - 1; ++r) {
+    threads.emplace_back([&, r] {
+      status[r] = group.collective(r)
+                      .Run({"job", "w", 0, 0},
+                           {codecs::Collective::kSum, DensePayload({1, 2})})
+                      .status();
+    });
+  }
+  for (int r = 0; r < kW - 1; ++r) {
+    while (group.Waiting(r, 3) == 0) absl::SleepFor(absl::Milliseconds(1));
+  }
+  group.hub().Kill(3);
+  for (std::thread& thread : threads) thread.join();
+  for (int r = 0; r < kW - 1; ++r) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kUnavailable);
+    EXPECT_THAT(status[r].message(), HasSubstr("rank 3 was lost"));
+    EXPECT_EQ(group.Waiting(r, 3), 0);
+  }
+  group.hub().Revive(3);
+  Results results = RunAll(group, kW, 1, 1, [&](int, int) {
+    return codecs::Round{codecs::Collective::kSum, DensePayload({1, 2})};
+  });
+  for (int r = 0; r < kW; ++r) {
+    ASSERT_TRUE(results[r][0].ok()) << results[r][0].status();
+    EXPECT_THAT(results[r][0]->sum, ::testing::ElementsAre(4.0f, 8.0f));
+  }
+}
+
+}  // namespace
+}  // namespace gradcomp::service

@@ -1,0 +1,82 @@
+// How daemons hand each other messages: a small interface (after NCCL's
+// transports) that the collectives use without knowing whether the bytes go
+// over gRPC, stay in process (tests) or, later, go through NCCL.
+//
+//   transport->Send(2, key, payload, deadline);  // queued for rank 2
+//   // ... rank 2's Receiver::OnMessage(0, key, bytes) runs when it arrives.
+#ifndef GRADCOMP_SERVICE_TRANSPORT_TRANSPORT_H_
+#define GRADCOMP_SERVICE_TRANSPORT_TRANSPORT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/hash/hash.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "codecs/tensor.h"
+
+namespace gradcomp::service {
+
+// Which step of a collective a message belongs to (peer.proto's Phase).
+enum class Phase : uint8_t {
+  kGather = 1,
+  kReduceScatter = 2,
+  kAllgather = 3,
+};
+
+// The rendezvous key of one message: the same on every rank for the same
+// (job, tensor, step, round) and collective step, whatever the call order.
+struct MessageKey {
+  std::string job;
+  std::string tensor;
+  int64_t step = 0;
+  int round = 0;
+  Phase phase = Phase::kGather;
+
+  friend bool operator==(const MessageKey& a, const MessageKey& b) {
+    return a.step == b.step && a.round == b.round && a.phase == b.phase &&
+           a.tensor == b.tensor && a.job == b.job;
+  }
+  template <typename H>
+  friend H AbslHashValue(H h, const MessageKey& k) {
+    return H::combine(std::move(h), k.job, k.tensor, k.step, k.round, k.phase);
+  }
+};
+
+// Where a transport delivers what arrives. Called from transport threads,
+// concurrently for different senders.
+class Receiver {
+ public:
+  virtual ~Receiver() = default;
+  // A complete message from rank `from`.
+  virtual void OnMessage(int from, const MessageKey& key,
+                         codecs::Bytes data) = 0;
+  // Rank `rank` went away (its connection broke): messages it had not sent
+  // yet will not come. `why` names the rank and the cause.
+  virtual void OnPeerLost(int rank, const absl::Status& why) = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+
+  // "rank 2 (10.0.0.3:50052)": how errors name a peer.
+  virtual std::string PeerName(int rank) const = 0;
+
+  // Queues `data` for rank `to` (never this rank). Blocks while the peer is
+  // not connected or its queue is full, until `deadline`; then Unavailable
+  // or DeadlineExceeded naming the peer. Success means queued, not
+  // delivered: a message lost with a broken connection shows up at the
+  // receiver as a missing one.
+  virtual absl::Status Send(int to, const MessageKey& key,
+                            std::shared_ptr<const codecs::Bytes> data,
+                            absl::Time deadline) = 0;
+};
+
+}  // namespace gradcomp::service
+
+#endif  // GRADCOMP_SERVICE_TRANSPORT_TRANSPORT_H_
