@@ -1,10 +1,7 @@
 #include "codecs/error_feedback.h"
 
-#include <algorithm>
 #include <utility>
-#include <vector>
 
-#include "base/status_macros.h"
 
 namespace gradcomp::codecs {
 
@@ -18,18 +15,20 @@ absl::Status ErrorFeedback::Encode(const TensorView& grad, TensorState& state,
                                    const StepContext& ctx,
                                    Bytes* payload) const {
   const size_t n = grad.numel();
-  absl::Span<float> residual = state.Buffer(kErrorFeedbackBuffer, n);
-  // p = g + e; after the encode the same vector becomes p - D(payload).
-  std::vector<float> corrected(n);
-  for (size_t i = 0; i < n; ++i) corrected[i] = grad.values[i] + residual[i];
-  TensorView p{absl::MakeConstSpan(corrected), grad.shape};
-  GC_RETURN_IF_ERROR(inner_->Encode(p, state, ctx, payload));
-  // The residual changes only once the payload decoded, so an error leaves
-  // it as it was.
-  GC_RETURN_IF_ERROR(
-      inner_->DecodeAdd(*payload, -1.0f, absl::MakeSpan(corrected)));
-  std::copy(corrected.begin(), corrected.end(), residual.begin());
-  return absl::OkStatus();
+  // The residual buffer itself holds p = g + e and then becomes
+  // p - D(payload): no per-step scratch tensor, whose fresh pages would cost
+  // more than the arithmetic on large tensors.
+  absl::Span<float> p = state.Buffer(kErrorFeedbackBuffer, n);
+  for (size_t i = 0; i < n; ++i) p[i] += grad.values[i];
+  absl::Status status =
+      inner_->Encode(TensorView{p, grad.shape}, state, ctx, payload);
+  if (status.ok()) status = inner_->DecodeAdd(*payload, -1.0f, p);
+  if (!status.ok()) {
+    // Give the residual back (to within rounding) so that a failed step
+    // neither loses nor double-counts the carried error.
+    for (size_t i = 0; i < n; ++i) p[i] -= grad.values[i];
+  }
+  return status;
 }
 
 absl::Status ErrorFeedback::DecodeAdd(absl::string_view payload, float alpha,
