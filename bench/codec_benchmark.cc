@@ -1,6 +1,7 @@
 // Codec throughput on one 25M-float gradient (100 MB, the size of a large
 // layer or a fused bucket): encode and decode of each CPU codec, the top-k
-// selection alone, and a memcpy of the same bytes as the ceiling. Bytes/s
+// selection alone, and a memcpy of the same bytes (one thread and all
+// cores) as the ceiling. Bytes/s
 // count the fp32 input. bench/run_codec_bench compares these with PyTorch.
 //
 //   bazel run //bench:codec_benchmark -- --benchmark_filter=Encode
@@ -19,9 +20,11 @@
 #include "benchmark/benchmark.h"
 #include "codecs/builtin.h"
 #include "codecs/codec.h"
+#include "codecs/cpu/parallel.h"
 #include "codecs/cpu/select.h"
 #include "codecs/random.h"
 #include "codecs/state.h"
+#include "codecs/wire.h"
 
 namespace gradcomp::codecs {
 namespace {
@@ -68,6 +71,7 @@ const CodecCase kCases[] = {
     {"efsign", "efsign", {}},
     {"signum", "signum", {}},
     {"onebit", "onebit", {}},
+    {"atomo_entry_0.01", "atomo", {{"atoms", "entry"}}},
 };
 
 std::unique_ptr<Codec> MakeCodec(const CodecCase& c) {
@@ -90,6 +94,23 @@ void BM_Memcpy(benchmark::State& state) {
   std::vector<float> dst(g.size(), 0.0f);
   for (auto _ : state) {
     std::memcpy(dst.data(), g.data(), g.size() * sizeof(float));
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * g.size() * sizeof(float));
+}
+
+// The same copy split over the cores as the threaded codecs split their
+// work: the machine's real memory bandwidth, and the stricter baseline.
+void BM_MemcpyParallel(benchmark::State& state) {
+  const std::vector<float>& g = Gradient();
+  std::vector<float> dst(g.size(), 0.0f);
+  for (auto _ : state) {
+    ParallelFor(g.size(), ParallelOptions(),
+                [&](size_t begin, size_t end, int) {
+                  std::memcpy(dst.data() + begin, g.data() + begin,
+                              (end - begin) * sizeof(float));
+                });
     benchmark::DoNotOptimize(dst.data());
     benchmark::ClobberMemory();
   }
@@ -161,6 +182,43 @@ void BM_TopKSelect(benchmark::State& state) {
 
 // One thread drawing the 25M uniforms that QSGD's stochastic rounding needs:
 // the floor under its encode time (divided by the threads it runs on).
+// A whole step of one worker (every round, the sum being its own body) on
+// the gradient seen as a rows x cols matrix: PowerSGD's rounds, or ATOMO's
+// SVD, encode and decode. Multi-round and matrix codecs do not fit
+// BM_Encode's one-round, one-dimensional mould.
+void BM_MatrixStep(benchmark::State& state, const char* codec_name,
+                   int64_t rows, int64_t cols) {
+  const auto codec = MakeCodec(CodecCase{codec_name, codec_name, {}});
+  const std::vector<float> g(Gradient().begin(),
+                             Gradient().begin() + rows * cols);
+  const int64_t shape[] = {rows, cols};
+  std::vector<float> out(g.size());
+  TensorState tensor_state;
+  StepContext ctx;
+  for (auto _ : state) {
+    auto session = codec->Start(TensorView{g, shape}, tensor_state, ctx);
+    Check(session.status(), state);
+    while (true) {
+      auto round = (*session)->NextRound();
+      Check(round.status(), state);
+      if (!round.ok() || !round->has_value()) break;
+      RoundResult result;
+      if ((*round)->collective == Collective::kSum) {
+        auto parsed = PeekPayload((*round)->payload);
+        result.sum.assign(parsed->body.size() / sizeof(float), 0.0f);
+        Check(AddDenseBody(*parsed, 1.0f, absl::MakeSpan(result.sum)), state);
+      } else {
+        result.payloads.push_back(std::move((*round)->payload));
+      }
+      Check((*session)->Absorb(std::move(result)), state);
+    }
+    Check((*session)->Finish(absl::MakeSpan(out)), state);
+    ++ctx.step;
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(state.iterations() * g.size() * sizeof(float));
+}
+
 void BM_PhiloxFillUniform(benchmark::State& state) {
   const PhiloxStream rng(1, 2, 3, 0);
   std::vector<float> chunk(2048);
@@ -180,6 +238,16 @@ void Configure(benchmark::internal::Benchmark* b) {
 
 void RegisterAll() {
   Configure(benchmark::RegisterBenchmark("BM_Memcpy", BM_Memcpy));
+  // PowerSGD rank 2 on all 25M floats as 5000 x 5000; ATOMO's SVD on a
+  // ResNet-50 layer4 3x3 convolution (512 x 4608, 2.4M floats): an SVD of
+  // the 25M-float matrix takes minutes.
+  Configure(benchmark::RegisterBenchmark("BM_MatrixStep/powersgd_5000x5000",
+                                         BM_MatrixStep, "powersgd", 5000,
+                                         5000));
+  Configure(benchmark::RegisterBenchmark("BM_MatrixStep/atomo_512x4608",
+                                         BM_MatrixStep, "atomo", 512, 4608));
+  Configure(
+      benchmark::RegisterBenchmark("BM_MemcpyParallel", BM_MemcpyParallel));
   for (const CodecCase& c : kCases) {
     Configure(benchmark::RegisterBenchmark(
         (std::string("BM_Encode/") + c.label).c_str(), BM_Encode, &c));

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "codecs/cpu/atomo.h"
 #include "codecs/cpu/dense.h"
 #include "codecs/cpu/int8.h"
 #include "codecs/cpu/onebit.h"
@@ -28,7 +29,8 @@ CodecRegistry MakeBuiltinCodecs() {
         RegisterQsgd(registry), RegisterRandomK(registry),
         RegisterThreshold(registry), RegisterTernGrad(registry),
         RegisterInt8(registry), RegisterSignCodecs(registry),
-        RegisterOneBit(registry), RegisterPowerSgd(registry), RegisterPolar(registry)}) {
+        RegisterOneBit(registry), RegisterPowerSgd(registry),
+        RegisterAtomo(registry), RegisterPolar(registry)}) {
     if (!status.ok()) {
       std::fprintf(stderr, "gradcomp: registering built-in codecs: %s\n",
                    std::string(status.message()).c_str());

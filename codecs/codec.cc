@@ -54,9 +54,9 @@ absl::Status SingleRoundCodec::FinishGather(absl::Span<const Bytes> payloads,
   for (size_t r = 0; r < payloads.size(); ++r) {
     absl::Status s = DecodeAdd(payloads[r], weight, absl::MakeSpan(average));
     if (!s.ok()) {
-      return absl::Status(s.code(),
-                          absl::StrFormat("%s: payload of rank %d: %s",
-                                          info().name, r, s.message()));
+      return absl::Status(
+          s.code(), absl::StrFormat("%s: payload of rank %d: %s", info().name,
+                                    r, s.message()));
     }
   }
   std::copy(average.begin(), average.end(), out.begin());

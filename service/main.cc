@@ -1,15 +1,19 @@
 // gradcompd: the gradient-compression sidecar daemon. Flags and wiring only;
-// everything it runs lives in service/{config,engine,api,metrics}.
+// everything it runs lives in service/{config,engine,api,metrics,
+// collective,transport,peers}.
 //
 //   gradcompd --listen=127.0.0.1:50051 --metrics_listen=127.0.0.1:9464 \
 //             --config=/etc/gradcomp/daemon.json
 //   gradcompd --config=daemon.json --check_config   # validate, print, exit
+//   gradcompd --rank=1 --world_size=4 --peers=h0:50052,h1:50052,h2:50052,h3:50052
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -31,11 +35,16 @@
 #include "service/api/gradcomp_service.h"
 #include "service/api/server.h"
 #include "service/collective/local_collective.h"
+#include "service/collective/mailbox.h"
+#include "service/collective/peer_collective.h"
 #include "service/config/config.h"
 #include "service/config/policy_proto.h"
 #include "service/engine/engine.h"
 #include "service/metrics/metrics.h"
 #include "service/metrics/metrics_server.h"
+#include "service/metrics/peer_metrics.h"
+#include "service/peers/handshake.h"
+#include "service/transport/grpc_transport.h"
 #include "service/version.h"
 
 ABSL_FLAG(std::string, listen, gradcomp::service::kDefaultListen,
@@ -47,9 +56,23 @@ ABSL_FLAG(std::string, config, "",
           "format; flags given on the command line override its fields.");
 ABSL_FLAG(uint32_t, rank, 0, "This worker's rank in [0, world_size).");
 ABSL_FLAG(uint32_t, world_size, 1,
-          "Workers per job. Only 1 until the peer transport exists.");
+          "Workers per job; above 1 needs --peers.");
 ABSL_FLAG(std::vector<std::string>, peers, {},
-          "Comma-separated host:port of every rank's daemon, by rank.");
+          "Comma-separated host:port of every rank's peer endpoint, by rank "
+          "(the same list on every daemon).");
+ABSL_FLAG(std::string, peer_listen, "",
+          "Address this daemon serves the Peer service on; empty: "
+          "peers[rank]. Use 0.0.0.0:<port> when peers[rank] is a name that "
+          "resolves to this host.");
+ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(60),
+          "Deadline of one collective: how long a reduce waits for the other "
+          "ranks before failing with an error naming the missing ones.");
+ABSL_FLAG(absl::Duration, peer_startup_timeout, absl::Minutes(5),
+          "How long a starting daemon retries reaching every peer (names that "
+          "do not resolve yet, daemons not up yet) before it exits.");
+ABSL_FLAG(uint64_t, peer_buffer_bytes, uint64_t{1} << 30,
+          "Bytes of peer messages held for tensors this rank has not reached "
+          "yet; beyond it they are dropped and their reduce fails.");
 ABSL_FLAG(uint64_t, seed, 0,
           "Job seed of the codecs' random streams; the same on every rank.");
 ABSL_FLAG(bool, check_config, false,
@@ -129,25 +152,71 @@ absl::Status Run(const std::set<std::string>& named_flags) {
 
   codecs::StateStore store;
   Metrics metrics(&store, kVersion);
-  LocalCollective collective;
+  const int rank = static_cast<int>(config->rank());
+  const int world_size = static_cast<int>(config->world_size());
+  // Declared first, destroyed last: the transport reads its policy hash
+  // for every handshake until it stops.
+  std::unique_ptr<Engine> engine;
+  PeerMetrics peer_metrics(rank, world_size);
+  MailboxOptions mailbox_options;
+  mailbox_options.max_unclaimed_bytes = absl::GetFlag(FLAGS_peer_buffer_bytes);
+  Mailbox mailbox(world_size, mailbox_options, &peer_metrics);
+  std::unique_ptr<GrpcTransport> transport;
+  std::unique_ptr<Collective> collective;
+  if (world_size == 1) {
+    collective = std::make_unique<LocalCollective>();
+  } else {
+    GrpcTransportOptions options;
+    options.rank = rank;
+    options.peers.assign(config->peers().begin(), config->peers().end());
+    options.listen = absl::GetFlag(FLAGS_peer_listen);
+    PeerIdentity identity;
+    identity.version = kVersion;
+    identity.wire_version = codecs::kWireVersion;
+    identity.world_size = world_size;
+    identity.rank = rank;
+    identity.seed = config->seed();
+    std::random_device random;
+    identity.instance = (uint64_t{random()} << 32) | random();
+    GC_ASSIGN_OR_RETURN(
+        transport, GrpcTransport::Create(
+                       options,
+                       [identity, &engine] {
+                         PeerIdentity current = identity;
+                         current.policy_hash = engine->policy()->hash;
+                         return current;
+                       },
+                       &mailbox, &peer_metrics));
+    collective = std::make_unique<PeerCollective>(
+        transport.get(), &mailbox,
+        PeerCollectiveOptions{absl::GetFlag(FLAGS_collective_timeout)},
+        &peer_metrics);
+  }
   GC_ASSIGN_OR_RETURN(
-      std::unique_ptr<Engine> engine,
-      Engine::Create(EngineOptionsFromConfig(*config), registry, &store,
-                     &collective, &metrics, PolicyFromProto(config->policy())));
-
+      engine, Engine::Create(EngineOptionsFromConfig(*config), registry,
+                             &store, collective.get(), &metrics,
+                             PolicyFromProto(config->policy())));
+  if (transport != nullptr) GC_RETURN_IF_ERROR(transport->Start());
   std::unique_ptr<prometheus::Exposer> exposer;
   std::string metrics_address = "metrics off";
   if (!config->metrics_listen().empty()) {
     GC_ASSIGN_OR_RETURN(exposer, StartMetricsServer(config->metrics_listen(),
                                                     metrics.collectable()));
+    if (world_size > 1) exposer->RegisterCollectable(peer_metrics.collectable());
     metrics_address = absl::StrCat(
         "metrics on http://",
         BoundAddress(config->metrics_listen(), exposer->GetListeningPorts()[0]),
         "/metrics");
   }
 
+  // A stream's tensors each hold a worker while their collective waits for
+  // the other ranks, which may reach them in another order: with peers the
+  // pool must hold a whole bucket, or ranks wait on each other until the
+  // deadline.
   const int workers =
-      std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
+      world_size > 1
+          ? 256
+          : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
   GradcompService service(engine.get(), &metrics, workers);
   int port = 0;
   GC_ASSIGN_OR_RETURN(std::unique_ptr<grpc::Server> server,
@@ -159,7 +228,35 @@ absl::Status Run(const std::set<std::string>& named_flags) {
                metrics_address.c_str(), config->rank(), config->world_size(),
                engine->policy()->hash.c_str());
 
+  // With peers, health says NOT_SERVING until every peer is connected both
+  // ways; a daemon that cannot reach them all in time exits with the
+  // reason (a SIGTERM to itself ends the wait below).
+  absl::Status peers_status;
+  std::thread peers_wait;
+  if (transport != nullptr) {
+    server->GetHealthCheckService()->SetServingStatus(false);
+    peers_wait = std::thread([&] {
+      peers_status = transport->WaitForPeers(
+          absl::Now() + absl::GetFlag(FLAGS_peer_startup_timeout));
+      if (peers_status.ok()) {
+        std::fprintf(stderr, "gradcompd: rank %d: all %d peers connected\n",
+                     rank, world_size - 1);
+        server->GetHealthCheckService()->SetServingStatus(true);
+      } else {
+        kill(getpid(), SIGTERM);
+      }
+    });
+  }
+
   const int signal = WaitForShutdownSignal(signals);
+  if (peers_wait.joinable()) {
+    transport->StopWaiting();
+    peers_wait.join();
+  }
+  if (!peers_status.ok() && !absl::IsCancelled(peers_status)) {
+    server->Shutdown(std::chrono::system_clock::now());
+    return peers_status;
+  }
   std::fprintf(stderr, "gradcompd: %s received, shutting down\n",
                signal == SIGTERM ? "SIGTERM" : "SIGINT");
   // Health turns NOT_SERVING first so that probes stop routing here, then

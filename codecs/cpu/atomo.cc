@@ -230,7 +230,7 @@ AtomoProbabilities ComputeAtomoProbabilities(absl::Span<const float> lambda,
   for (size_t i = m; i-- > 0;) tail[i] = tail[i + 1] + mag[i];
   double left = s;
   for (size_t i = 0; i < m; ++i) {
-    if (true) {
+    if (mag[i] * left <= tail[i]) {
       // Positions < i are kept surely; the rest share what is left of s.
       probs.keep_at = i == 0 ? std::numeric_limits<float>::infinity()
                              : mag[i - 1];

@@ -97,8 +97,8 @@ double PackSigns(absl::Span<const float> x, char* out) {
   ParallelFor(n, ParallelOptions{/*min_per_part=*/size_t{1} << 20, kSumChunk},
               [&](size_t begin, size_t end, int) {
                 for (size_t c = begin; c < end; c += kSumChunk) {
-                  partial[c / kSumChunk] = PackRange(
-                      x.data(), c, std::min(c + kSumChunk, end), out);
+                  partial[c / kSumChunk] =
+                      PackRange(x.data(), c, std::min(c + kSumChunk, end), out);
                 }
               });
   double total = 0;
@@ -116,26 +116,26 @@ void AddSigns(const char* in, float pos, float neg, absl::Span<float> acc) {
 void AddSignsPeriodic(const char* in, absl::Span<const float> pos,
                       absl::Span<const float> neg, absl::Span<float> acc) {
   const size_t period = pos.size() - kWordBits;
-  ParallelFor(
-      acc.size(), ParallelOptions{/*min_per_part=*/size_t{1} << 20, kWordBits},
-      [&](size_t begin, size_t end, int) {
-        size_t lane = begin % period;
-        for (size_t i = begin; i < end; i += kWordBits) {
-          uint64_t word;
-          std::memcpy(&word, in + i / 8, sizeof(word));
-          const float* p = pos.data() + lane;
-          const float* q = neg.data() + lane;
-          float* a = acc.data() + i;
-          if (i + kWordBits <= end) {
-            AddWord(word, p, q, a);
-          } else {
-            for (size_t t = 0; t < end - i; ++t) {
-              a[t] += ((word >> t) & 1) ? q[t] : p[t];
-            }
-          }
-          lane = (lane + kWordBits) % period;
-        }
-      });
+  ParallelFor(acc.size(),
+              ParallelOptions{/*min_per_part=*/size_t{1} << 20, kWordBits},
+              [&](size_t begin, size_t end, int) {
+                size_t lane = begin % period;
+                for (size_t i = begin; i < end; i += kWordBits) {
+                  uint64_t word;
+                  std::memcpy(&word, in + i / 8, sizeof(word));
+                  const float* p = pos.data() + lane;
+                  const float* q = neg.data() + lane;
+                  float* a = acc.data() + i;
+                  if (i + kWordBits <= end) {
+                    AddWord(word, p, q, a);
+                  } else {
+                    for (size_t t = 0; t < end - i; ++t) {
+                      a[t] += ((word >> t) & 1) ? q[t] : p[t];
+                    }
+                  }
+                  lane = (lane + kWordBits) % period;
+                }
+              });
 }
 
 bool SignPaddingIsZero(const char* in, size_t n) {

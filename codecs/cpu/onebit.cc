@@ -36,16 +36,15 @@ size_t BodyBytes(size_t n, size_t columns) {
 
 // The lane width: columns repeated until at least kMinLanes wide.
 size_t LaneWidth(size_t columns) {
-  return columns >= kMinLanes
-             ? columns
-             : columns * ((kMinLanes + columns - 1) / columns);
+  return columns >= kMinLanes ? columns
+                              : columns * ((kMinLanes + columns - 1) / columns);
 }
 
 // Per-lane sums of the non-negative values, of the negative values, and the
 // count of negative values.
 struct Sums {
-  explicit Sums(size_t width) : pos(width, 0.0), neg(width, 0.0),
-                                negatives(width, 0.0) {}
+  explicit Sums(size_t width)
+      : pos(width, 0.0), neg(width, 0.0), negatives(width, 0.0) {}
   std::vector<double> pos, neg, negatives;
 };
 
@@ -58,10 +57,22 @@ inline void AccumulateRows(const float* x, size_t stride, size_t r0, size_t r1,
   double* negatives = sums.negatives.data() + lane;
   for (size_t r = r0; r < r1; ++r) {
     const float* row = x + r * stride + j0;
+    // Splits v by its bits: a float compare may trap (-ftrapping-math), so
+    // GCC keeps it a branch; an integer one becomes a vector mask. Bits
+    // above 0x80000000 are the values < 0 (-0 is not), and -NaN, which
+    // like +NaN and the infinities makes a sum non-finite and is caught.
     for (size_t j = 0; j < width; ++j) {
-      pos[j] += std::max(row[j], 0.0f);
-      neg[j] += std::min(row[j], 0.0f);
-      negatives[j] += row[j] < 0.0f ? 1.0 : 0.0;
+      uint32_t bits;
+      std::memcpy(&bits, row + j, sizeof(bits));
+      const uint32_t negative = bits > 0x80000000u ? ~0u : 0u;
+      const uint32_t neg_bits = bits & negative;
+      const uint32_t pos_bits = bits & ~negative;
+      float neg_part, pos_part;
+      std::memcpy(&neg_part, &neg_bits, sizeof(neg_part));
+      std::memcpy(&pos_part, &pos_bits, sizeof(pos_part));
+      pos[j] += pos_part;
+      neg[j] += neg_part;
+      negatives[j] += static_cast<double>(negative & 1u);
     }
   }
 }
@@ -139,8 +150,7 @@ absl::StatusOr<std::unique_ptr<SingleRoundCodec>> OneBitCodec::Create(
 
 OneBitCodec::OneBitCodec() : info_(OneBitInfo()) {}
 
-absl::Status OneBitCodec::Encode(const TensorView& grad,
-                                 TensorState& /*state*/,
+absl::Status OneBitCodec::Encode(const TensorView& grad, TensorState& /*state*/,
                                  const StepContext& /*ctx*/,
                                  Bytes* payload) const {
   const size_t n = grad.numel();
@@ -198,9 +208,9 @@ absl::Status OneBitCodec::DecodeAdd(absl::string_view payload, float alpha,
   }
   uint64_t columns64;
   std::memcpy(&columns64, parsed.params.data(), sizeof(columns64));
-  const bool columns_ok = n == 0 ? columns64 == 0
-                                 : columns64 >= 1 && columns64 <= n &&
-                                       n % columns64 == 0;
+  const bool columns_ok =
+      n == 0 ? columns64 == 0
+             : columns64 >= 1 && columns64 <= n && n % columns64 == 0;
   if (!columns_ok) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "onebit: expected a column count dividing %d (0 for an empty "
@@ -218,8 +228,7 @@ absl::Status OneBitCodec::DecodeAdd(absl::string_view payload, float alpha,
   std::vector<float> pos(columns + 64), neg(columns + 64);
   for (size_t j = 0; j < columns; ++j) {
     std::memcpy(&pos[j], parsed.body.data() + 4 * j, sizeof(float));
-    std::memcpy(&neg[j], parsed.body.data() + 4 * (columns + j),
-                sizeof(float));
+    std::memcpy(&neg[j], parsed.body.data() + 4 * (columns + j), sizeof(float));
     if (!(pos[j] >= 0) || !std::isfinite(pos[j]) || !(neg[j] <= 0) ||
         !std::isfinite(neg[j])) {
       return absl::InvalidArgumentError(absl::StrFormat(

@@ -210,8 +210,8 @@ TEST(OneBitTest, DecoderRejectsBadColumnsAndMeans) {
     EXPECT_EQ(acc, std::vector<float>(24, 7.0f)) << what;
   };
   // Column counts that do not divide 24, or exceed it.
-  for (uint64_t columns : {uint64_t{0}, uint64_t{5}, uint64_t{48},
-                           uint64_t{1} << 62}) {
+  for (uint64_t columns :
+       {uint64_t{0}, uint64_t{5}, uint64_t{48}, uint64_t{1} << 62}) {
     Bytes bad = good;
     std::memcpy(bad.data() + kWireHeaderBytes, &columns, 8);
     expect_bad(bad, "column count");

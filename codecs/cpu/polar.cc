@@ -192,9 +192,11 @@ absl::Status EncodeSeed(const TensorView& grad, const PolarOptions& o,
   for (size_t i = 0; i < grad.numel(); ++i) {
     // fmod keeps the multiple of 2^16 that the int16 cast would drop, with
     // no out-of-range conversion.
-    const double t = std::fmod(std::trunc(grad.values[i] * kSeedScale), 65536.0);
+    const double t =
+        std::fmod(std::trunc(grad.values[i] * kSeedScale), 65536.0);
     const uint16_t word = static_cast<uint16_t>(static_cast<int32_t>(t));
-    for (int b = 0; b < kSeedBits; ++b) bits[i * kSeedBits + b] = (word >> b) & 1;
+    for (int b = 0; b < kSeedBits; ++b)
+      bits[i * kSeedBits + b] = (word >> b) & 1;
   }
   params->assign(kFixedParamBytes, '\0');
   (*params)[0] = static_cast<char>(PolarMode::kSeed);
@@ -282,7 +284,8 @@ absl::Status EncodePlanes(const TensorView& grad, const PolarOptions& o,
 std::vector<int> PolarAllocation(int magnitude_bits, double plane_bits) {
   std::vector<int> rates(magnitude_bits, 0);
   int spent = 0;  // sixteenths of a bit per value
-  const int budget = static_cast<int>(std::floor(plane_bits * kFullRate + 1e-9));
+  const int budget =
+      static_cast<int>(std::floor(plane_bits * kFullRate + 1e-9));
   while (true) {
     // The upgrade of one plane with the largest MSE drop per bit that fits;
     // looking past the next rate code takes the convex hull of D(R).
@@ -317,7 +320,7 @@ CodecInfo PolarInfo() {
   info.unbiased = false;
   info.stateful = false;
   info.rounds = 1;
-  info.params = {"bits_per_value", "bucket",     "draws",
+  info.params = {"bits_per_value", "bucket",         "draws",
                  "log2_block",     "magnitude_bits", "mode"};
   return info;
 }
@@ -325,7 +328,8 @@ CodecInfo PolarInfo() {
 absl::StatusOr<std::unique_ptr<PolarCodec>> PolarCodec::Create(
     const CodecParams& params) {
   PolarOptions o;
-  GC_ASSIGN_OR_RETURN(const std::string mode, params.GetString("mode", "planes"));
+  GC_ASSIGN_OR_RETURN(const std::string mode,
+                      params.GetString("mode", "planes"));
   GC_ASSIGN_OR_RETURN(o.bits_per_value,
                       params.GetDouble("bits_per_value", o.bits_per_value));
   GC_ASSIGN_OR_RETURN(o.bucket, params.GetInt("bucket", o.bucket));
@@ -432,8 +436,8 @@ absl::Status PolarCodec::DecodeAdd(absl::string_view payload, float alpha,
     for (size_t i = 0; i < n; ++i) {
       uint16_t word = 0;
       for (int b = 0; b < kSeedBits; ++b) word |= out[i * kSeedBits + b] << b;
-      acc[i] += alpha * static_cast<float>(static_cast<int16_t>(word) /
-                                           kSeedScale);
+      acc[i] +=
+          alpha * static_cast<float>(static_cast<int16_t>(word) / kSeedScale);
     }
     return absl::OkStatus();
   }

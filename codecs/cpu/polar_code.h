@@ -3,8 +3,9 @@
 // bits, with Hamming distortion approaching the bound h2^-1(1 - R).
 //
 //   GC_ASSIGN_OR_RETURN(PolarCode code, PolarCode::Create(/*log2_n=*/11, 0.5));
-//   code.Encode(source, uniforms, absl::MakeSpan(info), absl::MakeSpan(approx));
-//   code.Decode(info, absl::MakeSpan(approx));  // the same `approx` again
+//   code.Encode(source, uniforms, absl::MakeSpan(info),
+//   absl::MakeSpan(approx)); code.Decode(info, absl::MakeSpan(approx));  // the
+//   same `approx` again
 //
 // Bits are one per byte (0 or 1). The transform is x = u F^(x)n over GF(2),
 // F = [[1, 0], [1, 1]], without bit reversal, so index i of u is split by
@@ -71,8 +72,8 @@ class PolarCode {
     return info_before_[first + size] - info_before_[first];
   }
 
-  std::vector<uint8_t> is_info_;   // [n]
-  std::vector<int> info_before_;   // [n + 1]: information indices below i
+  std::vector<uint8_t> is_info_;  // [n]
+  std::vector<int> info_before_;  // [n + 1]: information indices below i
   int k_ = 0;
   double design_distortion_ = 0.5;
 };

@@ -75,9 +75,8 @@ TEST(PolarCodeTest, DecodeOfTheInformationBitsIsTheEncodersReconstruction) {
     std::vector<float> uniforms(3 * n);
     rng.FillUniform(n, absl::MakeSpan(uniforms));
     std::vector<uint8_t> info(code->k()), approx(n), decoded(n);
-    const int errors =
-        code->Encode(source, uniforms, absl::MakeSpan(info),
-                     absl::MakeSpan(approx));
+    const int errors = code->Encode(source, uniforms, absl::MakeSpan(info),
+                                    absl::MakeSpan(approx));
     code->Decode(info, absl::MakeSpan(decoded));
     EXPECT_EQ(decoded, approx) << rate;
     int distance = 0;
@@ -150,8 +149,7 @@ TEST(PolarCodeTest, DistortionIsAtMostTheSeedsAndAboveTheBound) {
     std::vector<float> uniforms(kDraws * n);
     int64_t errors = 0;
     for (size_t block = 0; block < kBits / n; ++block) {
-      const std::vector<uint8_t> source =
-          RandomBits(source_rng, block * n, n);
+      const std::vector<uint8_t> source = RandomBits(source_rng, block * n, n);
       rounding_rng.FillUniform(block * kDraws * n, absl::MakeSpan(uniforms));
       errors += code->Encode(source, uniforms, absl::MakeSpan(info),
                              absl::MakeSpan(approx));

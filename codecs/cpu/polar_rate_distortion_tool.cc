@@ -22,7 +22,8 @@ namespace {
 double Distortion(int log2_n, double rate, int draws, size_t bits) {
   const PolarCode code = *PolarCode::Create(log2_n, rate);
   const int n = code.n();
-  const PhiloxStream source_rng(21, log2_n, 0, 0), rounding_rng(22, log2_n, 0, 0);
+  const PhiloxStream source_rng(21, log2_n, 0, 0),
+      rounding_rng(22, log2_n, 0, 0);
   std::vector<float> u(n), uniforms(static_cast<size_t>(draws) * n);
   std::vector<uint8_t> source(n), info(code.k()), approx(n);
   int64_t errors = 0;

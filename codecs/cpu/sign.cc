@@ -34,8 +34,8 @@ absl::StatusOr<SignPayload> ParseSign(const CodecInfo& info,
                       ParsePayload(payload, info.id, /*round=*/0, n));
   if (parsed.header.flags != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: expected header flags 0 (not a dense body), got 0x%02x",
-        info.name, parsed.header.flags));
+        "%s: expected header flags 0 (not a dense body), got 0x%02x", info.name,
+        parsed.header.flags));
   }
   if (!parsed.params.empty()) {
     return absl::InvalidArgumentError(

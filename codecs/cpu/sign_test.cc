@@ -71,20 +71,21 @@ TEST(SignSgdTest, DecodesToTheMeanMagnitudeTimesTheSignWithZeroPositive) {
   float scale;
   std::memcpy(&scale, p.data() + kWireHeaderBytes, 4);
   EXPECT_EQ(scale, s);
-  EXPECT_EQ(p.substr(kWireHeaderBytes + 4), std::string("\x08\0\0\0\0\0\0\0", 8));
+  EXPECT_EQ(p.substr(kWireHeaderBytes + 4),
+            std::string("\x08\0\0\0\0\0\0\0", 8));
 }
 
 TEST(SignSgdTest, MajorityVoteOfThreeWorkers) {
   auto codec = Make("signsgd");
   // Per element the votes are (+,+,+), (+,+,-), (+,-,-), (-,-,-), and a
   // huge minority value that a mean would follow but a vote ignores.
-  const std::vector<std::vector<float>> g = {{1, 1, 1, -1, -100},
-                                             {2, 2, -2, -2, 1},
-                                             {3, -3, -3, -3, 1}};
+  const std::vector<std::vector<float>> g = {
+      {1, 1, 1, -1, -100}, {2, 2, -2, -2, 1}, {3, -3, -3, -3, 1}};
   std::vector<TensorState> states(3);
   absl::StatusOr<SimulatedStep> step = Step(*codec, g, states);
   ASSERT_TRUE(step.ok()) << step.status();
-  const float s = static_cast<float>((Mean(g[0]) + Mean(g[1]) + Mean(g[2])) / 3);
+  const float s =
+      static_cast<float>((Mean(g[0]) + Mean(g[1]) + Mean(g[2])) / 3);
   for (int r = 0; r < 3; ++r) {
     ASSERT_EQ(step->out[r].size(), 5u);
     EXPECT_FLOAT_EQ(step->out[r][0], s);
@@ -169,8 +170,7 @@ TEST(SignumTest, SendsTheSignOfTheMomentumAndKeepsIt) {
   std::vector<TensorState> states(1);
   // m1 = 0.5 g1 = (1, -1); m2 = 0.5 m1 + 0.5 g2 = (0.5 - 0.75, -0.5 + 0.25).
   ASSERT_TRUE(Step(*codec, {{2.0f, -2.0f}}, states, 0).ok());
-  absl::StatusOr<SimulatedStep> step =
-      Step(*codec, {{-1.5f, 0.5f}}, states, 1);
+  absl::StatusOr<SimulatedStep> step = Step(*codec, {{-1.5f, 0.5f}}, states, 1);
   ASSERT_TRUE(step.ok()) << step.status();
   const std::optional<absl::Span<float>> m =
       states[0].Find(SignCodec::kMomentumBuffer);
@@ -250,7 +250,8 @@ TEST(EfSignTest, IsErrorFeedbackAroundTheScaledSign) {
 TEST(EfSignTest, AveragesTheWorkersDecodes) {
   auto codec = Make("efsign");
   std::vector<TensorState> states(3);
-  const std::vector<std::vector<float>> g = {{1, 1, -5}, {1, -1, 1}, {-1, -1, 1}};
+  const std::vector<std::vector<float>> g = {
+      {1, 1, -5}, {1, -1, 1}, {-1, -1, 1}};
   absl::StatusOr<SimulatedStep> step = Step(*codec, g, states);
   ASSERT_TRUE(step.ok()) << step.status();
   for (size_t i = 0; i < 3; ++i) {

@@ -33,6 +33,13 @@ const std::vector<GoldenCase>& GoldenCases() {
        {4, 33},
        2,
        1},
+      // Polar: 2.5 bits on blocks of 16 pins raw, polar-coded and unsent
+      // planes and the tail block; seed mode pins the int16 wrap.
+      {"polar_planes",
+       "polar",
+       {{"bits_per_value", "2.5"}, {"log2_block", "4"}, {"bucket", "50"}},
+       {4, 33}},
+      {"polar_seed", "polar", {{"mode", "seed"}, {"log2_block", "4"}}, {4, 33}},
       // Random-k pins the Floyd index draw; with error feedback three steps
       // pin the residual.
       {"randomk", "randomk", {{"ratio", "0.1"}}, {4, 33}},
@@ -68,6 +75,18 @@ const std::vector<GoldenCase>& GoldenCases() {
       {"signum", "signum", {}, {4, 33}, 1, 0, 2, 2},
       {"onebit", "onebit", {}, {4, 33}, 1, 0, 2, 2},
       {"onebit_1d", "onebit", {}, {132}},
+      // PowerSGD's round 0 (P from the Philox Q) at [8, 33]; [4, 33] is
+      // below the compression rate and goes dense.
+      {"powersgd", "powersgd", {}, {8, 33}},
+      {"powersgd_dense", "powersgd", {}, {4, 33}},
+      // ATOMO: spectral atoms, and entry atoms on rank 1's stream.
+      {"atomo", "atomo", {}, {4, 33}},
+      {"atomo_entry",
+       "atomo",
+       {{"atoms", "entry"}, {"budget", "0.1"}},
+       {4, 33},
+       2,
+       1},
   };
   return *cases;
 }

@@ -181,12 +181,20 @@ absl::Status ValidateConfig(const v1::DaemonConfig& config,
                      "rank (world_size ",
                      config.world_size(), ")"));
   }
-  if (config.world_size() > 1) {
-    return absl::UnimplementedError(absl::StrCat(
+  if (config.world_size() > 1 && config.peers_size() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
         "world_size is ", config.world_size(),
-        ": reducing across several daemons needs the peer transport, which "
-        "this release does not have yet (peers come in a later release); "
-        "run with world_size 1"));
+        " but peers is empty; expected the host:port of every rank's peer "
+        "endpoint, by rank (--peers=h0:50052,h1:50052,...)"));
+  }
+  for (int i = 0; i < config.peers_size(); ++i) {
+    GC_RETURN_IF_ERROR(
+        ValidateAddress(absl::StrCat("peers[", i, "]"), config.peers(i)));
+    if (absl::StartsWith(config.peers(i), "unix:")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "peers[", i, "] is '", config.peers(i),
+          "', expected host:port (peers are other hosts)"));
+    }
   }
   const double rate = config.error_sample_rate();
   if (!(rate >= 0 && rate <= 1)) {

@@ -51,9 +51,9 @@ absl::Status MergeConfigFile(const std::string& path, v1::DaemonConfig* config);
 
 void ApplyFlags(const FlagOverrides& flags, v1::DaemonConfig* config);
 
-// Checks addresses, rank, world size, peers, limits and the policy (every
-// codec created once through `registry`). A world size above 1 is
-// Unimplemented until the peer transport exists.
+// Checks addresses, rank, world size, peers (one host:port per rank when
+// world_size > 1), limits and the policy (every codec created once through
+// `registry`).
 absl::Status ValidateConfig(const v1::DaemonConfig& config,
                             const codecs::CodecRegistry& registry);
 

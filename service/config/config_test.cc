@@ -139,13 +139,19 @@ TEST(ConfigTest, BadPolicyFailsAtLoad) {
   EXPECT_THAT(config.status().message(), HasSubstr("ratoi"));
 }
 
-TEST(ConfigTest, SeveralWorkersAreRefusedUntilPeersExist) {
+TEST(ConfigTest, SeveralWorkersNeedOnePeerAddressPerRank) {
   FlagOverrides flags;
   flags.world_size = 2;
+  flags.rank = 1;
   auto config = LoadConfig("", flags, codecs::BuiltinCodecs());
-  ASSERT_EQ(config.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(config.status().message(), HasSubstr("world_size is 2"));
-  EXPECT_THAT(config.status().message(), HasSubstr("peer"));
+  ASSERT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(config.status().message(),
+              HasSubstr("world_size is 2 but peers is empty"));
+  flags.peers = {{"h0:50052", "h1:50052"}};
+  config = LoadConfig("", flags, codecs::BuiltinCodecs());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->world_size(), 2u);
+  EXPECT_EQ(config->peers(1), "h1:50052");
 }
 
 TEST(ConfigTest, InvalidFieldsAreNamed) {
@@ -168,6 +174,16 @@ TEST(ConfigTest, InvalidFieldsAreNamed) {
          f.peers = {{"a:1", "b:2"}};
        },
        "peers lists 2 addresses"},
+      {[](FlagOverrides& f) {
+         f.world_size = 2;
+         f.peers = {{"h0:1", "nohost"}};
+       },
+       "peers[1] is 'nohost', expected host:port"},
+      {[](FlagOverrides& f) {
+         f.world_size = 2;
+         f.peers = {{"h0:1", "unix:/p.sock"}};
+       },
+       "peers[1] is 'unix:/p.sock', expected host:port"},
   };
   for (const Case& c : cases) {
     FlagOverrides flags;

@@ -67,11 +67,11 @@ class Transport {
   // "rank 2 (10.0.0.3:50052)": how errors name a peer.
   virtual std::string PeerName(int rank) const = 0;
 
-  // Queues `data` for rank `to` (never this rank). Blocks while the peer is
-  // not connected or its queue is full, until `deadline`; then Unavailable
-  // or DeadlineExceeded naming the peer. Success means queued, not
-  // delivered: a message lost with a broken connection shows up at the
-  // receiver as a missing one.
+  // Queues `data` for rank `to` (never this rank); it goes as soon as the
+  // peer is connected. Blocks while the peer's queue is full, until
+  // `deadline`; then DeadlineExceeded naming the peer. Success means queued,
+  // not delivered: a message that cannot reach the peer before `deadline`
+  // shows up at the receiver as a missing one.
   virtual absl::Status Send(int to, const MessageKey& key,
                             std::shared_ptr<const codecs::Bytes> data,
                             absl::Time deadline) = 0;

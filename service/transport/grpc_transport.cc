@@ -1,0 +1,553 @@
+#include "service/transport/grpc_transport.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <deque>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "gradcomp/v1/peer.grpc.pb.h"
+#include "gradcomp/v1/peer.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace gradcomp::service {
+namespace {
+
+namespace v1 = ::gradcomp::v1;
+
+v1::Hello ToProto(const PeerIdentity& id) {
+  v1::Hello hello;
+  hello.set_version(id.version);
+  hello.set_wire_version(id.wire_version);
+  hello.set_protocol_version(id.protocol_version);
+  hello.set_world_size(static_cast<uint32_t>(id.world_size));
+  hello.set_rank(static_cast<uint32_t>(id.rank));
+  hello.set_policy_hash(id.policy_hash);
+  hello.set_seed(id.seed);
+  hello.set_instance(id.instance);
+  return hello;
+}
+
+PeerIdentity FromProto(const v1::Hello& hello) {
+  PeerIdentity id;
+  id.version = hello.version();
+  id.wire_version = hello.wire_version();
+  id.protocol_version = hello.protocol_version();
+  id.world_size = static_cast<int>(hello.world_size());
+  id.rank = static_cast<int>(hello.rank());
+  id.policy_hash = hello.policy_hash();
+  id.seed = hello.seed();
+  id.instance = hello.instance();
+  return id;
+}
+
+absl::Status FromGrpc(const grpc::Status& status) {
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+grpc::ChannelArguments ChannelArgs() {
+  grpc::ChannelArguments args;
+  // A peer that vanishes without closing its socket (host down, network
+  // split) is noticed by keepalive pings within ~15 s.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // Reconnect to a restarted peer quickly; gRPC's default starts at 1 s.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return args;
+}
+
+struct Queued {
+  MessageKey key;
+  std::shared_ptr<const codecs::Bytes> data;
+  absl::Time deadline;
+};
+
+}  // namespace
+
+class GrpcTransport::Impl final : public v1::Peer::Service {
+ public:
+  Impl(GrpcTransportOptions options, std::function<PeerIdentity()> identity,
+       Receiver* receiver, PeerMetrics* metrics)
+      : options_(std::move(options)),
+        identity_(std::move(identity)),
+        receiver_(receiver),
+        metrics_(metrics),
+        peers_(options_.peers.size()) {}
+
+  ~Impl() override { Stop(); }
+
+  int rank() const { return options_.rank; }
+  int world_size() const { return static_cast<int>(options_.peers.size()); }
+  std::string PeerName(int r) const {
+    return absl::StrCat("rank ", r, " (", options_.peers[r], ")");
+  }
+
+  absl::Status Start() {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials());
+    builder.RegisterService(this);
+    // The dialers' keepalive pings must not be taken for abuse.
+    builder.AddChannelArgument(
+        GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    // As for the client API: a taken port must fail, not be shared.
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot serve the peer service on '", options_.listen,
+          "' (rank ", rank(), "): the address is invalid or already in use"));
+    }
+    for (int r = 0; r < world_size(); ++r) {
+      if (r == rank()) continue;
+      peers_[r].dialer = std::thread([this, r] { Dial(r); });
+    }
+    return absl::OkStatus();
+  }
+
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      stopping_ = true;
+      for (Peer& peer : peers_) {
+        if (peer.context != nullptr) peer.context->TryCancel();
+      }
+    }
+    if (server_ != nullptr) {
+      server_->Shutdown(std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(100));
+    }
+    for (Peer& peer : peers_) {
+      if (peer.dialer.joinable()) peer.dialer.join();
+    }
+    if (server_ != nullptr) server_->Wait();
+  }
+
+  absl::Status WaitForPeers(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      bool all_up = true;
+      for (int r = 0; r < world_size(); ++r) {
+        if (r == rank()) continue;
+        if (peers_[r].refused) return true;
+        all_up = all_up && Up(r);
+      }
+      return all_up || stopping_ || stop_waiting_;
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&settled), deadline);
+    if (stop_waiting_) {
+      return absl::CancelledError(absl::StrCat(
+          "rank ", rank(), " stopped waiting for its peers"));
+    }
+    std::vector<std::string> missing;
+    for (int r = 0; r < world_size(); ++r) {
+      if (r == rank()) continue;
+      if (peers_[r].refused) return peers_[r].last_error;
+      if (Up(r)) continue;
+      std::string why = peers_[r].last_error.ok()
+                            ? "not connected yet"
+                            : std::string(peers_[r].last_error.message());
+      if (peers_[r].outgoing_up && peers_[r].incoming == 0) {
+        why = "it has not dialled this daemon back";
+      }
+      missing.push_back(absl::StrCat(PeerName(r), ": ", why));
+    }
+    if (missing.empty()) return absl::OkStatus();
+    return absl::UnavailableError(absl::StrCat(
+        "rank ", rank(), " could not reach ", missing.size(), " of ",
+        world_size() - 1, " peers before the deadline: ",
+        absl::StrJoin(missing, "; ")));
+  }
+
+  void StopWaiting() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    stop_waiting_ = true;
+  }
+
+  absl::Status Send(int to, const MessageKey& key,
+                    std::shared_ptr<const codecs::Bytes> data,
+                    absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_) {
+    if (to < 0 || to >= world_size() || to == rank()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank(), " cannot send to rank ", to,
+          ", expected another rank in [0, ", world_size(), ")"));
+    }
+    const uint64_t size = data->size();
+    absl::MutexLock lock(&mu_);
+    Peer& peer = peers_[to];
+    auto has_room = [this, &peer, size]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stopping_ || peer.queued_bytes == 0 ||
+             peer.queued_bytes + size <= options_.max_queued_bytes;
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&has_room), deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the send queue to ", PeerName(to), " still held ",
+          peer.queued_bytes, " bytes at the deadline; ", PeerName(to), " is ",
+          peer.outgoing_up ? "connected but slow"
+                           : absl::StrCat("not connected: ",
+                                          peer.last_error.message())));
+    }
+    if (stopping_) {
+      return absl::CancelledError(
+          absl::StrCat("rank ", rank(), " is shutting down"));
+    }
+    if (!peer.outgoing_up) {
+      // No writer holds the queue's front: drop what a dead peer never took.
+      const absl::Time now = absl::Now();
+      for (auto it = peer.queue.begin(); it != peer.queue.end();) {
+        if (it->deadline >= now) {
+          ++it;
+          continue;
+        }
+        peer.queued_bytes -= it->data->size();
+        it = peer.queue.erase(it);
+        if (metrics_ != nullptr) metrics_->CountDropped("expired");
+      }
+    }
+    peer.queue.push_back({key, std::move(data), deadline});
+    peer.queued_bytes += size;
+    return absl::OkStatus();
+  }
+
+  // The listening side of one peer's stream: handshake, then messages.
+  grpc::Status Connect(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::PeerFrame, v1::PeerFrame>* stream) override {
+    v1::PeerFrame frame;
+    if (!stream->Read(&frame) || !frame.has_hello()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "peer stream: expected a Hello as the first frame");
+    }
+    const PeerIdentity remote = FromProto(frame.hello());
+    const PeerIdentity local = identity_();
+    const absl::Status accepted =
+        CheckPeer(local, remote, std::nullopt, context->peer());
+    if (!accepted.ok()) {
+      std::fprintf(stderr, "gradcompd: %s\n",
+                   std::string(accepted.message()).c_str());
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          std::string(accepted.message()));
+    }
+    v1::PeerFrame reply;
+    *reply.mutable_hello() = ToProto(local);
+    if (!stream->Write(reply)) return grpc::Status::OK;
+    const int from = remote.rank;
+    ChangeIncoming(from, +1);
+    const absl::Status ended = Receive(from, stream);
+    ChangeIncoming(from, -1);
+    bool stopping;
+    {
+      absl::MutexLock lock(&mu_);
+      stopping = stopping_;
+    }
+    if (!stopping) {
+      receiver_->OnPeerLost(
+          from, absl::UnavailableError(absl::StrCat(
+                    "the stream from ", PeerName(from), " ended: ",
+                    ended.ok() ? "connection closed" : ended.message())));
+    }
+    if (!ended.ok()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          std::string(ended.message()));
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  struct Peer {
+    std::deque<Queued> queue;
+    uint64_t queued_bytes = 0;
+    bool outgoing_up = false;
+    int incoming = 0;  // live streams from this peer
+    bool refused = false;
+    absl::Status last_error;
+    grpc::ClientContext* context = nullptr;  // of the live outgoing stream
+    std::thread dialer;
+  };
+
+  bool Up(int r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return peers_[r].outgoing_up && peers_[r].incoming > 0;
+  }
+
+  void UpdatePeersUpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (metrics_ == nullptr) return;
+    int up = 0;
+    for (int r = 0; r < world_size(); ++r) up += r != rank() && Up(r);
+    metrics_->SetPeersUp(up);
+  }
+
+  void ChangeIncoming(int from, int delta) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    peers_[from].incoming += delta;
+    UpdatePeersUpLocked();
+  }
+
+  // Reassembles messages from their chunks until the stream ends; an error
+  // for a stream that breaks the framing rules.
+  absl::Status Receive(
+      int from,
+      grpc::ServerReaderWriter<v1::PeerFrame, v1::PeerFrame>* stream) {
+    v1::PeerFrame frame;
+    MessageKey key;
+    codecs::Bytes buffer;
+    uint64_t total = 0;
+    bool in_message = false;
+    while (stream->Read(&frame)) {
+      if (frame.has_header()) {
+        if (in_message) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              PeerName(from), " started a message before the last one's ",
+              total, " bytes had come (", buffer.size(), " did)"));
+        }
+        const v1::MessageHeader& h = frame.header();
+        key = MessageKey{h.job(), h.tensor(), h.step(),
+                         static_cast<int>(h.round()),
+                         static_cast<Phase>(h.phase())};
+        total = h.total_bytes();
+        buffer.clear();
+        buffer.reserve(std::min<uint64_t>(total, uint64_t{256} << 20));
+        in_message = true;
+      } else if (!in_message) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            PeerName(from), " sent a chunk outside of any message"));
+      }
+      if (metrics_ != nullptr) {
+        metrics_->AddBytes(from, Direction::kReceived, frame.chunk().size());
+      }
+      if (buffer.size() + frame.chunk().size() > total) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            PeerName(from), " sent more than the ", total,
+            " bytes its message header announced"));
+      }
+      buffer.append(frame.chunk());
+      if (buffer.size() == total) {
+        receiver_->OnMessage(from, key, std::move(buffer));
+        buffer = codecs::Bytes();
+        in_message = false;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Keeps a stream to rank `to` open for as long as the transport runs.
+  void Dial(int to) ABSL_LOCKS_EXCLUDED(mu_) {
+    auto channel = grpc::CreateCustomChannel(
+        options_.peers[to], grpc::InsecureChannelCredentials(), ChannelArgs());
+    auto stub = v1::Peer::NewStub(channel);
+    absl::Duration backoff = options_.min_backoff;
+    bool logged_error = false;
+    while (true) {
+      bool was_up = false;
+      const absl::Status ended = Stream(to, channel.get(), stub.get(), &was_up);
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      peers_[to].last_error = ended;
+      if (was_up || !logged_error) {
+        std::fprintf(stderr, "gradcompd: rank %d -> %s: %s\n", rank(),
+                     PeerName(to).c_str(),
+                     std::string(ended.message()).c_str());
+        logged_error = !was_up;
+      }
+      backoff = was_up ? options_.min_backoff
+                       : std::min(backoff * 2, options_.max_backoff);
+      auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&stopping), backoff);
+      if (stopping_) return;
+    }
+  }
+
+  // One outgoing stream's life: connect, handshake, send until it breaks.
+  absl::Status Stream(int to, grpc::Channel* channel, v1::Peer::Stub* stub,
+                      bool* was_up) ABSL_LOCKS_EXCLUDED(mu_) {
+    if (!channel->WaitForConnected(std::chrono::system_clock::now() +
+                                   std::chrono::seconds(1))) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot connect to ", PeerName(to)));
+    }
+    grpc::ClientContext context;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return absl::CancelledError("shutting down");
+      peers_[to].context = &context;
+    }
+    auto stream = stub->Connect(&context);
+    const PeerIdentity local = identity_();
+    v1::PeerFrame hello;
+    *hello.mutable_hello() = ToProto(local);
+    v1::PeerFrame reply;
+    absl::Status status;
+    if (!stream->Write(hello) || !stream->Read(&reply) || !reply.has_hello()) {
+      // The call is over (a refusal carries the listener's reason).
+      status = FromGrpc(stream->Finish());
+      if (status.ok()) {
+        status = absl::UnavailableError(
+            absl::StrCat(PeerName(to), " closed the stream in the handshake"));
+      }
+    } else {
+      status = CheckPeer(local, FromProto(reply.hello()), to, options_.peers[to]);
+      if (status.ok()) {
+        *was_up = true;
+        status = SendQueued(to, stream.get());
+      }
+      context.TryCancel();
+      stream->Finish();
+    }
+    absl::MutexLock lock(&mu_);
+    peers_[to].context = nullptr;
+    peers_[to].outgoing_up = false;
+    peers_[to].refused =
+        status.code() == absl::StatusCode::kFailedPrecondition;
+    UpdatePeersUpLocked();
+    return status;
+  }
+
+  // Writes queued messages to `stream` until it breaks or the transport
+  // stops. A reader thread notices a stream that ends while idle.
+  absl::Status SendQueued(
+      int to, grpc::ClientReaderWriter<v1::PeerFrame, v1::PeerFrame>* stream)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    Peer& peer = peers_[to];
+    bool broken = false;
+    {
+      absl::MutexLock lock(&mu_);
+      peer.outgoing_up = true;
+      peer.refused = false;
+      peer.last_error = absl::OkStatus();
+      UpdatePeersUpLocked();
+    }
+    std::fprintf(stderr, "gradcompd: rank %d -> %s: connected\n", rank(),
+                 PeerName(to).c_str());
+    std::thread reader([this, stream, &broken] {
+      v1::PeerFrame ignored;
+      while (stream->Read(&ignored)) {
+      }
+      absl::MutexLock lock(&mu_);
+      broken = true;
+    });
+    absl::Status status;
+    while (status.ok()) {
+      Queued next;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this, &peer, &broken]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                         mu_) {
+          return stopping_ || broken || !peer.queue.empty();
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (stopping_) break;
+        if (broken) {
+          status = absl::UnavailableError(
+              absl::StrCat("the stream to ", PeerName(to), " closed"));
+          break;
+        }
+        next = peer.queue.front();
+      }
+      // A message whose collective is over on this side is not worth sending;
+      // one cut off by a broken stream stays queued and goes again whole.
+      const bool expired = absl::Now() > next.deadline;
+      if (!expired && !WriteMessage(to, next, stream)) {
+        status = absl::UnavailableError(
+            absl::StrCat("writing to ", PeerName(to), " failed"));
+        break;
+      }
+      absl::MutexLock lock(&mu_);
+      peer.queued_bytes -= next.data->size();
+      peer.queue.pop_front();
+      if (expired && metrics_ != nullptr) metrics_->CountDropped("expired");
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      peer.context->TryCancel();
+    }
+    reader.join();
+    return status.ok() ? absl::CancelledError("shutting down") : status;
+  }
+
+  bool WriteMessage(
+      int to, const Queued& message,
+      grpc::ClientReaderWriter<v1::PeerFrame, v1::PeerFrame>* stream) {
+    const codecs::Bytes& data = *message.data;
+    size_t offset = 0;
+    do {
+      v1::PeerFrame frame;
+      if (offset == 0) {
+        v1::MessageHeader* h = frame.mutable_header();
+        h->set_job(message.key.job);
+        h->set_tensor(message.key.tensor);
+        h->set_step(message.key.step);
+        h->set_round(static_cast<uint32_t>(message.key.round));
+        h->set_phase(static_cast<v1::Phase>(message.key.phase));
+        h->set_total_bytes(data.size());
+      }
+      const size_t n = std::min(options_.chunk_bytes, data.size() - offset);
+      frame.set_chunk(data.data() + offset, n);
+      if (!stream->Write(frame)) return false;
+      if (metrics_ != nullptr) metrics_->AddBytes(to, Direction::kSent, n);
+      offset += n;
+    } while (offset < data.size());
+    return true;
+  }
+
+  const GrpcTransportOptions options_;
+  const std::function<PeerIdentity()> identity_;
+  Receiver* const receiver_;
+  PeerMetrics* const metrics_;
+  std::unique_ptr<grpc::Server> server_;
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_waiting_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<Peer> peers_;  // by rank; fields guarded by mu_ except dialer
+};
+
+absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(
+    GrpcTransportOptions options, std::function<PeerIdentity()> identity,
+    Receiver* receiver, PeerMetrics* metrics) {
+  const int w = static_cast<int>(options.peers.size());
+  if (options.rank < 0 || options.rank >= w) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", options.rank, " is not in [0, ", w,
+        "): expected one --peers address per rank"));
+  }
+  if (options.chunk_bytes == 0) {
+    return absl::InvalidArgumentError("chunk_bytes is 0, expected > 0");
+  }
+  if (options.listen.empty()) options.listen = options.peers[options.rank];
+  return std::unique_ptr<GrpcTransport>(new GrpcTransport(
+      std::make_unique<Impl>(std::move(options), std::move(identity), receiver,
+                             metrics)));
+}
+
+GrpcTransport::GrpcTransport(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+GrpcTransport::~GrpcTransport() = default;
+
+absl::Status GrpcTransport::Start() { return impl_->Start(); }
+absl::Status GrpcTransport::WaitForPeers(absl::Time deadline) {
+  return impl_->WaitForPeers(deadline);
+}
+void GrpcTransport::StopWaiting() { impl_->StopWaiting(); }
+int GrpcTransport::rank() const { return impl_->rank(); }
+int GrpcTransport::world_size() const { return impl_->world_size(); }
+std::string GrpcTransport::PeerName(int rank) const {
+  return impl_->PeerName(rank);
+}
+absl::Status GrpcTransport::Send(int to, const MessageKey& key,
+                                 std::shared_ptr<const codecs::Bytes> data,
+                                 absl::Time deadline) {
+  return impl_->Send(to, key, std::move(data), deadline);
+}
+
+}  // namespace gradcomp::service
