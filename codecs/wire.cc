@@ -8,6 +8,7 @@
 #endif
 
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "codecs/cpu/half.h"
 
 // Dense bodies are converted straight into (and read from) the payload.
@@ -290,8 +291,7 @@ void WriteDensePayload(const WireHeader& header, ElemType type,
   }
 }
 
-absl::Status AddDenseBody(const ParsedPayload& payload, float alpha,
-                          absl::Span<float> acc) {
+absl::StatusOr<size_t> DenseBodyElements(const ParsedPayload& payload) {
   if ((payload.header.flags & kFlagDenseBody) == 0 || payload.params.empty()) {
     return absl::InvalidArgumentError(
         "payload: expected a dense body (flag 0x01), got a codec-specific one");
@@ -302,14 +302,26 @@ absl::Status AddDenseBody(const ParsedPayload& payload, float alpha,
         "payload: expected dense element type 1, 2 or 3, got %d", type));
   }
   const size_t elem = ElemTypeBytes(static_cast<ElemType>(type));
-  if (payload.body.size() % elem != 0 ||
-      payload.body.size() / elem != acc.size()) {
+  if (payload.body.size() % elem != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "payload: dense body of %d bytes is not a whole number of %d-byte "
+        "elements",
+        payload.body.size(), elem));
+  }
+  return payload.body.size() / elem;
+}
+
+absl::Status AddDenseBody(const ParsedPayload& payload, float alpha,
+                          absl::Span<float> acc) {
+  GC_ASSIGN_OR_RETURN(const size_t elements, DenseBodyElements(payload));
+  const auto type = static_cast<ElemType>(payload.params[0]);
+  if (elements != acc.size()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "payload: expected a dense body of %d elements of %d bytes, got %d "
         "bytes",
-        acc.size(), elem, payload.body.size()));
+        acc.size(), ElemTypeBytes(type), payload.body.size()));
   }
-  switch (static_cast<ElemType>(type)) {
+  switch (type) {
     case ElemType::kF32:
       AddFloat(payload.body.data(), alpha, acc);
       break;

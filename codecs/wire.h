@@ -109,6 +109,12 @@ void AdviseHugePages(void* data, size_t bytes);
 void WriteDensePayload(const WireHeader& header, ElemType type,
                        absl::Span<const float> values, Bytes* out);
 
+// For a kFlagDenseBody payload: the number of elements its body holds
+// (InvalidArgument if it has no dense body, an unknown element type, or a
+// body that is not a whole number of elements). A kSum collective sizes its
+// accumulator with it: the body may be shorter than the tensor.
+absl::StatusOr<size_t> DenseBodyElements(const ParsedPayload& payload);
+
 // For a kFlagDenseBody payload: acc += alpha * body. The body must hold
 // exactly acc.size() elements (which may differ from the header's numel:
 // random-k sends k values of an n-element tensor).

@@ -11,6 +11,7 @@ does not depend on them).
 
 Usage: powersgd_torch_test.py PATH_TO_powersgd_reference_tool
 """
+import datetime
 import os
 import struct
 import subprocess
@@ -47,8 +48,10 @@ class Matrix(torch.nn.Module):
 def worker(rank: int, init_file: str, rank_r: int, grads: np.ndarray,
            q0: np.ndarray, out_path: str) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    # A stuck peer fails the test within a minute instead of hanging it.
     dist.init_process_group("gloo", init_method="file://" + init_file,
-                            rank=rank, world_size=WORLD)
+                            rank=rank, world_size=WORLD,
+                            timeout=datetime.timedelta(seconds=60))
     model = torch.nn.parallel.DistributedDataParallel(Matrix())
     state = psgd.PowerSGDState(process_group=None,
                                matrix_approximation_rank=rank_r,

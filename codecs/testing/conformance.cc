@@ -26,17 +26,12 @@ absl::StatusOr<std::vector<float>> SumDenseBodies(
   absl::string_view first_params;
   for (size_t r = 0; r < payloads.size(); ++r) {
     GC_ASSIGN_OR_RETURN(ParsedPayload parsed, PeekPayload(payloads[r]));
-    if ((parsed.header.flags & kFlagDenseBody) == 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "sum collective: payload of rank %d has no dense body", r));
-    }
     // Bodies can be added only when they mean the same thing: same element
     // type, same scale, same layout, i.e. the same parameter block.
     if (r == 0) {
       first_params = parsed.params;
-      sum.assign(parsed.body.size() /
-                     ElemTypeBytes(static_cast<ElemType>(parsed.params[0])),
-                 0.0f);
+      GC_ASSIGN_OR_RETURN(const size_t elements, DenseBodyElements(parsed));
+      sum.assign(elements, 0.0f);
     } else if (parsed.params != first_params) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "sum collective: payload of rank %d has other parameters than rank 0",

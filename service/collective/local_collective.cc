@@ -16,13 +16,16 @@ absl::StatusOr<codecs::RoundResult> LocalCollective::Run(const RoundKey& key,
     case codecs::Collective::kSum: {
       GC_ASSIGN_OR_RETURN(codecs::ParsedPayload parsed,
                           codecs::PeekPayload(round.payload));
-      if ((parsed.header.flags & codecs::kFlagDenseBody) == 0) {
+      // The body may be shorter than the tensor (PowerSGD's factors,
+      // random-k's values): the sum has the body's length.
+      absl::StatusOr<size_t> elements = codecs::DenseBodyElements(parsed);
+      if (!elements.ok()) {
         return absl::InternalError(absl::StrCat(
             "tensor '", key.tensor, "' step ", key.step, " round ", key.round,
-            ": a SUM round's payload has no dense body (flags ",
-            parsed.header.flags, ")"));
+            ": a SUM round's payload has no usable dense body: ",
+            elements.status().message()));
       }
-      result.sum.assign(parsed.header.numel, 0.0f);
+      result.sum.assign(*elements, 0.0f);
       GC_RETURN_IF_ERROR(
           codecs::AddDenseBody(parsed, 1.0f, absl::MakeSpan(result.sum)));
       break;
