@@ -5,7 +5,8 @@
 //   gradcompd --listen=127.0.0.1:50051 --metrics_listen=127.0.0.1:9464 \
 //             --config=/etc/gradcomp/daemon.json
 //   gradcompd --config=daemon.json --check_config   # validate, print, exit
-//   gradcompd --rank=1 --world_size=4 --peers=h0:50052,h1:50052,h2:50052,h3:50052
+//   gradcompd --rank=1 --world_size=4
+//   --peers=h0:50052,h1:50052,h2:50052,h3:50052
 #include <signal.h>
 #include <unistd.h>
 
@@ -55,8 +56,7 @@ ABSL_FLAG(std::string, config, "",
           "DaemonConfig file (gradcomp/v1/config.proto), protobuf JSON or text "
           "format; flags given on the command line override its fields.");
 ABSL_FLAG(uint32_t, rank, 0, "This worker's rank in [0, world_size).");
-ABSL_FLAG(uint32_t, world_size, 1,
-          "Workers per job; above 1 needs --peers.");
+ABSL_FLAG(uint32_t, world_size, 1, "Workers per job; above 1 needs --peers.");
 ABSL_FLAG(std::vector<std::string>, peers, {},
           "Comma-separated host:port of every rank's peer endpoint, by rank "
           "(the same list on every daemon).");
@@ -178,23 +178,23 @@ absl::Status Run(const std::set<std::string>& named_flags) {
     identity.seed = config->seed();
     std::random_device random;
     identity.instance = (uint64_t{random()} << 32) | random();
-    GC_ASSIGN_OR_RETURN(
-        transport, GrpcTransport::Create(
-                       options,
-                       [identity, &engine] {
-                         PeerIdentity current = identity;
-                         current.policy_hash = engine->policy()->hash;
-                         return current;
-                       },
-                       &mailbox, &peer_metrics));
+    GC_ASSIGN_OR_RETURN(transport, GrpcTransport::Create(
+                                       options,
+                                       [identity, &engine] {
+                                         PeerIdentity current = identity;
+                                         current.policy_hash =
+                                             engine->policy()->hash;
+                                         return current;
+                                       },
+                                       &mailbox, &peer_metrics));
     collective = std::make_unique<PeerCollective>(
         transport.get(), &mailbox,
         PeerCollectiveOptions{absl::GetFlag(FLAGS_collective_timeout)},
         &peer_metrics);
   }
   GC_ASSIGN_OR_RETURN(
-      engine, Engine::Create(EngineOptionsFromConfig(*config), registry,
-                             &store, collective.get(), &metrics,
+      engine, Engine::Create(EngineOptionsFromConfig(*config), registry, &store,
+                             collective.get(), &metrics,
                              PolicyFromProto(config->policy())));
   if (transport != nullptr) GC_RETURN_IF_ERROR(transport->Start());
   std::unique_ptr<prometheus::Exposer> exposer;
@@ -202,7 +202,8 @@ absl::Status Run(const std::set<std::string>& named_flags) {
   if (!config->metrics_listen().empty()) {
     GC_ASSIGN_OR_RETURN(exposer, StartMetricsServer(config->metrics_listen(),
                                                     metrics.collectable()));
-    if (world_size > 1) exposer->RegisterCollectable(peer_metrics.collectable());
+    if (world_size > 1)
+      exposer->RegisterCollectable(peer_metrics.collectable());
     metrics_address = absl::StrCat(
         "metrics on http://",
         BoundAddress(config->metrics_listen(), exposer->GetListeningPorts()[0]),

@@ -67,8 +67,10 @@ void Mailbox::OnMessage(int from, const MessageKey& key, codecs::Bytes data) {
       CountDropped("overflow");
       slot.error = absl::ResourceExhaustedError(absl::StrCat(
           "the message of rank ", from, " for ", KeyString(key), " (",
-          data.size(), " bytes) came before this rank's call and did not fit "
-          "in the ", options_.max_unclaimed_bytes,
+          data.size(),
+          " bytes) came before this rank's call and did not fit "
+          "in the ",
+          options_.max_unclaimed_bytes,
           " bytes held for early messages; expected ranks to reach tensors "
           "closer together, or a larger peer buffer"));
       return;
@@ -119,9 +121,10 @@ absl::StatusOr<std::vector<codecs::Bytes>> Mailbox::Collect(
     slot.created = absl::Now();
   }
   if (slot.claimed) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        KeyString(key), " is already being collected by another call on this "
-                        "rank; expected one call per tensor and step"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(KeyString(key),
+                     " is already being collected by another call on this "
+                     "rank; expected one call per tensor and step"));
   }
   slot.claimed = true;
   unclaimed_bytes_ -= slot.bytes;
@@ -159,7 +162,8 @@ absl::StatusOr<std::vector<codecs::Bytes>> Mailbox::Collect(
   absl::Status error = slot.error;
   std::vector<codecs::Bytes> out(world_size_);
   for (int rank : from) {
-    if (slot.by_rank[rank].has_value()) out[rank] = std::move(*slot.by_rank[rank]);
+    if (slot.by_rank[rank].has_value())
+      out[rank] = std::move(*slot.by_rank[rank]);
   }
   // Erased by key: waiting let other calls rehash the map, which
   // invalidates iterators (the node, and `slot`, stay put).

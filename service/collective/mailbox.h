@@ -71,7 +71,7 @@ class Mailbox : public Receiver {
     std::vector<std::optional<codecs::Bytes>> by_rank;
     uint64_t bytes = 0;
     absl::Time created;
-    bool claimed = false;  // a Collect waits on it
+    bool claimed = false;       // a Collect waits on it
     std::vector<bool> awaited;  // by rank, once claimed
     int arrivals = 0;           // wakes the Collect
     // Set when a message for it was dropped (overflow) or an awaited rank

@@ -114,8 +114,7 @@ TEST(MailboxTest, ALaterLocalStepFreesAndRefusesOlderSteps) {
   // A trainer that restarts from a checkpoint goes back in steps.
   mailbox.BeginStep("job", "w", 0);
   mailbox.OnMessage(1, Key(0), "again");
-  EXPECT_TRUE(
-      mailbox.Collect(Key(0), {1}, absl::InfiniteFuture(), Name).ok());
+  EXPECT_TRUE(mailbox.Collect(Key(0), {1}, absl::InfiniteFuture(), Name).ok());
 }
 
 TEST(MailboxTest, EarlyMessagesOverTheCapFailTheirCollective) {

@@ -95,8 +95,7 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::Run(const RoundKey& key,
   }
   if (result.ok() && metrics_ != nullptr) {
     metrics_->ObserveCollective(
-        algorithm,
-        std::chrono::duration<double>(Clock::now() - start).count());
+        algorithm, std::chrono::duration<double>(Clock::now() - start).count());
   }
   return result;
 }
@@ -120,17 +119,18 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(
   GC_ASSIGN_OR_RETURN(const codecs::ParsedPayload own,
                       codecs::PeekPayload(payload));
   if ((own.header.flags & codecs::kFlagDenseBody) == 0 || own.params.empty()) {
-    return absl::InternalError(absl::StrCat(
-        "round ", key.round, ": a SUM round's payload has no dense body (flags ",
-        own.header.flags, ")"));
+    return absl::InternalError(
+        absl::StrCat("round ", key.round,
+                     ": a SUM round's payload has no dense body (flags ",
+                     own.header.flags, ")"));
   }
   const auto elem_type = static_cast<codecs::ElemType>(own.params[0]);
   const size_t elem = codecs::ElemTypeBytes(elem_type);
   if (elem == 0 || own.body.size() % elem != 0) {
-    return absl::InternalError(absl::StrCat(
-        "round ", key.round, ": dense body of ", own.body.size(),
-        " bytes is not a whole number of elements of type ",
-        static_cast<int>(elem_type)));
+    return absl::InternalError(
+        absl::StrCat("round ", key.round, ": dense body of ", own.body.size(),
+                     " bytes is not a whole number of elements of type ",
+                     static_cast<int>(elem_type)));
   }
   const uint64_t m = own.body.size() / elem;
   codecs::WireHeader header = own.header;
@@ -148,7 +148,8 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(
   }
   for (int to : others_) {
     GC_RETURN_IF_ERROR(transport_->Send(
-        to, scatter, std::make_shared<const codecs::Bytes>(std::move(slices[to])),
+        to, scatter,
+        std::make_shared<const codecs::Bytes>(std::move(slices[to])),
         deadline));
   }
   GC_ASSIGN_OR_RETURN(std::vector<codecs::Bytes> got,
@@ -164,19 +165,20 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(
     absl::Status status = part.status();
     if (status.ok() && (part->header.codec != header.codec ||
                         part->header.round != header.round)) {
-      status = absl::InvalidArgumentError(absl::StrCat(
-          "rank ", r, " encoded codec id ",
-          static_cast<int>(part->header.codec), " round ",
-          static_cast<int>(part->header.round), ", rank ", me,
-          " encoded codec id ", static_cast<int>(header.codec), " round ",
-          static_cast<int>(header.round),
-          "; expected the same policy on every rank"));
+      status = absl::InvalidArgumentError(
+          absl::StrCat("rank ", r, " encoded codec id ",
+                       static_cast<int>(part->header.codec), " round ",
+                       static_cast<int>(part->header.round), ", rank ", me,
+                       " encoded codec id ", static_cast<int>(header.codec),
+                       " round ", static_cast<int>(header.round),
+                       "; expected the same policy on every rank"));
     }
-    if (status.ok()) status = codecs::AddDenseBody(*part, 1.0f, absl::MakeSpan(sum));
+    if (status.ok())
+      status = codecs::AddDenseBody(*part, 1.0f, absl::MakeSpan(sum));
     if (!status.ok()) {
-      return absl::Status(
-          status.code(), absl::StrCat("reduce-scatter slice ", me, " from rank ",
-                                      r, ": ", status.message()));
+      return absl::Status(status.code(), absl::StrCat("reduce-scatter slice ",
+                                                      me, " from rank ", r,
+                                                      ": ", status.message()));
     }
   }
 

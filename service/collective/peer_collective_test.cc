@@ -25,14 +25,12 @@ using ::testing::HasSubstr;
 // W daemons' collectives in one process, over an InProcessHub.
 class Group {
  public:
-  explicit Group(int world_size,
-                 absl::Duration timeout = absl::Seconds(60))
+  explicit Group(int world_size, absl::Duration timeout = absl::Seconds(60))
       : hub_(world_size) {
     for (int r = 0; r < world_size; ++r) {
       metrics_.push_back(std::make_unique<PeerMetrics>(r, world_size));
-      mailboxes_.push_back(
-          std::make_unique<Mailbox>(world_size, MailboxOptions{},
-                                    metrics_[r].get()));
+      mailboxes_.push_back(std::make_unique<Mailbox>(
+          world_size, MailboxOptions{}, metrics_[r].get()));
       transports_.push_back(hub_.Connect(r, mailboxes_[r].get()));
       collectives_.push_back(std::make_unique<PeerCollective>(
           transports_[r].get(), mailboxes_[r].get(),
@@ -78,8 +76,7 @@ using Results = std::vector<std::vector<absl::StatusOr<codecs::RoundResult>>>;
 // Every rank runs `tensors` tensors of `step` at once, each rank starting
 // them in its own random order; make(rank, tensor) is the round.
 template <typename Make>
-Results RunAll(Group& group, int world_size, int tensors, int step,
-               Make make) {
+Results RunAll(Group& group, int world_size, int tensors, int step, Make make) {
   Results results(world_size);
   std::vector<std::thread> threads;
   for (int r = 0; r < world_size; ++r) {
@@ -112,7 +109,8 @@ TEST(PeerCollectiveTest, GatherHandsEveryRankAllPayloadsInRankOrder) {
         EXPECT_EQ(results[r][t]->world_size, kW);
         std::vector<std::string> expected;
         for (int from = 0; from < kW; ++from) {
-          expected.push_back(absl::StrCat("payload r", from, " t", t, " s", step));
+          expected.push_back(
+              absl::StrCat("payload r", from, " t", t, " s", step));
         }
         EXPECT_EQ(results[r][t]->payloads, expected);
       }
@@ -124,7 +122,9 @@ TEST(PeerCollectiveTest, SumIsTheRankOrderFp32SumBitForBitOnEveryRank) {
   constexpr int kW = 4, kTensors = 8;
   Group group(kW);
   // Sizes not divisible by W, and smaller than W (empty slices).
-  auto size_of = [](int t) { return t % 2 == 0 ? size_t{1001 + t} : size_t(t); };
+  auto size_of = [](int t) {
+    return t % 2 == 0 ? size_t{1001 + t} : size_t(t);
+  };
   for (int step = 0; step < 2; ++step) {
     Results results = RunAll(group, kW, kTensors, step, [&](int r, int t) {
       return codecs::Round{codecs::Collective::kSum,
@@ -156,9 +156,9 @@ TEST(PeerCollectiveTest, Fp16SumsTravelAsFp16UnlessTheyOverflow) {
     // Tensor 1 sums to 4 * 40000, above fp16's largest finite 65504.
     std::vector<float> v = t == 0 ? std::vector<float>{0.5f, -1.25f, 3.0f}
                                   : std::vector<float>{40000.0f, 1.0f};
-    return codecs::Round{codecs::Collective::kSum,
-                         DensePayload(v, codecs::ElemType::kF16,
-                                      codecs::CodecId::kFp16)};
+    return codecs::Round{
+        codecs::Collective::kSum,
+        DensePayload(v, codecs::ElemType::kF16, codecs::CodecId::kFp16)};
   });
   for (int r = 0; r < kW; ++r) {
     ASSERT_TRUE(results[r][0].ok()) << results[r][0].status();

@@ -191,9 +191,9 @@ absl::Status ValidateConfig(const v1::DaemonConfig& config,
     GC_RETURN_IF_ERROR(
         ValidateAddress(absl::StrCat("peers[", i, "]"), config.peers(i)));
     if (absl::StartsWith(config.peers(i), "unix:")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "peers[", i, "] is '", config.peers(i),
-          "', expected host:port (peers are other hosts)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("peers[", i, "] is '", config.peers(i),
+                       "', expected host:port (peers are other hosts)"));
     }
   }
   const double rate = config.error_sample_rate();

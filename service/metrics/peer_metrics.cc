@@ -35,13 +35,15 @@ PeerMetrics::PeerMetrics(int rank, int world_size)
                     .Register(*registry_);
   auto& waiting = prometheus::BuildGauge()
                       .Name("gradcomp_peer_waiting")
-                      .Help("Collectives now waiting on a message from each "
-                            "peer.")
+                      .Help(
+                          "Collectives now waiting on a message from each "
+                          "peer.")
                       .Register(*registry_);
   auto& collective = prometheus::BuildHistogram()
                          .Name("gradcomp_collective_duration_seconds")
-                         .Help("Time of one collective across the peers, by "
-                               "algorithm.")
+                         .Help(
+                             "Time of one collective across the peers, by "
+                             "algorithm.")
                          .Register(*registry_);
   collective_[static_cast<int>(Algorithm::kAllgather)] =
       &collective.Add({{"collective", "allgather"}}, CollectiveBuckets());

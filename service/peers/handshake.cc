@@ -46,8 +46,8 @@ absl::Status CheckPeer(const PeerIdentity& local, const PeerIdentity& remote,
     return absl::FailedPreconditionError(absl::StrCat(
         "peer handshake refused: the daemon at ", a, " says it is rank ",
         remote.rank, " and this daemon is rank ", local.rank, " of ",
-        local.world_size, "; expected distinct ranks in [0, ",
-        local.world_size, ") (is --rank the same on two daemons?)"));
+        local.world_size, "; expected distinct ranks in [0, ", local.world_size,
+        ") (is --rank the same on two daemons?)"));
   }
   if (dialled_rank.has_value() && remote.rank != *dialled_rank) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -63,8 +63,8 @@ absl::Status CheckPeer(const PeerIdentity& local, const PeerIdentity& remote,
                     "the same policy on every rank (compare GetPolicy)");
   }
   if (remote.seed != local.seed) {
-    return Mismatch(local, remote, a, "the codec seed", local.seed,
-                    remote.seed, "the same --seed on every rank");
+    return Mismatch(local, remote, a, "the codec seed", local.seed, remote.seed,
+                    "the same --seed on every rank");
   }
   return absl::OkStatus();
 }

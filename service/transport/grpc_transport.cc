@@ -93,7 +93,8 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
 
   absl::Status Start() {
     grpc::ServerBuilder builder;
-    builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials());
+    builder.AddListeningPort(options_.listen,
+                             grpc::InsecureServerCredentials());
     builder.RegisterService(this);
     // The dialers' keepalive pings must not be taken for abuse.
     builder.AddChannelArgument(
@@ -104,8 +105,8 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
     server_ = builder.BuildAndStart();
     if (server_ == nullptr) {
       return absl::UnavailableError(absl::StrCat(
-          "cannot serve the peer service on '", options_.listen,
-          "' (rank ", rank(), "): the address is invalid or already in use"));
+          "cannot serve the peer service on '", options_.listen, "' (rank ",
+          rank(), "): the address is invalid or already in use"));
     }
     for (int r = 0; r < world_size(); ++r) {
       if (r == rank()) continue;
@@ -146,8 +147,8 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
     };
     mu_.AwaitWithDeadline(absl::Condition(&settled), deadline);
     if (stop_waiting_) {
-      return absl::CancelledError(absl::StrCat(
-          "rank ", rank(), " stopped waiting for its peers"));
+      return absl::CancelledError(
+          absl::StrCat("rank ", rank(), " stopped waiting for its peers"));
     }
     std::vector<std::string> missing;
     for (int r = 0; r < world_size(); ++r) {
@@ -165,8 +166,8 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
     if (missing.empty()) return absl::OkStatus();
     return absl::UnavailableError(absl::StrCat(
         "rank ", rank(), " could not reach ", missing.size(), " of ",
-        world_size() - 1, " peers before the deadline: ",
-        absl::StrJoin(missing, "; ")));
+        world_size() - 1,
+        " peers before the deadline: ", absl::StrJoin(missing, "; ")));
   }
 
   void StopWaiting() ABSL_LOCKS_EXCLUDED(mu_) {
@@ -178,9 +179,9 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
                     std::shared_ptr<const codecs::Bytes> data,
                     absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_) {
     if (to < 0 || to >= world_size() || to == rank()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank(), " cannot send to rank ", to,
-          ", expected another rank in [0, ", world_size(), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank(), " cannot send to rank ", to,
+                       ", expected another rank in [0, ", world_size(), ")"));
     }
     const uint64_t size = data->size();
     absl::MutexLock lock(&mu_);
@@ -191,11 +192,11 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
     };
     if (!mu_.AwaitWithDeadline(absl::Condition(&has_room), deadline)) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "the send queue to ", PeerName(to), " still held ",
-          peer.queued_bytes, " bytes at the deadline; ", PeerName(to), " is ",
-          peer.outgoing_up ? "connected but slow"
-                           : absl::StrCat("not connected: ",
-                                          peer.last_error.message())));
+          "the send queue to ", PeerName(to), " still held ", peer.queued_bytes,
+          " bytes at the deadline; ", PeerName(to), " is ",
+          peer.outgoing_up
+              ? "connected but slow"
+              : absl::StrCat("not connected: ", peer.last_error.message())));
     }
     if (stopping_) {
       return absl::CancelledError(
@@ -325,9 +326,9 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
         metrics_->AddBytes(from, Direction::kReceived, frame.chunk().size());
       }
       if (buffer.size() + frame.chunk().size() > total) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            PeerName(from), " sent more than the ", total,
-            " bytes its message header announced"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(PeerName(from), " sent more than the ", total,
+                         " bytes its message header announced"));
       }
       buffer.append(frame.chunk());
       if (buffer.size() == total) {
@@ -396,7 +397,8 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
             absl::StrCat(PeerName(to), " closed the stream in the handshake"));
       }
     } else {
-      status = CheckPeer(local, FromProto(reply.hello()), to, options_.peers[to]);
+      status =
+          CheckPeer(local, FromProto(reply.hello()), to, options_.peers[to]);
       if (status.ok()) {
         *was_up = true;
         status = SendQueued(to, stream.get());
@@ -407,8 +409,7 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
     absl::MutexLock lock(&mu_);
     peers_[to].context = nullptr;
     peers_[to].outgoing_up = false;
-    peers_[to].refused =
-        status.code() == absl::StatusCode::kFailedPrecondition;
+    peers_[to].refused = status.code() == absl::StatusCode::kFailedPrecondition;
     UpdatePeersUpLocked();
     return status;
   }
@@ -441,10 +442,10 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
       Queued next;
       {
         absl::MutexLock lock(&mu_);
-        auto ready = [this, &peer, &broken]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
-                         mu_) {
-          return stopping_ || broken || !peer.queue.empty();
-        };
+        auto ready = [this, &peer, &broken]()
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                           return stopping_ || broken || !peer.queue.empty();
+                         };
         mu_.Await(absl::Condition(&ready));
         if (stopping_) break;
         if (broken) {
@@ -517,17 +518,17 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(
     Receiver* receiver, PeerMetrics* metrics) {
   const int w = static_cast<int>(options.peers.size());
   if (options.rank < 0 || options.rank >= w) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", options.rank, " is not in [0, ", w,
-        "): expected one --peers address per rank"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", options.rank, " is not in [0, ", w,
+                     "): expected one --peers address per rank"));
   }
   if (options.chunk_bytes == 0) {
     return absl::InvalidArgumentError("chunk_bytes is 0, expected > 0");
   }
   if (options.listen.empty()) options.listen = options.peers[options.rank];
-  return std::unique_ptr<GrpcTransport>(new GrpcTransport(
-      std::make_unique<Impl>(std::move(options), std::move(identity), receiver,
-                             metrics)));
+  return std::unique_ptr<GrpcTransport>(
+      new GrpcTransport(std::make_unique<Impl>(
+          std::move(options), std::move(identity), receiver, metrics)));
 }
 
 GrpcTransport::GrpcTransport(std::unique_ptr<Impl> impl)

@@ -31,8 +31,7 @@ InProcessHub::InProcessHub(int world_size)
       receivers_(world_size, nullptr),
       alive_(world_size, true) {}
 
-std::unique_ptr<Transport> InProcessHub::Connect(int rank,
-                                                 Receiver* receiver) {
+std::unique_ptr<Transport> InProcessHub::Connect(int rank, Receiver* receiver) {
   absl::MutexLock lock(&mu_);
   receivers_[rank] = receiver;
   return std::make_unique<Endpoint>(this, rank);
@@ -44,9 +43,9 @@ absl::Status InProcessHub::Deliver(int from, int to, const MessageKey& key,
   {
     absl::MutexLock lock(&mu_);
     if (to < 0 || to >= world_size_ || to == from) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", from, " sends to rank ", to, ", expected another rank in [0, ",
-          world_size_, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", from, " sends to rank ", to,
+                       ", expected another rank in [0, ", world_size_, ")"));
     }
     if (!alive_[from] || !alive_[to] || receivers_[to] == nullptr) {
       return absl::UnavailableError(absl::StrCat(

@@ -208,6 +208,13 @@ int DaemonProcess::Stop() {
   return exit_status_;
 }
 
+void DaemonProcess::Kill() {
+  if (!Running()) return;
+  kill(pid_, SIGKILL);
+  waitpid(pid_, &exit_status_, 0);
+  exited_ = true;
+}
+
 DaemonProcess::~DaemonProcess() { Stop(); }
 
 }  // namespace gradcomp::testing

@@ -52,6 +52,8 @@ class DaemonProcess {
   // SIGTERM, then SIGKILL after 10 s; returns the exit status as waitpid gives
   // it.
   int Stop();
+  // SIGKILL at once (a crash: no shutdown runs), and reaps the process.
+  void Kill();
 
  private:
   DaemonProcess(pid_t pid, int port, int metrics_port, std::string log_path)
