@@ -206,14 +206,18 @@ StateStore::Locked::Locked(std::shared_ptr<Entry> entry)
 
 StateStore::Locked& StateStore::Locked::operator=(Locked&& other) {
   if (this != &other) {
-    if (entry_ != nullptr) entry_->mu.Unlock();
+    Release();
     entry_ = std::move(other.entry_);
   }
   return *this;
 }
 
-StateStore::Locked::~Locked() {
-  if (entry_ != nullptr) entry_->mu.Unlock();
+StateStore::Locked::~Locked() { Release(); }
+
+void StateStore::Locked::Release() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  if (entry_ == nullptr) return;
+  entry_->bytes.store(entry_->state.ByteSize(), std::memory_order_relaxed);
+  entry_->mu.Unlock();
 }
 
 TensorState* StateStore::Locked::operator->() const { return &entry_->state; }
@@ -260,15 +264,10 @@ uint64_t StateStore::resets() const {
 }
 
 size_t StateStore::ByteSize() const {
-  std::vector<std::shared_ptr<Entry>> entries;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [key, entry] : entries_) entries.push_back(entry);
-  }
+  absl::MutexLock lock(&mu_);
   size_t bytes = 0;
-  for (const std::shared_ptr<Entry>& entry : entries) {
-    absl::MutexLock lock(&entry->mu);
-    bytes += entry->state.ByteSize();
+  for (const auto& [key, entry] : entries_) {
+    bytes += entry->bytes.load(std::memory_order_relaxed);
   }
   return bytes;
 }
@@ -321,6 +320,7 @@ absl::Status StateStore::Import(absl::string_view job, absl::string_view blob) {
     entry->shape = std::move(tensor.shape);
     entry->dtype = tensor.dtype;
     entry->state = std::move(tensor.state);
+    entry->bytes.store(entry->state.ByteSize(), std::memory_order_relaxed);
   }
   return absl::OkStatus();
 }

@@ -58,6 +58,9 @@ class StateStore {
     absl::Mutex mu;
     std::vector<int64_t> shape ABSL_GUARDED_BY(mu);
     int dtype ABSL_GUARDED_BY(mu) = 0;
+    // state.ByteSize() as of the last unlock: read without the lock, so that
+    // a metrics scrape never waits for a tensor whose step is in a collective.
+    std::atomic<size_t> bytes{0};
     TensorState state ABSL_GUARDED_BY(mu);
   };
 
@@ -74,6 +77,9 @@ class StateStore {
     TensorState& operator*() const;
 
    private:
+    // Publishes the state's size for ByteSize(), then unlocks.
+    void Release();
+
     std::shared_ptr<Entry> entry_;
   };
 

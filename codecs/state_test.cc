@@ -46,6 +46,21 @@ TEST(StateStoreTest, KeepsStatePerJobAndTensor) {
   EXPECT_EQ(store.ByteSize(), 8u);
 }
 
+// The daemon's metrics read ByteSize() while tensors sit locked in a
+// collective that may wait for minutes: it must not take their locks.
+TEST(StateStoreTest, ByteSizeDoesNotWaitForLockedTensors) {
+  StateStore store;
+  const int64_t shape[] = {4};
+  {
+    StateStore::Locked held = store.Acquire("job", "w", shape, 1);
+    held->Buffer("ef.residual", 4);
+    EXPECT_EQ(store.ByteSize(), 0u);  // published when the lock is released
+  }
+  EXPECT_EQ(store.ByteSize(), 16u);
+  StateStore::Locked held = store.Acquire("job", "w", shape, 1);
+  EXPECT_EQ(store.ByteSize(), 16u);
+}
+
 TEST(StateStoreTest, ShapeOrDtypeChangeResetsAndCounts) {
   StateStore store;
   store.Acquire("job", "w", kShape, 1)->Buffer("x", 2)[0] = 1.0f;
