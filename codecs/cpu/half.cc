@@ -7,6 +7,7 @@
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define GC_HALF_X86 1
 #endif
@@ -225,8 +226,13 @@ GC_AVX2 void AddFloatAvx2(const char* in, size_t n, float alpha, float* acc) {
 }
 
 bool CpuHasAvx2F16c() {
-  static const bool has =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  // CPUID leaf 1 rather than __builtin_cpu_supports("f16c"), which clang 14
+  // (the fuzz build, docs/fuzzing.md) does not know.
+  static const bool has = [] {
+    unsigned eax, ebx, ecx, edx;
+    return __builtin_cpu_supports("avx2") &&
+           __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+  }();
   return has;
 }
 #else
