@@ -1,0 +1,147 @@
+"""One rank's client for the shaped multi-host test and benchmark.
+
+Runs inside a host namespace (see shaped_net.py), next to that rank's
+gradcompd. For each codec and step it reduces the whole ResNet-50 gradient
+set (gradcomp.resnet50, seed = rank, so ranks differ) over one ReduceStream,
+as gradcomp.demo does, and records per step:
+  - each tensor's stats (codec used, numel, wire_bytes, timings),
+  - the growth of the daemon's gradcomp_peer_bytes_total{peer,direction}
+    and gradcomp_wire_bytes_total{codec},
+  - the growth of the bytes this host's eth0 qdisc put on the link,
+  - the step's wall time.
+Steps are fenced by file barriers in --barrier_dir, so that every rank
+starts a step together and reads its counters only after every rank has
+finished the step (all of its messages have then arrived). The barrier
+waits are not part of the measured wall time.
+
+Writes one JSON document to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+from gradcomp import metrics, resnet50
+from gradcomp.client import Client
+
+CODECS = {
+    "none": {},
+    "topk": {"ratio": 0.01},
+    "qsgd": {"bits": 4},
+}
+
+
+class Barrier:
+    def __init__(self, directory: str, rank: int, world: int, timeout: float):
+        self.dir = pathlib.Path(directory)
+        self.rank, self.world, self.timeout = rank, world, timeout
+
+    def wait(self, name: str) -> None:
+        (self.dir / f"{name}.{self.rank}").touch()
+        deadline = time.monotonic() + self.timeout
+        while not all((self.dir / f"{name}.{r}").exists() for r in range(self.world)):
+            if time.monotonic() > deadline:
+                missing = [r for r in range(self.world)
+                           if not (self.dir / f"{name}.{r}").exists()]
+                raise TimeoutError(f"barrier {name}: ranks {missing} did not arrive "
+                                   f"within {self.timeout} s")
+            time.sleep(0.005)
+
+
+def qdisc_sent() -> int:
+    out = subprocess.run(["tc", "-s", "qdisc", "show", "dev", "eth0"], check=True,
+                         text=True, capture_output=True).stdout
+    return int(re.search(r"Sent (\d+) bytes", out).group(1))
+
+
+def peer_bytes(samples: list[metrics.Sample]) -> dict[str, int]:
+    """{"sent.<peer>": bytes, "received.<peer>": bytes, "wire.<codec>": bytes}."""
+    out = {}
+    for s in samples:
+        if s.name == "gradcomp_peer_bytes_total":
+            out[f"{s.labels['direction']}.{s.labels['peer']}"] = int(s.value)
+        elif s.name == "gradcomp_wire_bytes_total":
+            out[f"wire.{s.labels['codec']}"] = int(s.value)
+    return out
+
+
+def settled(url: str) -> dict[str, int]:
+    """The peer counters once they stop moving (a writer thread counts a
+    message after its last Write returns, a moment after the peer has it)."""
+    last = peer_bytes(metrics.scrape(url))
+    for _ in range(40):
+        time.sleep(0.05)
+        now = peer_bytes(metrics.scrape(url))
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world_size", type=int, default=4)
+    p.add_argument("--target", default="127.0.0.1:50051")
+    p.add_argument("--metrics_url", default="http://127.0.0.1:9464/metrics")
+    p.add_argument("--barrier_dir", required=True)
+    p.add_argument("--codecs", default="none,topk,qsgd")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--barrier_timeout", type=float, default=120)
+    p.add_argument("--rpc_timeout", type=float, default=120)
+    p.add_argument("--peers_up", type=int, default=None,
+                   help="peers the daemon must have up first (world_size - 1; "
+                        "0 for a world_size 1 daemon)")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+
+    barrier = Barrier(args.barrier_dir, args.rank, args.world_size, args.barrier_timeout)
+    grads = resnet50.synthetic_gradients(args.rank)
+    client = Client(args.target, timeout=args.rpc_timeout)
+    # Health turns SERVING only when every peer is connected and handshaken.
+    deadline = time.monotonic() + 60
+    peers_up = args.world_size - 1 if args.peers_up is None else args.peers_up
+    while metrics.total(metrics.scrape(args.metrics_url), "gradcomp_peers_up") < peers_up:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {args.rank}: peers not up within 60 s")
+        time.sleep(0.1)
+    result = {"rank": args.rank, "numel": {n: int(g.size) for n, g in grads.items()},
+              "steps": []}
+    for codec in args.codecs.split(","):
+        for step in range(args.steps):
+            tag = f"{codec}.{step}"
+            barrier.wait(f"start.{tag}")
+            before = settled(args.metrics_url)
+            q0 = qdisc_sent()
+            t0 = time.perf_counter()
+            out = client.reduce_many(grads, step=step, codec=codec,
+                                     params=CODECS[codec], job=f"e2e-{codec}")
+            wall = time.perf_counter() - t0
+            barrier.wait(f"done.{tag}")
+            after = settled(args.metrics_url)
+            q1 = qdisc_sent()
+            tensors = {name: {"codec": st.codec, "wire_bytes": st.wire_bytes,
+                              "raw_bytes": st.raw_bytes,
+                              "encode_s": st.encode_seconds,
+                              "collective_s": st.collective_seconds,
+                              "decode_s": st.decode_seconds,
+                              "total_s": st.total_seconds}
+                       for name, (_, st) in out.items()}
+            del out
+            result["steps"].append({
+                "codec": codec, "step": step, "wall_s": wall,
+                "qdisc_sent": q1 - q0,
+                "counters": {k: after.get(k, 0) - before.get(k, 0) for k in after},
+                "tensors": tensors})
+            print(f"rank {args.rank} {tag}: {wall:.2f} s", flush=True)
+    pathlib.Path(args.out).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
