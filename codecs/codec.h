@@ -66,12 +66,12 @@ struct StepContext {
 };
 
 struct CodecInfo {
-  std::string name;           // registry name, e.g. "topk"
+  std::string name;  // registry name, e.g. "topk"
   CodecId id = CodecId::kNone;
-  std::string family;         // "dense", "sparsification", "quantization", ...
-  bool summable = false;      // its rounds are kSum
-  bool unbiased = false;      // E[decode(encode(g))] = g
-  bool stateful = false;      // keeps per-tensor state between steps
+  std::string family;     // "dense", "sparsification", "quantization", ...
+  bool summable = false;  // its rounds are kSum
+  bool unbiased = false;  // E[decode(encode(g))] = g
+  bool stateful = false;  // keeps per-tensor state between steps
   int rounds = 1;
   std::vector<std::string> params;  // parameter names it accepts
   // The average is a per-element majority vote on the workers' signs

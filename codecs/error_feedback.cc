@@ -2,7 +2,6 @@
 
 #include <utility>
 
-
 namespace gradcomp::codecs {
 
 ErrorFeedback::ErrorFeedback(std::unique_ptr<SingleRoundCodec> inner)

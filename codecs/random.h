@@ -19,8 +19,7 @@ uint64_t TensorId(absl::string_view name);
 
 class PhiloxStream {
  public:
-  PhiloxStream(uint64_t seed, uint64_t tensor_id, int64_t step,
-               uint32_t round);
+  PhiloxStream(uint64_t seed, uint64_t tensor_id, int64_t step, uint32_t round);
 
   // Four 64-bit words of block `block` (the counter), a pure function of
   // the key and `block`.

@@ -3,7 +3,8 @@
 //
 //   const CodecRegistry& registry = BuiltinCodecs();  // codecs/builtin.h
 //   GC_ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec,
-//                       registry.Create("topk", CodecParams({{"ratio", "0.01"}})));
+//                       registry.Create("topk", CodecParams({{"ratio",
+//                       "0.01"}})));
 #ifndef GRADCOMP_CODECS_REGISTRY_H_
 #define GRADCOMP_CODECS_REGISTRY_H_
 
@@ -31,8 +32,8 @@ class CodecRegistry {
 
   // NotFound naming the known codecs if `name` is unknown; the factory's
   // InvalidArgument if a parameter is bad or unknown.
-  absl::StatusOr<std::unique_ptr<Codec>> Create(absl::string_view name,
-                                                const CodecParams& params) const;
+  absl::StatusOr<std::unique_ptr<Codec>> Create(
+      absl::string_view name, const CodecParams& params) const;
 
   // Every registered codec, by name.
   std::vector<CodecInfo> List() const;

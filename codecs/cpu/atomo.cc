@@ -77,13 +77,15 @@ absl::Status EncodeSpectral(const TensorView& grad, const StepContext& ctx,
       const double p = probs.p(sigma[i]);
       if (!(rng.Uniform(i) < p)) continue;
       const float scale = static_cast<float>(sigma[i] / p);
-      for (int64_t r = 0; r < rows; ++r) body.push_back(svd.matrixU()(r, i) * scale);
+      for (int64_t r = 0; r < rows; ++r)
+        body.push_back(svd.matrixU()(r, i) * scale);
       for (int64_t c = 0; c < cols; ++c) body.push_back(svd.matrixV()(c, i));
       ++count;
     }
   }
   char params[kParamBytes];
-  WriteParams(AtomoAtoms::kSpectral, count, static_cast<uint64_t>(rows), params);
+  WriteParams(AtomoAtoms::kSpectral, count, static_cast<uint64_t>(rows),
+              params);
   WireHeader header;
   header.codec = CodecId::kAtomo;
   header.numel = n;
@@ -134,8 +136,7 @@ absl::Status EncodeEntry(const TensorView& grad, const StepContext& ctx,
 }
 
 absl::Status DecodeSpectral(const ParsedPayload& parsed, uint32_t count,
-                            uint64_t rows, float alpha,
-                            absl::Span<float> acc) {
+                            uint64_t rows, float alpha, absl::Span<float> acc) {
   const uint64_t n = acc.size();
   uint64_t cols = 0;
   if (n == 0) {
@@ -152,8 +153,8 @@ absl::Status DecodeSpectral(const ParsedPayload& parsed, uint32_t count,
     cols = n / rows;
     if (count > std::min(rows, cols)) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "atomo: a %d x %d matrix has at most %d spectral atoms; got %d",
-          rows, cols, std::min(rows, cols), count));
+          "atomo: a %d x %d matrix has at most %d spectral atoms; got %d", rows,
+          cols, std::min(rows, cols), count));
     }
   }
   // count <= min(rows, cols), so this is at most 2n floats: no overflow.
@@ -198,7 +199,8 @@ absl::Status DecodeEntry(const ParsedPayload& parsed, uint32_t count,
         "atomo: expected %d value bytes after the indices, got %d",
         uint64_t{count} * sizeof(float), parsed.body.size() - used));
   }
-  const std::vector<float> values = ReadFloats(parsed.body.data() + used, count);
+  const std::vector<float> values =
+      ReadFloats(parsed.body.data() + used, count);
   if (!AllFinite(values)) {
     return absl::InvalidArgumentError(
         "atomo: expected finite entry values, got NaN or Inf");
@@ -232,8 +234,8 @@ AtomoProbabilities ComputeAtomoProbabilities(absl::Span<const float> lambda,
   for (size_t i = 0; i < m; ++i) {
     if (mag[i] * left <= tail[i]) {
       // Positions < i are kept surely; the rest share what is left of s.
-      probs.keep_at = i == 0 ? std::numeric_limits<float>::infinity()
-                             : mag[i - 1];
+      probs.keep_at =
+          i == 0 ? std::numeric_limits<float>::infinity() : mag[i - 1];
       probs.c = tail[i] > 0 ? left / tail[i] : 0.0;
       return probs;
     }
@@ -272,9 +274,8 @@ absl::StatusOr<std::unique_ptr<AtomoCodec>> AtomoCodec::Create(
         "atomo: atoms must be 'spectral' or 'entry'; got '%s'", atoms));
   }
   GC_ASSIGN_OR_RETURN(
-      o.budget,
-      params.GetDouble("budget",
-                       o.atoms == AtomoAtoms::kSpectral ? 2.0 : 0.01));
+      o.budget, params.GetDouble(
+                    "budget", o.atoms == AtomoAtoms::kSpectral ? 2.0 : 0.01));
   GC_RETURN_IF_ERROR(params.CheckAllUsed("atomo"));
   GC_RETURN_IF_ERROR(CheckOptions(o));
   return std::make_unique<AtomoCodec>(o);

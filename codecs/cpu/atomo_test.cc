@@ -25,8 +25,8 @@ std::vector<float> Normal(size_t n, uint32_t seed) {
 
 std::unique_ptr<AtomoCodec> Make(const std::string& atoms,
                                  const std::string& budget) {
-  auto codec = AtomoCodec::Create(
-      CodecParams({{"atoms", atoms}, {"budget", budget}}));
+  auto codec =
+      AtomoCodec::Create(CodecParams({{"atoms", atoms}, {"budget", budget}}));
   EXPECT_TRUE(codec.ok()) << codec.status();
   return std::move(codec).value();
 }
@@ -58,8 +58,7 @@ double Sum(const std::vector<double>& v) {
   return s;
 }
 
-std::vector<double> Probabilities(const std::vector<float>& lambda,
-                                  double s) {
+std::vector<double> Probabilities(const std::vector<float>& lambda, double s) {
   const AtomoProbabilities probs = ComputeAtomoProbabilities(lambda, s);
   std::vector<double> p;
   for (float l : lambda) p.push_back(probs.p(l));
@@ -162,7 +161,8 @@ TEST(AtomoCodecTest, BudgetCoveringEveryAtomIsExact) {
   const std::vector<float> a = Normal(kRows * 3, 8), b = Normal(kCols * 3, 9);
   for (int64_t i = 0; i < kRows; ++i) {
     for (int64_t j = 0; j < kCols; ++j) {
-      for (int k = 0; k < 3; ++k) m[i * kCols + j] += a[i * 3 + k] * b[j * 3 + k];
+      for (int k = 0; k < 3; ++k)
+        m[i * kCols + j] += a[i * 3 + k] * b[j * 3 + k];
     }
   }
   for (const std::string& budget : {"3", "20"}) {

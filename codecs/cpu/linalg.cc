@@ -37,11 +37,11 @@ void FillGaussian(const PhiloxStream& rng, uint64_t first,
     const uint64_t i = first + j;
     const uint64_t pair = i & ~uint64_t{1};
     // 1 - u lies in (0, 1], so the logarithm is finite.
-    const double radius =
-        std::sqrt(-2.0 * std::log(1.0 - static_cast<double>(rng.Uniform(pair))));
+    const double radius = std::sqrt(
+        -2.0 * std::log(1.0 - static_cast<double>(rng.Uniform(pair))));
     const double angle = kTwoPi * static_cast<double>(rng.Uniform(pair + 1));
-    out[j] = static_cast<float>(radius * ((i & 1) ? std::sin(angle)
-                                                   : std::cos(angle)));
+    out[j] = static_cast<float>(radius *
+                                ((i & 1) ? std::sin(angle) : std::cos(angle)));
   }
 }
 

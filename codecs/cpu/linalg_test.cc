@@ -18,7 +18,8 @@ double Dot(const std::vector<float>& a, size_t rows, size_t cols, size_t j,
   return s;
 }
 
-TEST(OrthonormalizeColumnsTest, GivesOrthonormalColumnsWithTheSameLeadingSpans) {
+TEST(OrthonormalizeColumnsTest,
+     GivesOrthonormalColumnsWithTheSameLeadingSpans) {
   constexpr size_t kRows = 50, kCols = 4;
   std::mt19937 gen(1);
   std::normal_distribution<float> normal;
@@ -50,7 +51,8 @@ TEST(OrthonormalizeColumnsTest, GivesOrthonormalColumnsWithTheSameLeadingSpans) 
   }
 }
 
-TEST(OrthonormalizeColumnsTest, DependentColumnsStayOrthogonalAndZerosStayZero) {
+TEST(OrthonormalizeColumnsTest,
+     DependentColumnsStayOrthogonalAndZerosStayZero) {
   // Column 2 = column 0 + column 1 exactly (small integers): its residual is
   // rounding noise of the projections, which one pass would leave far from
   // orthogonal to columns 0 and 1. The second pass makes it orthogonal (or

@@ -45,11 +45,7 @@ class PowerSgdSession : public CodecSession {
   PowerSgdSession(const PowerSgdOptions& options, const PowerSgdPlan& plan,
                   const TensorView& grad, TensorState& state,
                   const StepContext& ctx)
-      : options_(options),
-        plan_(plan),
-        grad_(grad),
-        state_(state),
-        ctx_(ctx) {}
+      : options_(options), plan_(plan), grad_(grad), state_(state), ctx_(ctx) {}
 
   absl::StatusOr<std::optional<Round>> NextRound() override {
     switch (stage_) {
@@ -137,8 +133,8 @@ class PowerSgdSession : public CodecSession {
     if (options_.warm_start && warm.has_value() && warm->size() == q_size) {
       q.assign(warm->begin(), warm->end());
     }
-    if (q.empty() || OrthonormalizeColumns(absl::MakeSpan(q), plan_.cols,
-                                           plan_.rank) > 0) {
+    if (q.empty() ||
+        OrthonormalizeColumns(absl::MakeSpan(q), plan_.cols, plan_.rank) > 0) {
       q.resize(q_size);
       FillGaussian(PhiloxStream(ctx_.seed, ctx_.tensor_id, ctx_.step, 0), 0,
                    absl::MakeSpan(q));
@@ -204,7 +200,8 @@ class PowerSgdSession : public CodecSession {
     // codec's block also names the form, rank and rows.
     char* out = BeginPayload(header, absl::string_view(params, kParamBytes),
                              body.size() * sizeof(float), &round.payload);
-    if (!body.empty()) std::memcpy(out, body.data(), body.size() * sizeof(float));
+    if (!body.empty())
+      std::memcpy(out, body.data(), body.size() * sizeof(float));
     return round;
   }
 
@@ -269,9 +266,9 @@ PowerSgdPlan PlanPowerSgd(const PowerSgdOptions& options,
   const int64_t cols = n / rows;
   const int64_t rank = std::min({options.rank, rows, cols});
   // Compressed floats r (rows + cols) against n dense ones.
-  if (static_cast<double>(n) <
-      options.min_compression_rate * static_cast<double>(rank) *
-          static_cast<double>(rows + cols)) {
+  if (static_cast<double>(n) < options.min_compression_rate *
+                                   static_cast<double>(rank) *
+                                   static_cast<double>(rows + cols)) {
     return plan;
   }
   plan.rows = rows;
@@ -306,7 +303,8 @@ absl::StatusOr<std::unique_ptr<PowerSgdCodec>> PowerSgdCodec::Create(
     return absl::InvalidArgumentError(absl::StrFormat(
         "powersgd: rank must be in [1, %d]; got %d", kMaxRank, o.rank));
   }
-  if (!(o.min_compression_rate >= 0) || !std::isfinite(o.min_compression_rate)) {
+  if (!(o.min_compression_rate >= 0) ||
+      !std::isfinite(o.min_compression_rate)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "powersgd: min_compression_rate must be a finite number >= 0; got %g",
         o.min_compression_rate));

@@ -45,10 +45,11 @@ int Run(const char* in_path, const char* out_path) {
   const size_t expected =
       sizeof(header) + 4 * (q_size + static_cast<size_t>(steps * world) * n);
   if (data.size() != expected) {
-    return Fail(absl::StrCat("expected ", expected, " input bytes, got ",
-                             data.size()));
+    return Fail(
+        absl::StrCat("expected ", expected, " input bytes, got ", data.size()));
   }
-  const float* q0 = reinterpret_cast<const float*>(data.data() + sizeof(header));
+  const float* q0 =
+      reinterpret_cast<const float*>(data.data() + sizeof(header));
   const float* grads = q0 + q_size;
 
   PowerSgdOptions options;

@@ -157,7 +157,8 @@ TEST(PowerSgdTest, ExactWhenTheMeanHasRankAtMostR) {
 TEST(PowerSgdTest, WorkersCompressLikeOneWorkerWithTheirMean) {
   constexpr int64_t kRows = 33, kCols = 64;
   std::vector<Matrix> grads;
-  for (uint32_t w = 0; w < 4; ++w) grads.push_back(Normal(kRows * kCols, 10 + w));
+  for (uint32_t w = 0; w < 4; ++w)
+    grads.push_back(Normal(kRows * kCols, 10 + w));
   const auto codec = Make(CodecParams({{"rank", "3"}}));
   std::vector<TensorState> many(4), one(1);
   // Two steps: the second uses the warm start and the residuals, which are
@@ -180,9 +181,9 @@ TEST(PowerSgdTest, OneWorkerOutputPlusNewErrorIsTheInputPlusOldError) {
   Matrix error(kRows * kCols, 0.0f);
   for (int64_t s = 0; s < 5; ++s) {
     const Matrix g = Normal(kRows * kCols, 20 + s);
-    const testing::SimulatedStep step = Step(*codec, {g}, {kRows, kCols}, states, s);
-    const absl::Span<float> new_error =
-        *states[0].Find(kPowerSgdErrorBuffer);
+    const testing::SimulatedStep step =
+        Step(*codec, {g}, {kRows, kCols}, states, s);
+    const absl::Span<float> new_error = *states[0].Find(kPowerSgdErrorBuffer);
     for (size_t i = 0; i < g.size(); ++i) {
       const float input = g[i] + error[i];
       ASSERT_NEAR(step.out[0][i] + new_error[i], input,
@@ -234,7 +235,8 @@ TEST(PowerSgdTest, WarmStartConvergesToTheBestRankRApproximation) {
     std::vector<TensorState> states(1);
     double error = 0;
     for (int64_t s = 0; s < 30; ++s) {
-      const testing::SimulatedStep step = Step(*codec, {m}, {kRows, kCols}, states, s);
+      const testing::SimulatedStep step =
+          Step(*codec, {m}, {kRows, kCols}, states, s);
       error = RelDistance(step.out[0], m);
       absl::Span<float> residual = *states[0].Find(kPowerSgdErrorBuffer);
       std::fill(residual.begin(), residual.end(), 0.0f);

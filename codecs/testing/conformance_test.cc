@@ -58,9 +58,10 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         ConformanceCase{"randomk", {}, 13.5},
         ConformanceCase{"randomk", {{"ratio", "0.1"}}, 3.3, "scaled"},
-        ConformanceCase{
-            "randomk", {{"ratio", "0.1"}, {"scale", "false"}}, 0.97,
-            "unscaled"},
+        ConformanceCase{"randomk",
+                        {{"ratio", "0.1"}, {"scale", "false"}},
+                        0.97,
+                        "unscaled"},
         ConformanceCase{"randomk",
                         {{"ratio", "0.1"}, {"error_feedback", "true"}},
                         0.97,
@@ -72,9 +73,9 @@ INSTANTIATE_TEST_SUITE_P(
 // below 2.5 RMS (rel 0.949, sd ~0.01 over 4097 values).
 INSTANTIATE_TEST_SUITE_P(
     Threshold, CodecConformanceTest,
-    ::testing::Values(
-        ConformanceCase{"threshold", {}, 0.98},
-        ConformanceCase{"threshold", {{"tau", "1"}}, 0.48, "absolute"}),
+    ::testing::Values(ConformanceCase{"threshold", {}, 0.98},
+                      ConformanceCase{
+                          "threshold", {{"tau", "1"}}, 0.48, "absolute"}),
     ConformanceCaseName);
 
 // TernGrad: E(Q_i - v_i)^2 = s|v_i| - v_i^2 (plus the clipping error), with
@@ -90,8 +91,8 @@ INSTANTIATE_TEST_SUITE_P(
         ConformanceCase{"terngrad", {{"clip_sigma", "0"}}, 1.33, "unclipped"},
         ConformanceCase{"terngrad", {{"bucket", "7"}}, 0.7, "bucket7"},
         ConformanceCase{"int8", {}, 0.0095},
-        ConformanceCase{"int8", {{"stochastic", "true"}}, 0.0125,
-                        "stochastic"}),
+        ConformanceCase{
+            "int8", {{"stochastic", "true"}}, 0.0125, "stochastic"}),
     ConformanceCaseName);
 
 // Sign family on N(0, 1): the scaled sign E|g| * sign(g) leaves
@@ -104,10 +105,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(ConformanceCase{"signsgd", {}, 0.62},
                       ConformanceCase{"efsign", {}, 0.62},
                       ConformanceCase{"signum", {}, 0.95},
-                      ConformanceCase{"signum",
-                                      {{"momentum", "0"}},
-                                      0.62,
-                                      "no_momentum"},
+                      ConformanceCase{
+                          "signum", {{"momentum", "0"}}, 0.62, "no_momentum"},
                       ConformanceCase{"onebit", {}, 0.62}),
     ConformanceCaseName);
 
@@ -119,11 +118,11 @@ INSTANTIATE_TEST_SUITE_P(
 INSTANTIATE_TEST_SUITE_P(
     PowerSgd, CodecConformanceTest,
     ::testing::Values(ConformanceCase{"powersgd", {}, 0.96},
-                      ConformanceCase{"powersgd",
-                                      {{"rank", "8"},
-                                       {"min_compression_rate", "1"}},
-                                      0.76,
-                                      "rank8"}),
+                      ConformanceCase{
+                          "powersgd",
+                          {{"rank", "8"}, {"min_compression_rate", "1"}},
+                          0.76,
+                          "rank8"}),
     ConformanceCaseName);
 
 // Polar (planes): max-scaled buckets of 512 N(0, 1) values put the top raw
@@ -149,15 +148,11 @@ INSTANTIATE_TEST_SUITE_P(
 // entry 0.1: 2.32 / 2.45 / 2.47; entry 0.01: 7.89 / 9.64 / 9.89.
 INSTANTIATE_TEST_SUITE_P(
     Atomo, CodecConformanceTest,
-    ::testing::Values(ConformanceCase{"atomo", {}, 5.3},
-                      ConformanceCase{"atomo",
-                                      {{"atoms", "entry"}, {"budget", "0.1"}},
-                                      2.5,
-                                      "entry"},
-                      ConformanceCase{"atomo",
-                                      {{"atoms", "entry"}},
-                                      10.0,
-                                      "entry_default"}),
+    ::testing::Values(
+        ConformanceCase{"atomo", {}, 5.3},
+        ConformanceCase{
+            "atomo", {{"atoms", "entry"}, {"budget", "0.1"}}, 2.5, "entry"},
+        ConformanceCase{"atomo", {{"atoms", "entry"}}, 10.0, "entry_default"}),
     ConformanceCaseName);
 
 }  // namespace
