@@ -2,7 +2,7 @@
 // everything it runs lives in service/{config,engine,api,metrics,
 // collective,transport,peers}.
 //
-//   gradcompd --listen=127.0.0.1:50051 --metrics_listen=127.0.0.1:9464 \
+//   gradcompd --listen=127.0.0.1:50051 --metrics_listen=127.0.0.1:9464
 //             --config=/etc/gradcomp/daemon.json
 //   gradcompd --config=daemon.json --check_config   # validate, print, exit
 //   gradcompd --rank=1 --world_size=4

@@ -165,7 +165,7 @@ TEST(AtomoCodecTest, BudgetCoveringEveryAtomIsExact) {
         m[i * kCols + j] += a[i * 3 + k] * b[j * 3 + k];
     }
   }
-  for (const std::string& budget : {"3", "20"}) {
+  for (const char* budget : {"3", "20"}) {
     const std::vector<float> out =
         RoundTrip(*Make("spectral", budget), m, {kRows, kCols}, 0);
     double err = 0, norm = 0;
@@ -264,7 +264,7 @@ TEST(AtomoCodecTest, RejectsNonFiniteGradients) {
   TensorState state;
   Bytes payload;
   const int64_t shape[] = {5, 6};
-  for (const std::string& atoms : {"spectral", "entry"}) {
+  for (const char* atoms : {"spectral", "entry"}) {
     EXPECT_EQ(Make(atoms, "0.5")
                   ->Encode(TensorView{g, shape}, state, StepContext(), &payload)
                   .code(),

@@ -60,7 +60,9 @@ TEST(PolarCodecTest, AllocationSpendsTheBudgetTopPlanesFirst) {
     for (size_t p = 0; p < rates.size(); ++p) {
       spent += rates[p];
       // A more significant plane never gets a lower rate.
-      if (p > 0) EXPECT_LE(rates[p - 1], rates[p]) << bits << " plane " << p;
+      if (p > 0) {
+        EXPECT_LE(rates[p - 1], rates[p]) << bits << " plane " << p;
+      }
     }
     EXPECT_LE(spent, bits * 16) << bits;
     EXPECT_GT(spent, bits * 16 - 16) << bits;

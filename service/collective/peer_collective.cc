@@ -81,18 +81,12 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::Run(const RoundKey& key,
   const Clock::time_point start = Clock::now();
   const absl::Time deadline = absl::Now() + options_.timeout;
   mailbox_->BeginStep(key.job, key.tensor, key.step);
-  absl::StatusOr<codecs::RoundResult> result;
-  Algorithm algorithm;
-  switch (round.collective) {
-    case codecs::Collective::kGather:
-      algorithm = Algorithm::kAllgather;
-      result = Allgather(key, std::move(round.payload), deadline);
-      break;
-    case codecs::Collective::kSum:
-      algorithm = Algorithm::kReduceScatterAllgather;
-      result = ReduceScatterAllgather(key, round.payload, deadline);
-      break;
-  }
+  const bool gather = round.collective == codecs::Collective::kGather;
+  const Algorithm algorithm =
+      gather ? Algorithm::kAllgather : Algorithm::kReduceScatterAllgather;
+  absl::StatusOr<codecs::RoundResult> result =
+      gather ? Allgather(key, std::move(round.payload), deadline)
+             : ReduceScatterAllgather(key, round.payload, deadline);
   if (result.ok() && metrics_ != nullptr) {
     metrics_->ObserveCollective(
         algorithm, std::chrono::duration<double>(Clock::now() - start).count());

@@ -123,7 +123,7 @@ TEST(PeerCollectiveTest, SumIsTheRankOrderFp32SumBitForBitOnEveryRank) {
   Group group(kW);
   // Sizes not divisible by W, and smaller than W (empty slices).
   auto size_of = [](int t) {
-    return t % 2 == 0 ? size_t{1001 + t} : size_t(t);
+    return t % 2 == 0 ? static_cast<size_t>(1001 + t) : size_t(t);
   };
   for (int step = 0; step < 2; ++step) {
     Results results = RunAll(group, kW, kTensors, step, [&](int r, int t) {

@@ -409,7 +409,10 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
     absl::MutexLock lock(&mu_);
     peers_[to].context = nullptr;
     peers_[to].outgoing_up = false;
+    // Published with `refused` in one critical section: WaitForPeers wakes on
+    // `refused` and returns `last_error`, which must already be the reason.
     peers_[to].refused = status.code() == absl::StatusCode::kFailedPrecondition;
+    peers_[to].last_error = status;
     UpdatePeersUpLocked();
     return status;
   }

@@ -151,7 +151,9 @@ TEST(GrpcTransportTest, MessagesOfAnySizeArriveWholeInOrder) {
   for (auto& m : got) {
     EXPECT_EQ(m.key, key);
     if (m.from == 0) from0.push_back(m);
-    if (m.from == 1) EXPECT_EQ(m.data, "small");
+    if (m.from == 1) {
+      EXPECT_EQ(m.data, "small");
+    }
   }
   ASSERT_EQ(from0.size(), 2u);
   EXPECT_TRUE(from0[0].data == big);
