@@ -72,6 +72,10 @@ const CodecCase kCases[] = {
     {"signum", "signum", {}},
     {"onebit", "onebit", {}},
     {"atomo_entry_0.01", "atomo", {{"atoms", "entry"}}},
+    // polar's default (4 bits: sign and 3 raw planes, no polar coding) and
+    // 2.5 bits, where one plane goes through the polar code's SC encoder.
+    {"polar_4", "polar", {}},
+    {"polar_2.5", "polar", {{"bits_per_value", "2.5"}}},
 };
 
 std::unique_ptr<Codec> MakeCodec(const CodecCase& c) {
@@ -180,8 +184,6 @@ void BM_TopKSelect(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * g.size() * sizeof(float));
 }
 
-// One thread drawing the 25M uniforms that QSGD's stochastic rounding needs:
-// the floor under its encode time (divided by the threads it runs on).
 // A whole step of one worker (every round, the sum being its own body) on
 // the gradient seen as a rows x cols matrix: PowerSGD's rounds, or ATOMO's
 // SVD, encode and decode. Multi-round and matrix codecs do not fit
@@ -219,6 +221,8 @@ void BM_MatrixStep(benchmark::State& state, const char* codec_name,
   state.SetBytesProcessed(state.iterations() * g.size() * sizeof(float));
 }
 
+// One thread drawing the 25M uniforms that QSGD's stochastic rounding needs:
+// the floor under its encode time (divided by the threads it runs on).
 void BM_PhiloxFillUniform(benchmark::State& state) {
   const PhiloxStream rng(1, 2, 3, 0);
   std::vector<float> chunk(2048);

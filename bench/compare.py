@@ -10,10 +10,11 @@ or all cores) / gradcomp time, both counted on the 100 MB fp32 input.
 
 import json
 import sys
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
-# (gradcomp benchmark, what it does, [(torch case, note)]).
-ROWS: List[Tuple[str, str, List[Tuple[str, str]]]] = [
+# (gradcomp benchmark, what it does, [(torch case, note)]); a case of None
+# prints the note alone (no PyTorch peer, and why).
+ROWS: List[Tuple[str, str, List[Tuple[Optional[str], str]]]] = [
     ("BM_Memcpy", "memcpy 100 MB, 1 thread", [("clone", "allocates")]),
     ("BM_MemcpyParallel", "memcpy 100 MB, all cores",
      [("copy", "preallocated")]),
@@ -38,6 +39,50 @@ ROWS: List[Tuple[str, str, List[Tuple[str, str]]]] = [
      [("topk_decode_0.01", "")]),
     ("BM_Decode/qsgd_4bit", "decode-add qsgd 4-bit",
      [("qsgd_decode_4bit", "")]),
+    ("BM_Encode/randomk_0.01", "encode randomk 0.01",
+     [("randomk_0.01", "distinct indices"),
+      ("randomk_randint_0.01", "with replacement")]),
+    ("BM_Decode/randomk_0.01", "decode-add randomk 0.01",
+     [("randomk_decode_0.01", "indices kept, not redrawn")]),
+    ("BM_Encode/threshold", "encode threshold (tau_rms 2.5, EF)",
+     [("threshold", "in place")]),
+    ("BM_Decode/threshold", "decode-add threshold",
+     [("threshold_decode", "")]),
+    ("BM_Encode/terngrad", "encode terngrad",
+     [("terngrad", "int8 ternary, unpacked")]),
+    ("BM_Decode/terngrad", "decode-add terngrad",
+     [("terngrad_decode", "")]),
+    ("BM_Encode/int8", "encode int8", [("int8", "")]),
+    ("BM_Encode/int8_stochastic", "encode int8 stochastic",
+     [("int8_stochastic", "")]),
+    ("BM_Decode/int8", "decode-add int8", [("int8_decode", "")]),
+    ("BM_Decode/int8_stochastic", "decode-add int8 stochastic",
+     [("int8_decode", "")]),
+    ("BM_Encode/signsgd", "encode signsgd", [("signsgd", "")]),
+    ("BM_Encode/signum", "encode signum", [("signum", "in place")]),
+    ("BM_Encode/efsign", "encode efsign", [("efsign", "in place")]),
+    ("BM_Decode/signsgd", "decode-add signsgd", [("sign_decode", "")]),
+    ("BM_Decode/signum", "decode-add signum", [("sign_decode", "")]),
+    ("BM_Decode/efsign", "decode-add efsign", [("sign_decode", "")]),
+    ("BM_Encode/onebit", "encode onebit (EF)", [("onebit", "in place")]),
+    ("BM_Decode/onebit", "decode-add onebit", [("onebit_decode", "")]),
+    ("BM_Encode/atomo_entry_0.01", "encode atomo entry 0.01",
+     [("atomo_entry_0.01", "")]),
+    ("BM_Decode/atomo_entry_0.01", "decode-add atomo entry 0.01",
+     [("atomo_entry_decode_0.01", "")]),
+    ("BM_MatrixStep/powersgd_5000x5000",
+     "powersgd rank 2 step, 5000 x 5000 (both rounds, decode, EF)",
+     [("powersgd_5000x5000", "")]),
+    ("BM_MatrixStep/atomo_512x4608", "atomo spectral step, 512 x 4608",
+     [(None, "not written (an SVD per step)")]),
+    ("BM_Encode/polar_4", "encode polar 4 bits (raw planes)",
+     [(None, "no PyTorch formulation")]),
+    ("BM_Decode/polar_4", "decode-add polar 4 bits",
+     [(None, "no PyTorch formulation")]),
+    ("BM_Encode/polar_2.5", "encode polar 2.5 bits (one SC-coded plane)",
+     [(None, "no PyTorch formulation")]),
+    ("BM_Decode/polar_2.5", "decode-add polar 2.5 bits",
+     [(None, "no PyTorch formulation")]),
     ("BM_PhiloxFillUniform", "25M Philox uniforms, 1 thread", []),
 ]
 
@@ -84,8 +129,13 @@ def main() -> None:
         if not peers:
             print(f"{head} | | | |")
         for case, note in peers:
+            if case is None or case not in torch["cases"]:
+                print(f"{head} | {note or 'not run'} | | |")
+                continue
             t = torch["cases"][case]
-            label = f"`{t['code']}`" + (f" ({note})" if note else "")
+            # A | inside a table cell, code span or not, needs escaping.
+            code = t["code"].replace("|", "\\|")
+            label = f"`{code}`" + (f" ({note})" if note else "")
             print(f"{head} | {label} | {t['ms']:.2f} | {t['ms'] / ms:.1f}x |")
     # Codecs without a PyTorch peer in torch_reference.py: gradcomp only.
     listed = {bench for bench, _, _ in ROWS}
