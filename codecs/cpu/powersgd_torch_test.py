@@ -12,6 +12,7 @@ does not depend on them).
 Usage: powersgd_torch_test.py PATH_TO_powersgd_reference_tool
 """
 import datetime
+import faulthandler
 import os
 import struct
 import subprocess
@@ -26,6 +27,9 @@ import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
 WORLD = 2
+# Seconds after which a worker (and twice that, the test) gives up with a
+# stack dump: gloo set-up under heavy load was seen to hang.
+WATCHDOG_SECONDS = 120
 STEPS = 4
 ROWS, COLS = 24, 40
 # The hook runs plain allreduce for its first START iterations (it requires
@@ -48,6 +52,8 @@ class Matrix(torch.nn.Module):
 def worker(rank: int, init_file: str, rank_r: int, grads: np.ndarray,
            q0: np.ndarray, out_path: str) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    # A worker stuck in gloo dumps its stack and exits instead of hanging.
+    faulthandler.dump_traceback_later(WATCHDOG_SECONDS, exit=True)
     # A stuck peer fails the test within a minute instead of hanging it.
     dist.init_process_group("gloo", init_method="file://" + init_file,
                             rank=rank, world_size=WORLD,
@@ -74,9 +80,9 @@ def worker(rank: int, init_file: str, rank_r: int, grads: np.ndarray,
         outputs.append(model.module.weight.grad.detach().numpy().copy())
     if rank == 0:
         np.save(out_path, np.stack(outputs))
-    # Neither side may tear gloo down while the other still talks to it.
+    # Neither side may tear gloo down while the other still talks to it;
+    # process exit tears it down (an explicit destroy was seen to hang).
     dist.barrier()
-    dist.destroy_process_group()
 
 
 def torch_outputs(rank_r, grads, q0):
@@ -142,5 +148,6 @@ class PowerSgdMatchesTorchTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
+    faulthandler.dump_traceback_later(WATCHDOG_SECONDS * 2, exit=True)
     TOOL = os.path.abspath(sys.argv[1])
     unittest.main(argv=sys.argv[:1])
