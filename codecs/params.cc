@@ -73,4 +73,13 @@ absl::Status CodecParams::CheckAllUsed(absl::string_view codec) const {
       asked_.empty() ? "none" : absl::StrJoin(asked_, ", ")));
 }
 
+absl::Status CheckRange(absl::string_view codec, absl::string_view name,
+                        int64_t value, int64_t lo, int64_t hi) {
+  if (value < lo || value > hi) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %s must be in [%d, %d]; got %d", codec, name, lo, hi, value));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace gradcomp::codecs

@@ -19,6 +19,12 @@
 
 namespace gradcomp::codecs {
 
+// InvalidArgument "<codec>: <name> must be in [lo, hi]; got <value>" unless
+// lo <= value <= hi: the one range check every codec's parameters and
+// payload headers use.
+absl::Status CheckRange(absl::string_view codec, absl::string_view name,
+                        int64_t value, int64_t lo, int64_t hi);
+
 class CodecParams {
  public:
   CodecParams() = default;

@@ -112,11 +112,7 @@ ParallelOptions PartsFor(size_t bucket) {
 }
 
 absl::Status CheckBucket(int64_t bucket) {
-  if (bucket < 1 || bucket > kMaxBucket) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "int8: bucket must be in [1, %d]; got %d", kMaxBucket, bucket));
-  }
-  return absl::OkStatus();
+  return CheckRange("int8", "bucket", bucket, 1, kMaxBucket);
 }
 
 }  // namespace

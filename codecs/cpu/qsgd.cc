@@ -196,15 +196,8 @@ ParallelOptions PartsFor(size_t bucket) {
 }
 
 absl::Status CheckOptions(const QsgdOptions& o) {
-  if (o.bucket < 1 || o.bucket > kMaxBucket) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "qsgd: bucket must be in [1, %d]; got %d", kMaxBucket, o.bucket));
-  }
-  if (o.bits < kMinBits || o.bits > kMaxBits) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "qsgd: bits must be in [%d, %d]; got %d", kMinBits, kMaxBits, o.bits));
-  }
-  return absl::OkStatus();
+  GC_RETURN_IF_ERROR(CheckRange("qsgd", "bucket", o.bucket, 1, kMaxBucket));
+  return CheckRange("qsgd", "bits", o.bits, kMinBits, kMaxBits);
 }
 
 }  // namespace
@@ -228,10 +221,8 @@ absl::StatusOr<std::unique_ptr<QsgdCodec>> QsgdCodec::Create(
   GC_ASSIGN_OR_RETURN(o.bucket, params.GetInt("bucket", o.bucket));
   GC_ASSIGN_OR_RETURN(const int64_t bits, params.GetInt("bits", o.bits));
   GC_RETURN_IF_ERROR(params.CheckAllUsed("qsgd"));
-  if (bits < kMinBits || bits > kMaxBits) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "qsgd: bits must be in [%d, %d]; got %d", kMinBits, kMaxBits, bits));
-  }
+  // Checked before the narrowing below; CheckOptions sees the int.
+  GC_RETURN_IF_ERROR(CheckRange("qsgd", "bits", bits, kMinBits, kMaxBits));
   o.bits = static_cast<int>(bits);
   GC_RETURN_IF_ERROR(CheckOptions(o));
   return std::make_unique<QsgdCodec>(o);
