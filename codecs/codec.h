@@ -77,6 +77,12 @@ struct CodecInfo {
   // The average is a per-element majority vote on the workers' signs
   // (signSGD), not the mean of their decodes.
   bool majority_vote = false;
+  // Encoding a contiguous slice of the flattened tensor on its own is
+  // meaningful (element-wise or bucketed codecs), and re-encoding an average
+  // with the codec's own state adds no step of the algorithm twice, so a
+  // GATHER round may be aggregated sharded (service/collective/
+  // sharded_reduce.h). False for codecs that see the tensor as a matrix.
+  bool shardable = false;
 };
 
 // One tensor, one step, on one worker.

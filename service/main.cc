@@ -1,17 +1,19 @@
 // gradcompd: the gradient-compression sidecar daemon. Flags and wiring only;
 // everything it runs lives in service/{config,engine,api,metrics,
-// collective,transport,peers}.
+// collective,transport,peers,shm}.
 //
 //   gradcompd --listen=127.0.0.1:50051 --metrics_listen=127.0.0.1:9464
 //             --config=/etc/gradcomp/daemon.json
 //   gradcompd --config=daemon.json --check_config   # validate, print, exit
 //   gradcompd --rank=1 --world_size=4
 //   --peers=h0:50052,h1:50052,h2:50052,h3:50052
+#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <random>
@@ -22,6 +24,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -45,6 +48,7 @@
 #include "service/metrics/metrics_server.h"
 #include "service/metrics/peer_metrics.h"
 #include "service/peers/handshake.h"
+#include "service/shm/shared_memory_registry.h"
 #include "service/transport/grpc_transport.h"
 #include "service/version.h"
 
@@ -75,6 +79,13 @@ ABSL_FLAG(uint64_t, peer_buffer_bytes, uint64_t{1} << 30,
           "yet; beyond it they are dropped and their reduce fails.");
 ABSL_FLAG(uint64_t, seed, 0,
           "Job seed of the codecs' random streams; the same on every rank.");
+ABSL_FLAG(double, error_sample_rate, 1.0,
+          "Fraction of reduces whose relative compression error (and "
+          "error-feedback residual norm) is measured for the metrics: one "
+          "extra decode of this worker's own payload each; in [0, 1].");
+ABSL_FLAG(bool, allow_client_shm, false,
+          "Accept client shared-memory regions (RegisterSystemSharedMemory "
+          "and Reduce slices). Needs /dev/shm shared with the clients.");
 ABSL_FLAG(bool, check_config, false,
           "Validate the config and policy, print the effective config as "
           "JSON, and exit 0 (valid) or 1 (invalid) without serving.");
@@ -112,7 +123,24 @@ FlagOverrides GivenFlags(const std::set<std::string>& named) {
   flags.world_size = IfNamed(named, FLAGS_world_size, "world_size");
   flags.peers = IfNamed(named, FLAGS_peers, "peers");
   flags.seed = IfNamed(named, FLAGS_seed, "seed");
+  flags.allow_client_shm =
+      IfNamed(named, FLAGS_allow_client_shm, "allow_client_shm");
+  flags.error_sample_rate =
+      IfNamed(named, FLAGS_error_sample_rate, "error_sample_rate");
   return flags;
+}
+
+// What GetInfo reports: the effective config and the settings that only
+// flags carry (the config file has no field for them).
+DaemonSettings Settings(const v1::DaemonConfig& config) {
+  DaemonSettings settings;
+  settings.config_json = ConfigToJson(config);
+  for (const char* name : {"collective_timeout", "peer_startup_timeout",
+                           "peer_buffer_bytes", "peer_listen"}) {
+    settings.flags[name] = absl::FindCommandLineFlag(name)->CurrentValue();
+  }
+  settings.transports = {config.world_size() > 1 ? "grpc" : "local"};
+  return settings;
 }
 
 // "host:0" names the port the kernel picked, so a log reader can connect.
@@ -218,10 +246,18 @@ absl::Status Run(const std::set<std::string>& named_flags) {
       world_size > 1
           ? 256
           : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
-  GradcompService service(engine.get(), &metrics, workers);
+  // Off unless asked: a region maps a client's memory into the daemon.
+  std::unique_ptr<SharedMemoryRegistry> shm;
+  if (config->allow_client_shm()) {
+    shm =
+        std::make_unique<SharedMemoryRegistry>(SharedMemoryOptions(), &metrics);
+  }
+  GradcompService service(engine.get(), &metrics, workers, Settings(*config),
+                          shm.get());
   int port = 0;
-  GC_ASSIGN_OR_RETURN(std::unique_ptr<grpc::Server> server,
-                      StartGrpcServer(config->listen(), &service, &port));
+  GC_ASSIGN_OR_RETURN(
+      std::unique_ptr<grpc::Server> server,
+      StartGrpcServer(config->listen(), &service, &port, &metrics));
   std::fprintf(stderr,
                "gradcompd %s: serving gRPC on %s, %s; rank %u of "
                "world_size %u, policy %s\n",
@@ -271,7 +307,21 @@ absl::Status Run(const std::set<std::string>& named_flags) {
 }  // namespace
 }  // namespace gradcomp::service
 
+// Every reduce allocates request, payload and result buffers of a tensor's
+// size (MBs). By default glibc maps blocks over 128 KiB straight from the
+// kernel and returns freed heap tops, so each step faulted in fresh zeroed
+// pages: ~3 ms/MB on the benchmark VM, 3-5x the step's own work
+// (docs/decisions.md). Keep freed memory for the next step instead; RSS then
+// stays at the high-water mark of a step's working set.
+namespace {
+void KeepFreedMemoryForReuse() {
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+}
+}  // namespace
+
 int main(int argc, char** argv) {
+  KeepFreedMemoryForReuse();
   absl::SetProgramUsageMessage(
       "gradcompd: gradient-compression sidecar daemon (see docs/daemon.md)");
   const std::set<std::string> named = gradcomp::service::NamedFlags(argc, argv);

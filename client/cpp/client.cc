@@ -1,10 +1,14 @@
 #include "client/cpp/client.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 
 namespace gradcomp::client {
@@ -50,6 +54,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
         absl::StrCat("rpc_timeout must be positive, got ",
                      absl::FormatDuration(options.rpc_timeout)));
   }
+  if (options.client_id.empty()) {
+    char host[256] = "host";
+    gethostname(host, sizeof(host) - 1);
+    std::random_device random;
+    options.client_id = absl::StrFormat("%s.%d.%08x", host, getpid(), random());
+  }
   grpc::ChannelArguments args;
   // Tensors travel inline: no 4 MiB cap on either direction.
   args.SetMaxReceiveMessageSize(-1);
@@ -79,6 +89,7 @@ absl::Status Client::WaitForReady(absl::Duration timeout) {
 std::unique_ptr<grpc::ClientContext> Client::NewContext() const {
   auto context = std::make_unique<grpc::ClientContext>();
   context->set_deadline(DeadlineAfter(options_.rpc_timeout));
+  context->AddMetadata("gradcomp-client-id", options_.client_id);
   return context;
 }
 
@@ -128,6 +139,66 @@ absl::StatusOr<Float32ReduceResult> Client::Reduce(
   std::memcpy(result.values.data(), raw.data.data(), raw.data.size());
   result.stats = std::move(raw.stats);
   return result;
+}
+
+absl::Status Client::RegisterShm(const std::string& name,
+                                 const std::string& shm_key, uint64_t offset,
+                                 uint64_t byte_size) {
+  v1::RegisterSystemSharedMemoryRequest request;
+  request.set_name(name);
+  request.set_shm_key(shm_key);
+  request.set_offset(offset);
+  request.set_byte_size(byte_size);
+  v1::RegisterSystemSharedMemoryResponse response;
+  return FromGrpcStatus(
+      stub_->RegisterSystemSharedMemory(NewContext().get(), request, &response),
+      "RegisterSystemSharedMemory", target_);
+}
+
+absl::Status Client::UnregisterShm(const std::string& name) {
+  v1::UnregisterSharedMemoryRequest request;
+  request.set_name(name);
+  v1::UnregisterSharedMemoryResponse response;
+  return FromGrpcStatus(
+      stub_->UnregisterSharedMemory(NewContext().get(), request, &response),
+      "UnregisterSharedMemory", target_);
+}
+
+absl::StatusOr<v1::SharedMemoryStatusResponse> Client::ShmStatus(
+    const std::string& name) {
+  v1::SharedMemoryStatusRequest request;
+  request.set_name(name);
+  v1::SharedMemoryStatusResponse response;
+  GC_RETURN_IF_ERROR(FromGrpcStatus(
+      stub_->SharedMemoryStatus(NewContext().get(), request, &response),
+      "SharedMemoryStatus", target_));
+  return response;
+}
+
+absl::StatusOr<v1::ReduceStats> Client::ReduceShm(
+    const std::string& job, const std::string& tensor, int64_t step,
+    v1::DType dtype, absl::Span<const int64_t> shape, const ShmSlice& input,
+    const ShmSlice& output, const std::optional<v1::CodecSpec>& codec) {
+  v1::ReduceRequest request;
+  request.set_job(job);
+  request.set_tensor(tensor);
+  request.set_step(step);
+  request.set_dtype(dtype);
+  request.mutable_shape()->Add(shape.begin(), shape.end());
+  v1::SharedMemorySlice* in = request.mutable_input_shm();
+  in->set_region(input.region);
+  in->set_offset(input.offset);
+  in->set_byte_size(input.byte_size);
+  v1::SharedMemorySlice* out = request.mutable_output_shm();
+  out->set_region(output.region);
+  out->set_offset(output.offset);
+  out->set_byte_size(output.byte_size);
+  if (codec) *request.mutable_codec() = *codec;
+  v1::ReduceResponse response;
+  GC_RETURN_IF_ERROR(
+      FromGrpcStatus(stub_->Reduce(NewContext().get(), request, &response),
+                     "Reduce", target_));
+  return std::move(*response.mutable_stats());
 }
 
 absl::StatusOr<v1::GetInfoResponse> Client::GetInfo() {

@@ -34,6 +34,16 @@ struct ClientOptions {
   // Deadline of each RPC. A Reduce waits for every worker of the job, so this
   // bounds how long one straggler can hold a caller.
   absl::Duration rpc_timeout = absl::Seconds(60);
+  // Sent as the "gradcomp-client-id" metadata of every call: the daemon's
+  // shared-memory regions belong to it. Empty: "<hostname>.<pid>.<random>".
+  std::string client_id;
+};
+
+// A slice of a registered shared-memory region.
+struct ShmSlice {
+  std::string region;
+  uint64_t offset = 0;
+  uint64_t byte_size = 0;
 };
 
 // The result of a Reduce in the input's dtype.
@@ -79,12 +89,31 @@ class Client {
       v1::DType dtype, std::string data, absl::Span<const int64_t> shape,
       const std::optional<v1::CodecSpec>& codec = std::nullopt);
 
+  // Shared memory (the daemon needs --allow_client_shm; the region comes
+  // from ShmRegion, shm_region.h). `name` must be unique on the daemon.
+  absl::Status RegisterShm(const std::string& name, const std::string& shm_key,
+                           uint64_t offset, uint64_t byte_size);
+  // Empty `name`: every region of this client.
+  absl::Status UnregisterShm(const std::string& name);
+  absl::StatusOr<v1::SharedMemoryStatusResponse> ShmStatus(
+      const std::string& name = "");
+  // Reduces the tensor in `input` (numel(shape) * DTypeSize(dtype) bytes of
+  // a registered region) and writes the average into `output`, both on the
+  // daemon's side of the mapping: no tensor bytes cross gRPC. The slices
+  // must not overlap.
+  absl::StatusOr<v1::ReduceStats> ReduceShm(
+      const std::string& job, const std::string& tensor, int64_t step,
+      v1::DType dtype, absl::Span<const int64_t> shape, const ShmSlice& input,
+      const ShmSlice& output,
+      const std::optional<v1::CodecSpec>& codec = std::nullopt);
+
   absl::StatusOr<v1::GetInfoResponse> GetInfo();
   absl::StatusOr<v1::GetPolicyResponse> GetPolicy();
   // Returns the new policy's hash.
   absl::StatusOr<std::string> SetPolicy(const v1::Policy& policy);
 
   const std::string& target() const { return target_; }
+  const std::string& client_id() const { return options_.client_id; }
 
  private:
   Client(std::string target, ClientOptions options,

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -77,7 +78,18 @@ absl::Status RunInfo(Client& client) {
   absl::PrintF("rank / world     %d / %d\n", info.rank(), info.world_size());
   absl::PrintF("device           %s\n", info.device());
   absl::PrintF("transports       %s\n", absl::StrJoin(info.transports(), ", "));
-  absl::PrintF("policy hash      %s\n\n", info.policy_hash());
+  absl::PrintF("policy hash      %s\n", info.policy_hash());
+  // std::map orders the flags, so the output is stable.
+  const std::map<std::string, std::string> flags(info.flags().begin(),
+                                                 info.flags().end());
+  for (const auto& [name, value] : flags) {
+    absl::PrintF("%-16s %s\n", absl::StrCat("--", name), value);
+  }
+  std::string policy;
+  google::protobuf::TextFormat::PrintToString(info.policy(), &policy);
+  absl::PrintF("\npolicy in force (text format):\n%s", policy);
+  absl::PrintF("\neffective config at start (JSON):\n%s\n\n",
+               info.config_json());
   absl::PrintF("%-12s %4s  %-16s %-8s %-8s %-8s %6s  %s\n", "codec", "id",
                "family", "summable", "unbiased", "stateful", "rounds",
                "params");

@@ -126,6 +126,7 @@ CodecInfo Int8Info() {
   info.unbiased = false;
   info.stateful = false;
   info.rounds = 1;
+  info.shardable = true;
   info.params = {"bucket", "stochastic"};
   return info;
 }

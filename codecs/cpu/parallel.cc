@@ -1,16 +1,21 @@
 #include "codecs/cpu/parallel.h"
 
 #include <algorithm>
+#include <atomic>
 #include <thread>
 #include <vector>
 
 namespace gradcomp::codecs {
 namespace {
 
+// ScopedParallelThreads' override; 0 when none.
+std::atomic<int> thread_override{0};
+
 int HardwareThreads() {
   static const int threads =
       std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  return threads;
+  const int forced = thread_override.load(std::memory_order_relaxed);
+  return forced > 0 ? forced : threads;
 }
 
 // Start of part p of `parts` over [0, n), rounded down to `align`.
@@ -50,6 +55,13 @@ void ParallelFor(
   }
   fn(0, PartBegin(n, parts, 1, align), 0);
   for (std::thread& t : threads) t.join();
+}
+
+ScopedParallelThreads::ScopedParallelThreads(int threads)
+    : previous_(thread_override.exchange(std::max(1, threads))) {}
+
+ScopedParallelThreads::~ScopedParallelThreads() {
+  thread_override.store(previous_);
 }
 
 }  // namespace gradcomp::codecs

@@ -31,6 +31,21 @@ void ParallelFor(
     size_t n, const ParallelOptions& options,
     absl::FunctionRef<void(size_t begin, size_t end, int part)> fn);
 
+// While alive, ParallelParts and ParallelFor use `threads` (>= 1) in place of
+// the machine's core count, for tests that check that a kernel's result does
+// not depend on how many threads ran it. Not for concurrent use: one at a
+// time, in a test's main thread.
+class ScopedParallelThreads {
+ public:
+  explicit ScopedParallelThreads(int threads);
+  ~ScopedParallelThreads();
+  ScopedParallelThreads(const ScopedParallelThreads&) = delete;
+  ScopedParallelThreads& operator=(const ScopedParallelThreads&) = delete;
+
+ private:
+  int previous_;
+};
+
 }  // namespace gradcomp::codecs
 
 #endif  // GRADCOMP_CODECS_CPU_PARALLEL_H_

@@ -64,5 +64,21 @@ TEST(ParallelForTest, EveryElementVisitedOnce) {
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(visits[i].load(), 1) << i;
 }
 
+TEST(ParallelForTest, ScopedThreadsSetsThePartCountAndRestoresIt) {
+  const ParallelOptions options{/*min_per_part=*/1, /*align=*/1};
+  const int machine = ParallelParts(1000, options);
+  {
+    ScopedParallelThreads threads(7);
+    EXPECT_EQ(ParallelParts(1000, options), 7);
+    EXPECT_EQ(Ranges(1000, options).size(), 7u);
+    {
+      ScopedParallelThreads one(1);
+      EXPECT_EQ(ParallelParts(1000, options), 1);
+    }
+    EXPECT_EQ(ParallelParts(1000, options), 7);
+  }
+  EXPECT_EQ(ParallelParts(1000, options), machine);
+}
+
 }  // namespace
 }  // namespace gradcomp::codecs

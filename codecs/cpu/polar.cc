@@ -1,6 +1,7 @@
 #include "codecs/cpu/polar.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -11,7 +12,9 @@
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "codecs/cpu/kernels.h"
+#include "codecs/cpu/parallel.h"
 #include "codecs/cpu/polar_code.h"
+#include "codecs/error_feedback.h"
 #include "codecs/random.h"
 #include "codecs/wire.h"
 
@@ -45,21 +48,29 @@ double BitError(int r) {
   return kDistortion[r] * (1 - kDistortion[r]);
 }
 
-// Appends bits LSB first; each section starts on a byte.
-class BitWriter {
- public:
-  explicit BitWriter(Bytes* out) : out_(out) {}
-  void Put(uint8_t bit) {
-    if (used_ == 0) out_->push_back(0);
-    out_->back() = static_cast<char>(out_->back() | (bit << used_));
-    used_ = (used_ + 1) % 8;
-  }
-  void Align() { used_ = 0; }
+// Element loops: threads for tensors of a million values and more.
+constexpr ParallelOptions kElementParts = {/*min_per_part=*/size_t{1} << 20,
+                                           /*align=*/8};
 
- private:
-  Bytes* out_;
-  int used_ = 0;
-};
+// Appends `count` bits, bit_of(i) for i < count, LSB first, zero-padded to a
+// whole byte: each section of the body starts on a byte.
+template <typename BitOf>
+void AppendBits(uint64_t count, Bytes* body, const BitOf& bit_of) {
+  const size_t at = body->size();
+  body->resize(at + (count + 7) / 8, '\0');
+  uint8_t* out = reinterpret_cast<uint8_t*>(body->data() + at);
+  // Parts start on multiples of 8 bits, so each writes its own bytes.
+  ParallelFor(count, kElementParts, [&](size_t begin, size_t end, int) {
+    for (size_t i = begin; i < end; i += 8) {
+      const size_t stop = std::min(end, i + 8);
+      uint8_t byte = 0;
+      for (size_t t = i; t < stop; ++t) {
+        byte = static_cast<uint8_t>(byte | (bit_of(t) << (t - i)));
+      }
+      out[i / 8] = byte;
+    }
+  });
+}
 
 uint8_t BitAt(const uint8_t* bytes, uint64_t i) {
   return (bytes[i / 8] >> (i % 8)) & 1;
@@ -99,28 +110,76 @@ uint64_t CodedBits(uint64_t bits, int r, int log2_block) {
   return total;
 }
 
-// Polar-codes `source` (bits.size() bits) at rate code r in (0, 16):
-// appends the information bits to `writer` and returns the decoder's view.
+// The codes of a bit stream's blocks at rate code r in (0, 16): one for the
+// full blocks, one for a shorter tail block; and where each block's
+// information bits start in the stream's information bits.
+class BlockCodes {
+ public:
+  BlockCodes(const std::vector<Block>& blocks, int r, int log2_block)
+      : full_(*PolarCode::Create(log2_block, r / 16.0)),
+        tail_(blocks.empty() || blocks.back().log2_size == log2_block
+                  ? full_
+                  : *PolarCode::Create(blocks.back().log2_size, r / 16.0)),
+        log2_block_(log2_block),
+        info_start_(blocks.size() + 1, 0) {
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      info_start_[b + 1] = info_start_[b] + code(blocks[b]).k();
+    }
+  }
+  const PolarCode& code(const Block& b) const {
+    return b.log2_size == log2_block_ ? full_ : tail_;
+  }
+  uint64_t info_start(size_t block) const { return info_start_[block]; }
+
+ private:
+  PolarCode full_;
+  PolarCode tail_;
+  int log2_block_;
+  std::vector<uint64_t> info_start_;
+};
+
+// Blocks per thread: at least 2^13 source bits, a few milliseconds of SC
+// encoding, against tens of microseconds to start a thread. Every block's
+// uniforms and bits depend on the block alone, so the bytes do not depend
+// on the number of threads.
+ParallelOptions BlockParts(int log2_block) {
+  return {/*min_per_part=*/std::max<size_t>(1, size_t{1 << 13} >> log2_block),
+          /*align=*/1};
+}
+
+// Polar-codes `source` (source.size() bits) at rate code r in (0, 16):
+// appends the information bits to `body` and returns the decoder's view.
 std::vector<uint8_t> CodeStream(const std::vector<uint8_t>& source, int r,
                                 int log2_block, int draws,
                                 const PhiloxStream& rng, uint64_t stream,
-                                BitWriter& writer) {
+                                Bytes* body) {
   std::vector<uint8_t> approx(source.size());
-  PolarCode code = *PolarCode::Create(log2_block, r / 16.0);
-  for (const Block& b : Blocks(source.size(), log2_block)) {
-    if (b.log2_size != log2_block) {
-      code = *PolarCode::Create(b.log2_size, r / 16.0);
-    }
-    const size_t size = size_t{1} << b.log2_size;
-    std::vector<uint8_t> block(size, 0), info(code.k()), out(size);
-    std::copy_n(source.begin() + b.start, b.length, block.begin());
-    std::vector<float> uniforms(static_cast<size_t>(draws) * size);
-    rng.FillUniform(stream + b.start * draws, absl::MakeSpan(uniforms));
-    code.Encode(block, uniforms, absl::MakeSpan(info), absl::MakeSpan(out));
-    for (uint8_t bit : info) writer.Put(bit);
-    std::copy_n(out.begin(), b.length, approx.begin() + b.start);
-  }
-  writer.Align();
+  const std::vector<Block> blocks = Blocks(source.size(), log2_block);
+  const BlockCodes codes(blocks, r, log2_block);
+  std::vector<uint8_t> info(codes.info_start(blocks.size()));
+  ParallelFor(
+      blocks.size(), BlockParts(log2_block),
+      [&](size_t first, size_t last, int) {
+        const size_t max_size = size_t{1} << log2_block;
+        std::vector<uint8_t> block(max_size), out(max_size);
+        std::vector<float> uniforms(static_cast<size_t>(draws) * max_size);
+        for (size_t i = first; i < last; ++i) {
+          const Block& b = blocks[i];
+          const PolarCode& code = codes.code(b);
+          const size_t size = size_t{1} << b.log2_size;
+          std::fill_n(block.begin(), size, 0);
+          std::copy_n(source.begin() + b.start, b.length, block.begin());
+          const absl::Span<float> block_uniforms = absl::MakeSpan(
+              uniforms.data(), static_cast<size_t>(draws) * size);
+          rng.FillUniform(stream + b.start * draws, block_uniforms);
+          code.Encode(
+              absl::MakeConstSpan(block.data(), size), block_uniforms,
+              absl::MakeSpan(info.data() + codes.info_start(i), code.k()),
+              absl::MakeSpan(out.data(), size));
+          std::copy_n(out.begin(), b.length, approx.begin() + b.start);
+        }
+      });
+  AppendBits(info.size(), body, [&](size_t i) { return info[i]; });
   return approx;
 }
 
@@ -130,22 +189,64 @@ std::vector<uint8_t> DecodeStream(const uint8_t* info, uint64_t bits, int r,
                                   int log2_block) {
   std::vector<uint8_t> out(bits);
   if (r == kFullRate) {
-    for (uint64_t i = 0; i < bits; ++i) out[i] = BitAt(info, i);
+    ParallelFor(bits, kElementParts, [&](size_t begin, size_t end, int) {
+      for (size_t i = begin; i < end; ++i) out[i] = BitAt(info, i);
+    });
     return out;
   }
   if (r == 0) return out;
-  PolarCode code = *PolarCode::Create(log2_block, r / 16.0);
-  uint64_t at = 0;
-  for (const Block& b : Blocks(bits, log2_block)) {
-    if (b.log2_size != log2_block) {
-      code = *PolarCode::Create(b.log2_size, r / 16.0);
-    }
-    std::vector<uint8_t> block_info(code.k()), block(size_t{1} << b.log2_size);
-    for (uint8_t& bit : block_info) bit = BitAt(info, at++);
-    code.Decode(block_info, absl::MakeSpan(block));
-    std::copy_n(block.begin(), b.length, out.begin() + b.start);
-  }
+  const std::vector<Block> blocks = Blocks(bits, log2_block);
+  const BlockCodes codes(blocks, r, log2_block);
+  ParallelFor(blocks.size(), BlockParts(log2_block),
+              [&](size_t first, size_t last, int) {
+                std::vector<uint8_t> block_info, block;
+                for (size_t i = first; i < last; ++i) {
+                  const Block& b = blocks[i];
+                  const PolarCode& code = codes.code(b);
+                  block_info.resize(code.k());
+                  block.resize(size_t{1} << b.log2_size);
+                  uint64_t at = codes.info_start(i);
+                  for (uint8_t& bit : block_info) bit = BitAt(info, at++);
+                  code.Decode(block_info, absl::MakeSpan(block));
+                  std::copy_n(block.begin(), b.length, out.begin() + b.start);
+                }
+              });
   return out;
+}
+
+// Occurrences of (decoded bit a, true bit b) at index 2a + b over i < n,
+// for the bits returned by approx_of(i) and true_of(i).
+template <typename ApproxOf, typename TrueOf>
+std::array<uint64_t, 4> CountPairs(size_t n, const ApproxOf& approx_of,
+                                   const TrueOf& true_of) {
+  std::vector<std::array<uint64_t, 4>> parts(ParallelParts(n, kElementParts),
+                                             std::array<uint64_t, 4>{});
+  ParallelFor(n, kElementParts, [&](size_t begin, size_t end, int part) {
+    std::array<uint64_t, 4> count = {};
+    for (size_t i = begin; i < end; ++i) {
+      ++count[2 * approx_of(i) + true_of(i)];
+    }
+    parts[part] = count;
+  });
+  std::array<uint64_t, 4> total = {};
+  for (const auto& count : parts) {
+    for (int j = 0; j < 4; ++j) total[j] += count[j];
+  }
+  return total;
+}
+
+// All of `values` finite, checked on all cores.
+bool AllFinite(absl::Span<const float> values) {
+  std::vector<char> finite(ParallelParts(values.size(), kElementParts), 1);
+  ParallelFor(values.size(), kElementParts,
+              [&](size_t begin, size_t end, int part) {
+                bool ok = true;
+                for (size_t i = begin; i < end; ++i) {
+                  ok &= std::fabs(values[i]) <= 3.402823466e38f;
+                }
+                finite[part] = ok;
+              });
+  return std::all_of(finite.begin(), finite.end(), [](char c) { return c; });
 }
 
 absl::Status CheckPadding(const uint8_t* section, uint64_t bits,
@@ -189,23 +290,58 @@ uint64_t StreamBase(int plane) { return static_cast<uint64_t>(plane) << 48; }
 absl::Status EncodeSeed(const TensorView& grad, const PolarOptions& o,
                         const PhiloxStream& rng, Bytes* params, Bytes* body) {
   std::vector<uint8_t> bits(grad.numel() * kSeedBits);
-  for (size_t i = 0; i < grad.numel(); ++i) {
-    // fmod keeps the multiple of 2^16 that the int16 cast would drop, with
-    // no out-of-range conversion.
-    const double t =
-        std::fmod(std::trunc(grad.values[i] * kSeedScale), 65536.0);
-    const uint16_t word = static_cast<uint16_t>(static_cast<int32_t>(t));
-    for (int b = 0; b < kSeedBits; ++b)
-      bits[i * kSeedBits + b] = (word >> b) & 1;
-  }
+  ParallelFor(grad.numel(), kElementParts, [&](size_t begin, size_t end, int) {
+    for (size_t i = begin; i < end; ++i) {
+      // fmod keeps the multiple of 2^16 that the int16 cast would drop, with
+      // no out-of-range conversion.
+      const double t =
+          std::fmod(std::trunc(grad.values[i] * kSeedScale), 65536.0);
+      const uint16_t word = static_cast<uint16_t>(static_cast<int32_t>(t));
+      for (int b = 0; b < kSeedBits; ++b) {
+        bits[i * kSeedBits + b] = (word >> b) & 1;
+      }
+    }
+  });
   params->assign(kFixedParamBytes, '\0');
   (*params)[0] = static_cast<char>(PolarMode::kSeed);
   (*params)[1] = static_cast<char>(o.log2_block);
   (*params)[2] = static_cast<char>(kSeedBits);
-  BitWriter writer(body);
-  CodeStream(bits, kSeedRate, o.log2_block, o.draws, rng, StreamBase(0),
-             writer);
+  CodeStream(bits, kSeedRate, o.log2_block, o.draws, rng, StreamBase(0), body);
   return absl::OkStatus();
+}
+
+// Sends magnitude plane p of `level` at rate code r (appending its bits to
+// `body`) and returns the plane's reconstruction values for a decoded 0 and
+// 1: the mean true bit where the decoder sees 0 and 1; a side never seen
+// keeps the bit's own value.
+std::array<float, 2> EncodePlane(const std::vector<uint16_t>& level, int p,
+                                 int r, const PolarOptions& o,
+                                 const PhiloxStream& rng, Bytes* body) {
+  const size_t n = level.size();
+  const auto true_bit = [&](size_t i) { return (level[i] >> p) & 1; };
+  std::array<uint64_t, 4> count = {};
+  if (r == kFullRate) {
+    AppendBits(n, body, true_bit);
+    return {0.0f, 1.0f};
+  }
+  if (r == 0) {
+    count = CountPairs(
+        n, [](size_t) { return 0; }, true_bit);
+  } else {
+    std::vector<uint8_t> bits(n);
+    ParallelFor(n, kElementParts, [&](size_t begin, size_t end, int) {
+      for (size_t i = begin; i < end; ++i) bits[i] = true_bit(i);
+    });
+    const std::vector<uint8_t> approx =
+        CodeStream(bits, r, o.log2_block, o.draws, rng, StreamBase(p), body);
+    count = CountPairs(
+        n, [&](size_t i) { return approx[i]; },
+        [&](size_t i) { return bits[i]; });
+  }
+  const double seen0 = static_cast<double>(count[0] + count[1]);
+  const double seen1 = static_cast<double>(count[2] + count[3]);
+  return {seen0 > 0 ? static_cast<float>(count[1] / seen0) : 0.0f,
+          seen1 > 0 ? static_cast<float>(count[3] / seen1) : 1.0f};
 }
 
 absl::Status EncodePlanes(const TensorView& grad, const PolarOptions& o,
@@ -217,27 +353,29 @@ absl::Status EncodePlanes(const TensorView& grad, const PolarOptions& o,
   const size_t buckets = (n + bucket - 1) / bucket;
   body->resize(4 * buckets);
   std::vector<uint16_t> level(n);
-  for (size_t b = 0; b < buckets; ++b) {
-    const size_t end = std::min(n, (b + 1) * bucket);
-    float scale = 0;
-    for (size_t i = b * bucket; i < end; ++i) {
-      scale = std::max(scale, std::fabs(grad.values[i]));
-    }
-    if (!std::isfinite(scale)) {
-      return absl::InvalidArgumentError(
-          "polar: the gradient holds NaN or Inf; expected finite values");
-    }
-    std::memcpy(body->data() + 4 * b, &scale, sizeof(scale));
-    for (size_t i = b * bucket; i < end; ++i) {
-      // |g| <= scale, so the level is at most 2^B - 1: no wrap-around.
-      level[i] = scale > 0 ? static_cast<uint16_t>(std::lround(
+  // Parts of whole buckets; Encode has checked that the values are finite.
+  ParallelFor(
+      buckets, {std::max<size_t>(1, kElementParts.min_per_part / bucket), 1},
+      [&](size_t first, size_t last, int) {
+        for (size_t b = first; b < last; ++b) {
+          const size_t end = std::min(n, (b + 1) * bucket);
+          float scale = 0;
+          for (size_t i = b * bucket; i < end; ++i) {
+            scale = std::max(scale, std::fabs(grad.values[i]));
+          }
+          std::memcpy(body->data() + 4 * b, &scale, sizeof(scale));
+          for (size_t i = b * bucket; i < end; ++i) {
+            // |g| <= scale, so the level is at most 2^B - 1: no
+            // wrap-around.
+            level[i] = scale > 0
+                           ? static_cast<uint16_t>(std::lround(
                                  std::fabs(grad.values[i]) / scale * levels))
                            : 0;
-    }
-  }
-  BitWriter writer(body);
-  for (size_t i = 0; i < n; ++i) writer.Put(std::signbit(grad.values[i]));
-  writer.Align();
+          }
+        }
+      });
+  AppendBits(n, body,
+             [&](size_t i) { return std::signbit(grad.values[i]) ? 1 : 0; });
   const std::vector<int> rates = PolarAllocation(planes, o.bits_per_value - 1);
   params->assign(kFixedParamBytes + kPlaneParamBytes * planes, '\0');
   (*params)[0] = static_cast<char>(PolarMode::kPlanes);
@@ -246,30 +384,8 @@ absl::Status EncodePlanes(const TensorView& grad, const PolarOptions& o,
   const uint32_t bucket32 = static_cast<uint32_t>(bucket);
   std::memcpy(params->data() + 4, &bucket32, sizeof(bucket32));
   for (int p = planes - 1; p >= 0; --p) {
-    std::vector<uint8_t> bits(n);
-    for (size_t i = 0; i < n; ++i) bits[i] = (level[i] >> p) & 1;
     const int r = rates[p];
-    std::vector<uint8_t> approx;
-    if (r == kFullRate) {
-      for (uint8_t bit : bits) writer.Put(bit);
-      writer.Align();
-      approx = bits;
-    } else if (r == 0) {
-      approx.assign(n, 0);
-    } else {
-      approx = CodeStream(bits, r, o.log2_block, o.draws, rng, StreamBase(p),
-                          writer);
-    }
-    // The mean true bit where the decoder sees 0 and 1; a side never seen
-    // keeps the bit's own value.
-    double sum[2] = {0, 0}, count[2] = {0, 0};
-    for (size_t i = 0; i < n; ++i) {
-      sum[approx[i]] += bits[i];
-      count[approx[i]] += 1;
-    }
-    const float rec[2] = {
-        count[0] > 0 ? static_cast<float>(sum[0] / count[0]) : 0.0f,
-        count[1] > 0 ? static_cast<float>(sum[1] / count[1]) : 1.0f};
+    const std::array<float, 2> rec = EncodePlane(level, p, r, o, rng, body);
     char* entry =
         params->data() + kFixedParamBytes + kPlaneParamBytes * (planes - 1 - p);
     entry[0] = static_cast<char>(r);
@@ -319,8 +435,9 @@ CodecInfo PolarInfo() {
   // Nearest-level quantisation and lossy plane coding: E[D(C(g))] != g.
   info.unbiased = false;
   info.stateful = false;
+  info.shardable = true;
   info.rounds = 1;
-  info.params = {"bits_per_value", "bucket",         "draws",
+  info.params = {"bits_per_value", "bucket",         "draws", "error_feedback",
                  "log2_block",     "magnitude_bits", "mode"};
   return info;
 }
@@ -364,11 +481,9 @@ PolarCodec::PolarCodec(const PolarOptions& options)
 
 absl::Status PolarCodec::Encode(const TensorView& grad, TensorState& state,
                                 const StepContext& ctx, Bytes* payload) const {
-  for (float v : grad.values) {
-    if (!std::isfinite(v)) {
-      return absl::InvalidArgumentError(
-          "polar: the gradient holds NaN or Inf; expected finite values");
-    }
+  if (!AllFinite(grad.values)) {
+    return absl::InvalidArgumentError(
+        "polar: the gradient holds NaN or Inf; expected finite values");
   }
   const PhiloxStream rng = WorkerStream(ctx, /*round=*/0);
   Bytes params, body;
@@ -433,12 +548,14 @@ absl::Status PolarCodec::DecodeAdd(absl::string_view payload, float alpha,
     GC_RETURN_IF_ERROR(CheckPadding(body, coded, "information bits"));
     const std::vector<uint8_t> out =
         DecodeStream(body, bits, kSeedRate, o.log2_block);
-    for (size_t i = 0; i < n; ++i) {
-      uint16_t word = 0;
-      for (int b = 0; b < kSeedBits; ++b) word |= out[i * kSeedBits + b] << b;
-      acc[i] +=
-          alpha * static_cast<float>(static_cast<int16_t>(word) / kSeedScale);
-    }
+    ParallelFor(n, kElementParts, [&](size_t begin, size_t end, int) {
+      for (size_t i = begin; i < end; ++i) {
+        uint16_t word = 0;
+        for (int b = 0; b < kSeedBits; ++b) word |= out[i * kSeedBits + b] << b;
+        acc[i] +=
+            alpha * static_cast<float>(static_cast<int16_t>(word) / kSeedScale);
+      }
+    });
     return absl::OkStatus();
   }
   if (mode != static_cast<uint8_t>(PolarMode::kPlanes)) {
@@ -504,18 +621,21 @@ absl::Status PolarCodec::DecodeAdd(absl::string_view payload, float alpha,
     const std::vector<uint8_t> bits =
         DecodeStream(section, n, rates[p], o.log2_block);
     const float weight = std::ldexp(1.0f, p);
-    for (size_t i = 0; i < n; ++i) {
-      magnitude[i] += weight * (bits[i] ? rec1[p] : rec0[p]);
-    }
+    const float value[2] = {weight * rec0[p], weight * rec1[p]};
+    ParallelFor(n, kElementParts, [&](size_t begin, size_t end, int) {
+      for (size_t i = begin; i < end; ++i) magnitude[i] += value[bits[i]];
+    });
     section += (coded + 7) / 8;
   }
   const float levels = static_cast<float>((1 << planes) - 1);
-  for (size_t i = 0; i < n; ++i) {
-    float scale;
-    std::memcpy(&scale, body + 4 * (i / bucket), sizeof(scale));
-    const float value = alpha * scale / levels * magnitude[i];
-    acc[i] += BitAt(signs, i) ? -value : value;
-  }
+  ParallelFor(n, kElementParts, [&](size_t begin, size_t end, int) {
+    for (size_t i = begin; i < end; ++i) {
+      float scale;
+      std::memcpy(&scale, body + 4 * (i / bucket), sizeof(scale));
+      const float value = alpha * scale / levels * magnitude[i];
+      acc[i] += BitAt(signs, i) ? -value : value;
+    }
+  });
   return absl::OkStatus();
 }
 
@@ -523,9 +643,19 @@ absl::Status RegisterPolar(CodecRegistry& registry) {
   return registry.Register(
       PolarInfo(),
       [](const CodecParams& params) -> absl::StatusOr<std::unique_ptr<Codec>> {
+        GC_ASSIGN_OR_RETURN(const bool error_feedback,
+                            params.GetBool("error_feedback", false));
         GC_ASSIGN_OR_RETURN(std::unique_ptr<PolarCodec> codec,
                             PolarCodec::Create(params));
-        return std::unique_ptr<Codec>(std::move(codec));
+        if (!error_feedback) return std::unique_ptr<Codec>(std::move(codec));
+        if (codec->options().mode == PolarMode::kSeed) {
+          return absl::InvalidArgumentError(
+              "polar: expected mode=planes with error_feedback=true (seed "
+              "mode's int16 wrap-around makes errors larger than the values, "
+              "so the residual would grow); got mode=seed");
+        }
+        return std::unique_ptr<Codec>(
+            std::make_unique<ErrorFeedback>(std::move(codec)));
       });
 }
 

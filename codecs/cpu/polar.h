@@ -18,6 +18,13 @@
 //                           {{"bits_per_value", "4"}})));
 //
 // Biased and stateless; one kGather round. Payload layout: docs/wire-format.md.
+// Through the registry, `error_feedback=true` (planes mode only) wraps the
+// codec in the ErrorFeedback decorator (residual "ef.residual"), which
+// carries the quantisation and coding error into the next step.
+//
+// Large tensors are coded on all cores: polar blocks (and element loops) are
+// split across threads, and every block's random draws depend on the block
+// alone, so a payload's bytes do not depend on the number of threads.
 #ifndef GRADCOMP_CODECS_CPU_POLAR_H_
 #define GRADCOMP_CODECS_CPU_POLAR_H_
 
@@ -57,12 +64,15 @@ class PolarCodec : public SingleRoundCodec {
  public:
   // Parses "mode" (planes | seed), "bits_per_value", "bucket",
   // "magnitude_bits", "log2_block", "draws"; rejects unknown names.
+  // "error_feedback" belongs to the registration (RegisterPolar), which
+  // wraps this codec.
   static absl::StatusOr<std::unique_ptr<PolarCodec>> Create(
       const CodecParams& params);
 
   explicit PolarCodec(const PolarOptions& options);
 
   const CodecInfo& info() const override { return info_; }
+  const PolarOptions& options() const { return options_; }
 
   // InvalidArgument if `grad` holds NaN or Inf.
   absl::Status Encode(const TensorView& grad, TensorState& state,
@@ -79,7 +89,8 @@ class PolarCodec : public SingleRoundCodec {
 
 CodecInfo PolarInfo();
 
-// Registers "polar".
+// Registers "polar" (ErrorFeedback around PolarCodec with
+// error_feedback=true).
 absl::Status RegisterPolar(CodecRegistry& registry);
 
 }  // namespace gradcomp::codecs

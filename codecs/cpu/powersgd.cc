@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "codecs/cpu/linalg.h"
+#include "codecs/cpu/parallel.h"
 #include "codecs/random.h"
 #include "codecs/wire.h"
 
@@ -40,12 +41,78 @@ bool AllFinite(absl::Span<const float> v) {
   return finite;
 }
 
+// M is processed in bands of whole rows, about 2^16 values each (256 KiB of
+// fp32, in L2): M = g + e is formed band by band and never materialised
+// whole (a fresh 100 MB temporary per step cost more in page faults than
+// all the products), and bands are what threads share out. The bands
+// depend on the shape alone, and M^T P_hat adds the bands' products in a
+// fixed grouping, so results do not depend on the number of threads.
+constexpr int64_t kBandValues = int64_t{1} << 16;
+// M^T P_hat: the bands' products are summed within each of at most this
+// many groups of consecutive bands, then the groups in order.
+constexpr size_t kProductGroups = 16;
+// Threads only for matrices of at least this many values.
+constexpr size_t kThreadedValues = size_t{1} << 20;
+
+// Bands of a rows x cols matrix.
+class Bands {
+ public:
+  Bands(int64_t rows, int64_t cols)
+      : rows_(rows),
+        cols_(cols),
+        band_rows_(
+            std::max<int64_t>(1, kBandValues / std::max<int64_t>(cols, 1))),
+        count_(static_cast<size_t>((rows + band_rows_ - 1) / band_rows_)) {}
+
+  size_t count() const { return count_; }
+  int64_t band_rows() const { return band_rows_; }
+  int64_t first_row(size_t band) const {
+    return static_cast<int64_t>(band) * band_rows_;
+  }
+  int64_t rows(size_t band) const {
+    return std::min(band_rows_, rows_ - first_row(band));
+  }
+
+  // fn(first, last, part) over ranges of bands, on threads for large
+  // matrices; every part gets at least `min_bands` bands.
+  void For(
+      size_t min_bands,
+      absl::FunctionRef<void(size_t first, size_t last, int part)> fn) const {
+    ParallelFor(count_, Options(min_bands), fn);
+  }
+  int Parts(size_t min_bands) const {
+    return ParallelParts(count_, Options(min_bands));
+  }
+
+ private:
+  ParallelOptions Options(size_t min_bands) const {
+    const bool threaded = static_cast<size_t>(rows_ * cols_) >= kThreadedValues;
+    return {
+        threaded ? std::max<size_t>(min_bands, 1) : std::max<size_t>(count_, 1),
+        1};
+  }
+
+  int64_t rows_;
+  int64_t cols_;
+  int64_t band_rows_;
+  size_t count_;
+};
+
+// A part's bands: about 2^18 values, against tens of microseconds to start
+// a thread.
+constexpr size_t kMinBandsPerPart = 4;
+
 class PowerSgdSession : public CodecSession {
  public:
   PowerSgdSession(const PowerSgdOptions& options, const PowerSgdPlan& plan,
                   const TensorView& grad, TensorState& state,
                   const StepContext& ctx)
-      : options_(options), plan_(plan), grad_(grad), state_(state), ctx_(ctx) {}
+      : options_(options),
+        plan_(plan),
+        bands_(plan.rows, plan.cols),
+        grad_(grad),
+        state_(state),
+        ctx_(ctx) {}
 
   absl::StatusOr<std::optional<Round>> NextRound() override {
     switch (stage_) {
@@ -114,19 +181,25 @@ class PowerSgdSession : public CodecSession {
  private:
   enum class Stage { kStart, kAwaitDense, kAwaitP, kHaveP, kAwaitQ, kDone };
 
-  // M = g + e, then the step's Q and P = M Q.
+  // Rows [first, first + count) of M = g + e into `m`. The residual, if
+  // any, is the one of the step's start: the state changes in AbsorbQ only.
+  void LoadRows(int64_t first, int64_t count, float* m) const {
+    const size_t begin = static_cast<size_t>(first * plan_.cols);
+    const size_t size = static_cast<size_t>(count * plan_.cols);
+    const float* g = grad_.values.data() + begin;
+    if (error_ == nullptr) {
+      std::copy_n(g, size, m);
+      return;
+    }
+    const float* e = error_ + begin;
+    for (size_t i = 0; i < size; ++i) m[i] = g[i] + e[i];
+  }
+
+  // The step's Q, then P = M Q.
   absl::Status ComputeP() {
     const size_t n = grad_.numel();
-    m_.assign(grad_.values.begin(), grad_.values.end());
     std::optional<absl::Span<float>> error = state_.Find(kPowerSgdErrorBuffer);
-    if (error.has_value() && error->size() == n) {
-      for (size_t i = 0; i < n; ++i) m_[i] += (*error)[i];
-    }
-    if (!AllFinite(m_)) {
-      return absl::InvalidArgumentError(
-          "powersgd: the gradient plus its error feedback holds NaN or Inf; "
-          "expected finite values");
-    }
+    error_ = error.has_value() && error->size() == n ? error->data() : nullptr;
     const size_t q_size = static_cast<size_t>(plan_.cols * plan_.rank);
     std::vector<float> q;
     std::optional<absl::Span<float>> warm = state_.Find(kPowerSgdQBuffer);
@@ -141,18 +214,72 @@ class PowerSgdSession : public CodecSession {
       OrthonormalizeColumns(absl::MakeSpan(q), plan_.cols, plan_.rank);
     }
     p_.resize(static_cast<size_t>(plan_.rows * plan_.rank));
-    MatrixMap(p_.data(), plan_.rows, plan_.rank).noalias() =
-        View(m_, plan_.rows, plan_.cols) * View(q, plan_.cols, plan_.rank);
+    std::vector<char> finite(bands_.Parts(kMinBandsPerPart), 1);
+    bands_.For(kMinBandsPerPart, [&](size_t first, size_t last, int part) {
+      std::vector<float> m(
+          static_cast<size_t>(bands_.band_rows() * plan_.cols));
+      for (size_t band = first; band < last; ++band) {
+        const int64_t row = bands_.first_row(band), rows = bands_.rows(band);
+        LoadRows(row, rows, m.data());
+        finite[part] &= AllFinite(absl::MakeConstSpan(
+            m.data(), static_cast<size_t>(rows * plan_.cols)));
+        MatrixMap(p_.data() + row * plan_.rank, rows, plan_.rank).noalias() =
+            ConstMatrixMap(m.data(), rows, plan_.cols) *
+            View(q, plan_.cols, plan_.rank);
+      }
+    });
+    if (!std::all_of(finite.begin(), finite.end(), [](char c) { return c; })) {
+      return absl::InvalidArgumentError(
+          "powersgd: the gradient plus its error feedback holds NaN or Inf; "
+          "expected finite values");
+    }
     return absl::OkStatus();
   }
 
   absl::Status AbsorbP(std::vector<float> p_sum) {
     p_hat_ = std::move(p_sum);
     OrthonormalizeColumns(absl::MakeSpan(p_hat_), plan_.rows, plan_.rank);
-    own_q_.resize(static_cast<size_t>(plan_.cols * plan_.rank));
-    MatrixMap(own_q_.data(), plan_.cols, plan_.rank).noalias() =
-        View(m_, plan_.rows, plan_.cols).transpose() *
-        View(p_hat_, plan_.rows, plan_.rank);
+    // M^T P_hat = sum over bands of M_band^T P_hat_band: summed band by band
+    // within each group, then group by group, in order.
+    const size_t q_size = static_cast<size_t>(plan_.cols * plan_.rank);
+    const size_t groups = std::min(kProductGroups, bands_.count());
+    std::vector<std::vector<float>> partial(groups);
+    const auto group_first = [&](size_t group) {
+      return group * bands_.count() / groups;
+    };
+    ParallelFor(
+        groups,
+        {/*min_per_part=*/static_cast<size_t>(plan_.rows * plan_.cols) >=
+                 kThreadedValues
+             ? 1
+             : groups,
+         /*align=*/1},
+        [&](size_t first_group, size_t last_group, int) {
+          std::vector<float> m(
+              static_cast<size_t>(bands_.band_rows() * plan_.cols));
+          for (size_t group = first_group; group < last_group; ++group) {
+            partial[group].resize(q_size);
+            MatrixMap sum(partial[group].data(), plan_.cols, plan_.rank);
+            for (size_t band = group_first(group);
+                 band < group_first(group + 1); ++band) {
+              const int64_t row = bands_.first_row(band);
+              const int64_t rows = bands_.rows(band);
+              LoadRows(row, rows, m.data());
+              const ConstMatrixMap m_band(m.data(), rows, plan_.cols);
+              const ConstMatrixMap p_band(p_hat_.data() + row * plan_.rank,
+                                          rows, plan_.rank);
+              if (band == group_first(group)) {
+                sum.noalias() = m_band.transpose() * p_band;
+              } else {
+                sum.noalias() += m_band.transpose() * p_band;
+              }
+            }
+          }
+        });
+    own_q_ = std::move(partial[0]);
+    for (size_t group = 1; group < groups; ++group) {
+      for (size_t i = 0; i < q_size; ++i) own_q_[i] += partial[group][i];
+    }
     stage_ = Stage::kHaveP;
     return absl::OkStatus();
   }
@@ -162,9 +289,24 @@ class PowerSgdSession : public CodecSession {
     q_mean_ = std::move(q_sum);
     const float w = static_cast<float>(world_size);
     for (float& v : q_mean_) v /= w;
-    absl::Span<float> error = state_.Buffer(kPowerSgdErrorBuffer, m_.size());
-    Expand(q_mean_, error);
-    for (size_t i = 0; i < m_.size(); ++i) error[i] = m_[i] - error[i];
+    // The same storage as error_ when there was a residual: Buffer keeps a
+    // buffer of the right size as it is.
+    absl::Span<float> error =
+        state_.Buffer(kPowerSgdErrorBuffer, grad_.numel());
+    bands_.For(kMinBandsPerPart, [&](size_t first, size_t last, int) {
+      const size_t band_size =
+          static_cast<size_t>(bands_.band_rows() * plan_.cols);
+      std::vector<float> m(band_size), approx(band_size);
+      for (size_t band = first; band < last; ++band) {
+        const int64_t row = bands_.first_row(band), rows = bands_.rows(band);
+        LoadRows(row, rows, m.data());
+        ExpandRows(q_mean_, row, rows, approx.data());
+        float* e = error.data() + row * plan_.cols;
+        const size_t size = static_cast<size_t>(rows * plan_.cols);
+        for (size_t i = 0; i < size; ++i) e[i] = m[i] - approx[i];
+      }
+    });
+    error_ = nullptr;
     if (options_.warm_start) {
       absl::Span<float> warm = state_.Buffer(kPowerSgdQBuffer, q_mean_.size());
       std::copy(q_mean_.begin(), q_mean_.end(), warm.begin());
@@ -173,11 +315,22 @@ class PowerSgdSession : public CodecSession {
     return absl::OkStatus();
   }
 
+  // Rows [first, first + count) of P_hat q^T into `out` (count x cols).
+  void ExpandRows(const std::vector<float>& q, int64_t first, int64_t count,
+                  float* out) const {
+    MatrixMap(out, count, plan_.cols).noalias() =
+        ConstMatrixMap(p_hat_.data() + first * plan_.rank, count, plan_.rank) *
+        View(q, plan_.cols, plan_.rank).transpose();
+  }
+
   // out = P_hat q^T, rows x cols.
   void Expand(const std::vector<float>& q, absl::Span<float> out) const {
-    MatrixMap(out.data(), plan_.rows, plan_.cols).noalias() =
-        View(p_hat_, plan_.rows, plan_.rank) *
-        View(q, plan_.cols, plan_.rank).transpose();
+    bands_.For(kMinBandsPerPart, [&](size_t first, size_t last, int) {
+      for (size_t band = first; band < last; ++band) {
+        const int64_t row = bands_.first_row(band);
+        ExpandRows(q, row, bands_.rows(band), out.data() + row * plan_.cols);
+      }
+    });
   }
 
   std::optional<Round> MakeRound(uint8_t round_index,
@@ -240,16 +393,17 @@ class PowerSgdSession : public CodecSession {
 
   const PowerSgdOptions options_;
   const PowerSgdPlan plan_;
+  const Bands bands_;
   const TensorView grad_;
   TensorState& state_;
   const StepContext ctx_;
   Stage stage_ = Stage::kStart;
-  std::vector<float> m_;       // g + e, rows x cols
-  std::vector<float> p_;       // M Q, this worker's round-0 body
-  std::vector<float> p_hat_;   // orthonormalised sum of P
-  std::vector<float> own_q_;   // M^T P_hat, this worker's round-1 body
-  std::vector<float> q_mean_;  // sum of Q / W
-  std::vector<float> sum_;     // dense: the sum of g
+  const float* error_ = nullptr;  // e at the step's start, if any (numel)
+  std::vector<float> p_;          // M Q, this worker's round-0 body
+  std::vector<float> p_hat_;      // orthonormalised sum of P
+  std::vector<float> own_q_;      // M^T P_hat, this worker's round-1 body
+  std::vector<float> q_mean_;     // sum of Q / W
+  std::vector<float> sum_;        // dense: the sum of g
   int world_size_ = 1;
 };
 

@@ -5,8 +5,10 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "codecs/cpu/parallel.h"
 #include "codecs/registry.h"
 #include "codecs/state.h"
 #include "codecs/testing/conformance.h"
@@ -193,6 +195,66 @@ TEST(PowerSgdTest, OneWorkerOutputPlusNewErrorIsTheInputPlusOldError) {
     error.assign(new_error.begin(), new_error.end());
     // The error is what a rank-2 approximation cannot hold: not zero.
     EXPECT_GT(Norm(error), 0.1 * Norm(g));
+  }
+}
+
+// Large enough for several bands of rows and for threads (2^20 values):
+// 1200 x 1000 makes 19 bands of 65 rows.
+constexpr int64_t kBigRows = 1200, kBigCols = 1000;
+
+TEST(PowerSgdTest, BandedLargeMatrixIsExactAtRankRAndLosesNothing) {
+  const Matrix low = LowRank(kBigRows, kBigCols, 2, 30);
+  const Matrix noise = Normal(kBigRows * kBigCols, 31);
+  std::vector<Matrix> grads(2, low);
+  for (size_t i = 0; i < low.size(); ++i) {
+    grads[0][i] += noise[i];
+    grads[1][i] -= noise[i];
+  }
+  const auto codec = Make();
+  std::vector<TensorState> states(2);
+  const testing::SimulatedStep step =
+      Step(*codec, grads, {kBigRows, kBigCols}, states, 0);
+  // fp32 products over 1000-element rows, summed across bands.
+  EXPECT_LT(RelDistance(step.out[0], Mean(grads)), 2e-5);
+  // One worker: output plus residual is the input, element by element.
+  std::vector<TensorState> one(1);
+  const testing::SimulatedStep alone =
+      Step(*codec, {noise}, {kBigRows, kBigCols}, one, 0);
+  const absl::Span<float> error = *one[0].Find(kPowerSgdErrorBuffer);
+  for (size_t i = 0; i < noise.size(); ++i) {
+    ASSERT_NEAR(alone.out[0][i] + error[i], noise[i],
+                1e-6f * (1 + std::fabs(noise[i])))
+        << i;
+  }
+}
+
+TEST(PowerSgdTest, ResultsDoNotDependOnTheNumberOfThreads) {
+  const std::vector<Matrix> grads = {Normal(kBigRows * kBigCols, 40),
+                                     Normal(kBigRows * kBigCols, 41)};
+  const auto codec = Make(CodecParams({{"rank", "3"}}));
+  // Two steps: the second adds the residual and starts from the warm Q.
+  const auto run = [&](int threads) {
+    ScopedParallelThreads forced(threads);
+    std::vector<TensorState> states(2);
+    std::vector<testing::SimulatedStep> steps;
+    for (int64_t s = 0; s < 2; ++s) {
+      steps.push_back(Step(*codec, grads, {kBigRows, kBigCols}, states, s));
+    }
+    const absl::Span<float> error = *states[1].Find(kPowerSgdErrorBuffer);
+    return std::make_pair(std::move(steps), Matrix(error.begin(), error.end()));
+  };
+  const auto [steps, error] = run(1);
+  for (int threads : {2, 3, 8}) {
+    const auto [threaded_steps, threaded_error] = run(threads);
+    for (size_t s = 0; s < steps.size(); ++s) {
+      EXPECT_TRUE(threaded_steps[s].payloads == steps[s].payloads)
+          << threads << " threads, step " << s;
+      EXPECT_TRUE(threaded_steps[s].out == steps[s].out)
+          << threads << " threads, step " << s;
+      EXPECT_TRUE(threaded_steps[s].own == steps[s].own)
+          << threads << " threads, step " << s;
+    }
+    EXPECT_TRUE(threaded_error == error) << threads << " threads";
   }
 }
 

@@ -211,6 +211,7 @@ CodecInfo QsgdInfo() {
   info.unbiased = true;
   info.stateful = false;
   info.rounds = 1;
+  info.shardable = true;
   info.params = {"bits", "bucket"};
   return info;
 }

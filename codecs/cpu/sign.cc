@@ -84,12 +84,14 @@ CodecInfo SignInfo(SignCodec::Variant variant) {
       info.name = "signsgd";
       info.id = CodecId::kSignSgd;
       info.majority_vote = true;
+      info.shardable = true;
       break;
     case SignCodec::Variant::kEfSign:
       info.name = "efsign";
       info.id = CodecId::kEfSign;
       // The residual is the decorator's state.
       info.stateful = true;
+      info.shardable = true;
       break;
     case SignCodec::Variant::kSignum:
       info.name = "signum";

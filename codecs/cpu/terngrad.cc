@@ -143,6 +143,7 @@ CodecInfo TernGradInfo() {
   info.unbiased = false;
   info.stateful = false;
   info.rounds = 1;
+  info.shardable = true;
   info.params = {"bucket", "clip_sigma"};
   return info;
 }

@@ -59,6 +59,7 @@ CodecInfo ThresholdInfo() {
   info.unbiased = false;
   info.stateful = true;
   info.rounds = 1;
+  info.shardable = true;
   info.params = {"tau", "tau_rms"};
   return info;
 }

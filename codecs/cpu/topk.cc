@@ -52,6 +52,7 @@ CodecInfo TopKInfo() {
   info.summable = false;
   info.unbiased = false;
   info.stateful = true;
+  info.shardable = true;
   info.rounds = 1;
   info.params = {"clip_norm",
                  "masking",
@@ -95,7 +96,12 @@ TopKCodec::TopKCodec(const TopKOptions& options)
     : options_(options),
       momentum_(
           MomentumCorrection::Options{options.momentum, options.nesterov}),
-      info_(TopKInfo()) {}
+      info_(TopKInfo()) {
+  // Momentum correction and norm clipping at a shard owner would apply a
+  // second time to the average, and clipping a slice is not clipping the
+  // tensor.
+  info_.shardable = options.momentum == 0 && options.clip_norm == 0;
+}
 
 double TopKCodec::DensityAt(int64_t step) const {
   const int64_t per_stage = options_.warmup_steps_per_stage;

@@ -7,9 +7,12 @@
 namespace gradcomp::service {
 
 absl::StatusOr<ReduceInput> ReduceInputFromProto(
-    const v1::ReduceRequest& request) {
-  if (request.has_input_shm() || request.has_output_shm()) {
-    return absl::UnimplementedError(kSharedMemoryUnimplemented);
+    const v1::ReduceRequest& request, const MappedSlices& slices) {
+  if (request.has_output_shm() && request.output_shm().byte_size() == 0) {
+    // An empty output span means "answer inline" to the engine.
+    return absl::InvalidArgumentError(
+        "output_shm.byte_size is 0, expected numel x dtype bytes (send "
+        "zero-element tensors inline)");
   }
   ReduceInput input;
   input.job = request.job();
@@ -17,7 +20,12 @@ absl::StatusOr<ReduceInput> ReduceInputFromProto(
   input.step = request.step();
   input.dtype = DTypeFromProto(request.dtype());
   input.shape.assign(request.shape().begin(), request.shape().end());
-  input.data = request.data();
+  if (request.has_input_shm()) {
+    input.data = absl::string_view(slices.input.data(), slices.input.size());
+  } else {
+    input.data = request.data();
+  }
+  if (request.has_output_shm()) input.output = slices.output;
   if (request.has_codec()) input.codec = CodecSpecFromProto(request.codec());
   return input;
 }

@@ -8,6 +8,7 @@
 #define GRADCOMP_SERVICE_API_CONVERT_H_
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "gradcomp/v1/gradcomp.pb.h"
 #include "service/engine/engine.h"
 
@@ -15,18 +16,34 @@ namespace gradcomp::service {
 
 namespace v1 = ::gradcomp::v1;
 
-// The input views `request.data()`: the request must outlive it. Requests
-// with shared-memory input or output are Unimplemented for now.
+// The shared-memory slices a request names (input_shm, output_shm), mapped
+// by the caller, who holds them for the whole call.
+struct MappedSlices {
+  absl::Span<char> input;   // used when the request has input_shm
+  absl::Span<char> output;  // used when the request has output_shm
+};
+
+// The input views `request.data()`, or `slices.input` for a request with
+// input_shm; either must outlive it. With output_shm the engine writes the
+// average into `slices.output`.
 absl::StatusOr<ReduceInput> ReduceInputFromProto(
-    const v1::ReduceRequest& request);
+    const v1::ReduceRequest& request, const MappedSlices& slices = {});
 
 v1::ReduceResponse ReduceResponseToProto(const v1::ReduceRequest& request,
                                          ReduceOutput output);
 
-// The message of every shared-memory RPC until regions are implemented.
-inline constexpr char kSharedMemoryUnimplemented[] =
-    "shared memory arrives in a later gradcomp release; send tensors inline "
-    "(ReduceRequest.data) for now";
+// The message of shared-memory requests to a daemon started without
+// --allow_client_shm.
+inline constexpr char kClientShmOff[] =
+    "client shared memory is off on this daemon: start gradcompd with "
+    "--allow_client_shm (and share /dev/shm with it), or send tensors inline "
+    "(ReduceRequest.data)";
+
+// The message of RegisterCudaSharedMemory until the daemon has a GPU build.
+inline constexpr char kCudaShmUnimplemented[] =
+    "CUDA shared memory needs a GPU build of gradcompd, which does not exist "
+    "yet; register system shared memory (RegisterSystemSharedMemory) or send "
+    "tensors inline";
 
 }  // namespace gradcomp::service
 

@@ -36,11 +36,36 @@ TEST(ConvertTest, NoCodecMeansThePolicyDecides) {
   EXPECT_FALSE(input->codec.has_value());
 }
 
-TEST(ConvertTest, SharedMemoryIsUnimplemented) {
+TEST(ConvertTest, SharedMemorySlicesBecomeTheInputAndOutput) {
+  v1::ReduceRequest request;
+  request.set_tensor("t");
+  request.mutable_input_shm()->set_region("r");
+  request.mutable_input_shm()->set_byte_size(8);
+  request.mutable_output_shm()->set_region("r");
+  request.mutable_output_shm()->set_byte_size(8);
+  char memory[16] = "abcdefgh";
+  MappedSlices slices{absl::MakeSpan(memory, 8), absl::MakeSpan(memory + 8, 8)};
+  auto input = ReduceInputFromProto(request, slices);
+  ASSERT_TRUE(input.ok()) << input.status();
+  EXPECT_EQ(input->data.data(), memory);  // the mapping itself, no copy
+  EXPECT_EQ(input->data.size(), 8u);
+  EXPECT_EQ(input->output.data(), memory + 8);
+  EXPECT_EQ(input->output.size(), 8u);
+
+  // Inline input with a shared-memory output.
+  request.set_data("12345678");
+  input = ReduceInputFromProto(request, {{}, slices.output});
+  ASSERT_TRUE(input.ok());
+  EXPECT_EQ(input->data.data(), request.data().data());
+  EXPECT_EQ(input->output.data(), memory + 8);
+}
+
+TEST(ConvertTest, AnEmptyOutputSliceIsRefused) {
+  // The engine reads an empty output span as "answer inline".
   v1::ReduceRequest request;
   request.mutable_output_shm()->set_region("r");
   EXPECT_EQ(ReduceInputFromProto(request).status().code(),
-            absl::StatusCode::kUnimplemented);
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ConvertTest, ResponseCarriesIdsAndStats) {

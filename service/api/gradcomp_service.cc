@@ -1,8 +1,11 @@
 #include "service/api/gradcomp_service.h"
 
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status_macros.h"
 #include "codecs/wire.h"
@@ -13,36 +16,120 @@
 
 namespace gradcomp::service {
 
+namespace {
+
+// The metadata key a client names itself with (gradcomp.proto, "Shared
+// memory"); its shared-memory regions belong to that name.
+constexpr char kClientIdKey[] = "gradcomp-client-id";
+
+// Who owns shared-memory regions: the id the client sends, else the
+// address of its connection (which changes if the channel reconnects).
+std::string ClientId(const grpc::ServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  if (auto it = metadata.find(kClientIdKey); it != metadata.end()) {
+    return std::string(it->second.data(), it->second.size());
+  }
+  return context.peer();
+}
+
+absl::Status Prefixed(const absl::Status& status, absl::string_view prefix) {
+  return absl::Status(status.code(),
+                      absl::StrCat(prefix, ": ", status.message()));
+}
+
+}  // namespace
+
 GradcompService::GradcompService(Engine* engine, Metrics* metrics,
-                                 int stream_workers)
-    : engine_(engine), metrics_(metrics), stream_pool_(stream_workers) {}
+                                 int stream_workers, DaemonSettings settings,
+                                 SharedMemoryRegistry* shm)
+    : engine_(engine),
+      metrics_(metrics),
+      settings_(std::move(settings)),
+      shm_(shm),
+      stream_pool_(stream_workers) {}
+
+absl::StatusOr<SharedMemorySlice> GradcompService::AcquireSlice(
+    absl::string_view client, const v1::SharedMemorySlice& slice,
+    absl::string_view field) {
+  if (shm_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": ", kClientShmOff));
+  }
+  absl::StatusOr<SharedMemorySlice> acquired =
+      shm_->Acquire(client, slice.region(), slice.offset(), slice.byte_size());
+  if (!acquired.ok()) return Prefixed(acquired.status(), field);
+  return acquired;
+}
+
+absl::StatusOr<ReduceInput> GradcompService::ResolveInput(
+    const v1::ReduceRequest& request, absl::string_view client,
+    std::optional<SharedMemorySlice>* input_slice,
+    std::optional<SharedMemorySlice>* output_slice) {
+  MappedSlices slices;
+  if (request.has_input_shm()) {
+    GC_ASSIGN_OR_RETURN(SharedMemorySlice slice,
+                        AcquireSlice(client, request.input_shm(), "input_shm"));
+    slices.input = slice.bytes();
+    input_slice->emplace(std::move(slice));
+  }
+  if (request.has_output_shm()) {
+    GC_ASSIGN_OR_RETURN(
+        SharedMemorySlice slice,
+        AcquireSlice(client, request.output_shm(), "output_shm"));
+    slices.output = slice.bytes();
+    output_slice->emplace(std::move(slice));
+  }
+  if (!slices.input.empty() && !slices.output.empty()) {
+    // The engine reads fp32 input in place and still reads it (relative
+    // error, codec state) after it has written the output.
+    const char* in = slices.input.data();
+    const char* out = slices.output.data();
+    if (in < out + slices.output.size() && out < in + slices.input.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input_shm (region '", request.input_shm().region(), "' offset ",
+          request.input_shm().offset(), ", ", slices.input.size(),
+          " bytes) and output_shm (region '", request.output_shm().region(),
+          "' offset ", request.output_shm().offset(), ", ",
+          slices.output.size(), " bytes) overlap; expected disjoint slices"));
+    }
+  }
+  return ReduceInputFromProto(request, slices);
+}
 
 absl::StatusOr<v1::ReduceResponse> GradcompService::DoReduce(
-    const v1::ReduceRequest& request) {
-  absl::StatusOr<ReduceInput> input = ReduceInputFromProto(request);
+    const v1::ReduceRequest& request, absl::string_view client) {
+  // Held until the reduce returns: the regions stay mapped and count as in
+  // flight, so Unregister refuses them meanwhile.
+  std::optional<SharedMemorySlice> input_slice, output_slice;
+  absl::StatusOr<ReduceInput> input =
+      ResolveInput(request, client, &input_slice, &output_slice);
   if (!input.ok()) {
     // Refused before the engine saw it; counted here so that every request
     // shows in gradcomp_reduce_total.
     metrics_->CountReduce("unresolved", input.status().code());
-    return input.status();
+    return Prefixed(input.status(), absl::StrCat("tensor '", request.tensor(),
+                                                 "' step ", request.step()));
   }
   GC_ASSIGN_OR_RETURN(ReduceOutput output, engine_->Reduce(*input));
+  metrics_->SetStep(request.step());
   return ReduceResponseToProto(request, std::move(output));
 }
 
-grpc::Status GradcompService::Reduce(grpc::ServerContext* /*context*/,
+grpc::Status GradcompService::Reduce(grpc::ServerContext* context,
                                      const v1::ReduceRequest* request,
                                      v1::ReduceResponse* response) {
-  absl::StatusOr<v1::ReduceResponse> result = DoReduce(*request);
+  absl::StatusOr<v1::ReduceResponse> result =
+      DoReduce(*request, ClientId(*context));
   if (!result.ok()) return ToGrpcStatus(result.status());
   *response = std::move(*result);
   return grpc::Status::OK;
 }
 
 grpc::Status GradcompService::ReduceStream(
-    grpc::ServerContext* /*context*/,
+    grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::ReduceStreamResponse, v1::ReduceRequest>*
         stream) {
+  const std::string client = ClientId(*context);
   // gRPC allows one Read and one Write at a time on a stream: this thread
   // reads, and the workers write one at a time under `mu`.
   absl::Mutex mu;
@@ -54,10 +141,10 @@ grpc::Status GradcompService::ReduceStream(
       absl::MutexLock lock(&mu);
       ++pending;
     }
-    stream_pool_.Schedule([this, stream, &mu, &pending, &write_failed,
+    stream_pool_.Schedule([this, stream, &mu, &pending, &write_failed, &client,
                            request = std::move(request)] {
       v1::ReduceStreamResponse response;
-      absl::StatusOr<v1::ReduceResponse> result = DoReduce(request);
+      absl::StatusOr<v1::ReduceResponse> result = DoReduce(request, client);
       if (result.ok()) {
         *response.mutable_result() = std::move(*result);
       } else {
@@ -96,13 +183,21 @@ grpc::Status GradcompService::GetInfo(grpc::ServerContext* /*context*/,
     codec->set_unbiased(info.unbiased);
     codec->set_stateful(info.stateful);
     codec->set_rounds(static_cast<uint32_t>(info.rounds));
+    codec->set_shardable(info.shardable);
     for (const std::string& param : info.params) codec->add_params(param);
   }
   response->set_world_size(static_cast<uint32_t>(engine_->world_size()));
   response->set_rank(static_cast<uint32_t>(engine_->rank()));
   response->set_device("cpu");
-  response->add_transports("local");
-  response->set_policy_hash(engine_->policy()->hash);
+  for (const std::string& transport : settings_.transports) {
+    response->add_transports(transport);
+  }
+  std::shared_ptr<const Engine::PolicySnapshot> policy = engine_->policy();
+  response->set_policy_hash(policy->hash);
+  *response->mutable_policy() = PolicyToProto(policy->policy);
+  response->set_config_json(settings_.config_json);
+  response->mutable_flags()->insert(settings_.flags.begin(),
+                                    settings_.flags.end());
   return grpc::Status::OK;
 }
 
@@ -126,31 +221,50 @@ grpc::Status GradcompService::SetPolicy(grpc::ServerContext* /*context*/,
 }
 
 grpc::Status GradcompService::RegisterSystemSharedMemory(
-    grpc::ServerContext* /*context*/,
-    const v1::RegisterSystemSharedMemoryRequest* /*request*/,
+    grpc::ServerContext* context,
+    const v1::RegisterSystemSharedMemoryRequest* request,
     v1::RegisterSystemSharedMemoryResponse* /*response*/) {
-  return ToGrpcStatus(absl::UnimplementedError(kSharedMemoryUnimplemented));
+  if (shm_ == nullptr) {
+    return ToGrpcStatus(absl::FailedPreconditionError(kClientShmOff));
+  }
+  return ToGrpcStatus(shm_->RegisterSystem(
+      ClientId(*context), request->name(), request->shm_key(),
+      request->offset(), request->byte_size()));
 }
 
 grpc::Status GradcompService::RegisterCudaSharedMemory(
     grpc::ServerContext* /*context*/,
     const v1::RegisterCudaSharedMemoryRequest* /*request*/,
     v1::RegisterCudaSharedMemoryResponse* /*response*/) {
-  return ToGrpcStatus(absl::UnimplementedError(kSharedMemoryUnimplemented));
+  return ToGrpcStatus(absl::UnimplementedError(kCudaShmUnimplemented));
 }
 
 grpc::Status GradcompService::UnregisterSharedMemory(
-    grpc::ServerContext* /*context*/,
-    const v1::UnregisterSharedMemoryRequest* /*request*/,
+    grpc::ServerContext* context,
+    const v1::UnregisterSharedMemoryRequest* request,
     v1::UnregisterSharedMemoryResponse* /*response*/) {
-  return ToGrpcStatus(absl::UnimplementedError(kSharedMemoryUnimplemented));
+  if (shm_ == nullptr) {
+    return ToGrpcStatus(absl::FailedPreconditionError(kClientShmOff));
+  }
+  return ToGrpcStatus(shm_->Unregister(ClientId(*context), request->name()));
 }
 
 grpc::Status GradcompService::SharedMemoryStatus(
-    grpc::ServerContext* /*context*/,
-    const v1::SharedMemoryStatusRequest* /*request*/,
-    v1::SharedMemoryStatusResponse* /*response*/) {
-  return ToGrpcStatus(absl::UnimplementedError(kSharedMemoryUnimplemented));
+    grpc::ServerContext* context, const v1::SharedMemoryStatusRequest* request,
+    v1::SharedMemoryStatusResponse* response) {
+  if (shm_ == nullptr) {
+    return ToGrpcStatus(absl::FailedPreconditionError(kClientShmOff));
+  }
+  absl::StatusOr<std::vector<SharedMemoryRegionInfo>> regions =
+      shm_->Status(ClientId(*context), request->name());
+  if (!regions.ok()) return ToGrpcStatus(regions.status());
+  for (const SharedMemoryRegionInfo& info : *regions) {
+    v1::SharedMemoryRegionStatus* region = response->add_regions();
+    region->set_name(info.name);
+    region->set_kind(info.kind);
+    region->set_byte_size(info.byte_size);
+  }
+  return grpc::Status::OK;
 }
 
 grpc::Status GradcompService::ExportState(grpc::ServerContext* /*context*/,

@@ -7,22 +7,40 @@
 #ifndef GRADCOMP_SERVICE_API_GRADCOMP_SERVICE_H_
 #define GRADCOMP_SERVICE_API_GRADCOMP_SERVICE_H_
 
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "gradcomp/v1/gradcomp.grpc.pb.h"
 #include "gradcomp/v1/gradcomp.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "service/api/worker_pool.h"
 #include "service/engine/engine.h"
 #include "service/metrics/metrics.h"
+#include "service/shm/shared_memory_registry.h"
 
 namespace gradcomp::service {
 
 namespace v1 = ::gradcomp::v1;
 
+// What GetInfo reports beyond the engine's own state: how the daemon was
+// configured and how it reaches its peers.
+struct DaemonSettings {
+  std::string config_json;  // ConfigToJson of the effective DaemonConfig
+  std::map<std::string, std::string> flags;  // flag-only settings
+  std::vector<std::string> transports = {"local"};
+};
+
 class GradcompService final : public v1::Gradcomp::Service {
  public:
   // `stream_workers` threads reduce the tensors of every ReduceStream.
   // `engine` and `metrics` must outlive the service.
-  GradcompService(Engine* engine, Metrics* metrics, int stream_workers);
+  // `shm` (may be null: client shared memory off, --allow_client_shm
+  // unset) serves the shared-memory RPCs and Reduce slices.
+  GradcompService(Engine* engine, Metrics* metrics, int stream_workers,
+                  DaemonSettings settings = {},
+                  SharedMemoryRegistry* shm = nullptr);
 
   grpc::Status Reduce(grpc::ServerContext* context,
                       const v1::ReduceRequest* request,
@@ -66,11 +84,25 @@ class GradcompService final : public v1::Gradcomp::Service {
                            v1::ImportStateResponse* response) override;
 
  private:
-  // One Reduce in core terms; the status is what the client sees.
-  absl::StatusOr<v1::ReduceResponse> DoReduce(const v1::ReduceRequest& request);
+  // One Reduce in core terms for `client` (ClientId of the call); the
+  // status is what the client sees.
+  absl::StatusOr<v1::ReduceResponse> DoReduce(const v1::ReduceRequest& request,
+                                              absl::string_view client);
+  // The engine input of `request`, with its shared-memory slices acquired
+  // into `input_slice` / `output_slice`, which the caller holds until the
+  // reduce returns.
+  absl::StatusOr<ReduceInput> ResolveInput(
+      const v1::ReduceRequest& request, absl::string_view client,
+      std::optional<SharedMemorySlice>* input_slice,
+      std::optional<SharedMemorySlice>* output_slice);
+  absl::StatusOr<SharedMemorySlice> AcquireSlice(
+      absl::string_view client, const v1::SharedMemorySlice& slice,
+      absl::string_view field);
 
   Engine* const engine_;
   Metrics* const metrics_;
+  const DaemonSettings settings_;
+  SharedMemoryRegistry* const shm_;
   WorkerPool stream_pool_;
 };
 

@@ -2,16 +2,21 @@
 // the real engine and metrics behind it, and the generated client stub.
 #include "service/api/gradcomp_service.h"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "client/cpp/shm_region.h"
 #include "codecs/builtin.h"
 #include "codecs/state.h"
 #include "gmock/gmock.h"
@@ -22,6 +27,7 @@
 #include "service/engine/dtype.h"
 #include "service/metrics/metrics.h"
 #include "service/metrics/metrics_testing.h"
+#include "service/shm/shared_memory_registry.h"
 
 namespace gradcomp::service {
 namespace {
@@ -59,9 +65,14 @@ class GradcompServiceTest : public ::testing::Test {
                                  &store_, &collective_, &metrics_, Policy());
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = std::move(*engine);
-    service_ = std::make_unique<GradcompService>(engine_.get(), &metrics_, 2);
+    DaemonSettings settings;
+    settings.config_json = R"({"seed": "7"})";
+    settings.flags = {{"collective_timeout", "1m"}};
+    service_ = std::make_unique<GradcompService>(engine_.get(), &metrics_, 2,
+                                                 settings);
     int port = 0;
-    auto server = StartGrpcServer("127.0.0.1:0", service_.get(), &port);
+    auto server =
+        StartGrpcServer("127.0.0.1:0", service_.get(), &port, &metrics_);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
     grpc::ChannelArguments args;
@@ -142,9 +153,9 @@ TEST_F(GradcompServiceTest, BadInputsGetTheRightCodeAndAreCounted) {
       {"dtype unspecified",
        [](v1::ReduceRequest& r) { r.set_dtype(v1::DTYPE_UNSPECIFIED); },
        grpc::StatusCode::INVALID_ARGUMENT, "dtype is unspecified"},
-      {"shared memory input",
+      {"shared memory input while shm is off",
        [](v1::ReduceRequest& r) { r.mutable_input_shm()->set_region("a"); },
-       grpc::StatusCode::UNIMPLEMENTED, "shared memory arrives in a later"},
+       grpc::StatusCode::FAILED_PRECONDITION, "--allow_client_shm"},
   };
   for (const Case& c : cases) {
     v1::ReduceRequest request = Request("fc1.weight", {64, 64}, g);
@@ -162,7 +173,7 @@ TEST_F(GradcompServiceTest, BadInputsGetTheRightCodeAndAreCounted) {
                    {{"codec", "unresolved"}, {"code", "INVALID_ARGUMENT"}}),
             6);
   EXPECT_EQ(Metric("gradcomp_reduce_total",
-                   {{"codec", "unresolved"}, {"code", "UNIMPLEMENTED"}}),
+                   {{"codec", "unresolved"}, {"code", "FAILED_PRECONDITION"}}),
             1);
   EXPECT_EQ(
       Metric("gradcomp_reduce_total", {{"codec", "none"}, {"code", "OK"}}), 1);
@@ -255,6 +266,14 @@ TEST_F(GradcompServiceTest, GetInfoListsCodecsAndThePolicyHash) {
   ASSERT_EQ(info.transports_size(), 1);
   EXPECT_EQ(info.transports(0), "local");
   EXPECT_EQ(info.policy_hash(), engine_->policy()->hash);
+  EXPECT_EQ(info.policy().dense_below_numel(), 1024u);
+  EXPECT_EQ(info.config_json(), R"({"seed": "7"})");
+  EXPECT_EQ(info.flags().at("collective_timeout"), "1m");
+  EXPECT_EQ(
+      Metric("gradcomp_requests_total", {{"service", "gradcomp.v1.Gradcomp"},
+                                         {"method", "GetInfo"},
+                                         {"code", "OK"}}),
+      1);
   bool found_fp16 = false;
   for (const v1::CodecDescription& codec : info.codecs()) {
     if (codec.name() != "fp16") continue;
@@ -339,6 +358,7 @@ TEST_F(GradcompServiceTest, ExportAndImportStateRoundTrip) {
   request.set_job("job2");
   ASSERT_TRUE(Reduce(request, &there).ok());
   EXPECT_EQ(here.data(), there.data());
+  EXPECT_EQ(Metric("gradcomp_step", {}), 1);
 
   import_request.set_state("not a state blob");
   grpc::ClientContext context;
@@ -347,13 +367,42 @@ TEST_F(GradcompServiceTest, ExportAndImportStateRoundTrip) {
       grpc::StatusCode::INVALID_ARGUMENT);
 }
 
-TEST_F(GradcompServiceTest, SharedMemoryRpcsAreUnimplementedWithAReason) {
-  grpc::ClientContext context;
-  v1::RegisterSystemSharedMemoryResponse response;
-  const grpc::Status status = stub_->RegisterSystemSharedMemory(
-      &context, v1::RegisterSystemSharedMemoryRequest(), &response);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
-  EXPECT_THAT(status.error_message(), HasSubstr("later gradcomp release"));
+TEST_F(GradcompServiceTest, SharedMemoryIsOffByDefault) {
+  {
+    grpc::ClientContext context;
+    v1::RegisterSystemSharedMemoryResponse response;
+    const grpc::Status status = stub_->RegisterSystemSharedMemory(
+        &context, v1::RegisterSystemSharedMemoryRequest(), &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(status.error_message(), HasSubstr("--allow_client_shm"));
+  }
+  {
+    grpc::ClientContext context;
+    v1::SharedMemoryStatusResponse response;
+    EXPECT_EQ(stub_
+                  ->SharedMemoryStatus(
+                      &context, v1::SharedMemoryStatusRequest(), &response)
+                  .error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {
+    grpc::ClientContext context;
+    v1::UnregisterSharedMemoryResponse response;
+    EXPECT_EQ(stub_
+                  ->UnregisterSharedMemory(
+                      &context, v1::UnregisterSharedMemoryRequest(), &response)
+                  .error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  v1::ReduceRequest request = Request("w", {4}, {1, 2, 3, 4});
+  request.mutable_output_shm()->set_region("r");
+  request.mutable_output_shm()->set_byte_size(16);
+  v1::ReduceResponse response;
+  const grpc::Status status = Reduce(request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("tensor 'w' step 0: output_shm: client shared memory "
+                        "is off"));
 }
 
 TEST_F(GradcompServiceTest, HealthCheckIsServing) {
@@ -383,6 +432,288 @@ TEST_F(GradcompServiceTest, HealthCheckIsServing) {
     bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   }
   EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+}
+
+// A LocalCollective whose rounds wait until the test opens the gate, so a
+// request can be held in flight.
+class GatedCollective : public LocalCollective {
+ public:
+  absl::StatusOr<codecs::RoundResult> Run(const RoundKey& key,
+                                          codecs::Round round) override {
+    {
+      absl::MutexLock lock(&mu_);
+      entered_ = true;
+      mu_.Await(absl::Condition(&open_));
+    }
+    return LocalCollective::Run(key, std::move(round));
+  }
+  void Open() {
+    absl::MutexLock lock(&mu_);
+    open_ = true;
+  }
+  void WaitUntilEntered() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&entered_));
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool entered_ = false;
+  bool open_ = false;
+};
+
+// The service with --allow_client_shm: a registry, and clients that name
+// themselves with the gradcomp-client-id metadata.
+class GradcompShmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto engine = Engine::Create(EngineOptions(), codecs::BuiltinCodecs(),
+                                 &store_, &collective_, &metrics_, Policy());
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = std::move(*engine);
+    SharedMemoryOptions options;
+    options.reclaim_interval = absl::ZeroDuration();
+    shm_ = std::make_unique<SharedMemoryRegistry>(options, &metrics_);
+    service_ = std::make_unique<GradcompService>(engine_.get(), &metrics_, 2,
+                                                 DaemonSettings(), shm_.get());
+    int port = 0;
+    auto server =
+        StartGrpcServer("127.0.0.1:0", service_.get(), &port, &metrics_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    stub_ = v1::Gradcomp::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                            grpc::InsecureChannelCredentials()));
+  }
+
+  void TearDown() override {
+    collective_.Open();
+    if (server_) server_->Shutdown();
+  }
+
+  std::unique_ptr<grpc::ClientContext> As(const std::string& client) {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->AddMetadata("gradcomp-client-id", client);
+    return context;
+  }
+
+  grpc::Status Register(const std::string& client, const std::string& name,
+                        const std::string& key, uint64_t offset,
+                        uint64_t byte_size) {
+    v1::RegisterSystemSharedMemoryRequest request;
+    request.set_name(name);
+    request.set_shm_key(key);
+    request.set_offset(offset);
+    request.set_byte_size(byte_size);
+    v1::RegisterSystemSharedMemoryResponse response;
+    return stub_->RegisterSystemSharedMemory(As(client).get(), request,
+                                             &response);
+  }
+
+  grpc::Status Unregister(const std::string& client, const std::string& name) {
+    v1::UnregisterSharedMemoryRequest request;
+    request.set_name(name);
+    v1::UnregisterSharedMemoryResponse response;
+    return stub_->UnregisterSharedMemory(As(client).get(), request, &response);
+  }
+
+  grpc::Status Reduce(const std::string& client,
+                      const v1::ReduceRequest& request,
+                      v1::ReduceResponse* response) {
+    return stub_->Reduce(As(client).get(), request, response);
+  }
+
+  // A float32 request of `n` values read from and written to `region`.
+  static v1::ReduceRequest ShmRequest(const std::string& region, size_t n,
+                                      uint64_t in_offset, uint64_t out_offset) {
+    v1::ReduceRequest r;
+    r.set_job("job");
+    r.set_tensor("fc.weight");
+    r.set_dtype(v1::DTYPE_FLOAT32);
+    r.add_shape(static_cast<int64_t>(n));
+    r.mutable_input_shm()->set_region(region);
+    r.mutable_input_shm()->set_offset(in_offset);
+    r.mutable_input_shm()->set_byte_size(n * sizeof(float));
+    r.mutable_output_shm()->set_region(region);
+    r.mutable_output_shm()->set_offset(out_offset);
+    r.mutable_output_shm()->set_byte_size(n * sizeof(float));
+    return r;
+  }
+
+  std::unique_ptr<client::ShmRegion> NewRegion(uint64_t size) {
+    auto region = client::ShmRegion::Create(size, "service-test");
+    EXPECT_TRUE(region.ok()) << region.status();
+    return region.ok() ? std::move(*region) : nullptr;
+  }
+
+  codecs::StateStore store_;
+  Metrics metrics_{&store_, "test"};
+  GatedCollective collective_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<SharedMemoryRegistry> shm_;
+  std::unique_ptr<GradcompService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::Gradcomp::Stub> stub_;
+};
+
+TEST_F(GradcompShmTest, ReduceReadsAndWritesTheMappedRegion) {
+  collective_.Open();
+  const size_t n = 4096;
+  std::unique_ptr<client::ShmRegion> region = NewRegion(2 * n * sizeof(float));
+  ASSERT_NE(region, nullptr);
+  const std::vector<float> g = Ramp(n);
+  std::copy(g.begin(), g.end(), region->floats().begin());
+  ASSERT_TRUE(
+      Register("c1", "grads", region->key(), 0, region->byte_size()).ok());
+
+  v1::ReduceRequest request = ShmRequest("grads", n, 0, n * sizeof(float));
+  request.set_request_id(5);
+  v1::ReduceResponse response;
+  const grpc::Status status = Reduce("c1", request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_TRUE(response.data().empty());
+  EXPECT_EQ(response.request_id(), 5u);
+  EXPECT_EQ(response.stats().raw_bytes(), n * 4);
+  // World size 1 with `none`: the average is the input, in the output slice.
+  EXPECT_TRUE(std::equal(g.begin(), g.end(), region->floats().begin() + n));
+
+  // Inline input, shared-memory output: a compressing codec.
+  v1::ReduceRequest mixed = Request("fc.weight", {64, 64}, g);
+  mixed.set_step(1);
+  mixed.mutable_codec()->set_name("fp16");
+  *mixed.mutable_output_shm() = request.output_shm();
+  ASSERT_TRUE(Reduce("c1", mixed, &response).ok());
+  EXPECT_TRUE(response.data().empty());
+  EXPECT_NEAR(region->floats()[n + 10], g[10], 1e-3);
+
+  v1::SharedMemoryStatusResponse listed;
+  ASSERT_TRUE(stub_
+                  ->SharedMemoryStatus(As("c1").get(),
+                                       v1::SharedMemoryStatusRequest(), &listed)
+                  .ok());
+  ASSERT_EQ(listed.regions_size(), 1);
+  EXPECT_EQ(listed.regions(0).name(), "grads");
+  EXPECT_EQ(listed.regions(0).kind(), "system");
+  EXPECT_EQ(listed.regions(0).byte_size(), 2 * n * sizeof(float));
+  EXPECT_EQ(MetricValue(*metrics_.collectable(), "gradcomp_shm_regions"), 1);
+  EXPECT_EQ(MetricValue(*metrics_.collectable(), "gradcomp_shm_bytes"),
+            2 * n * sizeof(float));
+  EXPECT_TRUE(Unregister("c1", "grads").ok());
+  EXPECT_EQ(MetricValue(*metrics_.collectable(), "gradcomp_shm_regions"), 0);
+}
+
+TEST_F(GradcompShmTest, BadSlicesUnknownRegionsAndOtherClients) {
+  collective_.Open();
+  const size_t n = 256;
+  std::unique_ptr<client::ShmRegion> region = NewRegion(2 * n * sizeof(float));
+  ASSERT_NE(region, nullptr);
+  ASSERT_TRUE(
+      Register("c1", "grads", region->key(), 0, region->byte_size()).ok());
+  const uint64_t max = std::numeric_limits<uint64_t>::max();
+  struct Case {
+    std::string what;
+    std::function<void(v1::ReduceRequest&)> mutate;
+    grpc::StatusCode code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"past the end",
+       [](v1::ReduceRequest& r) { r.mutable_input_shm()->set_offset(1028); },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "input_shm: slice offset 1028 byte_size 1024"},
+      {"offset + size wraps",
+       [max](v1::ReduceRequest& r) {
+         r.mutable_output_shm()->set_offset(max - 8);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "output_shm: slice offset"},
+      {"size too big for the shape",
+       [](v1::ReduceRequest& r) { r.mutable_input_shm()->set_byte_size(8); },
+       grpc::StatusCode::INVALID_ARGUMENT, "data has 8 bytes, expected 1024"},
+      {"unknown region",
+       [](v1::ReduceRequest& r) { r.mutable_input_shm()->set_region("nope"); },
+       grpc::StatusCode::NOT_FOUND,
+       "input_shm: no shared-memory region 'nope'"},
+      {"overlap",
+       [](v1::ReduceRequest& r) { r.mutable_output_shm()->set_offset(512); },
+       grpc::StatusCode::INVALID_ARGUMENT, "overlap; expected disjoint"},
+  };
+  for (const Case& c : cases) {
+    v1::ReduceRequest request = ShmRequest("grads", n, 0, n * sizeof(float));
+    c.mutate(request);
+    v1::ReduceResponse response;
+    const grpc::Status status = Reduce("c1", request, &response);
+    EXPECT_EQ(status.error_code(), c.code) << c.what;
+    EXPECT_THAT(status.error_message(), HasSubstr(c.message)) << c.what;
+  }
+  // Another client: its own region under the same name is refused, and it
+  // cannot reduce from the first client's.
+  std::unique_ptr<client::ShmRegion> other = NewRegion(64);
+  ASSERT_NE(other, nullptr);
+  const grpc::Status clash = Register("c2", "grads", other->key(), 0, 64);
+  EXPECT_EQ(clash.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_THAT(clash.error_message(),
+              HasSubstr("already registered by another client ('c1')"));
+  v1::ReduceResponse response;
+  EXPECT_EQ(
+      Reduce("c2", ShmRequest("grads", n, 0, n * 4), &response).error_code(),
+      grpc::StatusCode::PERMISSION_DENIED);
+  // Nothing failed was left in flight.
+  EXPECT_TRUE(Unregister("c1", "grads").ok());
+
+  v1::RegisterCudaSharedMemoryResponse cuda;
+  const grpc::Status status = stub_->RegisterCudaSharedMemory(
+      As("c1").get(), v1::RegisterCudaSharedMemoryRequest(), &cuda);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("GPU build"));
+}
+
+TEST_F(GradcompShmTest, UnregisterIsRefusedWhileARequestIsInFlight) {
+  const size_t n = 1024;
+  std::unique_ptr<client::ShmRegion> region = NewRegion(2 * n * sizeof(float));
+  ASSERT_NE(region, nullptr);
+  ASSERT_TRUE(
+      Register("c1", "grads", region->key(), 0, region->byte_size()).ok());
+  region->floats()[3] = 7.0f;
+  grpc::Status reduced;
+  std::thread in_flight([&] {
+    v1::ReduceResponse response;
+    reduced =
+        Reduce("c1", ShmRequest("grads", n, 0, n * sizeof(float)), &response);
+  });
+  // The request holds both slices while its collective waits at the gate.
+  collective_.WaitUntilEntered();
+  const grpc::Status refused = Unregister("c1", "grads");
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(refused.error_message(), HasSubstr("'grads' (2 in flight)"));
+  collective_.Open();
+  in_flight.join();
+  ASSERT_TRUE(reduced.ok()) << reduced.error_message();
+  EXPECT_EQ(region->floats()[n + 3], 7.0f);
+  EXPECT_TRUE(Unregister("c1", "grads").ok());
+}
+
+// A client's id comes from its metadata: without it, the connection's peer
+// address owns the region, and a client naming itself cannot use it.
+TEST_F(GradcompShmTest, ClientsWithoutAnIdOwnRegionsByConnection) {
+  collective_.Open();
+  std::unique_ptr<client::ShmRegion> region = NewRegion(64);
+  ASSERT_NE(region, nullptr);
+  v1::RegisterSystemSharedMemoryRequest request;
+  request.set_name("anon");
+  request.set_shm_key(region->key());
+  request.set_byte_size(64);
+  v1::RegisterSystemSharedMemoryResponse response;
+  grpc::ClientContext context;
+  ASSERT_TRUE(
+      stub_->RegisterSystemSharedMemory(&context, request, &response).ok());
+  EXPECT_EQ(Unregister("c1", "anon").error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  grpc::ClientContext again;
+  v1::UnregisterSharedMemoryRequest unregister;
+  v1::UnregisterSharedMemoryResponse unregistered;
+  ASSERT_TRUE(
+      stub_->UnregisterSharedMemory(&again, unregister, &unregistered).ok());
+  EXPECT_EQ(MetricValue(*metrics_.collectable(), "gradcomp_shm_regions"), 0);
 }
 
 }  // namespace

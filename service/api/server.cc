@@ -5,11 +5,13 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "service/api/request_counter.h"
 
 namespace gradcomp::service {
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
-    const std::string& listen, grpc::Service* service, int* port) {
+    const std::string& listen, grpc::Service* service, int* port,
+    Metrics* metrics) {
   // Both are process-wide switches read when a server is built.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -25,6 +27,10 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
   // gRPC sets SO_REUSEPORT by default, which lets a second daemon bind the
   // same port and silently share its traffic; a taken port must fail.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  if (metrics != nullptr) {
+    builder.experimental().SetInterceptorCreators(
+        RequestCounterInterceptors(metrics));
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
     return absl::UnavailableError(absl::StrCat(

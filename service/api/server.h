@@ -13,14 +13,16 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
+#include "service/metrics/metrics.h"
 
 namespace gradcomp::service {
 
 // `listen` is "host:port" (port 0 picks a free one, written to `port` if
 // not null) or "unix:/path". Unavailable, naming the address, if it cannot
-// bind.
+// bind. With `metrics`, every call is counted in gradcomp_requests_total.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
-    const std::string& listen, grpc::Service* service, int* port = nullptr);
+    const std::string& listen, grpc::Service* service, int* port = nullptr,
+    Metrics* metrics = nullptr);
 
 }  // namespace gradcomp::service
 

@@ -1,7 +1,8 @@
 // How the engine exchanges one round's payload with the other workers of a
 // job. The engine calls Run once per round and gets back the summed dense
 // bodies (kSum) or every worker's payload (kGather); implementations decide
-// how (in-process for world size 1, over peers later).
+// how (in-process for world size 1, over peers). Sharded aggregation uses
+// the two plain exchanges AllToAll and Allgather.
 //
 //   GC_ASSIGN_OR_RETURN(codecs::RoundResult result,
 //                       collective.Run({job, tensor, step, 0},
@@ -11,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "codecs/codec.h"
@@ -37,6 +39,16 @@ class Collective {
   // thread-safe: the engine runs many tensors at once.
   virtual absl::StatusOr<codecs::RoundResult> Run(const RoundKey& key,
                                                   codecs::Round round) = 0;
+
+  // The two exchanges of sharded aggregation (sharded_reduce.h), with the
+  // same thread-safety and deadline as Run. AllToAll sends parts[j] to rank
+  // j (world_size() parts; parts[rank()] stays here) and returns, in rank
+  // order, the part every rank sent to this one.
+  virtual absl::StatusOr<std::vector<codecs::Bytes>> AllToAll(
+      const RoundKey& key, std::vector<codecs::Bytes> parts) = 0;
+  // Every rank's `part`, in rank order.
+  virtual absl::StatusOr<std::vector<codecs::Bytes>> Allgather(
+      const RoundKey& key, codecs::Bytes part) = 0;
 };
 
 }  // namespace gradcomp::service

@@ -37,4 +37,22 @@ absl::StatusOr<codecs::RoundResult> LocalCollective::Run(const RoundKey& key,
   return result;
 }
 
+absl::StatusOr<std::vector<codecs::Bytes>> LocalCollective::AllToAll(
+    const RoundKey& key, std::vector<codecs::Bytes> parts) {
+  if (parts.size() != 1) {
+    return absl::InternalError(
+        absl::StrCat("tensor '", key.tensor, "' step ", key.step, ": ",
+                     parts.size(), " parts for an all-to-all, expected 1 ",
+                     "(one per rank, world size 1)"));
+  }
+  return parts;
+}
+
+absl::StatusOr<std::vector<codecs::Bytes>> LocalCollective::Allgather(
+    const RoundKey& /*key*/, codecs::Bytes part) {
+  std::vector<codecs::Bytes> all;
+  all.push_back(std::move(part));
+  return all;
+}
+
 }  // namespace gradcomp::service

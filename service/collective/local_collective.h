@@ -18,6 +18,10 @@ class LocalCollective : public Collective {
 
   absl::StatusOr<codecs::RoundResult> Run(const RoundKey& key,
                                           codecs::Round round) override;
+  absl::StatusOr<std::vector<codecs::Bytes>> AllToAll(
+      const RoundKey& key, std::vector<codecs::Bytes> parts) override;
+  absl::StatusOr<std::vector<codecs::Bytes>> Allgather(
+      const RoundKey& key, codecs::Bytes part) override;
 };
 
 }  // namespace gradcomp::service

@@ -84,9 +84,20 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::Run(const RoundKey& key,
   const bool gather = round.collective == codecs::Collective::kGather;
   const Algorithm algorithm =
       gather ? Algorithm::kAllgather : Algorithm::kReduceScatterAllgather;
-  absl::StatusOr<codecs::RoundResult> result =
-      gather ? Allgather(key, std::move(round.payload), deadline)
-             : ReduceScatterAllgather(key, round.payload, deadline);
+  absl::StatusOr<codecs::RoundResult> result;
+  if (gather) {
+    absl::StatusOr<std::vector<codecs::Bytes>> payloads = AllgatherPhase(
+        ToMessageKey(key, Phase::kGather), std::move(round.payload), deadline);
+    if (payloads.ok()) {
+      result.emplace();
+      result->world_size = world_size();
+      result->payloads = *std::move(payloads);
+    } else {
+      result = payloads.status();
+    }
+  } else {
+    result = ReduceScatterAllgather(key, round.payload, deadline);
+  }
   if (result.ok() && metrics_ != nullptr) {
     metrics_->ObserveCollective(
         algorithm, std::chrono::duration<double>(Clock::now() - start).count());
@@ -94,16 +105,58 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::Run(const RoundKey& key,
   return result;
 }
 
-absl::StatusOr<codecs::RoundResult> PeerCollective::Allgather(
-    const RoundKey& key, codecs::Bytes payload, absl::Time deadline) {
-  const MessageKey message = ToMessageKey(key, Phase::kGather);
+absl::StatusOr<std::vector<codecs::Bytes>> PeerCollective::AllgatherPhase(
+    const MessageKey& key, codecs::Bytes payload, absl::Time deadline) {
   auto own = std::make_shared<const codecs::Bytes>(std::move(payload));
-  GC_RETURN_IF_ERROR(SendToOthers(message, own, deadline));
-  codecs::RoundResult result;
-  result.world_size = world_size();
-  GC_ASSIGN_OR_RETURN(result.payloads, CollectFromOthers(message, deadline));
-  result.payloads[rank()] = *own;
-  return result;
+  GC_RETURN_IF_ERROR(SendToOthers(key, own, deadline));
+  GC_ASSIGN_OR_RETURN(std::vector<codecs::Bytes> payloads,
+                      CollectFromOthers(key, deadline));
+  payloads[rank()] = *own;
+  return payloads;
+}
+
+absl::StatusOr<std::vector<codecs::Bytes>> PeerCollective::AllToAll(
+    const RoundKey& key, std::vector<codecs::Bytes> parts) {
+  const Clock::time_point start = Clock::now();
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  if (parts.size() != static_cast<size_t>(world_size())) {
+    return absl::InternalError(absl::StrCat(
+        "tensor '", key.tensor, "' step ", key.step, ": ", parts.size(),
+        " parts for an all-to-all, expected one per rank (", world_size(),
+        ")"));
+  }
+  mailbox_->BeginStep(key.job, key.tensor, key.step);
+  const MessageKey message = ToMessageKey(key, Phase::kShardScatter);
+  for (int to : others_) {
+    GC_RETURN_IF_ERROR(transport_->Send(
+        to, message,
+        std::make_shared<const codecs::Bytes>(std::move(parts[to])), deadline));
+  }
+  GC_ASSIGN_OR_RETURN(std::vector<codecs::Bytes> got,
+                      CollectFromOthers(message, deadline));
+  got[rank()] = std::move(parts[rank()]);
+  if (metrics_ != nullptr) {
+    metrics_->ObserveCollective(
+        Algorithm::kAllToAll,
+        std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return got;
+}
+
+absl::StatusOr<std::vector<codecs::Bytes>> PeerCollective::Allgather(
+    const RoundKey& key, codecs::Bytes part) {
+  const Clock::time_point start = Clock::now();
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  mailbox_->BeginStep(key.job, key.tensor, key.step);
+  GC_ASSIGN_OR_RETURN(std::vector<codecs::Bytes> got,
+                      AllgatherPhase(ToMessageKey(key, Phase::kShardGather),
+                                     std::move(part), deadline));
+  if (metrics_ != nullptr) {
+    metrics_->ObserveCollective(
+        Algorithm::kAllgather,
+        std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return got;
 }
 
 absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(

@@ -40,11 +40,14 @@ class PeerCollective : public Collective {
 
   absl::StatusOr<codecs::RoundResult> Run(const RoundKey& key,
                                           codecs::Round round) override;
+  absl::StatusOr<std::vector<codecs::Bytes>> AllToAll(
+      const RoundKey& key, std::vector<codecs::Bytes> parts) override;
+  absl::StatusOr<std::vector<codecs::Bytes>> Allgather(
+      const RoundKey& key, codecs::Bytes part) override;
 
  private:
-  absl::StatusOr<codecs::RoundResult> Allgather(const RoundKey& key,
-                                                codecs::Bytes payload,
-                                                absl::Time deadline);
+  absl::StatusOr<std::vector<codecs::Bytes>> AllgatherPhase(
+      const MessageKey& key, codecs::Bytes payload, absl::Time deadline);
   absl::StatusOr<codecs::RoundResult> ReduceScatterAllgather(
       const RoundKey& key, const codecs::Bytes& payload, absl::Time deadline);
 

@@ -150,6 +150,12 @@ void ApplyFlags(const FlagOverrides& flags, v1::DaemonConfig* config) {
     for (const std::string& peer : *flags.peers) config->add_peers(peer);
   }
   if (flags.seed) config->set_seed(*flags.seed);
+  if (flags.error_sample_rate) {
+    config->set_error_sample_rate(*flags.error_sample_rate);
+  }
+  if (flags.allow_client_shm) {
+    config->set_allow_client_shm(*flags.allow_client_shm);
+  }
 }
 
 absl::Status ValidateConfig(const v1::DaemonConfig& config,

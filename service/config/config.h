@@ -37,6 +37,8 @@ struct FlagOverrides {
   std::optional<uint32_t> world_size;
   std::optional<std::vector<std::string>> peers;
   std::optional<uint64_t> seed;
+  std::optional<double> error_sample_rate;
+  std::optional<bool> allow_client_shm;
 };
 
 // Every field at its default: the listen addresses above, world size 1,

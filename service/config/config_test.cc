@@ -103,6 +103,36 @@ TEST(ConfigTest, FlagsOverrideTheFile) {
   EXPECT_EQ(config->seed(), 1u);
 }
 
+TEST(ConfigTest, ClientSharedMemoryIsOffUnlessAsked) {
+  auto defaults = LoadConfig("", FlagOverrides(), codecs::BuiltinCodecs());
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_FALSE(defaults->allow_client_shm());
+  const std::string path =
+      WriteFile("shm.json", R"({"allow_client_shm": true})");
+  auto file = LoadConfig(path, FlagOverrides(), codecs::BuiltinCodecs());
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_TRUE(file->allow_client_shm());
+  FlagOverrides flags;
+  flags.allow_client_shm = false;
+  auto overridden = LoadConfig(path, flags, codecs::BuiltinCodecs());
+  ASSERT_TRUE(overridden.ok()) << overridden.status();
+  EXPECT_FALSE(overridden->allow_client_shm());
+}
+
+TEST(ConfigTest, ErrorSampleRateFlagOverridesTheFileAndIsValidated) {
+  const std::string path =
+      WriteFile("rate.json", R"({"error_sample_rate": 0.5})");
+  FlagOverrides flags;
+  flags.error_sample_rate = 0.01;
+  auto config = LoadConfig(path, flags, codecs::BuiltinCodecs());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->error_sample_rate(), 0.01);
+  EXPECT_EQ(EngineOptionsFromConfig(*config).error_sample_rate, 0.01);
+  flags.error_sample_rate = 2;
+  EXPECT_EQ(LoadConfig(path, flags, codecs::BuiltinCodecs()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ConfigTest, BadFilesNameTheFileAndTheProblem) {
   auto missing = LoadConfig("/nonexistent/gradcomp.json", FlagOverrides(),
                             codecs::BuiltinCodecs());

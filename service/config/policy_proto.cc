@@ -1,8 +1,37 @@
 #include "service/config/policy_proto.h"
 
+#include <optional>
 #include <string>
 
 namespace gradcomp::service {
+namespace {
+
+std::optional<Aggregation> AggregationFromProto(v1::Aggregation a) {
+  switch (a) {
+    case v1::AGGREGATION_ALLGATHER:
+      return Aggregation::kAllgather;
+    case v1::AGGREGATION_SHARDED:
+      return Aggregation::kSharded;
+    case v1::AGGREGATION_AUTO:
+      return Aggregation::kAuto;
+    default:
+      return std::nullopt;
+  }
+}
+
+v1::Aggregation AggregationToProto(Aggregation a) {
+  switch (a) {
+    case Aggregation::kAllgather:
+      return v1::AGGREGATION_ALLGATHER;
+    case Aggregation::kSharded:
+      return v1::AGGREGATION_SHARDED;
+    case Aggregation::kAuto:
+      return v1::AGGREGATION_AUTO;
+  }
+  return v1::AGGREGATION_UNSPECIFIED;
+}
+
+}  // namespace
 
 CodecSpec CodecSpecFromProto(const v1::CodecSpec& spec) {
   CodecSpec out;
@@ -29,6 +58,7 @@ Policy PolicyFromProto(const v1::Policy& policy) {
     r.max_ndim = rule.max_ndim();
     r.dtype = DTypeFromProto(rule.dtype());
     r.codec = CodecSpecFromProto(rule.codec());
+    r.aggregation = AggregationFromProto(rule.aggregation());
     out.rules.push_back(std::move(r));
   }
   if (policy.has_dense_below_numel()) {
@@ -39,6 +69,8 @@ Policy PolicyFromProto(const v1::Policy& policy) {
   if (!policy.default_codec().name().empty()) {
     out.default_codec = CodecSpecFromProto(policy.default_codec());
   }
+  out.aggregation = AggregationFromProto(policy.aggregation())
+                        .value_or(Aggregation::kAllgather);
   return out;
 }
 
@@ -53,11 +85,15 @@ v1::Policy PolicyToProto(const Policy& policy) {
     r->set_max_ndim(rule.max_ndim);
     r->set_dtype(DTypeToProto(rule.dtype));
     *r->mutable_codec() = CodecSpecToProto(rule.codec);
+    if (rule.aggregation.has_value()) {
+      r->set_aggregation(AggregationToProto(*rule.aggregation));
+    }
   }
   out.set_dense_below_numel(policy.dense_below_numel);
   out.set_dense_1d(policy.dense_1d);
   out.set_warmup_steps(policy.warmup_steps);
   *out.mutable_default_codec() = CodecSpecToProto(policy.default_codec);
+  out.set_aggregation(AggregationToProto(policy.aggregation));
   return out;
 }
 

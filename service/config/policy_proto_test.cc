@@ -12,6 +12,7 @@ TEST(PolicyProtoTest, UnsetFieldsTakeTheDefaults) {
   EXPECT_EQ(policy.warmup_steps, 0u);
   EXPECT_EQ(policy.default_codec.name, "none");
   EXPECT_TRUE(policy.rules.empty());
+  EXPECT_EQ(policy.aggregation, Aggregation::kAllgather);
 }
 
 TEST(PolicyProtoTest, ExplicitZeroAndFalseAreKept) {
@@ -34,15 +35,19 @@ TEST(PolicyProtoTest, RoundTripKeepsEveryField) {
   rule->set_dtype(v1::DTYPE_BFLOAT16);
   rule->mutable_codec()->set_name("topk");
   (*rule->mutable_codec()->mutable_params())["ratio"] = "0.01";
+  rule->set_aggregation(v1::AGGREGATION_AUTO);
   proto.set_dense_below_numel(5);
   proto.set_dense_1d(false);
   proto.set_warmup_steps(3);
   proto.mutable_default_codec()->set_name("fp16");
+  proto.set_aggregation(v1::AGGREGATION_SHARDED);
 
   const Policy policy = PolicyFromProto(proto);
   ASSERT_EQ(policy.rules.size(), 1u);
   EXPECT_EQ(policy.rules[0].dtype, DType::kBFloat16);
   EXPECT_EQ(policy.rules[0].codec.params.at("ratio"), "0.01");
+  EXPECT_EQ(policy.rules[0].aggregation, Aggregation::kAuto);
+  EXPECT_EQ(policy.aggregation, Aggregation::kSharded);
   EXPECT_EQ(PolicyToProto(policy).SerializeAsString(),
             proto.SerializeAsString());
 }

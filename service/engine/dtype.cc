@@ -77,10 +77,15 @@ absl::Status DecodeToFloat(DType dtype, absl::string_view data,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> EncodeFromFloat(DType dtype,
-                                            absl::Span<const float> values) {
+absl::Status EncodeFromFloatInto(DType dtype, absl::Span<const float> values,
+                                 absl::Span<char> out) {
   GC_ASSIGN_OR_RETURN(size_t width, DTypeBytes(dtype));
-  std::string out(values.size() * width, '\0');
+  if (out.size() != values.size() * width) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("output buffer has ", out.size(), " bytes, expected ",
+                     values.size() * width, " (", values.size(), " x ",
+                     DTypeName(dtype), ")"));
+  }
   switch (dtype) {
     case DType::kFloat32:
       std::memcpy(out.data(), values.data(), out.size());
@@ -98,8 +103,17 @@ absl::StatusOr<std::string> EncodeFromFloat(DType dtype,
       }
       break;
     case DType::kUnspecified:
-      break;
+      break;  // DTypeBytes rejected it above.
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> EncodeFromFloat(DType dtype,
+                                            absl::Span<const float> values) {
+  GC_ASSIGN_OR_RETURN(size_t width, DTypeBytes(dtype));
+  std::string out(values.size() * width, '\0');
+  GC_RETURN_IF_ERROR(EncodeFromFloatInto(
+      dtype, values, absl::MakeSpan(out.data(), out.size())));
   return out;
 }
 

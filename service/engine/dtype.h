@@ -43,6 +43,12 @@ absl::Status DecodeToFloat(DType dtype, absl::string_view data,
 absl::StatusOr<std::string> EncodeFromFloat(DType dtype,
                                             absl::Span<const float> values);
 
+// As EncodeFromFloat, into a caller's buffer (a shared-memory slice, a
+// pooled response) that must hold exactly values.size() elements of
+// `dtype` (checked: InvalidArgument, nothing written); no alignment needed.
+absl::Status EncodeFromFloatInto(DType dtype, absl::Span<const float> values,
+                                 absl::Span<char> out);
+
 }  // namespace gradcomp::service
 
 #endif  // GRADCOMP_SERVICE_ENGINE_DTYPE_H_

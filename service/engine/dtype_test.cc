@@ -51,6 +51,26 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, RoundTripTest,
                          ::testing::Values(DType::kFloat32, DType::kFloat16,
                                            DType::kBFloat16, DType::kFloat64));
 
+TEST_P(RoundTripTest, EncodeIntoAnUnalignedBufferMatchesEncode) {
+  const size_t size = kExact.size() * *DTypeBytes(GetParam());
+  std::string buffer(size + 1, 'x');
+  ASSERT_TRUE(EncodeFromFloatInto(GetParam(), kExact,
+                                  absl::MakeSpan(buffer.data() + 1, size))
+                  .ok());
+  EXPECT_EQ(buffer[0], 'x');
+  EXPECT_EQ(buffer.substr(1), *EncodeFromFloat(GetParam(), kExact));
+}
+
+TEST(DTypeTest, EncodeIntoChecksTheBufferSizeAndWritesNothingOnError) {
+  std::string buffer(11, 'x');
+  absl::Status s = EncodeFromFloatInto(
+      DType::kFloat16, kExact, absl::MakeSpan(buffer.data(), buffer.size()));
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("output buffer has 11 bytes, expected 12"));
+  EXPECT_EQ(buffer, std::string(11, 'x'));
+}
+
 TEST(DTypeTest, DecodeChecksTheByteCount) {
   std::vector<float> out(3);
   absl::Status s =

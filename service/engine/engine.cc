@@ -2,14 +2,18 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "codecs/error_feedback.h"
 #include "codecs/random.h"
 #include "codecs/tensor.h"
+#include "service/collective/sharded_reduce.h"
 
 namespace gradcomp::service {
 namespace {
@@ -76,6 +80,39 @@ double RelativeError(absl::Span<const float> a, absl::Span<const float> b) {
   }
   if (norm == 0) return std::numeric_limits<double>::quiet_NaN();
   return std::sqrt(diff / norm);
+}
+
+// True when `data` can be read as floats in place: the request is fp32 and
+// its bytes are 4-byte aligned (protobuf's and shared memory's buffers are).
+bool IsAlignedFloat32(DType dtype, const char* data) {
+  return dtype == DType::kFloat32 &&
+         reinterpret_cast<uintptr_t>(data) % alignof(float) == 0;
+}
+
+// A buffer that every user overwrites in full, so no zero fill.
+std::unique_ptr<float[]> UninitializedFloats(size_t n) {
+  return std::unique_ptr<float[]>(new float[n]);
+}
+
+// What a codec has not sent yet: the error-feedback decorator's residual,
+// DGC's accumulated velocity (topk), PowerSGD's error.
+std::optional<absl::Span<float>> FindResidual(codecs::TensorState& state) {
+  for (absl::string_view name :
+       {codecs::kErrorFeedbackBuffer, absl::string_view("dgc.v"),
+        absl::string_view("powersgd.error")}) {
+    if (auto buffer = state.Find(name)) return buffer;
+  }
+  return std::nullopt;
+}
+
+// ||x|| / ||g|| in double, for the error-feedback residual metric; NaN
+// when ||g|| = 0.
+double NormRatio(absl::Span<const float> x, absl::Span<const float> g) {
+  double xx = 0, gg = 0;
+  for (float v : x) xx += static_cast<double>(v) * v;
+  for (float v : g) gg += static_cast<double>(v) * v;
+  return gg == 0 ? std::numeric_limits<double>::quiet_NaN()
+                 : std::sqrt(xx / gg);
 }
 
 std::string TensorLabel(const ReduceInput& in) {
@@ -195,6 +232,12 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
         "data has ", in.data.size(), " bytes, expected ", numel * width,
         " (shape ", ShapeString(in.shape), " x ", DTypeName(in.dtype), ")"));
   }
+  if (!in.output.empty() && in.output.size() != numel * width) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("output buffer has ", in.output.size(),
+                     " bytes, expected ", numel * width, " (shape ",
+                     ShapeString(in.shape), " x ", DTypeName(in.dtype), ")"));
+  }
 
   ReduceOutput out;
   ReduceStats& stats = out.stats;
@@ -208,8 +251,17 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
     return out;
   }
 
-  std::vector<float> grad(numel);
-  GC_RETURN_IF_ERROR(DecodeToFloat(in.dtype, in.data, absl::MakeSpan(grad)));
+  // fp32 is read in place; other dtypes (and unaligned bytes) are converted.
+  std::unique_ptr<float[]> converted;
+  absl::Span<const float> grad;
+  if (IsAlignedFloat32(in.dtype, in.data.data())) {
+    grad = {reinterpret_cast<const float*>(in.data.data()), numel};
+  } else {
+    converted = UninitializedFloats(numel);
+    GC_RETURN_IF_ERROR(
+        DecodeToFloat(in.dtype, in.data, {converted.get(), numel}));
+    grad = {converted.get(), numel};
+  }
   const Nonfinite nonfinite = CountNonfinite(grad);
   stats.nonfinite_values = nonfinite.count;
   if (nonfinite.count > 0) metrics_->AddNonfinite(nonfinite.count);
@@ -218,6 +270,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   if (in.codec.has_value()) {
     decision.codec = *in.codec;
     if (decision.codec.name == kDenseCodec) decision.dense_reason = "request";
+    decision.aggregation = policy()->policy.aggregation;
   } else {
     decision = Decide(policy()->policy,
                       {in.tensor, numel, static_cast<uint32_t>(in.shape.size()),
@@ -253,8 +306,23 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   const codecs::TensorView view{grad, in.shape};
 
   Clock::time_point t = Clock::now();
-  GC_ASSIGN_OR_RETURN(std::unique_ptr<codecs::CodecSession> session,
-                      codec->Start(view, *state, ctx));
+  // Sharded aggregation of a GATHER codec, when the policy asks for it and
+  // the codec allows it (service/collective/sharded_reduce.h): a session
+  // that runs its own exchanges (all in its first NextRound), so its own
+  // stage timings replace the loop's below.
+  const codecs::SingleRoundCodec* shardable =
+      ShardableCodec(decision.aggregation, *codec, ctx.world_size, numel);
+  ShardedSession* sharded = nullptr;
+  std::unique_ptr<codecs::CodecSession> session;
+  if (shardable != nullptr) {
+    auto owned = std::make_unique<ShardedSession>(
+        *collective_, *store_, *shardable,
+        RoundKey{in.job, in.tensor, in.step, 0}, grad, *state, ctx);
+    sharded = owned.get();
+    session = std::move(owned);
+  } else {
+    GC_ASSIGN_OR_RETURN(session, codec->Start(view, *state, ctx));
+  }
   for (int round_index = 0;; ++round_index) {
     GC_ASSIGN_OR_RETURN(std::optional<codecs::Round> round,
                         session->NextRound());
@@ -273,18 +341,45 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
     t = Clock::now();
   }
   t = Clock::now();
-  std::vector<float> average(numel);
-  GC_RETURN_IF_ERROR(session->Finish(absl::MakeSpan(average)));
+  // The average goes straight into the result when that is aligned fp32
+  // (the caller's span, or the response string); otherwise through fp32
+  // scratch and a conversion.
+  absl::Span<char> result = in.output;
+  if (result.empty()) {
+    out.data.resize(numel * width);
+    result = absl::MakeSpan(out.data.data(), out.data.size());
+  }
+  std::unique_ptr<float[]> scratch;
+  absl::Span<float> average;
+  if (IsAlignedFloat32(in.dtype, result.data())) {
+    average = {reinterpret_cast<float*>(result.data()), numel};
+  } else {
+    scratch = UninitializedFloats(numel);
+    average = {scratch.get(), numel};
+  }
+  GC_RETURN_IF_ERROR(session->Finish(average));
+  if (scratch != nullptr) {
+    GC_RETURN_IF_ERROR(EncodeFromFloatInto(in.dtype, average, result));
+  }
   stats.decode_seconds += SecondsSince(t);
+  if (sharded != nullptr) {
+    stats.wire_bytes = sharded->stats().wire_bytes;
+    stats.encode_seconds = sharded->stats().encode_seconds;
+    stats.collective_seconds = sharded->stats().collective_seconds;
+    stats.decode_seconds += sharded->stats().decode_seconds;
+  }
 
   stats.raw_bytes = numel * sizeof(float);
   stats.relative_error = std::numeric_limits<double>::quiet_NaN();
   if (nonfinite.count == 0 && SampleError()) {
-    std::vector<float> own(numel);
-    GC_RETURN_IF_ERROR(session->DecodeOwn(absl::MakeSpan(own)));
-    stats.relative_error = RelativeError(grad, own);
+    std::unique_ptr<float[]> own = UninitializedFloats(numel);
+    GC_RETURN_IF_ERROR(session->DecodeOwn({own.get(), numel}));
+    stats.relative_error = RelativeError(grad, {own.get(), numel});
+    if (std::optional<absl::Span<float>> residual = FindResidual(*state);
+        residual.has_value() && std::isfinite(stats.relative_error)) {
+      metrics_->ObserveResidualNorm(stats.codec, NormRatio(*residual, grad));
+    }
   }
-  GC_ASSIGN_OR_RETURN(out.data, EncodeFromFloat(in.dtype, average));
   return out;
 }
 

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "codecs/codec.h"
 #include "codecs/registry.h"
 #include "codecs/state.h"
@@ -48,8 +49,12 @@ struct ReduceInput {
   std::string tensor;
   int64_t step = 0;
   DType dtype = DType::kFloat32;
-  std::vector<int64_t> shape;      // empty: a scalar
-  absl::string_view data;          // raw little-endian bytes; outlive the call
+  std::vector<int64_t> shape;  // empty: a scalar
+  absl::string_view data;      // raw little-endian bytes; outlive the call
+  // When non-empty, the average is written here in the request's dtype
+  // (exactly numel * width bytes, else InvalidArgument before any
+  // collective) and ReduceOutput::data stays empty.
+  absl::Span<char> output;
   std::optional<CodecSpec> codec;  // overrides the policy when set
 };
 
@@ -70,7 +75,8 @@ struct ReduceStats {
 };
 
 struct ReduceOutput {
-  std::string data;  // the average, in the request's dtype
+  std::string data;  // the average, in the request's dtype; empty when
+                     // ReduceInput::output received it
   ReduceStats stats;
 };
 

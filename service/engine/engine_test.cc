@@ -248,6 +248,89 @@ TEST_F(EngineTest, HalfAndDoubleInputsComeBackInTheirOwnDType) {
   }
 }
 
+TEST_F(EngineTest, OutputSpanReceivesTheAverageInTheRequestDType) {
+  std::vector<float> g(4096);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i % 64) - 32;
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kFloat64}) {
+    absl::StatusOr<std::string> data = EncodeFromFloat(dtype, g);
+    ASSERT_TRUE(data.ok());
+    // One spare byte on each side: the engine writes exactly the span.
+    std::string buffer(data->size() + 2, 'x');
+    ReduceInput in = Matrix(*data);
+    in.dtype = dtype;
+    in.output = absl::MakeSpan(buffer.data() + 1, data->size());
+    auto out = engine_->Reduce(in);
+    ASSERT_TRUE(out.ok()) << DTypeName(dtype) << ": " << out.status();
+    EXPECT_TRUE(out->data.empty()) << DTypeName(dtype);
+    EXPECT_EQ(buffer.substr(1, data->size()), *data) << DTypeName(dtype);
+    EXPECT_EQ(buffer.front(), 'x');
+    EXPECT_EQ(buffer.back(), 'x');
+  }
+}
+
+TEST_F(EngineTest, UnalignedFloat32InputAndOutputAreCopiedNotMisread) {
+  const std::vector<float> g = Ramp(4096);
+  // The bytes start one past an aligned address: not readable as floats.
+  const std::string padded = "x" + FloatBytes(g);
+  const absl::string_view data = absl::string_view(padded).substr(1);
+  std::string buffer(data.size() + 1, 'x');
+  ReduceInput in = Matrix(std::string(), 0);
+  in.data = data;
+  in.output = absl::MakeSpan(buffer.data() + 1, data.size());
+  in.codec = CodecSpec{"topk", {{"ratio", "0.01"}}};
+  auto unaligned = engine_->Reduce(in);
+  ASSERT_TRUE(unaligned.ok()) << unaligned.status();
+
+  codecs::StateStore other_store;
+  Metrics other_metrics(&other_store, "test");
+  auto other =
+      Engine::Create(EngineOptions(), codecs::BuiltinCodecs(), &other_store,
+                     &collective_, &other_metrics, Policy());
+  ASSERT_TRUE(other.ok());
+  const std::string aligned = FloatBytes(g);
+  ReduceInput same = Matrix(aligned, 0);
+  same.codec = in.codec;
+  auto expected = (*other)->Reduce(same);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  EXPECT_EQ(buffer.substr(1), expected->data);
+  EXPECT_EQ(unaligned->stats.relative_error, expected->stats.relative_error);
+}
+
+// Counts the rounds that reach the collective.
+class CountingCollective : public LocalCollective {
+ public:
+  absl::StatusOr<codecs::RoundResult> Run(const RoundKey& key,
+                                          codecs::Round round) override {
+    ++runs;
+    return LocalCollective::Run(key, std::move(round));
+  }
+  int runs = 0;
+};
+
+TEST_F(EngineTest, OutputSpanOfTheWrongSizeIsRefusedBeforeAnyCollective) {
+  CountingCollective counting;
+  auto engine = Engine::Create(EngineOptions(), codecs::BuiltinCodecs(),
+                               &store_, &counting, &metrics_, Policy());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::string data = FloatBytes(Ramp(4096));
+  std::string buffer(4096 * 4 - 4, 'x');
+  ReduceInput in = Matrix(data, 5);
+  in.output = absl::MakeSpan(buffer.data(), buffer.size());
+  auto out = (*engine)->Reduce(in);
+  ASSERT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(out.status().message(),
+            "tensor 'fc1.weight' step 5: output buffer has 16380 bytes, "
+            "expected 16384 (shape [64,64] x float32)");
+  EXPECT_EQ(counting.runs, 0);
+  EXPECT_EQ(buffer, std::string(4096 * 4 - 4, 'x'));
+
+  std::string right(4096 * 4, 'x');
+  in.output = absl::MakeSpan(right.data(), right.size());
+  ASSERT_TRUE((*engine)->Reduce(in).ok());
+  EXPECT_EQ(counting.runs, 1);
+  EXPECT_EQ(right, data);
+}
+
 TEST_F(EngineTest, PolicyDecidesAndRequestOverrideWins) {
   Policy policy;
   policy.warmup_steps = 2;
@@ -340,6 +423,20 @@ TEST_F(EngineTest, ErrorSampleRateMeasuresThatFraction) {
     if (!std::isnan(out->stats.relative_error)) ++measured;
   }
   EXPECT_EQ(measured, 2);
+}
+
+TEST_F(EngineTest, ResidualNormIsObservedForCodecsThatKeepOne) {
+  const std::string data = FloatBytes(Ramp(4096));
+  for (int step = 0; step < 3; ++step) {
+    ReduceInput in = Matrix(data, step);
+    in.codec = CodecSpec{"topk", {{"ratio", "0.01"}}};
+    ASSERT_TRUE(engine_->Reduce(in).ok());
+    in.tensor = "fc2.weight";
+    in.codec = CodecSpec{"none", {}};
+    ASSERT_TRUE(engine_->Reduce(in).ok());
+  }
+  EXPECT_EQ(Metric("gradcomp_residual_relative_norm", {{"codec", "topk"}}), 3);
+  EXPECT_EQ(Metric("gradcomp_residual_relative_norm", {{"codec", "none"}}), 0);
 }
 
 TEST_F(EngineTest, StateExportAndImportRoundTrip) {

@@ -23,8 +23,10 @@ PolicyDecision Dense(std::string reason) {
   return {CodecSpec{std::string(kDenseCodec), {}}, std::move(reason)};
 }
 
-PolicyDecision FromSpec(const CodecSpec& spec, absl::string_view reason) {
-  return {spec, spec.name == kDenseCodec ? std::string(reason) : ""};
+PolicyDecision FromSpec(const CodecSpec& spec, absl::string_view reason,
+                        Aggregation aggregation) {
+  return {spec, spec.name == kDenseCodec ? std::string(reason) : "",
+          aggregation};
 }
 
 std::string RuleLabel(size_t index, const PolicyRule& rule) {
@@ -76,9 +78,12 @@ PolicyDecision Decide(const Policy& policy, const TensorFacts& tensor) {
   if (tensor.numel < policy.dense_below_numel) return Dense("small");
   if (policy.dense_1d && tensor.ndim == 1) return Dense("1-d");
   for (const PolicyRule& rule : policy.rules) {
-    if (RuleMatches(rule, tensor)) return FromSpec(rule.codec, "rule");
+    if (RuleMatches(rule, tensor)) {
+      return FromSpec(rule.codec, "rule",
+                      rule.aggregation.value_or(policy.aggregation));
+    }
   }
-  return FromSpec(policy.default_codec, "default");
+  return FromSpec(policy.default_codec, "default", policy.aggregation);
 }
 
 absl::StatusOr<std::unique_ptr<codecs::Codec>> CreateCodec(
@@ -145,6 +150,17 @@ std::string PolicyHash(const Policy& policy) {
   h.U64(policy.dense_1d ? 1 : 0);
   h.U64(policy.warmup_steps);
   h.Spec(policy.default_codec);
+  // Aggregation settings are fed only where they differ from the defaults,
+  // so that the hashes of policies that set none stay what they were.
+  for (size_t i = 0; i < policy.rules.size(); ++i) {
+    if (!policy.rules[i].aggregation.has_value()) continue;
+    h.U64(i);
+    h.U64(static_cast<uint64_t>(*policy.rules[i].aggregation) + 1);
+  }
+  if (policy.aggregation != Aggregation::kAllgather) {
+    h.U64(policy.rules.size());
+    h.U64(static_cast<uint64_t>(policy.aggregation) + 1);
+  }
   return absl::StrFormat("%016x", h.value());
 }
 

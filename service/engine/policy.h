@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "codecs/codec.h"
 #include "codecs/registry.h"
+#include "service/collective/sharded_reduce.h"
 #include "service/engine/dtype.h"
 
 namespace gradcomp::service {
@@ -49,6 +51,8 @@ struct PolicyRule {
   uint32_t max_ndim = 0;
   DType dtype = DType::kUnspecified;
   CodecSpec codec;
+  // How the codec's GATHER rounds are aggregated; unset: the policy's.
+  std::optional<Aggregation> aggregation;
 };
 
 struct Policy {
@@ -61,6 +65,10 @@ struct Policy {
   // The first steps' gradients change fastest; DGC warms up densely.
   uint64_t warmup_steps = 0;
   CodecSpec default_codec{std::string(kDenseCodec), {}};
+  // Aggregation of GATHER codecs where a rule sets none (the default codec,
+  // requests' codec overrides). Allgather by default: sharded adds a second
+  // compression error, which a user should choose knowingly.
+  Aggregation aggregation = Aggregation::kAllgather;
 };
 
 // What Decide looks at.
@@ -79,6 +87,7 @@ struct PolicyDecision {
   // empty when a compressing codec was chosen. A bounded set: it is a
   // metric label.
   std::string dense_reason;
+  Aggregation aggregation = Aggregation::kAllgather;
 };
 
 // Warm-up, then the size and 1-D defaults, then the rules in order, then

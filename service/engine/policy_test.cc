@@ -161,5 +161,48 @@ TEST(PolicyTest, HashIsStableAndSensitive) {
   EXPECT_NE(PolicyHash(a), PolicyHash(b));
 }
 
+TEST(PolicyTest, AggregationComesFromTheRuleElseThePolicy) {
+  Policy policy;
+  policy.rules.push_back(Rule("embed.*", "topk"));
+  policy.rules.back().aggregation = Aggregation::kSharded;
+  policy.rules.push_back(Rule("*.weight", "qsgd"));
+  policy.default_codec = {"signsgd", {}};
+  EXPECT_EQ(Decide(policy, Matrix("embed.weight")).aggregation,
+            Aggregation::kSharded);
+  EXPECT_EQ(Decide(policy, Matrix("fc.weight")).aggregation,
+            Aggregation::kAllgather);
+  policy.aggregation = Aggregation::kAuto;
+  EXPECT_EQ(Decide(policy, Matrix("fc.weight")).aggregation,
+            Aggregation::kAuto);
+  EXPECT_EQ(Decide(policy, Matrix("other")).aggregation, Aggregation::kAuto);
+  EXPECT_EQ(Decide(policy, Matrix("embed.weight")).aggregation,
+            Aggregation::kSharded);
+}
+
+TEST(PolicyTest, AggregationIsInTheHashOnlyWhenSet) {
+  Policy policy;
+  policy.rules.push_back(Rule("*", "topk"));
+  const std::string base = PolicyHash(policy);
+  // Unchanged from the hash of a release without the setting.
+  EXPECT_EQ(PolicyHash(Policy()), "935559d7e794f19e");
+
+  Policy sharded = policy;
+  sharded.aggregation = Aggregation::kSharded;
+  Policy automatic = policy;
+  automatic.aggregation = Aggregation::kAuto;
+  Policy rule_sharded = policy;
+  rule_sharded.rules[0].aggregation = Aggregation::kSharded;
+  Policy rule_allgather = policy;
+  rule_allgather.rules[0].aggregation = Aggregation::kAllgather;
+  const std::vector<std::string> hashes = {
+      base, PolicyHash(sharded), PolicyHash(automatic),
+      PolicyHash(rule_sharded), PolicyHash(rule_allgather)};
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    for (size_t j = i + 1; j < hashes.size(); ++j) {
+      EXPECT_NE(hashes[i], hashes[j]) << i << " vs " << j;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gradcomp::service

@@ -17,9 +17,18 @@ prometheus::Histogram::BucketBoundaries StageBuckets() {
   return b;
 }
 
-// Relative L2 error: 0.1 % (fp16) .. 2 (aggressive sparsification), 1-2-5.
+// Relative L2 error: 0.1 % (fp16) to 10 (unbiased 2-bit quantisers), 1-2-5
+// below 0.1 and finer above, where the usual codecs sit (topk 1 % ~0.96,
+// qsgd 4-bit ~1.26) and alert thresholds go.
 prometheus::Histogram::BucketBoundaries ErrorBuckets() {
-  return {0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2};
+  return {0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3,
+          0.5,   0.7,   1,     1.5,  2,    3,    5,   10};
+}
+
+// ||residual|| / ||g||: error feedback carries up to several gradients'
+// worth of residual under strong sparsification; 1-2-5 from 0.01 to 100.
+prometheus::Histogram::BucketBoundaries ResidualBuckets() {
+  return {0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100};
 }
 
 prometheus::MetricFamily OneValue(std::string name, std::string help,
@@ -76,6 +85,12 @@ Metrics::Metrics(const codecs::StateStore* state, absl::string_view version)
                         .Name("gradcomp_reduce_total")
                         .Help("Reduce calls by codec and gRPC status code.")
                         .Register(*registry_)),
+      requests_total_(
+          prometheus::BuildCounter()
+              .Name("gradcomp_requests_total")
+              .Help("Client API calls by gRPC service, method and status "
+                    "code.")
+              .Register(*registry_)),
       raw_bytes_(prometheus::BuildCounter()
                      .Name("gradcomp_raw_bytes_total")
                      .Help("Bytes a dense fp32 exchange would have sent.")
@@ -89,6 +104,12 @@ Metrics::Metrics(const codecs::StateStore* state, absl::string_view version)
               .Name("gradcomp_compression_relative_error")
               .Help("||g - D(C(g))|| / ||g|| of this worker's payloads.")
               .Register(*registry_)),
+      residual_norm_(
+          prometheus::BuildHistogram()
+              .Name("gradcomp_residual_relative_norm")
+              .Help("||error-feedback residual|| / ||g|| after a sampled "
+                    "reduce.")
+              .Register(*registry_)),
       dense_total_(prometheus::BuildCounter()
                        .Name("gradcomp_dense_total")
                        .Help("Tensors the policy sent dense, by reason.")
@@ -97,7 +118,12 @@ Metrics::Metrics(const codecs::StateStore* state, absl::string_view version)
                      .Name("gradcomp_nonfinite_values_total")
                      .Help("NaN and Inf values found in input gradients.")
                      .Register(*registry_)
-                     .Add({})) {
+                     .Add({})),
+      step_(prometheus::BuildGauge()
+                .Name("gradcomp_step")
+                .Help("Step of the last reduce that succeeded.")
+                .Register(*registry_)
+                .Add({})) {
   auto& stages = prometheus::BuildHistogram()
                      .Name("gradcomp_stage_duration_seconds")
                      .Help("Time per Reduce stage.")
@@ -118,6 +144,24 @@ Metrics::Metrics(const codecs::StateStore* state, absl::string_view version)
       .Add({{"version", std::string(version)},
             {"wire_format", std::to_string(codecs::kWireVersion)}})
       .Set(1);
+  shm_regions_ = &prometheus::BuildGauge()
+                      .Name("gradcomp_shm_regions")
+                      .Help("Client shared-memory regions registered.")
+                      .Register(*registry_)
+                      .Add({});
+  shm_bytes_ = &prometheus::BuildGauge()
+                    .Name("gradcomp_shm_bytes")
+                    .Help("Bytes of client shared memory mapped.")
+                    .Register(*registry_)
+                    .Add({});
+  shm_reclaimed_ =
+      &prometheus::BuildCounter()
+           .Name("gradcomp_shm_regions_reclaimed_total")
+           .Help(
+               "Shared-memory regions reclaimed after their client went "
+               "away.")
+           .Register(*registry_)
+           .Add({});
 }
 
 void Metrics::CountReduce(absl::string_view codec, absl::StatusCode code) {
@@ -126,6 +170,17 @@ void Metrics::CountReduce(absl::string_view codec, absl::StatusCode code) {
             {"code", absl::StatusCodeToString(code)}})
       .Increment();
 }
+
+void Metrics::CountRequest(absl::string_view service, absl::string_view method,
+                           absl::StatusCode code) {
+  requests_total_
+      .Add({{"service", std::string(service)},
+            {"method", std::string(method)},
+            {"code", absl::StatusCodeToString(code)}})
+      .Increment();
+}
+
+void Metrics::SetStep(int64_t step) { step_.Set(static_cast<double>(step)); }
 
 void Metrics::AddBytes(absl::string_view codec, uint64_t raw_bytes,
                        uint64_t wire_bytes) {
@@ -138,19 +193,28 @@ void Metrics::ObserveStage(Stage stage, double seconds) {
   stages_[static_cast<int>(stage)]->Observe(seconds);
 }
 
+prometheus::Histogram& Metrics::ForCodec(
+    absl::flat_hash_map<std::string, prometheus::Histogram*>& cache,
+    prometheus::Family<prometheus::Histogram>& family, absl::string_view codec,
+    prometheus::Histogram::BucketBoundaries (*buckets)()) {
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = cache.try_emplace(codec, nullptr);
+  if (inserted) {
+    it->second = &family.Add({{"codec", std::string(codec)}}, buckets());
+  }
+  return *it->second;
+}
+
 void Metrics::ObserveRelativeError(absl::string_view codec,
                                    double relative_error) {
-  prometheus::Histogram* histogram;
-  {
-    absl::MutexLock lock(&mu_);
-    auto [it, inserted] = error_by_codec_.try_emplace(codec, nullptr);
-    if (inserted) {
-      it->second =
-          &relative_error_.Add({{"codec", std::string(codec)}}, ErrorBuckets());
-    }
-    histogram = it->second;
-  }
-  histogram->Observe(relative_error);
+  ForCodec(error_by_codec_, relative_error_, codec, ErrorBuckets)
+      .Observe(relative_error);
+}
+
+void Metrics::ObserveResidualNorm(absl::string_view codec,
+                                  double relative_norm) {
+  ForCodec(residual_by_codec_, residual_norm_, codec, ResidualBuckets)
+      .Observe(relative_norm);
 }
 
 void Metrics::AddNonfinite(uint64_t count) {
@@ -159,6 +223,15 @@ void Metrics::AddNonfinite(uint64_t count) {
 
 void Metrics::CountDense(absl::string_view reason) {
   dense_total_.Add({{"reason", std::string(reason)}}).Increment();
+}
+
+void Metrics::SetSharedMemory(uint64_t regions, uint64_t bytes) {
+  shm_regions_->Set(static_cast<double>(regions));
+  shm_bytes_->Set(static_cast<double>(bytes));
+}
+
+void Metrics::CountSharedMemoryReclaimed(int regions) {
+  shm_reclaimed_->Increment(regions);
 }
 
 }  // namespace gradcomp::service

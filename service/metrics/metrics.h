@@ -42,12 +42,27 @@ class Metrics {
   // "INVALID_ARGUMENT"); `codec` is a registry name, or "unresolved" when
   // the request failed before a codec was chosen.
   void CountReduce(absl::string_view codec, absl::StatusCode code);
+  // One finished gRPC call of any service of the client API; `service` and
+  // `method` come from a bounded list (request_counter.h maps the rest to
+  // "other").
+  void CountRequest(absl::string_view service, absl::string_view method,
+                    absl::StatusCode code);
+  // The step of a reduce that succeeded: the last one is exported, so that
+  // steps per second are its rate of change.
+  void SetStep(int64_t step);
   void AddBytes(absl::string_view codec, uint64_t raw_bytes,
                 uint64_t wire_bytes);
   void ObserveStage(Stage stage, double seconds);
   void ObserveRelativeError(absl::string_view codec, double relative_error);
+  // ||residual|| / ||g|| of an error-feedback codec, measured on the same
+  // sampled reduces as the relative error.
+  void ObserveResidualNorm(absl::string_view codec, double relative_norm);
   void AddNonfinite(uint64_t count);
   void CountDense(absl::string_view reason);
+  // Client shared-memory regions registered now, and their mapped bytes.
+  void SetSharedMemory(uint64_t regions, uint64_t bytes);
+  // Regions dropped because the client that registered them went away.
+  void CountSharedMemoryReclaimed(int regions);
 
   std::shared_ptr<prometheus::Collectable> collectable() const {
     return collector_;
@@ -56,20 +71,36 @@ class Metrics {
  private:
   class Collector;
 
+  // The histogram of `family` for `codec`, created on first use.
+  prometheus::Histogram& ForCodec(
+      absl::flat_hash_map<std::string, prometheus::Histogram*>& cache,
+      prometheus::Family<prometheus::Histogram>& family,
+      absl::string_view codec,
+      prometheus::Histogram::BucketBoundaries (*buckets)())
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<prometheus::Collectable> collector_;
   prometheus::Family<prometheus::Counter>& reduce_total_;
+  prometheus::Family<prometheus::Counter>& requests_total_;
   prometheus::Family<prometheus::Counter>& raw_bytes_;
   prometheus::Family<prometheus::Counter>& wire_bytes_;
   prometheus::Family<prometheus::Histogram>& relative_error_;
+  prometheus::Family<prometheus::Histogram>& residual_norm_;
   prometheus::Family<prometheus::Counter>& dense_total_;
   prometheus::Counter& nonfinite_;
+  prometheus::Gauge& step_;
+  prometheus::Gauge* shm_regions_;
+  prometheus::Gauge* shm_bytes_;
+  prometheus::Counter* shm_reclaimed_;
   std::array<prometheus::Histogram*, 4> stages_;
 
   absl::Mutex mu_;
   // Family::Add builds a histogram (and its buckets) before it looks the
   // labels up, so the per-codec histograms are kept here after the first.
   absl::flat_hash_map<std::string, prometheus::Histogram*> error_by_codec_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, prometheus::Histogram*> residual_by_codec_
       ABSL_GUARDED_BY(mu_);
 };
 

@@ -51,6 +51,46 @@ TEST(MetricsTest, BytesErrorsDenseAndNonfinite) {
       0);
 }
 
+TEST(MetricsTest, RequestsByServiceMethodAndCode) {
+  Metrics metrics(nullptr, "1.2.3");
+  metrics.CountRequest("gradcomp.v1.Gradcomp", "GetInfo",
+                       absl::StatusCode::kOk);
+  metrics.CountRequest("gradcomp.v1.Gradcomp", "Reduce",
+                       absl::StatusCode::kDeadlineExceeded);
+  const auto& c = *metrics.collectable();
+  EXPECT_EQ(MetricValue(c, "gradcomp_requests_total",
+                        {{"service", "gradcomp.v1.Gradcomp"},
+                         {"method", "GetInfo"},
+                         {"code", "OK"}}),
+            1);
+  EXPECT_EQ(MetricValue(c, "gradcomp_requests_total",
+                        {{"service", "gradcomp.v1.Gradcomp"},
+                         {"method", "Reduce"},
+                         {"code", "DEADLINE_EXCEEDED"}}),
+            1);
+}
+
+TEST(MetricsTest, StepIsTheLastOneSet) {
+  Metrics metrics(nullptr, "1.2.3");
+  metrics.SetStep(7);
+  metrics.SetStep(3);
+  EXPECT_EQ(MetricValue(*metrics.collectable(), "gradcomp_step"), 3);
+}
+
+TEST(MetricsTest, ResidualNormByCodec) {
+  Metrics metrics(nullptr, "1.2.3");
+  metrics.ObserveResidualNorm("topk", 2.5);
+  metrics.ObserveResidualNorm("topk", 0.5);
+  metrics.ObserveResidualNorm("efsign", 1);
+  const auto& c = *metrics.collectable();
+  EXPECT_EQ(
+      MetricValue(c, "gradcomp_residual_relative_norm", {{"codec", "topk"}}),
+      2);
+  EXPECT_EQ(
+      MetricValue(c, "gradcomp_residual_relative_norm", {{"codec", "efsign"}}),
+      1);
+}
+
 TEST(MetricsTest, BuildInfoIsOneWithVersionAndWireFormat) {
   Metrics metrics(nullptr, "1.2.3");
   EXPECT_EQ(MetricValue(*metrics.collectable(), "gradcomp_build_info",

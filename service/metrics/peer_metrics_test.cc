@@ -1,5 +1,6 @@
 #include "service/metrics/peer_metrics.h"
 
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "service/metrics/metrics_testing.h"
 
@@ -16,6 +17,32 @@ TEST(PeerMetricsTest, EveryOtherRankHasSeriesFromTheStart) {
     EXPECT_EQ(MetricValue(c, "gradcomp_peer_waiting", {{"peer", peer}}), 0);
   }
   EXPECT_EQ(MetricValue(c, "gradcomp_peers_up"), 0);
+  EXPECT_EQ(MetricValue(c, "gradcomp_peers_expected"), 2);
+  EXPECT_EQ(MetricValue(c, "gradcomp_peer_stalled_seconds", {{"peer", "2"}}),
+            0);
+}
+
+TEST(PeerMetricsTest, StallCountsFromFirstWaitOrLastMessageWhileWaiting) {
+  absl::Time now = absl::UnixEpoch();
+  PeerMetrics metrics(/*rank=*/0, /*world_size=*/3, [&now] { return now; });
+  const auto& c = *metrics.collectable();
+  auto stalled = [&c](const char* peer) {
+    return MetricValue(c, "gradcomp_peer_stalled_seconds", {{"peer", peer}});
+  };
+  metrics.AddWaiting(2, 1);
+  now += absl::Seconds(10);
+  metrics.AddWaiting(2, 1);  // a second wait does not restart the clock
+  now += absl::Seconds(5);
+  EXPECT_EQ(stalled("2"), 15);
+  EXPECT_EQ(stalled("1"), 0);
+  metrics.AddBytes(2, Direction::kReceived, 8);  // progress from the peer
+  now += absl::Seconds(3);
+  EXPECT_EQ(stalled("2"), 3);
+  metrics.AddBytes(2, Direction::kSent, 8);  // our own sends are no progress
+  now += absl::Seconds(1);
+  EXPECT_EQ(stalled("2"), 4);
+  metrics.AddWaiting(2, -2);
+  EXPECT_EQ(stalled("2"), 0);
 }
 
 TEST(PeerMetricsTest, BytesWaitingUpDurationAndDrops) {

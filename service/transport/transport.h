@@ -23,6 +23,8 @@ enum class Phase : uint8_t {
   kGather = 1,
   kReduceScatter = 2,
   kAllgather = 3,
+  kShardScatter = 4,
+  kShardGather = 5,
 };
 
 // The rendezvous key of one message: the same on every rank for the same

@@ -344,7 +344,7 @@ TEST_F(GradcompdTest, BadRequestsAreInvalidArgumentAndCounted) {
             cases.size());
 }
 
-TEST_F(GradcompdTest, SharedMemoryRpcsAreUnimplemented) {
+TEST_F(GradcompdTest, SharedMemoryIsOffWithoutTheFlag) {
   auto stub = v1::Gradcomp::NewStub(grpc::CreateChannel(
       daemon_->target(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
@@ -355,7 +355,7 @@ TEST_F(GradcompdTest, SharedMemoryRpcsAreUnimplemented) {
   v1::RegisterSystemSharedMemoryResponse response;
   EXPECT_EQ(stub->RegisterSystemSharedMemory(&context, request, &response)
                 .error_code(),
-            grpc::StatusCode::UNIMPLEMENTED);
+            grpc::StatusCode::FAILED_PRECONDITION);
 }
 
 TEST_F(GradcompdTest, MetricsCountReducesAndBytesPerCodec) {
@@ -444,6 +444,30 @@ TEST_F(GradcompdTest, GradcompctlReducesAnNpyFile) {
       "/bad.txt 2>&1");
   const int status = std::system(bad.c_str());
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+}
+
+// `gradcompctl info` shows the effective configuration: the config with the
+// flags merged in, the flag-only settings and the policy in force.
+TEST(GradcompctlInfoTest, ShowsTheEffectiveConfigAndPolicy) {
+  absl::StatusOr<std::string> binary = DaemonBinary();
+  ASSERT_TRUE(binary.ok()) << binary.status();
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon = DaemonProcess::Start(
+      *binary,
+      {"--error_sample_rate=0.25", "--seed=9", "--collective_timeout=7s"});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  const std::string ctl = absl::StrCat(std::getenv("TEST_SRCDIR"),
+                                       "/gradcomp/client/cpp/gradcompctl");
+  const std::string out = absl::StrCat(std::getenv("TEST_TMPDIR"), "/info.txt");
+  const std::string command = absl::StrCat(
+      ctl, " --target=", (*daemon)->target(), " info > ", out, " 2>&1");
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  std::ifstream printed(out);
+  std::stringstream text;
+  text << printed.rdbuf();
+  EXPECT_THAT(text.str(), HasSubstr("\"error_sample_rate\": 0.25"));
+  EXPECT_THAT(text.str(), HasSubstr("\"seed\": \"9\""));
+  EXPECT_THAT(text.str(), HasSubstr("--collective_timeout 7s"));
+  EXPECT_THAT(text.str(), HasSubstr("dense_below_numel: 1024"));
 }
 
 }  // namespace

@@ -3,11 +3,13 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "codecs/random.h"
 #include "codecs/wire.h"
+#include "service/collective/sharded_reduce.h"
 
 namespace gradcomp::testing {
 
@@ -82,6 +84,48 @@ absl::StatusOr<std::vector<std::vector<float>>> Replay(
   std::vector<std::vector<float>> out(w, std::vector<float>(grads[0].size()));
   for (int r = 0; r < w; ++r) {
     GC_RETURN_IF_ERROR(sessions[r]->Finish(absl::MakeSpan(out[r])));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> ReplaySharded(
+    const codecs::Codec& codec, const std::vector<std::vector<float>>& grads,
+    const std::vector<int64_t>& shape, const std::string& job,
+    const std::string& tensor, int64_t step, uint64_t seed,
+    std::vector<codecs::StateStore>& stores, service::InProcessGroup& group) {
+  const int w = static_cast<int>(grads.size());
+  const size_t n = grads[0].size();
+  const codecs::SingleRoundCodec* shardable =
+      service::ShardableCodec(service::Aggregation::kSharded, codec, w, n);
+  if (shardable == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("codec '", codec.info().name, "' cannot be sharded over ",
+                     w, " ranks for ", n, " elements"));
+  }
+  std::vector<std::vector<float>> out(w, std::vector<float>(n));
+  std::vector<absl::Status> status(w);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < w; ++r) {
+    threads.emplace_back([&, r] {
+      // dtype code 1: DType::kFloat32, as the engine passes it.
+      codecs::StateStore::Locked state =
+          stores[r].Acquire(job, tensor, shape, 1);
+      codecs::StepContext ctx;
+      ctx.seed = seed;
+      ctx.tensor_id = codecs::TensorId(tensor);
+      ctx.step = step;
+      ctx.rank = r;
+      ctx.world_size = w;
+      status[r] =
+          service::ShardedReduce(group.collective(r), stores[r], *shardable,
+                                 {job, tensor, step, 0}, grads[r], *state, ctx,
+                                 absl::MakeSpan(out[r]), nullptr)
+              .status();
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int r = 0; r < w; ++r) {
+    if (!status[r].ok()) return status[r];
   }
   return out;
 }

@@ -4,6 +4,7 @@
 //
 //   std::vector<float> g = WorkloadGradient(rank, tensor, step);
 //   GC_ASSIGN_OR_RETURN(auto average, Replay(codec, grads_by_rank, ...));
+//   GC_ASSIGN_OR_RETURN(auto sharded, ReplaySharded(codec, ..., group));
 #ifndef GRADCOMP_TESTS_INTEGRATION_PEER_WORKLOAD_H_
 #define GRADCOMP_TESTS_INTEGRATION_PEER_WORKLOAD_H_
 
@@ -14,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "codecs/codec.h"
 #include "codecs/state.h"
+#include "service/collective/in_process_group.h"
 
 namespace gradcomp::testing {
 
@@ -33,6 +35,17 @@ absl::StatusOr<std::vector<std::vector<float>>> Replay(
     const std::vector<int64_t>& shape, const std::string& job,
     const std::string& tensor, int64_t step, uint64_t seed,
     std::vector<codecs::StateStore>& stores);
+
+// The same for sharded aggregation (service/collective/sharded_reduce.h):
+// W threads run ShardedReduce over `group` (world size grads.size()), each
+// rank with its own state (stores[r]: the worker's and the owner's), so the
+// results are the daemons' bit for bit. InvalidArgument when the codec
+// cannot be sharded.
+absl::StatusOr<std::vector<std::vector<float>>> ReplaySharded(
+    const codecs::Codec& codec, const std::vector<std::vector<float>>& grads,
+    const std::vector<int64_t>& shape, const std::string& job,
+    const std::string& tensor, int64_t step, uint64_t seed,
+    std::vector<codecs::StateStore>& stores, service::InProcessGroup& group);
 
 }  // namespace gradcomp::testing
 

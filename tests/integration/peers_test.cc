@@ -2,15 +2,19 @@
 // process (peer_worker) submitting 50 tensors x 20 steps in a random order
 // of its own: every codec's averages are bit-identical on all ranks, dense
 // ones equal the true mean, compressed ones equal a single-process replay of
-// the codec. Then a daemon is killed mid-step and comes back.
+// the codec. A second cluster aggregates topk and qsgd sharded: bit-identical
+// on every rank, equal to a single-process replay, within the codecs'
+// documented error. Then a daemon is killed mid-step and comes back.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -24,10 +28,13 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "codecs/builtin.h"
+#include "codecs/cpu/momentum.h"
 #include "codecs/params.h"
 #include "codecs/state.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "service/collective/in_process_group.h"
+#include "service/collective/sharded_reduce.h"
 #include "tests/integration/daemon_process.h"
 #include "tests/integration/peer_workload.h"
 
@@ -69,8 +76,10 @@ double Sample(const std::string& page, const std::string& series) {
 // The daemons of one job, rank r at peers[r].
 class Cluster {
  public:
-  explicit Cluster(absl::Duration collective_timeout)
-      : timeout_(collective_timeout) {
+  // `extra_args` go to every daemon (e.g. a --config).
+  explicit Cluster(absl::Duration collective_timeout,
+                   std::vector<std::string> extra_args = {})
+      : timeout_(collective_timeout), extra_args_(std::move(extra_args)) {
     std::vector<std::string> peers;
     for (int r = 0; r < kWorld; ++r) {
       peers.push_back(absl::StrCat("127.0.0.1:", *FreePort()));
@@ -82,12 +91,12 @@ class Cluster {
   absl::Status Start(int rank) {
     auto binary = DaemonBinary();
     if (!binary.ok()) return binary.status();
-    auto daemon = DaemonProcess::Start(
-        *binary,
-        {absl::StrCat("--world_size=", kWorld), absl::StrCat("--rank=", rank),
-         absl::StrCat("--peers=", peers_), absl::StrCat("--seed=", kSeed),
-         absl::StrCat("--collective_timeout=",
-                      absl::FormatDuration(timeout_))});
+    std::vector<std::string> args = {
+        absl::StrCat("--world_size=", kWorld), absl::StrCat("--rank=", rank),
+        absl::StrCat("--peers=", peers_), absl::StrCat("--seed=", kSeed),
+        absl::StrCat("--collective_timeout=", absl::FormatDuration(timeout_))};
+    args.insert(args.end(), extra_args_.begin(), extra_args_.end());
+    auto daemon = DaemonProcess::Start(*binary, args);
     if (!daemon.ok()) return daemon.status();
     daemons_[rank] = std::move(*daemon);
     return absl::OkStatus();
@@ -116,6 +125,7 @@ class Cluster {
 
  private:
   absl::Duration timeout_;
+  std::vector<std::string> extra_args_;
   std::string peers_;
   std::vector<std::unique_ptr<DaemonProcess>> daemons_;
 };
@@ -193,26 +203,27 @@ class PeersTest : public ::testing::TestWithParam<CodecCase> {
 };
 Cluster* PeersTest::cluster_ = nullptr;
 
-TEST_P(PeersTest, FourDaemonsAgreeBitForBitAndMatchTheirCodec) {
-  const CodecCase c = GetParam();
-  const std::string job = absl::StrCat("job-", c.name);
+// Runs the workload of `c` on every rank of `cluster` as `job`, checks
+// that every rank got the same bytes, and returns rank 0's averages.
+void RunOnEveryRank(Cluster& cluster, const CodecCase& c,
+                    const std::string& job, std::vector<float>* got) {
   std::vector<WorkerRun> runs;
   for (int r = 0; r < kWorld; ++r) {
     runs.push_back({r, job, c.name, c.params, 0, kSteps, kTensors,
-                    TmpPath(absl::StrCat(c.name, "-rank", r, ".bin"))});
+                    TmpPath(absl::StrCat(job, "-rank", r, ".bin"))});
   }
   const absl::Time start = absl::Now();
-  const std::vector<int> codes = RunWorkers(*cluster_, runs);
+  const std::vector<int> codes = RunWorkers(cluster, runs);
   const absl::Duration took = absl::Now() - start;
   for (int r = 0; r < kWorld; ++r) {
     ASSERT_EQ(codes[r], 0) << "rank " << r << ": "
                            << ReadFile(runs[r].out + ".err")
                            << "\ndaemon log:\n"
-                           << cluster_->daemon(r).Log();
+                           << cluster.daemon(r).Log();
   }
   // Measured, not asserted: the figure docs/peers.md quotes.
-  std::printf("codec %s: %d steps x %d tensors on %d daemons in %s (%s/step)\n",
-              c.name, kSteps, kTensors, kWorld,
+  std::printf("%s: %d steps x %d tensors on %d daemons in %s (%s/step)\n",
+              job.c_str(), kSteps, kTensors, kWorld,
               absl::FormatDuration(took).c_str(),
               absl::FormatDuration(took / kSteps).c_str());
 
@@ -221,11 +232,10 @@ TEST_P(PeersTest, FourDaemonsAgreeBitForBitAndMatchTheirCodec) {
     EXPECT_TRUE(ReadFile(runs[r].out) == rank0)
         << "rank " << r << "'s averages differ from rank 0's";
   }
-  const std::vector<float> got = AsFloats(rank0);
+  *got = AsFloats(rank0);
+}
 
-  const std::string codec_name = c.name;
-  const bool dense = codec_name == "none" || codec_name == "fp16";
-  codecs::CodecParams params;
+absl::StatusOr<std::unique_ptr<codecs::Codec>> MakeCodec(const CodecCase& c) {
   std::map<std::string, std::string> kv;
   if (std::string(c.params) != "-") {
     for (absl::string_view item : absl::StrSplit(c.params, ',')) {
@@ -233,7 +243,52 @@ TEST_P(PeersTest, FourDaemonsAgreeBitForBitAndMatchTheirCodec) {
       kv.insert(p);
     }
   }
-  auto codec = codecs::BuiltinCodecs().Create(c.name, codecs::CodecParams(kv));
+  return codecs::BuiltinCodecs().Create(c.name, codecs::CodecParams(kv));
+}
+
+// QSGD's documented variance, E||Q(v) - v||^2 <= beta ||v||^2 with
+// beta = min(d/s^2, sqrt(d)/s), for bits=4 (s = 7) and bucket d = 512.
+double QsgdBeta() {
+  const double d = 512, s = 7;
+  return std::min(d / (s * s), std::sqrt(d) / s);
+}
+
+// The bound of allgather's average of W independent quantisations:
+// beta sum_r ||v_r||^2 / W^2.
+double QsgdGatherBound(const std::vector<std::vector<float>>& grads) {
+  double norms = 0;
+  for (const std::vector<float>& g : grads) {
+    for (float v : g) norms += double{v} * v;
+  }
+  return QsgdBeta() * norms / (double{kWorld} * kWorld);
+}
+
+std::vector<double> TrueMean(const std::vector<std::vector<float>>& grads) {
+  std::vector<double> mean(grads[0].size(), 0);
+  for (const std::vector<float>& g : grads) {
+    for (size_t i = 0; i < g.size(); ++i) mean[i] += g[i];
+  }
+  for (double& m : mean) m /= kWorld;
+  return mean;
+}
+
+double SquaredError(const float* got, const std::vector<double>& mean) {
+  double err = 0;
+  for (size_t i = 0; i < mean.size(); ++i) {
+    err += (got[i] - mean[i]) * (got[i] - mean[i]);
+  }
+  return err;
+}
+
+TEST_P(PeersTest, FourDaemonsAgreeBitForBitAndMatchTheirCodec) {
+  const CodecCase c = GetParam();
+  const std::string job = absl::StrCat("job-", c.name);
+  std::vector<float> got;
+  ASSERT_NO_FATAL_FAILURE(RunOnEveryRank(*cluster_, c, job, &got));
+
+  const std::string codec_name = c.name;
+  const bool dense = codec_name == "none" || codec_name == "fp16";
+  auto codec = MakeCodec(c);
   ASSERT_TRUE(codec.ok()) << codec.status();
   std::vector<codecs::StateStore> stores(kWorld);
   // Relative tolerance of one element against the true mean: fp32 sums of
@@ -272,23 +327,9 @@ TEST_P(PeersTest, FourDaemonsAgreeBitForBitAndMatchTheirCodec) {
             << c.name << " step " << step << " tensor " << t
             << ": differs from the single-process replay";
         if (codec_name == "qsgd") {
-          // QSGD's documented variance, E||Q(v) - v||^2 <=
-          // min(d/s^2, sqrt(d)/s) ||v||^2, averaged over W independent ranks.
-          const double d = 512, s = 7;
-          double bound = 0, err = 0;
-          for (int r = 0; r < kWorld; ++r) {
-            double norm = 0;
-            for (float v : grads[r]) norm += double{v} * v;
-            bound += std::min(d / (s * s), std::sqrt(d) / s) * norm;
-          }
-          bound /= double{kWorld} * kWorld;
-          for (size_t i = 0; i < n; ++i) {
-            double mean = 0;
-            for (int r = 0; r < kWorld; ++r) mean += grads[r][i];
-            mean /= kWorld;
-            err += (got[offset + i] - mean) * (got[offset + i] - mean);
-          }
-          EXPECT_LE(err, bound) << "step " << step << " tensor " << t;
+          EXPECT_LE(SquaredError(got.data() + offset, TrueMean(grads)),
+                    QsgdGatherBound(grads))
+              << "step " << step << " tensor " << t;
         }
       }
       offset += n;
@@ -301,6 +342,148 @@ INSTANTIATE_TEST_SUITE_P(
     Codecs, PeersTest,
     ::testing::Values(CodecCase{"none", "-"}, CodecCase{"fp16", "-"},
                       CodecCase{"qsgd", "bits=4,bucket=512"},
+                      CodecCase{"topk", "ratio=0.05,momentum=0"}),
+    [](const ::testing::TestParamInfo<CodecCase>& info) {
+      return std::string(info.param.name);
+    });
+
+// The same workload on daemons whose policy aggregates GATHER codecs
+// sharded. Every rank's averages are bit-identical and equal a
+// single-process replay of sharded aggregation (the same ShardedReduce over
+// in-process collectives); against the true mean, qsgd meets its documented
+// variance applied twice (the owner re-quantises the average), and top-k
+// (error feedback) loses nothing beyond what its worker and owner
+// residuals hold, as allgather's top-k does beside it.
+class PeersShardedTest : public ::testing::TestWithParam<CodecCase> {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string config = TmpPath("sharded.textproto");
+    std::ofstream(config) << "policy { aggregation: AGGREGATION_SHARDED }\n";
+    cluster_ = new Cluster(absl::Seconds(60), {"--config=" + config});
+    for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(cluster_->Start(r).ok());
+    const absl::Status up = cluster_->WaitMeshUp();
+    ASSERT_TRUE(up.ok()) << up;
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  static Cluster* cluster_;
+};
+Cluster* PeersShardedTest::cluster_ = nullptr;
+
+TEST_P(PeersShardedTest, FourDaemonsAgreeAndMatchTheShardedReplay) {
+  const CodecCase c = GetParam();
+  const std::string job = absl::StrCat("sharded-", c.name);
+  std::vector<float> got;
+  ASSERT_NO_FATAL_FAILURE(RunOnEveryRank(*cluster_, c, job, &got));
+  auto codec = MakeCodec(c);
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  const bool qsgd = std::string(c.name) == "qsgd";
+
+  service::InProcessGroup group(kWorld);
+  std::vector<codecs::StateStore> sharded_stores(kWorld), gather_stores(kWorld);
+  // Per tensor, summed over the steps: the daemons' averages, allgather's,
+  // and the true means (top-k's error-feedback identity).
+  std::vector<std::vector<double>> got_sum(kTensors), gather_sum(kTensors),
+      mean_sum(kTensors);
+  size_t offset = 0;
+  for (int64_t step = 0; step < kSteps; ++step) {
+    for (int t = 0; t < kTensors; ++t) {
+      std::vector<std::vector<float>> grads;
+      for (int r = 0; r < kWorld; ++r)
+        grads.push_back(WorkloadGradient(r, t, step));
+      const size_t n = grads[0].size();
+      ASSERT_LE(offset + n, got.size());
+      const std::string tensor = WorkloadTensorName(t);
+      auto sharded = ReplaySharded(**codec, grads, WorkloadShape(t), job,
+                                   tensor, step, kSeed, sharded_stores, group);
+      ASSERT_TRUE(sharded.ok()) << sharded.status();
+      ASSERT_EQ(std::memcmp(got.data() + offset, (*sharded)[0].data(),
+                            n * sizeof(float)),
+                0)
+          << c.name << " step " << step << " tensor " << t
+          << ": differs from the single-process sharded replay";
+      auto gathered = Replay(**codec, grads, WorkloadShape(t), job, tensor,
+                             step, kSeed, gather_stores);
+      ASSERT_TRUE(gathered.ok()) << gathered.status();
+      const std::vector<double> mean = TrueMean(grads);
+      if (qsgd) {
+        // Owner: beta E||a||^2 more, with E||a||^2 <= ||mean||^2 + the
+        // allgather bound.
+        const double gather_bound = QsgdGatherBound(grads);
+        double mean_norm = 0;
+        for (double m : mean) mean_norm += m * m;
+        const double shard_bound =
+            gather_bound + QsgdBeta() * (mean_norm + gather_bound);
+        EXPECT_LE(SquaredError(got.data() + offset, mean), shard_bound)
+            << "step " << step << " tensor " << t;
+        // Hence within the two errors of allgather's average.
+        std::vector<double> other((*gathered)[0].begin(), (*gathered)[0].end());
+        EXPECT_LE(SquaredError(got.data() + offset, other),
+                  std::pow(std::sqrt(gather_bound) + std::sqrt(shard_bound), 2))
+            << "step " << step << " tensor " << t;
+      }
+      got_sum[t].resize(n);
+      gather_sum[t].resize(n);
+      mean_sum[t].resize(n);
+      for (size_t i = 0; i < n; ++i) {
+        got_sum[t][i] += got[offset + i];
+        gather_sum[t][i] += (*gathered)[0][i];
+        mean_sum[t][i] += mean[i];
+      }
+      offset += n;
+    }
+  }
+  EXPECT_EQ(offset, got.size());
+  if (qsgd) return;
+
+  // Top-k with error feedback: sum of averages + residuals = sum of means.
+  const std::string velocity = codecs::MomentumCorrection::kVelocityBuffer;
+  for (int t = 0; t < kTensors; ++t) {
+    const std::string tensor = WorkloadTensorName(t);
+    const std::vector<int64_t> shape = WorkloadShape(t);
+    const size_t n = mean_sum[t].size();
+    std::vector<double> sharded_held(n, 0), gather_held(n, 0);
+    for (int r = 0; r < kWorld; ++r) {
+      auto worker = sharded_stores[r].Acquire(job, tensor, shape, 1);
+      auto gather_worker = gather_stores[r].Acquire(job, tensor, shape, 1);
+      const size_t begin = n * r / kWorld, size = n * (r + 1) / kWorld - begin;
+      const int64_t slice_shape[] = {static_cast<int64_t>(size)};
+      auto owner = sharded_stores[r].Acquire(
+          job, absl::StrCat(tensor, service::kOwnerStateSuffix), slice_shape,
+          0);
+      ASSERT_TRUE(worker->Find(velocity).has_value());
+      ASSERT_TRUE(gather_worker->Find(velocity).has_value());
+      ASSERT_TRUE(owner->Find(velocity).has_value());
+      const absl::Span<float> e = *worker->Find(velocity);
+      const absl::Span<float> g = *gather_worker->Find(velocity);
+      const absl::Span<float> o = *owner->Find(velocity);
+      for (size_t i = 0; i < n; ++i) {
+        sharded_held[i] += e[i] / kWorld;
+        gather_held[i] += g[i] / kWorld;
+      }
+      for (size_t i = 0; i < size; ++i) sharded_held[begin + i] += o[i];
+    }
+    double scale = 0, sharded_gap = 0, gather_gap = 0;
+    for (size_t i = 0; i < n; ++i) {
+      scale = std::max(scale, std::fabs(mean_sum[t][i]));
+      sharded_gap =
+          std::max(sharded_gap,
+                   std::fabs(got_sum[t][i] + sharded_held[i] - mean_sum[t][i]));
+      gather_gap = std::max(
+          gather_gap,
+          std::fabs(gather_sum[t][i] + gather_held[i] - mean_sum[t][i]));
+    }
+    // fp32 sums of 20 steps x 4 ranks.
+    EXPECT_LE(sharded_gap, 1e-5 * scale) << "tensor " << t;
+    EXPECT_LE(gather_gap, 1e-5 * scale) << "tensor " << t;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Codecs, PeersShardedTest,
+    ::testing::Values(CodecCase{"qsgd", "bits=4,bucket=512"},
                       CodecCase{"topk", "ratio=0.05,momentum=0"}),
     [](const ::testing::TestParamInfo<CodecCase>& info) {
       return std::string(info.param.name);

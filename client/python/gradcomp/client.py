@@ -13,12 +13,18 @@ gradcomp.GradcompError with the gRPC code and the daemon's message.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
+import secrets
+import socket
 from typing import Iterable, Iterator, Mapping
 
 import grpc
 import numpy as np
 
+from gradcomp import inline_wire
 from gradcomp.errors import GradcompError, status_code
+from gradcomp.shm import ShmRegion, ShmTensor
 
 try:
     from gradcomp.v1 import gradcomp_pb2, gradcomp_pb2_grpc
@@ -118,6 +124,15 @@ class Client:
         self.timeout = timeout
         self._channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
         self._stub = gradcomp_pb2_grpc.GradcompStub(self._channel)
+        # The inline reduces bypass protobuf for the tensor bytes
+        # (inline_wire): requests go out as bytes, replies come back as
+        # (message without data, view of data).
+        self._reduce = self._channel.unary_unary(
+            "/gradcomp.v1.Gradcomp/Reduce",
+            response_deserializer=inline_wire.decode_response)
+        self._reduce_stream = self._channel.stream_stream(
+            "/gradcomp.v1.Gradcomp/ReduceStream",
+            response_deserializer=inline_wire.decode_stream_response)
 
     def close(self) -> None:
         self._channel.close()
@@ -144,16 +159,16 @@ class Client:
 
     @staticmethod
     def _request(array: np.ndarray, name: str, step: int, job: str,
-                 spec: gradcomp_pb2.CodecSpec | None,
-                 request_id: int = 0) -> gradcomp_pb2.ReduceRequest:
-        request = gradcomp_pb2.ReduceRequest(
+                 spec: gradcomp_pb2.CodecSpec | None, request_id: int = 0) -> bytes:
+        """A serialized ReduceRequest with `array` inline."""
+        header = gradcomp_pb2.ReduceRequest(
             job=job, tensor=name, step=step, dtype=_PB_DTYPE[array.dtype],
-            shape=array.shape, data=array.tobytes(), request_id=request_id)
+            shape=array.shape, request_id=request_id)
         if spec is not None:
-            request.codec.CopyFrom(spec)
-        return request
+            header.codec.CopyFrom(spec)
+        return inline_wire.encode_request(header, array)
 
-    def _result(self, response: gradcomp_pb2.ReduceResponse,
+    def _result(self, response: gradcomp_pb2.ReduceResponse, data: memoryview,
                 shape: tuple[int, ...]) -> tuple[np.ndarray, ReduceStats]:
         dtype = _NP_DTYPE.get(response.dtype)
         if dtype is None:
@@ -161,13 +176,14 @@ class Client:
                                 f"tensor '{response.tensor}': response dtype "
                                 f"{response.dtype} is not float16/32/64")
         expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if len(response.data) != expected:
+        if data.nbytes != expected:
             raise GradcompError("Reduce", self.target, grpc.StatusCode.INTERNAL,
-                                f"tensor '{response.tensor}': {len(response.data)} "
+                                f"tensor '{response.tensor}': {data.nbytes} "
                                 f"result bytes for shape {list(shape)} of {dtype} "
                                 f"({expected} expected)")
-        # frombuffer views immutable bytes; copy so callers get a writable array.
-        result = np.frombuffer(response.data, dtype=dtype).reshape(shape).copy()
+        # `data` views the received bytes, which are immutable: one copy gives
+        # callers a writable array of their own.
+        result = np.frombuffer(data, dtype=dtype).reshape(shape).copy()
         return result, ReduceStats.from_proto(response.stats)
 
     def reduce(self, array: np.ndarray, name: str, step: int,
@@ -180,9 +196,12 @@ class Client:
         the input's dtype and shape, and the stats of this reduce.
         """
         array = _as_wire_array(array)
-        response = self._call("Reduce", self._request(
-            array, name, step, job, codec_spec(codec, params)))
-        return self._result(response, array.shape)
+        request = self._request(array, name, step, job, codec_spec(codec, params))
+        try:
+            response, data = self._reduce(request, timeout=self.timeout)
+        except grpc.RpcError as error:
+            raise GradcompError.from_rpc_error("Reduce", self.target, error) from None
+        return self._result(response, data, array.shape)
 
     def reduce_many(self, tensors: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
                     step: int, codec: str | None = None,
@@ -201,14 +220,14 @@ class Client:
         arrays = [_as_wire_array(array) for _, array in items]
         spec = codec_spec(codec, params)
 
-        def requests() -> Iterator[gradcomp_pb2.ReduceRequest]:
+        def requests() -> Iterator[bytes]:
             for i, (name, array) in enumerate(zip(names, arrays)):
                 yield self._request(array, name, step, job, spec, request_id=i)
 
         results: dict[int, tuple[np.ndarray, ReduceStats]] = {}
         failures: dict[str, tuple[grpc.StatusCode, str]] = {}
         try:
-            for reply in self._stub.ReduceStream(requests(), timeout=self.timeout):
+            for reply, data in self._reduce_stream(requests(), timeout=self.timeout):
                 if reply.error_code != 0:
                     name = reply.tensor or (names[reply.request_id]
                                             if reply.request_id < len(names)
@@ -221,7 +240,7 @@ class Client:
                     raise GradcompError("ReduceStream", self.target,
                                         grpc.StatusCode.INTERNAL,
                                         f"unexpected request_id {i} in a reply")
-                results[i] = self._result(reply.result, arrays[i].shape)
+                results[i] = self._result(reply.result, data, arrays[i].shape)
         except grpc.RpcError as error:
             raise GradcompError.from_rpc_error("ReduceStream", self.target, error) from None
         if failures:
@@ -249,3 +268,122 @@ class Client:
         """Replaces the daemon's policy; returns the new hash."""
         response = self._call("SetPolicy", gradcomp_pb2.SetPolicyRequest(policy=policy))
         return response.hash
+
+    def export_state(self, job: str = "default") -> bytes:
+        """The daemon's codec state of `job` (residuals, momenta, warm starts)
+        as an opaque blob for a trainer's checkpoint."""
+        return self._call("ExportState", gradcomp_pb2.ExportStateRequest(job=job)).state
+
+    def import_state(self, state: bytes, job: str = "default") -> None:
+        """Restores codec state exported by export_state; a bad blob raises
+        GradcompError INVALID_ARGUMENT and imports nothing."""
+        self._call("ImportState", gradcomp_pb2.ImportStateRequest(job=job, state=state))
+
+    # Shared memory (gradcomp.shm; the daemon needs --allow_client_shm).
+
+    @functools.cached_property
+    def client_id(self) -> str:
+        """Sent as "gradcomp-client-id" metadata with the shared-memory calls:
+        the daemon's regions belong to it. Unique per Client object."""
+        return f"{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}"
+
+    def _shm_call(self, rpc: str, request: object) -> object:
+        try:
+            return getattr(self._stub, rpc)(
+                request, timeout=self.timeout,
+                metadata=(("gradcomp-client-id", self.client_id),))
+        except grpc.RpcError as error:
+            raise GradcompError.from_rpc_error(rpc, self.target, error) from None
+
+    def register_shm(self, name: str, region: ShmRegion, offset: int = 0,
+                     byte_size: int | None = None) -> None:
+        """Registers bytes [offset, offset + byte_size) of `region` (default: to
+        its end) as `name`, which must be unique on the daemon."""
+        size = region.byte_size - offset if byte_size is None else byte_size
+        self._shm_call("RegisterSystemSharedMemory",
+                       gradcomp_pb2.RegisterSystemSharedMemoryRequest(
+                           name=name, shm_key=region.key, offset=offset,
+                           byte_size=size))
+
+    def unregister_shm(self, name: str = "") -> None:
+        """Unregisters region `name`, or every region of this client if empty.
+        FAILED_PRECONDITION while a request is using it."""
+        self._shm_call("UnregisterSharedMemory",
+                       gradcomp_pb2.UnregisterSharedMemoryRequest(name=name))
+
+    def shm_status(self, name: str = "") -> dict[str, int]:
+        """{region name: byte size} of this client's regions (or the one named)."""
+        response = self._shm_call("SharedMemoryStatus",
+                                  gradcomp_pb2.SharedMemoryStatusRequest(name=name))
+        return {region.name: region.byte_size for region in response.regions}
+
+    @staticmethod
+    def _shm_request(name: str, step: int, job: str, source: ShmTensor,
+                     target: ShmTensor, spec: gradcomp_pb2.CodecSpec | None,
+                     request_id: int = 0) -> gradcomp_pb2.ReduceRequest:
+        if source.shape != target.shape or source.dtype != target.dtype:
+            raise ValueError(f"tensor '{name}': output {target.shape} {target.dtype} "
+                             f"differs from input {source.shape} {source.dtype}")
+        dtype = _PB_DTYPE.get(source.dtype)
+        if dtype is None:
+            raise TypeError(f"gradcomp reduces float16, float32 or float64; "
+                            f"got {source.dtype}")
+        request = gradcomp_pb2.ReduceRequest(
+            job=job, tensor=name, step=step, dtype=dtype, shape=source.shape,
+            request_id=request_id,
+            input_shm=gradcomp_pb2.SharedMemorySlice(
+                region=source.region, offset=source.offset,
+                byte_size=source.byte_size),
+            output_shm=gradcomp_pb2.SharedMemorySlice(
+                region=target.region, offset=target.offset,
+                byte_size=target.byte_size))
+        if spec is not None:
+            request.codec.CopyFrom(spec)
+        return request
+
+    def reduce_shm(self, name: str, step: int, source: ShmTensor,
+                   target: ShmTensor, codec: str | None = None,
+                   params: Mapping[str, object] | None = None,
+                   job: str = "default") -> ReduceStats:
+        """Averages the tensor at `source` over the job's workers into
+        `target` (both from ShmRegion.tensor, not overlapping)."""
+        response = self._shm_call("Reduce", self._shm_request(
+            name, step, job, source, target, codec_spec(codec, params)))
+        return ReduceStats.from_proto(response.stats)
+
+    def reduce_many_shm(self, tensors: Mapping[str, tuple[ShmTensor, ShmTensor]],
+                        step: int, codec: str | None = None,
+                        params: Mapping[str, object] | None = None,
+                        job: str = "default") -> dict[str, ReduceStats]:
+        """reduce_shm for a bucket {name: (source, target)} over one
+        ReduceStream; failures are raised together as in reduce_many."""
+        names = list(tensors)
+        spec = codec_spec(codec, params)
+        requests = [self._shm_request(name, step, job, *tensors[name], spec,
+                                      request_id=i)
+                    for i, name in enumerate(names)]
+        stats: dict[str, ReduceStats] = {}
+        failures: dict[str, tuple[grpc.StatusCode, str]] = {}
+        try:
+            for reply in self._stub.ReduceStream(
+                    iter(requests), timeout=self.timeout,
+                    metadata=(("gradcomp-client-id", self.client_id),)):
+                if reply.error_code != 0:
+                    failures[reply.tensor] = (status_code(reply.error_code),
+                                              reply.error_message)
+                elif reply.result.request_id < len(names):
+                    stats[names[reply.result.request_id]] = \
+                        ReduceStats.from_proto(reply.result.stats)
+        except grpc.RpcError as error:
+            raise GradcompError.from_rpc_error("ReduceStream", self.target, error) from None
+        if failures:
+            first_code, first_details = next(iter(failures.values()))
+            raise GradcompError(
+                "ReduceStream", self.target, first_code,
+                f"{len(failures)} of {len(names)} tensors failed, first: {first_details}",
+                failures)
+        missing = [name for name in names if name not in stats]
+        if missing:
+            raise GradcompError("ReduceStream", self.target, grpc.StatusCode.INTERNAL,
+                                f"the stream ended without results for {missing}")
+        return {name: stats[name] for name in names}

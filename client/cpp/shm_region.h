@@ -1,0 +1,59 @@
+// A POSIX shared-memory region created by a client of gradcompd: create it,
+// register it with RegisterSystemSharedMemory (Client::RegisterShm), point
+// Reduce requests at slices of it, and release it. The region holds a
+// shared flock on its object while it lives, which is how gradcompd tells
+// that its creator is still there (it reclaims regions whose creator exited
+// or was killed).
+//
+//   GC_ASSIGN_OR_RETURN(std::unique_ptr<ShmRegion> region,
+//                       ShmRegion::Create(2 * n * sizeof(float), "job1"));
+//   absl::Span<float> grads = region->floats();  // the client's view
+//   GC_RETURN_IF_ERROR(client->RegisterShm("job1.rank0", *region));
+#ifndef GRADCOMP_CLIENT_CPP_SHM_REGION_H_
+#define GRADCOMP_CLIENT_CPP_SHM_REGION_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace gradcomp::client {
+
+class ShmRegion {
+ public:
+  // Creates and maps a new zero-filled object of `byte_size` bytes named
+  // "/gradcomp.<tag>.<pid>.<random>", so that jobs and pods sharing
+  // /dev/shm never pick the same key. `tag` (e.g. the job) may hold
+  // letters, digits, '-', '_' and '.'.
+  static absl::StatusOr<std::unique_ptr<ShmRegion>> Create(
+      uint64_t byte_size, absl::string_view tag = "region");
+
+  ShmRegion(const ShmRegion&) = delete;
+  ShmRegion& operator=(const ShmRegion&) = delete;
+  // Unmaps the region and unlinks its object; a daemon that still has it
+  // mapped keeps its pages until it unmaps them.
+  ~ShmRegion();
+
+  const std::string& key() const { return key_; }
+  uint64_t byte_size() const { return bytes_.size(); }
+  absl::Span<char> bytes() const { return bytes_; }
+  // The region as float32 values (its size rounded down to whole floats).
+  absl::Span<float> floats() const {
+    return absl::Span<float>(reinterpret_cast<float*>(bytes_.data()),
+                             bytes_.size() / sizeof(float));
+  }
+
+ private:
+  ShmRegion(std::string key, int fd, absl::Span<char> bytes);
+
+  const std::string key_;
+  const int fd_;
+  const absl::Span<char> bytes_;
+};
+
+}  // namespace gradcomp::client
+
+#endif  // GRADCOMP_CLIENT_CPP_SHM_REGION_H_

@@ -1,0 +1,140 @@
+"""POSIX shared-memory regions for gradcompd: tensors the daemon reads and
+writes in place, with no tensor bytes over gRPC.
+
+    import gradcomp
+    from gradcomp.shm import ShmRegion
+
+    with ShmRegion(2 * grad.nbytes, tag="job1") as region, \\
+            gradcomp.Client(target) as client:
+        client.register_shm("job1.rank0", region)   # daemon: --allow_client_shm
+        inp = region.array(grad.shape)               # numpy views on the region
+        out = region.array(grad.shape, offset=grad.nbytes)
+        inp[...] = grad
+        stats = client.reduce_shm("fc.weight", step,
+                                  region.tensor("job1.rank0", inp),
+                                  region.tensor("job1.rank0", out))
+        # `out` now holds the average over the job's workers.
+
+A region holds a shared flock(2) on its object for as long as it lives; the
+daemon reclaims the registration once no process holds it (the client exited
+or was killed). The daemon and the client must share /dev/shm (in Kubernetes:
+one memory emptyDir mounted at /dev/shm in both containers).
+"""
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import mmap
+import os
+import re
+import secrets
+from typing import Sequence
+
+import numpy as np
+
+_SHM_DIR = "/dev/shm"
+_TAG = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShmTensor:
+    """A tensor inside a registered region: the slice {region, offset,
+    byte_size} a ReduceRequest names, plus its shape and dtype."""
+    region: str
+    offset: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def byte_size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+class ShmRegion:
+    """A new POSIX shared-memory object, mapped read-write.
+
+    Its key is "/gradcomp.<tag>.<pid>.<random>", so jobs and pods sharing
+    /dev/shm never collide. release() (or leaving the `with` block) unmaps
+    it and unlinks the object; drop the numpy views from array() first.
+    """
+
+    def __init__(self, byte_size: int, tag: str = "region"):
+        if byte_size <= 0:
+            raise ValueError(f"shared-memory region of {byte_size} bytes, "
+                             f"expected a positive size")
+        if not _TAG.fullmatch(tag):
+            raise ValueError(f"shared-memory tag {tag!r}: expected 1 to 128 "
+                             f"letters, digits, '-', '_' or '.'")
+        self.key = f"/gradcomp.{tag}.{os.getpid()}.{secrets.token_hex(8)}"
+        self.byte_size = byte_size
+        # shm_open(3) on Linux is open(2) under /dev/shm.
+        self._fd = os.open(_SHM_DIR + self.key,
+                           os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(self._fd, byte_size)
+            fcntl.flock(self._fd, fcntl.LOCK_SH)
+            self._map: mmap.mmap | None = mmap.mmap(self._fd, byte_size)
+        except BaseException:
+            os.close(self._fd)
+            os.unlink(_SHM_DIR + self.key)
+            raise
+        self._base = np.frombuffer(self._map, dtype=np.uint8)
+
+    def __enter__(self) -> "ShmRegion":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        if getattr(self, "_map", None) is not None:
+            try:
+                self.release()
+            except BufferError:
+                pass  # views still exported at interpreter exit
+
+    def _mapping(self) -> mmap.mmap:
+        if self._map is None:
+            raise ValueError(f"shared-memory region {self.key} was released")
+        return self._map
+
+    def array(self, shape: Sequence[int] | int, dtype: object = np.float32,
+              offset: int = 0) -> np.ndarray:
+        """A writable C-ordered numpy view of `shape` and `dtype` at byte
+        `offset` of the region (no copy)."""
+        self._mapping()
+        dtype = np.dtype(dtype)
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        count = int(np.prod(shape, dtype=np.int64))
+        if offset < 0 or offset + count * dtype.itemsize > self.byte_size:
+            raise ValueError(f"{count} x {dtype} at offset {offset} does not fit "
+                             f"in the {self.byte_size}-byte region {self.key}")
+        return self._base[offset:offset + count * dtype.itemsize].view(dtype).reshape(shape)
+
+    def tensor(self, region: str, view: np.ndarray) -> ShmTensor:
+        """The slice of registered region `region` that `view` (from array())
+        covers, for Client.reduce_shm."""
+        base = self._base.__array_interface__["data"][0]
+        start = view.__array_interface__["data"][0] - base
+        if (not view.flags.c_contiguous or start < 0
+                or start + view.nbytes > self.byte_size):
+            raise ValueError(f"the array is not a C-contiguous view inside "
+                             f"region {self.key}; make it with array()")
+        return ShmTensor(region=region, offset=start, shape=tuple(view.shape),
+                         dtype=view.dtype)
+
+    def release(self) -> None:
+        """Unmaps and unlinks the region; BufferError if numpy views of it
+        are still alive. Releasing twice is a no-op."""
+        if self._map is None:
+            return
+        del self._base
+        try:
+            self._map.close()
+        except BufferError:
+            self._base = np.frombuffer(self._map, dtype=np.uint8)
+            raise BufferError(f"shared-memory region {self.key} still has numpy "
+                              f"views; delete them before release()") from None
+        self._map = None
+        os.unlink(_SHM_DIR + self.key)
+        os.close(self._fd)  # drops the flock: the daemon may reclaim it

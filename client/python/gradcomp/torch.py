@@ -1,0 +1,288 @@
+"""A PyTorch DDP communication hook that averages gradients through gradcompd.
+
+    import gradcomp.torch
+    state = gradcomp.torch.HookState(model, "unix:/run/gradcomp.sock", job="mnist")
+    ddp_model.register_comm_hook(state, gradcomp.torch.hook)
+
+Each DDP bucket's gradients go to the local gradcompd over one ReduceStream,
+one request per parameter, named by the parameter's name in the model (the
+same on every rank), so the daemons rendezvous by name and step whatever the
+bucket layout. The daemons compress, exchange and average; the hook writes
+the averages back into the bucket and completes the Future DDP waits on.
+The RPC runs on a background thread, so backward keeps computing the next
+buckets while one is on the wire.
+
+Tensors travel through shared memory when the daemon is on this host and
+accepts it (`--allow_client_shm`): one region per bucket, the bucket copied
+in and the averages copied out, no tensor bytes over gRPC. Otherwise, or
+with shm=False, they travel inline.
+
+The step the daemon sees is HookState.step: it advances after the last
+bucket of each iteration. state_dict()/load_state_dict() carry it together
+with the daemon's codec state (error-feedback residuals, DGC momenta,
+PowerSGD warm starts) through ExportState/ImportState, so a checkpoint
+resumes exactly where training stopped.
+"""
+# No `from __future__ import annotations`: DDP checks the hook's annotations
+# against dist.GradBucket and torch.futures.Future by value, not as strings.
+import concurrent.futures
+import dataclasses
+import threading
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from gradcomp.client import Client
+from gradcomp.errors import GradcompError
+from gradcomp.shm import ShmRegion
+
+
+@dataclasses.dataclass(frozen=True)
+class Codec:
+    """A codec and its parameters, as the daemon's CodecSpec takes them."""
+    name: str
+    params: Mapping[str, object] = dataclasses.field(default_factory=dict)
+
+    def key(self) -> tuple:
+        return self.name, tuple(sorted((k, str(v)) for k, v in self.params.items()))
+
+
+@dataclasses.dataclass
+class StepStats:
+    """What the hook sent, summed over every tensor of every bucket."""
+    steps: int = 0        # iterations completed (last buckets seen)
+    reduces: int = 0      # tensors reduced
+    raw_bytes: int = 0    # numel * 4 of those tensors: a dense fp32 exchange
+    wire_bytes: int = 0   # compressed bytes this worker sent, all rounds
+
+
+@dataclasses.dataclass
+class _Tensor:
+    name: str
+    grad: np.ndarray   # a view of the bucket's buffer
+    offset: int        # its byte offset in the buffer
+
+
+def _is_local(target: str) -> bool:
+    if target.startswith("unix:"):
+        return True
+    host = target.rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "127.0.0.1", "::1")
+
+
+class _ShmStaging:
+    """One shared-memory region per bucket: the bucket's gradients in the
+    first half, the daemon's averages in the second."""
+
+    def __init__(self, client: Client, job: str):
+        self._client = client
+        self._job = job
+        self._regions: dict[int, tuple[str, ShmRegion]] = {}
+        self._generation = 0
+
+    def region(self, index: int, nbytes: int) -> tuple[str, ShmRegion]:
+        """The region of bucket `index`, made anew when the bucket's size
+        changes (DDP rebuilds its buckets after the first iteration)."""
+        current = self._regions.get(index)
+        if current is not None and current[1].byte_size == 2 * nbytes:
+            return current
+        if current is not None:
+            self._drop(index)
+        self._generation += 1
+        name = f"{self._job}.{self._client.client_id}.bucket{index}.{self._generation}"
+        region = ShmRegion(2 * nbytes, tag="torch-hook")
+        try:
+            self._client.register_shm(name, region)
+        except BaseException:
+            region.release()
+            raise
+        self._regions[index] = (name, region)
+        return name, region
+
+    def _drop(self, index: int) -> None:
+        name, region = self._regions.pop(index)
+        try:
+            self._client.unregister_shm(name)
+        finally:
+            region.release()
+
+    def close(self) -> None:
+        for index in list(self._regions):
+            self._drop(index)
+
+
+class HookState:
+    """The state register_comm_hook passes to `hook`.
+
+    Args:
+      model: the module DDP wraps (or the DDP model itself); its
+        named_parameters() give the tensor names the daemons meet by.
+      target: the local gradcompd, "host:port" or "unix:/path".
+      job: the daemon's job; codec state and rendezvous are per job.
+      codecs: optional codec per parameter name; names not in it are left to
+        the daemon's policy (which must be the same on every rank).
+      timeout: seconds one bucket may take, stragglers included.
+      shm: True: shared memory or an error; False: inline bytes; None: shared
+        memory if the daemon is on this host and accepts it, else inline.
+      client: an existing Client to use instead of connecting to `target`.
+    """
+
+    def __init__(self, model: torch.nn.Module, target: str, job: str = "default",
+                 codecs: Mapping[str, Codec] | None = None, timeout: float = 120.0,
+                 shm: bool | None = None, client: Client | None = None):
+        module = getattr(model, "module", model)
+        self.names = {id(p): name for name, p in module.named_parameters()}
+        unknown = sorted(set(codecs or {}) - set(self.names.values()))
+        if unknown:
+            raise ValueError(f"codecs name parameters the model does not have: {unknown}")
+        self.codecs = dict(codecs or {})
+        self.job = job
+        self.client = client or Client(target, timeout=timeout)
+        self.step = 0
+        self.stats = StepStats()
+        # The codec the daemon used for each tensor at its latest reduce.
+        self.last_codecs: dict[str, str] = {}
+        # "shm" or "inline", and why, once the first bucket has gone.
+        self.transport = ""
+        self.transport_reason = ""
+        self._shm_wanted = shm
+        self._staging: _ShmStaging | None = None
+        self._lock = threading.Lock()
+        # One thread: buckets go out in the order DDP hands them over, and the
+        # daemons match them by name and step, not by arrival order.
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="gradcomp-hook")
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        if self._staging is not None:
+            self._staging.close()
+        self.client.close()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The step and the daemon's codec state of this job, for a checkpoint.
+
+        Call it between iterations (after optimizer.step()), when no bucket
+        is in flight.
+        """
+        return {"job": self.job, "step": self.step,
+                "daemon_state": self.client.export_state(self.job)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores what state_dict() saved into this job's daemon."""
+        if state["job"] != self.job:
+            raise ValueError(f"checkpoint holds job '{state['job']}', this hook "
+                             f"reduces job '{self.job}'")
+        self.client.import_state(state["daemon_state"], self.job)
+        self.step = int(state["step"])
+
+    def _tensors(self, bucket: torch.distributed.GradBucket) -> list[_Tensor]:
+        """The bucket's gradients as named numpy views of its buffer."""
+        buffer = bucket.buffer()
+        base, size = buffer.data_ptr(), buffer.numel() * buffer.element_size()
+        tensors = []
+        for param, grad in zip(bucket.parameters(), bucket.gradients()):
+            name = self.names.get(id(param))
+            if name is None:
+                raise ValueError(f"a bucket holds a parameter of shape "
+                                 f"{list(param.shape)} that is not among the "
+                                 f"model's named_parameters()")
+            offset = grad.data_ptr() - base
+            if not 0 <= offset <= size - grad.numel() * grad.element_size():
+                raise ValueError(f"gradient of '{name}' is not a view of its "
+                                 f"bucket's buffer (byte offset {offset} of {size})")
+            tensors.append(_Tensor(name, grad.detach().numpy(), offset))
+        return tensors
+
+    def _groups(self, tensors: list[_Tensor]) -> list[tuple[Codec | None, list[_Tensor]]]:
+        """Tensors grouped by the codec the caller chose (None: the daemon's
+        policy); one ReduceStream per group."""
+        groups: dict[tuple | None, tuple[Codec | None, list[_Tensor]]] = {}
+        for t in tensors:
+            codec = self.codecs.get(t.name)
+            groups.setdefault(codec and codec.key(), (codec, []))[1].append(t)
+        return list(groups.values())
+
+    def _choose_transport(self) -> None:
+        if self._shm_wanted is False:
+            self.transport, self.transport_reason = "inline", "shm=False"
+            return
+        if not _is_local(self.client.target):
+            if self._shm_wanted:
+                raise ValueError(f"shm=True, but gradcompd at {self.client.target} "
+                                 f"is not on this host (expected unix: or loopback)")
+            self.transport, self.transport_reason = "inline", "the daemon is remote"
+            return
+        staging = _ShmStaging(self.client, self.job)
+        try:
+            staging.region(-1, 4)  # a probe: does the daemon map our regions?
+            staging.close()
+        except (GradcompError, OSError) as error:
+            if self._shm_wanted:
+                raise
+            self.transport, self.transport_reason = "inline", str(error)
+            return
+        self._staging = staging
+        self.transport, self.transport_reason = "shm", "the daemon is local"
+
+    def _reduce(self, index: int, buffer: np.ndarray, tensors: list[_Tensor],
+                step: int, last: bool) -> None:
+        if not self.transport:
+            self._choose_transport()
+        stats = {}
+        if self._staging is not None:
+            name, region = self._staging.region(index, buffer.nbytes)
+            region.array(buffer.shape, buffer.dtype)[...] = buffer
+            out = region.array(buffer.shape, buffer.dtype, offset=buffer.nbytes)
+            for codec, group in self._groups(tensors):
+                slices = {t.name: (
+                    region.tensor(name, region.array(t.grad.shape, t.grad.dtype, t.offset)),
+                    region.tensor(name, region.array(t.grad.shape, t.grad.dtype,
+                                                     buffer.nbytes + t.offset)))
+                    for t in group}
+                stats.update(self.client.reduce_many_shm(
+                    slices, step=step, job=self.job, codec=codec and codec.name,
+                    params=codec and codec.params))
+            buffer[...] = out
+            del out
+        else:
+            for codec, group in self._groups(tensors):
+                results = self.client.reduce_many(
+                    [(t.name, t.grad) for t in group], step=step, job=self.job,
+                    codec=codec and codec.name, params=codec and codec.params)
+                for t in group:
+                    average, stats[t.name] = results[t.name]
+                    t.grad[...] = average  # the view writes through to the bucket
+        with self._lock:
+            self.stats.reduces += len(stats)
+            self.stats.raw_bytes += sum(s.raw_bytes for s in stats.values())
+            self.stats.wire_bytes += sum(s.wire_bytes for s in stats.values())
+            self.stats.steps += int(last)
+            self.last_codecs.update({name: s.codec for name, s in stats.items()})
+
+
+def hook(state: HookState, bucket: torch.distributed.GradBucket
+         ) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: the bucket averaged over every rank by gradcompd."""
+    buffer = bucket.buffer()
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    try:
+        tensors = state._tensors(bucket)
+    except ValueError as error:
+        future.set_exception(error)
+        return future
+    step, last, index = state.step, bucket.is_last(), bucket.index()
+    if last:
+        state.step += 1
+
+    def run() -> None:
+        try:
+            state._reduce(index, buffer.numpy(), tensors, step, last)
+        except Exception as error:  # handed to DDP, which raises it in backward
+            future.set_exception(error)
+            return
+        future.set_result(buffer)
+
+    state._executor.submit(run)
+    return future

@@ -1,0 +1,247 @@
+"""Shared memory end to end: gradcomp.shm regions, the Client's shm methods,
+and real gradcompd processes (world size 1 and 2) started here.
+
+Needs the daemon binary: `bazel build //service:gradcompd`, or $GRADCOMPD.
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import unittest
+
+import grpc
+import numpy as np
+
+import gradcomp
+from gradcomp import metrics
+from gradcomp.shm import ShmRegion, ShmTensor
+from gradcomp.testing import Daemon, free_port
+
+
+def _gradient(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _metric(daemon, name):
+    return metrics.total(metrics.scrape(daemon.metrics_url), name)
+
+
+class ShmRegionTest(unittest.TestCase):
+
+    def test_views_slices_and_release(self):
+        region = ShmRegion(4096, tag="py-test")
+        self.assertTrue(region.key.startswith(f"/gradcomp.py-test.{os.getpid()}."))
+        self.assertTrue(os.path.exists("/dev/shm" + region.key))
+        a = region.array((4, 8), offset=128)
+        a[...] = 1.5
+        again = region.array(32, offset=128)
+        self.assertTrue(np.all(again == 1.5))
+        t = region.tensor("r", a)
+        self.assertEqual(t, ShmTensor("r", 128, (4, 8), np.dtype(np.float32)))
+        self.assertEqual(t.byte_size, 128)
+        with self.assertRaises(ValueError):
+            region.array(1025)  # 4100 bytes
+        with self.assertRaises(ValueError):
+            region.tensor("r", np.zeros(4, np.float32))  # not in the region
+        with self.assertRaises(BufferError):
+            region.release()  # `a` and `again` still view it
+        del a, again
+        region.release()
+        region.release()
+        self.assertFalse(os.path.exists("/dev/shm" + region.key))
+        with self.assertRaises(ValueError):
+            region.array(4)
+
+    def test_bad_sizes_and_tags(self):
+        with self.assertRaises(ValueError):
+            ShmRegion(0)
+        with self.assertRaises(ValueError):
+            ShmRegion(64, tag="../etc")
+
+
+class ShmOffByDefaultTest(unittest.TestCase):
+
+    def test_register_is_refused_with_the_flag_to_use(self):
+        with Daemon() as daemon, gradcomp.Client(daemon.target) as client, \
+                ShmRegion(64, tag="py-test") as region:
+            with self.assertRaises(gradcomp.GradcompError) as error:
+                client.register_shm("r", region)
+            self.assertEqual(error.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("--allow_client_shm", str(error.exception))
+
+
+class ShmDaemonTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = Daemon(["--allow_client_shm"]).start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.stop()
+
+    def setUp(self):
+        self.client = gradcomp.Client(self.daemon.target)
+        self.addCleanup(self.client.close)
+        self.region = ShmRegion(1 << 20, tag="py-test")
+        self.addCleanup(self.region.release)
+        self.addCleanup(self.client.unregister_shm)
+
+    def test_reduce_reads_and_writes_the_region(self):
+        self.client.register_shm("grads", self.region)
+        self.assertEqual(self.client.shm_status(), {"grads": 1 << 20})
+        grad = _gradient((256, 256), seed=1)
+        source = self.region.array(grad.shape)
+        target = self.region.array(grad.shape, offset=grad.nbytes)
+        source[...] = grad
+        stats = self.client.reduce_shm("fc.weight", 0,
+                                       self.region.tensor("grads", source),
+                                       self.region.tensor("grads", target))
+        self.assertEqual(stats.codec, "none")
+        self.assertEqual(stats.raw_bytes, grad.nbytes)
+        np.testing.assert_array_equal(target, grad)
+
+        stats = self.client.reduce_shm("fc.weight", 1,
+                                       self.region.tensor("grads", source),
+                                       self.region.tensor("grads", target),
+                                       codec="qsgd", params={"bits": 8})
+        self.assertEqual(stats.codec, "qsgd")
+        self.assertLess(np.linalg.norm(target - grad) / np.linalg.norm(grad), 0.1)
+        del source, target
+
+    def test_reduce_many_shm_over_one_stream(self):
+        self.client.register_shm("bucket", self.region)
+        tensors, expected, offset = {}, {}, 0
+        for i, shape in enumerate([(64, 64), (1000,), (3, 5, 7)]):
+            grad = _gradient(shape, seed=i).astype(np.float16 if i == 1 else np.float32)
+            source = self.region.array(shape, grad.dtype, offset)
+            target = self.region.array(shape, grad.dtype, offset + grad.nbytes)
+            offset += 2 * grad.nbytes + 64
+            source[...] = grad
+            tensors[f"t{i}"] = (self.region.tensor("bucket", source),
+                                self.region.tensor("bucket", target))
+            expected[f"t{i}"] = (grad, target)
+        stats = self.client.reduce_many_shm(tensors, step=0)
+        self.assertEqual(list(stats), ["t0", "t1", "t2"])
+        for name, (grad, target) in expected.items():
+            np.testing.assert_array_equal(target, grad, err_msg=name)
+        del expected
+
+    def test_errors(self):
+        self.client.register_shm("grads", self.region, offset=4096, byte_size=8192)
+        good = ShmTensor("grads", 0, (1024,), np.dtype(np.float32))
+        out = ShmTensor("grads", 4096, (1024,), np.dtype(np.float32))
+        cases = [
+            ("past the end", ShmTensor("grads", 4100, (1024,), good.dtype), out,
+             grpc.StatusCode.INVALID_ARGUMENT, "expected offset + byte_size <= 8192"),
+            ("wraps around", ShmTensor("grads", 2**64 - 8, (1024,), good.dtype), out,
+             grpc.StatusCode.INVALID_ARGUMENT, "ends past its 8192 bytes"),
+            ("unknown region", ShmTensor("nope", 0, (1024,), good.dtype), out,
+             grpc.StatusCode.NOT_FOUND, "no shared-memory region 'nope'"),
+            ("overlap", good, ShmTensor("grads", 2048, (1024,), good.dtype),
+             grpc.StatusCode.INVALID_ARGUMENT, "overlap"),
+        ]
+        for what, source, target, code, message in cases:
+            with self.subTest(what), self.assertRaises(gradcomp.GradcompError) as error:
+                self.client.reduce_shm("w", 0, source, target)
+            self.assertEqual(error.exception.code, code, what)
+            self.assertIn(message, str(error.exception), what)
+        with self.assertRaises(gradcomp.GradcompError) as error:
+            self.client.unregister_shm("nope")
+        self.assertEqual(error.exception.code, grpc.StatusCode.NOT_FOUND)
+        self.client.reduce_shm("w", 0, good, out)  # still serving
+
+    def test_two_clients_with_the_same_region_name(self):
+        self.client.register_shm("shared-name", self.region)
+        with gradcomp.Client(self.daemon.target) as other, \
+                ShmRegion(64, tag="py-test") as theirs:
+            with self.assertRaises(gradcomp.GradcompError) as error:
+                other.register_shm("shared-name", theirs)
+            self.assertEqual(error.exception.code, grpc.StatusCode.ALREADY_EXISTS)
+            self.assertIn(f"already registered by another client "
+                          f"('{self.client.client_id}')", str(error.exception))
+            self.assertEqual(other.shm_status(), {})
+
+    def test_a_killed_client_is_reclaimed_and_counted(self):
+        before = _metric(self.daemon, "gradcomp_shm_regions_reclaimed_total")
+        script = textwrap.dedent("""
+            import sys, time
+            import gradcomp
+            from gradcomp.shm import ShmRegion
+            region = ShmRegion(1 << 16, tag="py-test-victim")
+            gradcomp.Client(sys.argv[1]).register_shm("victim", region)
+            print(region.key, flush=True)
+            time.sleep(600)
+        """)
+        child = subprocess.Popen([sys.executable, "-c", script, self.daemon.target],
+                                 stdout=subprocess.PIPE, text=True)
+        key = child.stdout.readline().strip()
+        self.addCleanup(lambda: os.path.exists("/dev/shm" + key) and
+                        os.unlink("/dev/shm" + key))
+        self.assertTrue(key, "the child did not register its region")
+        self.assertEqual(_metric(self.daemon, "gradcomp_shm_regions"), 1)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+        # The daemon looks for abandoned regions every second; wait for the
+        # outcome, with a deadline only against a hang.
+        deadline = time.monotonic() + 30
+        while (_metric(self.daemon, "gradcomp_shm_regions_reclaimed_total") == before
+               and time.monotonic() < deadline):
+            time.sleep(0.1)
+        self.assertEqual(_metric(self.daemon, "gradcomp_shm_regions_reclaimed_total"),
+                         before + 1)
+        self.assertEqual(_metric(self.daemon, "gradcomp_shm_regions"), 0)
+        # The name is free again.
+        self.client.register_shm("victim", self.region)
+
+
+class ShmTwoDaemonsTest(unittest.TestCase):
+    """World size 2: each rank's client reduces through its own daemon's
+    shared memory, and both get the average."""
+
+    def test_average_of_two_ranks_through_shared_memory(self):
+        peers = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
+        daemons = [Daemon([f"--rank={r}", "--world_size=2", f"--peers={peers}",
+                           "--allow_client_shm"]) for r in range(2)]
+        for daemon in daemons:
+            daemon.start()
+            self.addCleanup(daemon.__exit__, None, None, None)
+        grads = [_gradient((512, 128), seed=10 + r) for r in range(2)]
+        results, errors = [None, None], []
+
+        def rank(r):
+            try:
+                with gradcomp.Client(daemons[r].target) as client, \
+                        ShmRegion(2 * grads[r].nbytes, tag=f"py-test-r{r}") as region:
+                    client.register_shm(f"job.rank{r}", region)
+                    source = region.array(grads[r].shape)
+                    target = region.array(grads[r].shape, offset=grads[r].nbytes)
+                    source[...] = grads[r]
+                    for step in range(3):
+                        client.reduce_shm("fc.weight", step,
+                                          region.tensor(f"job.rank{r}", source),
+                                          region.tensor(f"job.rank{r}", target),
+                                          job="job")
+                    results[r] = target.copy()
+                    client.unregister_shm()
+                    del source, target
+            except Exception as error:  # reported below, with the daemon logs
+                errors.append(error)
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        self.assertEqual(errors, [], "\n".join(d.log()[-2000:] for d in daemons))
+        expected = (grads[0] + grads[1]) / 2
+        for r in range(2):
+            np.testing.assert_allclose(results[r], expected, rtol=1e-6, atol=1e-7)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,225 @@
+{{/*
+Named templates of the gradcomp chart. Every one takes the gradcomp chart's
+context: `.` inside this chart, `.Subcharts.gradcomp` in a parent chart that
+has gradcomp as a dependency (docs/operations.md, "Your own pods").
+
+  gradcomp.podSpec        a pod spec with the sidecar added:
+                            include "gradcomp.podSpec" (dict "gradcomp" $ctx "spec" $mySpec)
+  gradcomp.container      the gradcompd container (one list item)
+  gradcomp.volumes        the volumes it mounts (list items)
+  gradcomp.podLabels      labels the pods must carry (the headless Service selects them)
+  gradcomp.podAnnotations restart the pods when the daemon config changes
+  gradcomp.serviceName    the headless Service, the StatefulSet's serviceName
+*/}}
+
+{{- define "gradcomp.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The StatefulSet whose pods are the ranks: its pods are <workload>-<ordinal>. */}}
+{{- define "gradcomp.workload" -}}
+{{- default (include "gradcomp.fullname" .) .Values.workload.name -}}
+{{- end -}}
+
+{{- define "gradcomp.serviceName" -}}
+{{- printf "%s-peers" (include "gradcomp.workload" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gradcomp.configMapName" -}}
+{{- printf "%s-config" (include "gradcomp.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gradcomp.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "gradcomp.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gradcomp.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "gradcomp.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "gradcomp.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "gradcomp.podLabels" -}}
+{{ include "gradcomp.selectorLabels" . }}
+app.kubernetes.io/component: worker
+{{- end -}}
+
+{{- define "gradcomp.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* host:port of every rank's peer endpoint, by rank: stable DNS names of the StatefulSet's pods. */}}
+{{- define "gradcomp.peers" -}}
+{{- $workload := include "gradcomp.workload" . -}}
+{{- $service := include "gradcomp.serviceName" . -}}
+{{- $peers := list -}}
+{{- range $rank := until (int .Values.worldSize) -}}
+{{- $peers = append $peers (printf "%s-%d.%s.%s.svc.%s:%d" $workload $rank $service $.Release.Namespace $.Values.clusterDomain (int $.Values.ports.peer)) -}}
+{{- end -}}
+{{- join "," $peers -}}
+{{- end -}}
+
+{{/* The DaemonConfig (proto/gradcomp/v1/config.proto) as protobuf JSON. Rank is a flag: it differs per pod. */}}
+{{- define "gradcomp.config" -}}
+{{- $config := dict
+  "listen" (printf "0.0.0.0:%d" (int .Values.ports.api))
+  "metricsListen" (printf "0.0.0.0:%d" (int .Values.ports.metrics))
+  "worldSize" (int .Values.worldSize)
+  "peers" (splitList "," (include "gradcomp.peers" .))
+  "seed" (int64 .Values.config.seed | toString)
+  "errorSampleRate" .Values.config.errorSampleRate
+  "maxTensorBytes" (int64 .Values.config.maxTensorBytes | toString)
+  "policy" .Values.config.policy
+-}}
+{{- toPrettyJson $config -}}
+{{- end -}}
+
+{{- define "gradcomp.podAnnotations" -}}
+checksum/gradcomp-config: {{ include "gradcomp.config" . | sha256sum }}
+{{- end -}}
+
+{{- define "gradcomp.container" -}}
+- name: gradcompd
+  image: {{ include "gradcomp.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args:
+    - --config=/etc/gradcomp/config/daemon.json
+    - --rank=$(GRADCOMP_RANK)
+    - --peer_listen=0.0.0.0:{{ int .Values.ports.peer }}
+    - --collective_timeout={{ .Values.peerTimeouts.collective }}
+    - --peer_startup_timeout={{ .Values.peerTimeouts.startup }}
+    {{- range .Values.sidecar.extraArgs }}
+    - {{ . | quote }}
+    {{- end }}
+  env:
+    - name: GRADCOMP_RANK
+      valueFrom:
+        fieldRef:
+          fieldPath: {{ .Values.rank.fieldPath }}
+    {{- with .Values.sidecar.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  ports:
+    - name: api
+      containerPort: {{ int .Values.ports.api }}
+    - name: peer
+      containerPort: {{ int .Values.ports.peer }}
+    - name: metrics
+      containerPort: {{ int .Values.ports.metrics }}
+  # Health is NOT_SERVING until every peer is connected, so the startup probe
+  # waits as long as the daemon itself waits for its peers.
+  startupProbe:
+    grpc:
+      port: {{ int .Values.ports.api }}
+    periodSeconds: 5
+    failureThreshold: {{ include "gradcomp.startupProbeFailures" . }}
+  readinessProbe:
+    grpc:
+      port: {{ int .Values.ports.api }}
+    periodSeconds: {{ .Values.sidecar.probes.periodSeconds }}
+    failureThreshold: {{ .Values.sidecar.probes.failureThreshold }}
+  livenessProbe:
+    grpc:
+      port: {{ int .Values.ports.api }}
+    periodSeconds: {{ .Values.sidecar.probes.periodSeconds }}
+    failureThreshold: {{ .Values.sidecar.probes.failureThreshold }}
+  {{- $resources := deepCopy .Values.sidecar.resources }}
+  {{- if gt (int .Values.sidecar.gpus) 0 }}
+  {{- $_ := set $resources "limits" (merge (dict "nvidia.com/gpu" (int .Values.sidecar.gpus)) (default (dict) $resources.limits)) }}
+  {{- end }}
+  {{- with $resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  securityContext:
+    runAsNonRoot: true
+    readOnlyRootFilesystem: true
+    allowPrivilegeEscalation: false
+    capabilities:
+      drop: ["ALL"]
+  volumeMounts:
+    - name: gradcomp-config
+      mountPath: /etc/gradcomp/config
+      readOnly: true
+    - name: dshm
+      mountPath: /dev/shm
+    {{- if .Values.tls.enabled }}
+    - name: gradcomp-tls
+      mountPath: /etc/gradcomp/tls
+      readOnly: true
+    {{- end }}
+{{- end -}}
+
+{{/* Startup probe attempts (every 5 s) covering the daemon's peer start-up timeout plus a minute. */}}
+{{- define "gradcomp.startupProbeFailures" -}}
+{{- $d := .Values.peerTimeouts.startup -}}
+{{- $seconds := 0 -}}
+{{- if hasSuffix "h" $d -}}{{- $seconds = mul (trimSuffix "h" $d | int) 3600 -}}
+{{- else if hasSuffix "m" $d -}}{{- $seconds = mul (trimSuffix "m" $d | int) 60 -}}
+{{- else -}}{{- $seconds = trimSuffix "s" $d | int -}}
+{{- end -}}
+{{- add (div (add $seconds 60) 5) 1 -}}
+{{- end -}}
+
+{{- define "gradcomp.volumes" -}}
+- name: gradcomp-config
+  configMap:
+    name: {{ include "gradcomp.configMapName" . }}
+- name: dshm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ .Values.shm.sizeLimit }}
+{{- if .Values.tls.enabled }}
+- name: gradcomp-tls
+  secret:
+    secretName: {{ .Values.tls.secretName }}
+    defaultMode: 0440
+{{- end }}
+{{- end -}}
+
+{{/*
+A pod spec with the sidecar added: the gradcompd container appended to
+.spec.containers, its volumes to .spec.volumes, and /dev/shm mounted in every
+container that does not mount it yet (a volume named dshm in the given spec
+is replaced: the trainer and the daemon must share one /dev/shm).
+*/}}
+{{- define "gradcomp.podSpec" -}}
+{{- $gc := .gradcomp -}}
+{{- $spec := deepCopy .spec -}}
+{{- $containers := list -}}
+{{- range (default list $spec.containers) -}}
+{{- $mounts := default list .volumeMounts -}}
+{{- $hasShm := false -}}
+{{- range $mounts -}}{{- if eq .mountPath "/dev/shm" -}}{{- $hasShm = true -}}{{- end -}}{{- end -}}
+{{- if not $hasShm -}}
+{{- $_ := set . "volumeMounts" (append $mounts (dict "name" "dshm" "mountPath" "/dev/shm")) -}}
+{{- end -}}
+{{- $containers = append $containers . -}}
+{{- end -}}
+{{- $containers = concat $containers (include "gradcomp.container" $gc | fromYamlArray) -}}
+{{- $ours := include "gradcomp.volumes" $gc | fromYamlArray -}}
+{{- $volumes := list -}}
+{{- range (default list $spec.volumes) -}}
+{{- if ne .name "dshm" -}}{{- $volumes = append $volumes . -}}{{- end -}}
+{{- end -}}
+{{- $_ := set $spec "containers" $containers -}}
+{{- $_ := set $spec "volumes" (concat $volumes $ours) -}}
+{{- if not (hasKey $spec "securityContext") -}}
+{{- $_ := set $spec "securityContext" $gc.Values.podSecurityContext -}}
+{{- end -}}
+{{- toYaml $spec -}}
+{{- end -}}

@@ -1,0 +1,258 @@
+#include "service/collective/sharded_reduce.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "codecs/random.h"
+
+namespace gradcomp::service {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Slice j of n elements over w ranks: [n*j/w, n*(j+1)/w), the same split as
+// the SUM rounds' reduce-scatter.
+struct Range {
+  size_t begin;
+  size_t size;
+};
+Range SliceOf(size_t n, int w, int j) {
+  const uint64_t begin = uint64_t{n} * j / w;
+  return {begin, uint64_t{n} * (j + 1) / w - begin};
+}
+
+// The codec state of one slice: the slice's range of each element-wise
+// buffer (numel values) of the tensor's state. Other buffers (a previous
+// codec's) are not the slice's and stay where they are.
+codecs::TensorState SliceState(const codecs::TensorState& state, size_t numel,
+                               Range r) {
+  codecs::TensorState slice;
+  for (const auto& [name, values] : state.buffers()) {
+    if (values.size() != numel) continue;
+    absl::Span<float> b = slice.Buffer(name, r.size);
+    std::copy(values.begin() + r.begin, values.begin() + r.begin + r.size,
+              b.begin());
+  }
+  return slice;
+}
+
+// Writes a slice's state back into its range of the tensor's buffers
+// (creating them, zero-filled, at their first step).
+void StoreSliceState(const codecs::TensorState& slice, size_t numel, Range r,
+                     codecs::TensorState& state) {
+  for (const auto& [name, values] : slice.buffers()) {
+    absl::Span<float> b = state.Buffer(name, numel);
+    std::copy(values.begin(), values.end(), b.begin() + r.begin);
+  }
+}
+
+// Every slice has its own Philox streams, so that the W slices of a
+// stochastic codec are not rounded with the same numbers.
+codecs::StepContext SliceContext(const codecs::StepContext& ctx,
+                                 const RoundKey& key, absl::string_view what,
+                                 int slice) {
+  codecs::StepContext c = ctx;
+  c.tensor_id = codecs::TensorId(absl::StrCat(key.tensor, what, slice));
+  return c;
+}
+
+std::string Where(const RoundKey& key, int slice) {
+  return absl::StrCat("sharded '", key.tensor, "' step ", key.step, " slice ",
+                      slice);
+}
+
+}  // namespace
+
+absl::string_view AggregationName(Aggregation aggregation) {
+  switch (aggregation) {
+    case Aggregation::kAllgather:
+      return "allgather";
+    case Aggregation::kSharded:
+      return "sharded";
+    case Aggregation::kAuto:
+      return "auto";
+  }
+  return "unknown";
+}
+
+const codecs::SingleRoundCodec* ShardableCodec(Aggregation mode,
+                                               const codecs::Codec& codec,
+                                               int world_size, uint64_t numel) {
+  const codecs::CodecInfo& info = codec.info();
+  if (mode == Aggregation::kAllgather || !info.shardable || info.summable ||
+      info.rounds != 1 || world_size < 2 ||
+      numel < static_cast<uint64_t>(world_size)) {
+    return nullptr;
+  }
+  if (mode == Aggregation::kAuto &&
+      (world_size < kAutoMinWorldSize || numel < kAutoMinNumel)) {
+    return nullptr;
+  }
+  return dynamic_cast<const codecs::SingleRoundCodec*>(&codec);
+}
+
+absl::Status DecodeSlices(const codecs::SingleRoundCodec& codec,
+                          absl::Span<const codecs::Bytes> parts,
+                          absl::Span<float> out) {
+  const int w = static_cast<int>(parts.size());
+  std::fill(out.begin(), out.end(), 0.0f);
+  for (int j = 0; j < w; ++j) {
+    const Range r = SliceOf(out.size(), w, j);
+    absl::Status decoded =
+        codec.DecodeAdd(parts[j], 1.0f, out.subspan(r.begin, r.size));
+    if (!decoded.ok()) {
+      return absl::Status(decoded.code(),
+                          absl::StrCat("slice ", j, ": ", decoded.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardedStats> ShardedReduce(
+    Collective& collective, codecs::StateStore& store,
+    const codecs::SingleRoundCodec& codec, const RoundKey& key,
+    absl::Span<const float> grad, codecs::TensorState& state,
+    const codecs::StepContext& ctx, absl::Span<float> out,
+    std::vector<codecs::Bytes>* own_parts) {
+  const int w = collective.world_size();
+  const int me = collective.rank();
+  const size_t n = grad.size();
+  if (out.size() != n || n < static_cast<size_t>(w)) {
+    return absl::InternalError(absl::StrCat(
+        "sharded '", key.tensor, "': ", n, " elements and an output of ",
+        out.size(), "; expected equal sizes and at least ", w,
+        " elements (one per rank)"));
+  }
+  ShardedStats stats;
+
+  // Each slice encoded on its own, with its range of this worker's state.
+  Clock::time_point t = Clock::now();
+  std::vector<codecs::Bytes> parts(w);
+  for (int j = 0; j < w; ++j) {
+    const Range r = SliceOf(n, w, j);
+    codecs::TensorState slice_state = SliceState(state, n, r);
+    const int64_t shape[] = {static_cast<int64_t>(r.size)};
+    absl::Status encoded = codec.Encode(
+        codecs::TensorView{grad.subspan(r.begin, r.size), shape}, slice_state,
+        SliceContext(ctx, key, "#slice", j), &parts[j]);
+    if (!encoded.ok()) {
+      return absl::Status(encoded.code(),
+                          absl::StrCat(Where(key, j), ": ", encoded.message()));
+    }
+    StoreSliceState(slice_state, n, r, state);
+    stats.wire_bytes += parts[j].size();
+  }
+  if (own_parts != nullptr) *own_parts = parts;
+  stats.encode_seconds += SecondsSince(t);
+
+  t = Clock::now();
+  GC_ASSIGN_OR_RETURN(std::vector<codecs::Bytes> got,
+                      collective.AllToAll(key, std::move(parts)));
+  stats.collective_seconds += SecondsSince(t);
+
+  // The owner: the W payloads of its slice, averaged (FinishGather checks
+  // each and names its rank), re-encoded with the owner's own state.
+  t = Clock::now();
+  const Range mine = SliceOf(n, w, me);
+  const codecs::StepContext owner_ctx = SliceContext(ctx, key, "#shard", me);
+  std::vector<float> average(mine.size);
+  absl::Status averaged =
+      codec.FinishGather(got, owner_ctx, absl::MakeSpan(average));
+  if (!averaged.ok()) {
+    return absl::Status(averaged.code(),
+                        absl::StrCat(Where(key, me), ": ", averaged.message()));
+  }
+  stats.decode_seconds += SecondsSince(t);
+  t = Clock::now();
+  codecs::Bytes reencoded;
+  {
+    const int64_t shape[] = {static_cast<int64_t>(mine.size)};
+    codecs::StateStore::Locked owner_state = store.Acquire(
+        key.job, absl::StrCat(key.tensor, kOwnerStateSuffix), shape, 0);
+    absl::Status encoded = codec.Encode(codecs::TensorView{average, shape},
+                                        *owner_state, owner_ctx, &reencoded);
+    if (!encoded.ok()) {
+      return absl::Status(encoded.code(),
+                          absl::StrCat(Where(key, me), " (owner re-encode): ",
+                                       encoded.message()));
+    }
+  }
+  stats.wire_bytes += reencoded.size();
+  stats.encode_seconds += SecondsSince(t);
+
+  t = Clock::now();
+  GC_ASSIGN_OR_RETURN(got, collective.Allgather(key, std::move(reencoded)));
+  stats.collective_seconds += SecondsSince(t);
+
+  // Every rank decodes the same W re-encoded slices, in rank order.
+  t = Clock::now();
+  absl::Status decoded = DecodeSlices(codec, got, out);
+  if (!decoded.ok()) {
+    return absl::Status(
+        decoded.code(),
+        absl::StrCat("sharded '", key.tensor, "' step ", key.step,
+                     ", re-encoded by its owner: ", decoded.message()));
+  }
+  stats.decode_seconds += SecondsSince(t);
+  return stats;
+}
+
+ShardedSession::ShardedSession(Collective& collective,
+                               codecs::StateStore& store,
+                               const codecs::SingleRoundCodec& codec,
+                               RoundKey key, absl::Span<const float> grad,
+                               codecs::TensorState& state,
+                               const codecs::StepContext& ctx)
+    : collective_(collective),
+      store_(store),
+      codec_(codec),
+      key_(std::move(key)),
+      grad_(grad),
+      state_(state),
+      ctx_(ctx) {}
+
+absl::StatusOr<std::optional<codecs::Round>> ShardedSession::NextRound() {
+  if (!done_) {
+    average_.resize(grad_.size());
+    GC_ASSIGN_OR_RETURN(
+        stats_, ShardedReduce(collective_, store_, codec_, key_, grad_, state_,
+                              ctx_, absl::MakeSpan(average_), &own_parts_));
+    done_ = true;
+  }
+  return std::nullopt;
+}
+
+absl::Status ShardedSession::Absorb(codecs::RoundResult /*result*/) {
+  return absl::FailedPreconditionError(
+      "a sharded session runs its exchanges itself; expected no round "
+      "result to absorb");
+}
+
+absl::Status ShardedSession::Finish(absl::Span<float> out) {
+  if (!done_ || out.size() != average_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sharded '", key_.tensor, "': Finish with ", out.size(),
+        " values before or without a completed reduce of ", grad_.size()));
+  }
+  std::copy(average_.begin(), average_.end(), out.begin());
+  return absl::OkStatus();
+}
+
+absl::Status ShardedSession::DecodeOwn(absl::Span<float> out) {
+  if (!done_ || out.size() != grad_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sharded '", key_.tensor, "': DecodeOwn with ", out.size(),
+        " values before or without a completed reduce of ", grad_.size()));
+  }
+  return DecodeSlices(codec_, own_parts_, out);
+}
+
+}  // namespace gradcomp::service

@@ -1,0 +1,131 @@
+// Sharded aggregation of a GATHER codec: rank j owns slice j of the
+// flattened tensor. Every rank encodes each slice on its own and sends slice
+// j's payload to rank j (AllToAll); the owner decodes the W payloads of its
+// slice, averages them (or takes the majority vote of sign codecs),
+// re-encodes the average with its own error-feedback state and sends that
+// to everyone (Allgather); every rank decodes the W re-encoded slices. A
+// worker sends about 2P bytes whatever W, against (W-1)P for allgather.
+// Results are bit-identical on every rank: all decode the same bytes.
+//
+//   const codecs::SingleRoundCodec* codec =
+//       ShardableCodec(Aggregation::kAuto, *any_codec, world_size, numel);
+//   if (codec != nullptr) {
+//     GC_ASSIGN_OR_RETURN(ShardedStats stats,
+//                         ShardedReduce(collective, store, *codec, key, grad,
+//                                       *state, ctx, out, nullptr));
+//   }
+#ifndef GRADCOMP_SERVICE_COLLECTIVE_SHARDED_REDUCE_H_
+#define GRADCOMP_SERVICE_COLLECTIVE_SHARDED_REDUCE_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "codecs/codec.h"
+#include "codecs/state.h"
+#include "service/collective/collective.h"
+
+namespace gradcomp::service {
+
+// How a GATHER round is aggregated (a policy setting).
+enum class Aggregation {
+  kAllgather,  // every rank sends its payload to every other
+  kSharded,    // this file, when the codec allows it; else allgather
+  kAuto,       // sharded where the cost model says it pays (UseShardedAuto)
+};
+
+absl::string_view AggregationName(Aggregation aggregation);
+
+// `auto`'s thresholds (docs/peers.md, "Sharded or allgather"): sharded
+// sends 2(W-1)/W P + 2(W-1)H bytes per worker against (W-1)(P+H) and
+// decodes ~1 payload's worth instead of W, but pays a second encode, a
+// second compression error and a second message latency. Measured on
+// loopback (bench/sharded_bench.cc) it wins from W = 3 on tensors of
+// kAutoMinNumel elements and more.
+inline constexpr int kAutoMinWorldSize = 3;
+inline constexpr uint64_t kAutoMinNumel = uint64_t{1} << 16;
+
+// The codec as a SingleRoundCodec when its GATHER round is to be sharded
+// under `mode` for a tensor of `numel` elements on `world_size` ranks;
+// nullptr when the round goes by allgather (or is a SUM round): the codec
+// is summable, multi-round or not shardable (CodecInfo::shardable), the
+// world has one rank, a slice would be empty, or `auto` says allgather.
+const codecs::SingleRoundCodec* ShardableCodec(Aggregation mode,
+                                               const codecs::Codec& codec,
+                                               int world_size, uint64_t numel);
+
+// The owner's state of a tensor's slice lives in the StateStore under
+// (job, tensor + kOwnerStateSuffix), so it is exported and imported with
+// the job's other state; it resets when the slice's size changes.
+inline constexpr absl::string_view kOwnerStateSuffix = "#shard";
+
+struct ShardedStats {
+  // Payload bytes this rank encoded: its W slice payloads and its owned
+  // slice's re-encode.
+  uint64_t wire_bytes = 0;
+  double encode_seconds = 0;
+  double collective_seconds = 0;
+  double decode_seconds = 0;
+};
+
+// Runs one sharded reduce of `grad` (the tensor's values, flattened).
+// `state` is the tensor's own state (the caller holds its lock); each
+// slice's encode reads and updates its range of the state's element-wise
+// buffers, so a tensor can switch between allgather and sharded and keep
+// its residual. `out` receives the average (grad.size() values);
+// `own_parts`, when not null, this worker's W slice payloads (for
+// DecodeSlices, error metrics). Errors name the rank and slice.
+absl::StatusOr<ShardedStats> ShardedReduce(
+    Collective& collective, codecs::StateStore& store,
+    const codecs::SingleRoundCodec& codec, const RoundKey& key,
+    absl::Span<const float> grad, codecs::TensorState& state,
+    const codecs::StepContext& ctx, absl::Span<float> out,
+    std::vector<codecs::Bytes>* own_parts);
+
+// Decodes slice payloads (parts[j] holds slice j of W = parts.size()) into
+// `out`, the whole tensor.
+absl::Status DecodeSlices(const codecs::SingleRoundCodec& codec,
+                          absl::Span<const codecs::Bytes> parts,
+                          absl::Span<float> out);
+
+// ShardedReduce as a CodecSession, so that the engine runs it through its
+// usual pipeline: the first NextRound() runs the whole reduce (both
+// exchanges) and reports no round to run; Finish writes the average;
+// DecodeOwn decodes this worker's slice payloads. Arguments as for
+// ShardedReduce; they must outlive the session.
+class ShardedSession : public codecs::CodecSession {
+ public:
+  ShardedSession(Collective& collective, codecs::StateStore& store,
+                 const codecs::SingleRoundCodec& codec, RoundKey key,
+                 absl::Span<const float> grad, codecs::TensorState& state,
+                 const codecs::StepContext& ctx);
+
+  absl::StatusOr<std::optional<codecs::Round>> NextRound() override;
+  absl::Status Absorb(codecs::RoundResult result) override;
+  absl::Status Finish(absl::Span<float> out) override;
+  absl::Status DecodeOwn(absl::Span<float> out) override;
+
+  // Valid once NextRound() returned.
+  const ShardedStats& stats() const { return stats_; }
+
+ private:
+  Collective& collective_;
+  codecs::StateStore& store_;
+  const codecs::SingleRoundCodec& codec_;
+  const RoundKey key_;
+  const absl::Span<const float> grad_;
+  codecs::TensorState& state_;
+  const codecs::StepContext ctx_;
+  bool done_ = false;
+  std::vector<float> average_;
+  std::vector<codecs::Bytes> own_parts_;
+  ShardedStats stats_;
+};
+
+}  // namespace gradcomp::service
+
+#endif  // GRADCOMP_SERVICE_COLLECTIVE_SHARDED_REDUCE_H_

@@ -1,0 +1,395 @@
+#include "service/collective/sharded_reduce.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "codecs/builtin.h"
+#include "codecs/cpu/momentum.h"
+#include "codecs/params.h"
+#include "codecs/random.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "service/collective/in_process_group.h"
+
+namespace gradcomp::service {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::unique_ptr<codecs::Codec> Make(
+    const std::string& name, std::map<std::string, std::string> params = {}) {
+  auto codec =
+      codecs::BuiltinCodecs().Create(name, codecs::CodecParams(params));
+  EXPECT_TRUE(codec.ok()) << codec.status();
+  return *std::move(codec);
+}
+
+// W daemons in one process: collectives over an InProcessHub, and each
+// rank's StateStore.
+class Group : public InProcessGroup {
+ public:
+  explicit Group(int world_size, absl::Duration timeout = absl::Seconds(60))
+      : InProcessGroup(world_size, timeout), stores_(world_size) {}
+  codecs::StateStore& store(int rank) { return stores_[rank]; }
+
+ private:
+  std::vector<codecs::StateStore> stores_;
+};
+
+codecs::StepContext Context(const std::string& tensor, int64_t step, int rank,
+                            int world_size) {
+  codecs::StepContext ctx;
+  ctx.seed = 11;
+  ctx.tensor_id = codecs::TensorId(tensor);
+  ctx.step = step;
+  ctx.rank = rank;
+  ctx.world_size = world_size;
+  return ctx;
+}
+
+std::vector<float> Gradient(int rank, int tensor, int64_t step, size_t n) {
+  std::mt19937 rng(rank * 100003 + tensor * 1009 + static_cast<int>(step));
+  std::normal_distribution<float> normal(0.0f, 0.01f);
+  std::vector<float> g(n);
+  for (float& x : g) x = normal(rng);
+  return g;
+}
+
+using Outputs = std::vector<absl::StatusOr<std::vector<float>>>;
+
+// Each rank reduces every tensor of `step` at once, started in a random
+// order of its own; grads[t][r] is rank r's gradient of tensor t. Sharded
+// when `sharded`, else by allgather and the codec's FinishGather.
+std::vector<Outputs> Reduce(
+    Group& group, const codecs::Codec& codec, const std::string& prefix,
+    int64_t step, const std::vector<std::vector<std::vector<float>>>& grads,
+    bool sharded) {
+  const int w = group.world_size();
+  const int tensors = static_cast<int>(grads.size());
+  const auto& single = dynamic_cast<const codecs::SingleRoundCodec&>(codec);
+  std::vector<Outputs> out(tensors, Outputs(w, absl::UnknownError("not run")));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < w; ++r) {
+    std::vector<int> order(tensors);
+    for (int t = 0; t < tensors; ++t) order[t] = t;
+    std::shuffle(order.begin(), order.end(), std::mt19937(r + 31 * step));
+    for (int t : order) {
+      threads.emplace_back([&, r, t] {
+        const std::string tensor = absl::StrCat(prefix, t);
+        const std::vector<float>& g = grads[t][r];
+        const int64_t shape[] = {static_cast<int64_t>(g.size())};
+        codecs::StateStore::Locked state =
+            group.store(r).Acquire("job", tensor, shape, 1);
+        const codecs::StepContext ctx = Context(tensor, step, r, w);
+        std::vector<float> avg(g.size());
+        const RoundKey key{"job", tensor, step, 0};
+        absl::Status status;
+        if (sharded) {
+          status =
+              ShardedReduce(group.collective(r), group.store(r), single, key, g,
+                            *state, ctx, absl::MakeSpan(avg), nullptr)
+                  .status();
+        } else {
+          codecs::Bytes payload;
+          status = single.Encode({g, shape}, *state, ctx, &payload);
+          absl::StatusOr<codecs::RoundResult> got =
+              status.ok() ? group.collective(r).Run(
+                                key, {codecs::Collective::kGather, payload})
+                          : status;
+          status = got.ok() ? single.FinishGather(got->payloads, ctx,
+                                                  absl::MakeSpan(avg))
+                            : got.status();
+        }
+        out[t][r] =
+            status.ok() ? absl::StatusOr<std::vector<float>>(avg) : status;
+      });
+    }
+  }
+  for (std::thread& thread : threads) thread.join();
+  return out;
+}
+
+std::vector<float> Mean(const std::vector<std::vector<float>>& by_rank) {
+  std::vector<float> mean(by_rank[0].size(), 0.0f);
+  for (const auto& g : by_rank) {
+    for (size_t i = 0; i < g.size(); ++i) mean[i] += g[i];
+  }
+  for (float& m : mean) m /= by_rank.size();
+  return mean;
+}
+
+double SquaredDistance(absl::Span<const float> a, absl::Span<const float> b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    d += (double{a[i]} - b[i]) * (a[i] - b[i]);
+  return d;
+}
+
+double SquaredNorm(absl::Span<const float> a) {
+  double s = 0;
+  for (float v : a) s += double{v} * v;
+  return s;
+}
+
+TEST(ShardableCodecTest, OnlyShardableGatherCodecsAndAutoByWorldAndSize) {
+  auto topk = Make("topk", {{"ratio", "0.01"}, {"momentum", "0"}});
+  auto topk_momentum = Make("topk", {{"ratio", "0.01"}});
+  auto qsgd = Make("qsgd");
+  const uint64_t big = kAutoMinNumel;
+  EXPECT_NE(ShardableCodec(Aggregation::kSharded, *topk, 2, 100), nullptr);
+  EXPECT_NE(ShardableCodec(Aggregation::kSharded, *qsgd, 4, 4), nullptr);
+  EXPECT_NE(ShardableCodec(Aggregation::kSharded, *Make("signsgd"), 4, 9),
+            nullptr);
+  EXPECT_NE(ShardableCodec(Aggregation::kSharded, *Make("efsign"), 4, 9),
+            nullptr);
+  // A momentum correction would run twice (at the owner too).
+  EXPECT_EQ(ShardableCodec(Aggregation::kSharded, *topk_momentum, 4, big),
+            nullptr);
+  // Matrix codecs, summable codecs.
+  EXPECT_EQ(ShardableCodec(Aggregation::kSharded, *Make("atomo"), 4, big),
+            nullptr);
+  EXPECT_EQ(ShardableCodec(Aggregation::kSharded, *Make("onebit"), 4, big),
+            nullptr);
+  EXPECT_EQ(ShardableCodec(Aggregation::kSharded, *Make("none"), 4, big),
+            nullptr);
+  EXPECT_EQ(ShardableCodec(Aggregation::kSharded, *Make("powersgd"), 4, big),
+            nullptr);
+  // One rank, or fewer elements than ranks.
+  EXPECT_EQ(ShardableCodec(Aggregation::kSharded, *qsgd, 1, big), nullptr);
+  EXPECT_EQ(ShardableCodec(Aggregation::kSharded, *qsgd, 4, 3), nullptr);
+  EXPECT_EQ(ShardableCodec(Aggregation::kAllgather, *qsgd, 4, big), nullptr);
+  // auto: by world size and tensor size.
+  EXPECT_EQ(
+      ShardableCodec(Aggregation::kAuto, *qsgd, kAutoMinWorldSize - 1, big),
+      nullptr);
+  EXPECT_EQ(
+      ShardableCodec(Aggregation::kAuto, *qsgd, kAutoMinWorldSize, big - 1),
+      nullptr);
+  EXPECT_NE(ShardableCodec(Aggregation::kAuto, *qsgd, kAutoMinWorldSize, big),
+            nullptr);
+}
+
+// QSGD: sharded and allgather results both within QSGD's documented
+// variance of the true mean, E||Q(v) - v||^2 <= beta ||v||^2 with
+// beta = min(d/s^2, sqrt(d)/s): allgather averages W independent
+// quantisations (beta sum ||v_r||^2 / W^2); sharded adds the owner's
+// re-quantisation of that average a (beta E||a||^2, with
+// E||a||^2 <= ||mean||^2 + beta sum ||v_r||^2 / W^2).
+TEST(ShardedReduceTest, QsgdIsBitIdenticalOnEveryRankAndWithinItsBound) {
+  constexpr int kW = 4, kTensors = 6;
+  Group group(kW);
+  auto codec = Make("qsgd", {{"bits", "4"}, {"bucket", "512"}});
+  const double d = 512, s = 7;
+  const double beta = std::min(d / (s * s), std::sqrt(d) / s);
+  for (int64_t step = 0; step < 3; ++step) {
+    std::vector<std::vector<std::vector<float>>> grads(kTensors);
+    for (int t = 0; t < kTensors; ++t) {
+      // Sizes not divisible by W.
+      for (int r = 0; r < kW; ++r)
+        grads[t].push_back(Gradient(r, t, step, 20001 + 7 * t));
+    }
+    const std::vector<Outputs> sharded =
+        Reduce(group, *codec, "s", step, grads, true);
+    const std::vector<Outputs> gathered =
+        Reduce(group, *codec, "a", step, grads, false);
+    for (int t = 0; t < kTensors; ++t) {
+      for (int r = 0; r < kW; ++r) {
+        ASSERT_TRUE(sharded[t][r].ok()) << sharded[t][r].status();
+        ASSERT_TRUE(gathered[t][r].ok()) << gathered[t][r].status();
+        EXPECT_TRUE(*sharded[t][r] == *sharded[t][0])
+            << "tensor " << t << ": rank " << r << " differs from rank 0";
+        EXPECT_TRUE(*gathered[t][r] == *gathered[t][0]);
+      }
+      const std::vector<float> mean = Mean(grads[t]);
+      double norms = 0;
+      for (const auto& g : grads[t]) norms += SquaredNorm(g);
+      const double gather_bound = beta * norms / (kW * kW);
+      const double shard_bound =
+          gather_bound + beta * (SquaredNorm(mean) + gather_bound);
+      const double gather_err = SquaredDistance(*gathered[t][0], mean);
+      const double shard_err = SquaredDistance(*sharded[t][0], mean);
+      EXPECT_LE(gather_err, gather_bound) << "tensor " << t;
+      EXPECT_LE(shard_err, shard_bound) << "tensor " << t;
+      // Hence they agree within the sum of the two errors.
+      EXPECT_LE(SquaredDistance(*sharded[t][0], *gathered[t][0]),
+                std::pow(std::sqrt(gather_bound) + std::sqrt(shard_bound), 2));
+      // Not a copy of allgather: the owner's re-quantisation is there.
+      EXPECT_FALSE(*sharded[t][0] == *gathered[t][0]);
+    }
+  }
+}
+
+// Top-k with error feedback has no per-step bound; what it guarantees is
+// that nothing is lost: the sum of the outputs over the steps plus what the
+// residuals still hold equals the sum of the true means. Sharded keeps two
+// residuals, each worker's (its slices of "dgc.v") and each owner's; both
+// must be in that sum, and allgather's identity holds beside it.
+TEST(ShardedReduceTest, TopKLosesNothingOutsideTheWorkerAndOwnerResiduals) {
+  constexpr int kW = 4, kSteps = 8;
+  constexpr size_t kN = 30011;
+  Group group(kW);
+  auto codec = Make("topk", {{"ratio", "0.01"}, {"momentum", "0"}});
+  std::vector<double> mean_sum(kN, 0), shard_sum(kN, 0), gather_sum(kN, 0);
+  for (int64_t step = 0; step < kSteps; ++step) {
+    std::vector<std::vector<std::vector<float>>> grads(1);
+    for (int r = 0; r < kW; ++r) grads[0].push_back(Gradient(r, 0, step, kN));
+    const std::vector<float> mean = Mean(grads[0]);
+    const std::vector<Outputs> sharded =
+        Reduce(group, *codec, "s", step, grads, true);
+    const std::vector<Outputs> gathered =
+        Reduce(group, *codec, "a", step, grads, false);
+    for (int r = 0; r < kW; ++r) {
+      ASSERT_TRUE(sharded[0][r].ok()) << sharded[0][r].status();
+      ASSERT_TRUE(gathered[0][r].ok()) << gathered[0][r].status();
+      ASSERT_TRUE(*sharded[0][r] == *sharded[0][0]) << "rank " << r;
+    }
+    for (size_t i = 0; i < kN; ++i) {
+      mean_sum[i] += mean[i];
+      shard_sum[i] += (*sharded[0][0])[i];
+      gather_sum[i] += (*gathered[0][0])[i];
+    }
+  }
+  const std::string velocity = codecs::MomentumCorrection::kVelocityBuffer;
+  std::vector<double> shard_held(kN, 0), gather_held(kN, 0);
+  for (int r = 0; r < kW; ++r) {
+    const int64_t shape[] = {static_cast<int64_t>(kN)};
+    auto worker = group.store(r).Acquire("job", "s0", shape, 1);
+    auto worker_residual = worker->Find(velocity);
+    ASSERT_TRUE(worker_residual.has_value());
+    auto gather_worker = group.store(r).Acquire("job", "a0", shape, 1);
+    auto gather_residual = gather_worker->Find(velocity);
+    ASSERT_TRUE(gather_residual.has_value());
+    for (size_t i = 0; i < kN; ++i) {
+      shard_held[i] += (*worker_residual)[i] / kW;
+      gather_held[i] += (*gather_residual)[i] / kW;
+    }
+    const size_t begin = kN * r / kW, size = kN * (r + 1) / kW - begin;
+    const int64_t slice_shape[] = {static_cast<int64_t>(size)};
+    auto owner = group.store(r).Acquire(
+        "job", absl::StrCat("s0", kOwnerStateSuffix), slice_shape, 0);
+    auto owner_residual = owner->Find(velocity);
+    ASSERT_TRUE(owner_residual.has_value());
+    for (size_t i = 0; i < size; ++i) {
+      shard_held[begin + i] += (*owner_residual)[i];
+    }
+  }
+  double scale = 0, shard_gap = 0, gather_gap = 0, owner_mass = 0;
+  for (size_t i = 0; i < kN; ++i) {
+    scale = std::max(scale, std::fabs(mean_sum[i]));
+    shard_gap = std::max(shard_gap,
+                         std::fabs(shard_sum[i] + shard_held[i] - mean_sum[i]));
+    gather_gap = std::max(
+        gather_gap, std::fabs(gather_sum[i] + gather_held[i] - mean_sum[i]));
+    owner_mass = std::max(owner_mass, std::fabs(shard_sum[i] - gather_sum[i]));
+  }
+  // fp32 accumulations over 8 steps and 4 ranks.
+  EXPECT_LE(shard_gap, 1e-5 * scale);
+  EXPECT_LE(gather_gap, 1e-5 * scale);
+  EXPECT_GT(owner_mass, 1e-3 * scale) << "sharded equals allgather";
+}
+
+// Sign codecs vote at the owner: with W = 3 (no ties) every output sign is
+// the majority of the three inputs' signs.
+TEST(ShardedReduceTest, SignSgdOutputsTheMajorityVote) {
+  constexpr int kW = 3;
+  constexpr size_t kN = 5000;
+  Group group(kW);
+  auto codec = Make("signsgd");
+  std::vector<std::vector<std::vector<float>>> grads(1);
+  for (int r = 0; r < kW; ++r) grads[0].push_back(Gradient(r, 0, 0, kN));
+  const std::vector<Outputs> out = Reduce(group, *codec, "v", 0, grads, true);
+  for (int r = 0; r < kW; ++r) {
+    ASSERT_TRUE(out[0][r].ok()) << out[0][r].status();
+    ASSERT_TRUE(*out[0][r] == *out[0][0]);
+  }
+  for (size_t i = 0; i < kN; ++i) {
+    int votes = 0;
+    for (int r = 0; r < kW; ++r) votes += grads[0][r][i] >= 0 ? 1 : -1;
+    EXPECT_EQ((*out[0][0])[i] > 0, votes > 0) << i;
+    EXPECT_NE((*out[0][0])[i], 0.0f) << i;
+  }
+}
+
+TEST(ShardedReduceTest, AMissingRankFailsTheOthersNamingIt) {
+  constexpr int kW = 4;
+  Group group(kW, absl::Milliseconds(300));
+  auto codec = Make("qsgd");
+  const auto& single = dynamic_cast<const codecs::SingleRoundCodec&>(*codec);
+  std::vector<absl::Status> status(kW - 1);
+  std::vector<std::thread> threads;
+  // Rank 3 never calls.
+  for (int r = 0; r < kW - 1; ++r) {
+    threads.emplace_back([&, r] {
+      const std::vector<float> g = Gradient(r, 0, 0, 1000);
+      const int64_t shape[] = {1000};
+      auto state = group.store(r).Acquire("job", "x", shape, 1);
+      std::vector<float> out(g.size());
+      status[r] = ShardedReduce(group.collective(r), group.store(r), single,
+                                {"job", "x", 0, 0}, g, *state,
+                                Context("x", 0, r, kW), absl::MakeSpan(out), {})
+                      .status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kW - 1; ++r) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kDeadlineExceeded)
+        << status[r];
+    EXPECT_THAT(status[r].message(), HasSubstr("rank 3"));
+  }
+}
+
+// The engine's view: a session whose first NextRound runs the reduce.
+TEST(ShardedSessionTest, RunsTheReduceThenFinishesAndDecodesItsOwn) {
+  constexpr int kW = 2;
+  constexpr size_t kN = 4097;
+  Group group(kW);
+  auto codec = Make("int8");
+  const auto& single = dynamic_cast<const codecs::SingleRoundCodec&>(*codec);
+  std::vector<std::vector<float>> grads(kW), out(kW), own(kW);
+  std::vector<absl::Status> status(kW);
+  std::vector<uint64_t> wire(kW);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kW; ++r) {
+    grads[r] = Gradient(r, 0, 0, kN);
+    threads.emplace_back([&, r] {
+      const int64_t shape[] = {static_cast<int64_t>(kN)};
+      auto state = group.store(r).Acquire("job", "x", shape, 1);
+      ShardedSession session(group.collective(r), group.store(r), single,
+                             {"job", "x", 0, 0}, grads[r], *state,
+                             Context("x", 0, r, kW));
+      out[r].resize(kN);
+      own[r].resize(kN);
+      absl::StatusOr<std::optional<codecs::Round>> round = session.NextRound();
+      status[r] = round.status();
+      if (status[r].ok() && round->has_value()) {
+        status[r] = absl::InternalError("a sharded session yielded a round");
+      }
+      if (status[r].ok()) status[r] = session.Finish(absl::MakeSpan(out[r]));
+      if (status[r].ok()) status[r] = session.DecodeOwn(absl::MakeSpan(own[r]));
+      wire[r] = session.stats().wire_bytes;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const std::vector<float> mean = Mean(grads);
+  for (int r = 0; r < kW; ++r) {
+    ASSERT_TRUE(status[r].ok()) << status[r];
+    EXPECT_TRUE(out[r] == out[0]);
+    // int8 rounds each bucket to 255 levels of its max: close, not equal,
+    // once for own, twice for the average.
+    EXPECT_LT(SquaredDistance(own[r], grads[r]), 1e-3 * SquaredNorm(grads[r]));
+    EXPECT_GT(SquaredDistance(own[r], grads[r]), 0);
+    EXPECT_LT(SquaredDistance(out[r], mean), 1e-3 * SquaredNorm(mean));
+    // Two slices of ~kN/2 bytes, then the owner's slice again.
+    EXPECT_GT(wire[r], kN * 3 / 2);
+    EXPECT_LT(wire[r], kN * 2);
+  }
+}
+
+}  // namespace
+}  // namespace gradcomp::service

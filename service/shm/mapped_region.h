@@ -1,0 +1,69 @@
+// One mapping of a client-created POSIX shared-memory object (shm_open by
+// key, never created here), read-write and shared, so the daemon reads a
+// client's gradients and writes the average back without a copy over gRPC.
+//
+// The creator keeps the object's file open with a shared flock(2) for as
+// long as the region is registered; when its last holder exits the kernel
+// drops that lock, which is how the daemon notices a client that went away
+// (CreatorAlive), even one killed with SIGKILL.
+//
+//   GC_ASSIGN_OR_RETURN(std::unique_ptr<MappedRegion> region,
+//                       MappedRegion::Map("/gradcomp.job.123.ab12", 0, size));
+//   absl::Span<char> bytes = region->bytes();
+#ifndef GRADCOMP_SERVICE_SHM_MAPPED_REGION_H_
+#define GRADCOMP_SERVICE_SHM_MAPPED_REGION_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace gradcomp::service {
+
+// InvalidArgument unless `key` is a POSIX shared-memory name: "/" then 1 to
+// 254 characters, none of them '/', and not "." or "..".
+absl::Status ValidateShmKey(const std::string& key);
+
+class MappedRegion {
+ public:
+  // Opens the object `key`, checks that [offset, offset + byte_size) lies
+  // within it (overflow-safe) and maps that range. NotFound if no such
+  // object exists, InvalidArgument for a bad key or range.
+  static absl::StatusOr<std::unique_ptr<MappedRegion>> Map(
+      const std::string& key, uint64_t offset, uint64_t byte_size);
+
+  MappedRegion(const MappedRegion&) = delete;
+  MappedRegion& operator=(const MappedRegion&) = delete;
+  ~MappedRegion();
+
+  // The registered range [offset, offset + byte_size) of the object.
+  absl::Span<char> bytes() const { return bytes_; }
+  const std::string& key() const { return key_; }
+
+  // True while some process other than this daemon holds a flock on the
+  // object: its creator is still there.
+  absl::StatusOr<bool> CreatorAlive() const;
+
+  // FailedPrecondition if the object was truncated below the mapped range
+  // since it was mapped: touching those pages would kill the daemon with
+  // SIGBUS, so a request must not use the region.
+  absl::Status CheckStillBacked() const;
+
+ private:
+  MappedRegion(std::string key, int fd, void* map_base, size_t map_length,
+               absl::Span<char> bytes, uint64_t end);
+
+  const std::string key_;
+  const int fd_;
+  void* const map_base_;
+  const size_t map_length_;
+  const absl::Span<char> bytes_;
+  const uint64_t end_;  // offset + byte_size within the object
+};
+
+}  // namespace gradcomp::service
+
+#endif  // GRADCOMP_SERVICE_SHM_MAPPED_REGION_H_

@@ -1,0 +1,111 @@
+#include "service/shm/mapped_region.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/cpp/shm_region.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace gradcomp::service {
+namespace {
+
+using ::gradcomp::client::ShmRegion;
+using ::testing::HasSubstr;
+
+std::unique_ptr<ShmRegion> NewRegion(uint64_t size) {
+  absl::StatusOr<std::unique_ptr<ShmRegion>> region =
+      ShmRegion::Create(size, "mapped-region-test");
+  EXPECT_TRUE(region.ok()) << region.status();
+  return region.ok() ? std::move(*region) : nullptr;
+}
+
+TEST(MappedRegionTest, MapsAnUnalignedRangeBothWays) {
+  std::unique_ptr<ShmRegion> client = NewRegion(3 * 4096);
+  ASSERT_NE(client, nullptr);
+  auto mapped = MappedRegion::Map(client->key(), 4100, 5000);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  ASSERT_EQ((*mapped)->bytes().size(), 5000u);
+  client->bytes()[4100] = 'a';
+  client->bytes()[9099] = 'z';
+  EXPECT_EQ((*mapped)->bytes()[0], 'a');
+  EXPECT_EQ((*mapped)->bytes()[4999], 'z');
+  (*mapped)->bytes()[1] = 'b';
+  EXPECT_EQ(client->bytes()[4101], 'b');
+  EXPECT_EQ((*mapped)->key(), client->key());
+}
+
+TEST(MappedRegionTest, RangesPastTheEndOrOverflowingAreRefused) {
+  std::unique_ptr<ShmRegion> client = NewRegion(4096);
+  ASSERT_NE(client, nullptr);
+  const uint64_t max = std::numeric_limits<uint64_t>::max();
+  struct Case {
+    uint64_t offset, byte_size;
+  };
+  for (const Case& c : {Case{0, 4097}, Case{4096, 1}, Case{4097, 0},
+                        Case{8, max - 4}, Case{max, 2}, Case{1, max}}) {
+    auto mapped = MappedRegion::Map(client->key(), c.offset, c.byte_size);
+    EXPECT_EQ(mapped.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.offset << " " << c.byte_size;
+  }
+  EXPECT_THAT(MappedRegion::Map(client->key(), 8, max - 4).status().message(),
+              HasSubstr("holds 4096 bytes"));
+  EXPECT_THAT(MappedRegion::Map(client->key(), 0, 0).status().message(),
+              HasSubstr("byte_size of shared memory"));
+  EXPECT_TRUE(MappedRegion::Map(client->key(), 4095, 1).ok());
+}
+
+TEST(MappedRegionTest, UnknownAndMalformedKeys) {
+  auto absent = MappedRegion::Map("/gradcomp.no-such-region.0", 0, 8);
+  EXPECT_EQ(absent.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(absent.status().message(), HasSubstr("/dev/shm"));
+  for (const std::string& key : std::vector<std::string>{
+           "", "/", "noslash", "/a/b", "/..", "/" + std::string(300, 'x')}) {
+    EXPECT_EQ(ValidateShmKey(key).code(), absl::StatusCode::kInvalidArgument)
+        << key;
+    EXPECT_EQ(MappedRegion::Map(key, 0, 8).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_TRUE(ValidateShmKey("/gradcomp.job.1.ab").ok());
+}
+
+TEST(MappedRegionTest, CreatorAliveFollowsTheCreatorsLock) {
+  std::unique_ptr<ShmRegion> client = NewRegion(4096);
+  ASSERT_NE(client, nullptr);
+  auto mapped = MappedRegion::Map(client->key(), 0, 4096);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_EQ((*mapped)->CreatorAlive().value(), true);
+  // Asking twice must not leave a lock behind that hides the creator.
+  EXPECT_EQ((*mapped)->CreatorAlive().value(), true);
+  client.reset();
+  EXPECT_EQ((*mapped)->CreatorAlive().value(), false);
+  // The daemon's mapping outlives the released region.
+  (*mapped)->bytes()[10] = 'x';
+  EXPECT_EQ((*mapped)->bytes()[10], 'x');
+}
+
+TEST(MappedRegionTest, ATruncatedObjectIsNoLongerBacked) {
+  std::unique_ptr<ShmRegion> client = NewRegion(8192);
+  ASSERT_NE(client, nullptr);
+  auto mapped = MappedRegion::Map(client->key(), 4096, 4096);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_TRUE((*mapped)->CheckStillBacked().ok());
+  const int fd = shm_open(client->key().c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 4096), 0);
+  close(fd);
+  absl::Status status = (*mapped)->CheckStillBacked();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("truncated to 4096 bytes"));
+}
+
+}  // namespace
+}  // namespace gradcomp::service

@@ -1,0 +1,225 @@
+#include "service/shm/shared_memory_registry.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace gradcomp::service {
+
+SharedMemorySlice::SharedMemorySlice(std::shared_ptr<SharedMemoryRegion> region,
+                                     absl::Span<char> bytes)
+    : region_(std::move(region)), bytes_(bytes) {
+  region_->in_flight.fetch_add(1);
+}
+
+SharedMemorySlice::SharedMemorySlice(SharedMemorySlice&& other) noexcept
+    : region_(std::move(other.region_)), bytes_(other.bytes_) {}
+
+SharedMemorySlice::~SharedMemorySlice() {
+  if (region_ != nullptr) region_->in_flight.fetch_sub(1);
+}
+
+SharedMemoryRegistry::SharedMemoryRegistry(const SharedMemoryOptions& options,
+                                           Metrics* metrics)
+    : metrics_(metrics) {
+  if (options.reclaim_interval > absl::ZeroDuration()) {
+    reclaimer_ = std::thread(
+        [this, interval = options.reclaim_interval] { ReclaimLoop(interval); });
+  }
+}
+
+SharedMemoryRegistry::~SharedMemoryRegistry() {
+  stop_.Notify();
+  if (reclaimer_.joinable()) reclaimer_.join();
+}
+
+void SharedMemoryRegistry::ReclaimLoop(absl::Duration interval) {
+  while (!stop_.WaitForNotificationWithTimeout(interval)) ReclaimAbandoned();
+}
+
+absl::Status SharedMemoryRegistry::RegisterSystem(absl::string_view client,
+                                                  absl::string_view name,
+                                                  const std::string& key,
+                                                  uint64_t offset,
+                                                  uint64_t byte_size) {
+  if (name.empty()) {
+    return absl::InvalidArgumentError(
+        "shared-memory region name is empty, expected a name unique on this "
+        "daemon (e.g. '<job>.rank<r>.grads')");
+  }
+  {
+    // Checked before mapping too, so a name clash says so rather than
+    // whatever is wrong with the second client's object.
+    absl::ReaderMutexLock lock(&mu_);
+    if (auto it = regions_.find(name); it != regions_.end()) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "shared-memory region '", name, "' is already registered by ",
+          it->second->owner == client
+              ? "this client"
+              : absl::StrCat("another client ('", it->second->owner, "')"),
+          "; region names are unique per daemon: unregister it first or "
+          "choose another name (prefix it with your job and rank)"));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<MappedRegion>> mapping =
+      MappedRegion::Map(key, offset, byte_size);
+  if (!mapping.ok()) return mapping.status();
+  absl::StatusOr<bool> alive = (*mapping)->CreatorAlive();
+  if (!alive.ok()) return alive.status();
+  if (!*alive) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shared memory '", key,
+        "' is not locked by its creator: hold flock(fd, LOCK_SH) on it for "
+        "as long as it is registered (gradcomp's shm helpers do), so that "
+        "gradcompd can reclaim it when your process exits"));
+  }
+  auto region = std::make_shared<SharedMemoryRegion>();
+  region->name = std::string(name);
+  region->owner = std::string(client);
+  region->mapping = std::move(*mapping);
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = regions_.try_emplace(region->name, region);
+  if (!inserted) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "shared-memory region '", name,
+        "' was registered by another request meanwhile; region names are "
+        "unique per daemon"));
+  }
+  PublishLocked();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<SharedMemoryRegion>>
+SharedMemoryRegistry::FindLocked(absl::string_view client,
+                                 absl::string_view name) const {
+  auto it = regions_.find(name);
+  if (it == regions_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no shared-memory region '", name,
+                     "' is registered; expected a name given to "
+                     "RegisterSystemSharedMemory by this client"));
+  }
+  if (it->second->owner != client) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "shared-memory region '", name, "' belongs to another client ('",
+        it->second->owner, "'); a client uses only the regions it registered"));
+  }
+  return it->second;
+}
+
+absl::Status SharedMemoryRegistry::Unregister(absl::string_view client,
+                                              absl::string_view name) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> names;
+  if (name.empty()) {
+    for (const auto& [region_name, region] : regions_) {
+      if (region->owner == client) names.push_back(region_name);
+    }
+  } else {
+    absl::StatusOr<std::shared_ptr<SharedMemoryRegion>> region =
+        FindLocked(client, name);
+    if (!region.ok()) return region.status();
+    names.push_back(std::string(name));
+  }
+  // Slices are taken under mu_, so a count of zero seen here stays zero
+  // until the region leaves the map.
+  std::vector<std::string> busy;
+  for (const std::string& n : names) {
+    const int in_flight = regions_.at(n)->in_flight.load();
+    if (in_flight > 0) {
+      busy.push_back(absl::StrCat("'", n, "' (", in_flight, " in flight)"));
+    }
+  }
+  if (!busy.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shared-memory region ", absl::StrJoin(busy, ", "),
+        " is in use by requests; nothing was unregistered, expected no "
+        "request in flight: unregister after they return"));
+  }
+  for (const std::string& n : names) regions_.erase(n);
+  PublishLocked();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<SharedMemoryRegionInfo>>
+SharedMemoryRegistry::Status(absl::string_view client,
+                             absl::string_view name) const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<std::shared_ptr<SharedMemoryRegion>> found;
+  if (name.empty()) {
+    for (const auto& [region_name, region] : regions_) {
+      if (region->owner == client) found.push_back(region);
+    }
+  } else {
+    absl::StatusOr<std::shared_ptr<SharedMemoryRegion>> region =
+        FindLocked(client, name);
+    if (!region.ok()) return region.status();
+    found.push_back(*std::move(region));
+  }
+  std::vector<SharedMemoryRegionInfo> infos;
+  for (const auto& region : found) {
+    infos.push_back({region->name, "system", region->mapping->bytes().size(),
+                     region->mapping->key(), region->in_flight.load()});
+  }
+  return infos;
+}
+
+absl::StatusOr<SharedMemorySlice> SharedMemoryRegistry::Acquire(
+    absl::string_view client, absl::string_view name, uint64_t offset,
+    uint64_t byte_size) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::shared_ptr<SharedMemoryRegion>> region =
+      FindLocked(client, name);
+  if (!region.ok()) return region.status();
+  const absl::Span<char> bytes = (*region)->mapping->bytes();
+  if (offset > bytes.size() || byte_size > bytes.size() - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slice offset ", offset, " byte_size ", byte_size,
+        " of shared-memory region '", name, "' ends past its ", bytes.size(),
+        " bytes, expected offset + byte_size <= ", bytes.size()));
+  }
+  if (absl::Status backed = (*region)->mapping->CheckStillBacked();
+      !backed.ok()) {
+    return backed;
+  }
+  return SharedMemorySlice(*region, bytes.subspan(offset, byte_size));
+}
+
+int SharedMemoryRegistry::ReclaimAbandoned() {
+  std::vector<std::shared_ptr<SharedMemoryRegion>> candidates;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [name, region] : regions_) candidates.push_back(region);
+  }
+  // flock() outside the lock: requests keep acquiring slices meanwhile.
+  std::vector<std::shared_ptr<SharedMemoryRegion>> abandoned;
+  for (auto& region : candidates) {
+    absl::StatusOr<bool> alive = region->mapping->CreatorAlive();
+    if (alive.ok() && !*alive) abandoned.push_back(std::move(region));
+  }
+  if (abandoned.empty()) return 0;
+  int reclaimed = 0;
+  absl::MutexLock lock(&mu_);
+  for (const auto& region : abandoned) {
+    auto it = regions_.find(region->name);
+    // A region re-registered under the same name meanwhile is not this one.
+    if (it != regions_.end() && it->second == region) {
+      regions_.erase(it);
+      ++reclaimed;
+    }
+  }
+  metrics_->CountSharedMemoryReclaimed(reclaimed);
+  PublishLocked();
+  return reclaimed;
+}
+
+void SharedMemoryRegistry::PublishLocked() {
+  uint64_t bytes = 0;
+  for (const auto& [name, region] : regions_) {
+    bytes += region->mapping->bytes().size();
+  }
+  metrics_->SetSharedMemory(regions_.size(), bytes);
+}
+
+}  // namespace gradcomp::service

@@ -1,0 +1,141 @@
+// The daemon's registry of client shared-memory regions (system shared
+// memory, POSIX shm): registered by name, owned by the client that
+// registered them, handed to requests as reference-counted slices, and
+// reclaimed once their creator process is gone.
+//
+// Names are unique within a daemon: a second client asking for a name in
+// use gets AlreadyExists naming the owner, never the other client's memory.
+// A slice is bounds-checked without overflow. Unregister refuses a region
+// that a request is using (FailedPrecondition with the in-flight count); a
+// reclaimed region leaves the map at once but stays mapped until its last
+// slice is released, so nothing is unmapped under a request.
+//
+//   SharedMemoryRegistry shm(SharedMemoryOptions(), &metrics);
+//   GC_RETURN_IF_ERROR(shm.RegisterSystem("client-1", "grads",
+//                                         "/gradcomp.job.1234.0f3a", 0, n));
+//   GC_ASSIGN_OR_RETURN(SharedMemorySlice in,
+//                       shm.Acquire("client-1", "grads", 0, 4096));
+//   absl::Span<char> bytes = in.bytes();  // valid while `in` lives
+#ifndef GRADCOMP_SERVICE_SHM_SHARED_MEMORY_REGISTRY_H_
+#define GRADCOMP_SERVICE_SHM_SHARED_MEMORY_REGISTRY_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "service/metrics/metrics.h"
+#include "service/shm/mapped_region.h"
+
+namespace gradcomp::service {
+
+struct SharedMemoryOptions {
+  // How often regions whose creator is gone are looked for; zero: never in
+  // the background (call ReclaimAbandoned yourself).
+  absl::Duration reclaim_interval = absl::Seconds(1);
+};
+
+struct SharedMemoryRegionInfo {
+  std::string name;
+  std::string kind;  // "system"
+  uint64_t byte_size = 0;
+  std::string key;
+  int in_flight = 0;  // slices held by requests right now
+};
+
+// A registered region and its request count, shared by the registry and the
+// slices that use it.
+struct SharedMemoryRegion {
+  std::string name;
+  std::string owner;
+  std::unique_ptr<MappedRegion> mapping;
+  std::atomic<int> in_flight{0};
+};
+
+// One request's use of a region: the region stays mapped, and counted as in
+// flight, until this is destroyed.
+class SharedMemorySlice {
+ public:
+  SharedMemorySlice(std::shared_ptr<SharedMemoryRegion> region,
+                    absl::Span<char> bytes);
+  SharedMemorySlice(SharedMemorySlice&& other) noexcept;
+  SharedMemorySlice& operator=(SharedMemorySlice&&) = delete;
+  SharedMemorySlice(const SharedMemorySlice&) = delete;
+  ~SharedMemorySlice();
+
+  absl::Span<char> bytes() const { return bytes_; }
+
+ private:
+  std::shared_ptr<SharedMemoryRegion> region_;
+  absl::Span<char> bytes_;
+};
+
+class SharedMemoryRegistry {
+ public:
+  // `metrics` must outlive the registry.
+  SharedMemoryRegistry(const SharedMemoryOptions& options, Metrics* metrics);
+  ~SharedMemoryRegistry();
+
+  // Maps [offset, offset + byte_size) of the POSIX object `key` as region
+  // `name` of `client`. The creator must hold a shared flock on the object
+  // (the gradcomp helpers do), else FailedPrecondition: without it the
+  // region could never be reclaimed.
+  absl::Status RegisterSystem(absl::string_view client, absl::string_view name,
+                              const std::string& key, uint64_t offset,
+                              uint64_t byte_size) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Unregisters `name`, or every region of `client` when `name` is empty
+  // (all or none: nothing is unregistered if one of them is in use).
+  absl::Status Unregister(absl::string_view client, absl::string_view name)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The regions of `client`: all of them, or the one named (NotFound if it
+  // is not one of the client's).
+  absl::StatusOr<std::vector<SharedMemoryRegionInfo>> Status(
+      absl::string_view client, absl::string_view name) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // [offset, offset + byte_size) of region `name`, held until the returned
+  // slice is destroyed.
+  absl::StatusOr<SharedMemorySlice> Acquire(absl::string_view client,
+                                            absl::string_view name,
+                                            uint64_t offset, uint64_t byte_size)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Drops every region whose creator no longer holds its flock (the client
+  // exited or was killed); returns how many. Counted in
+  // gradcomp_shm_regions_reclaimed_total.
+  int ReclaimAbandoned() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  using Regions =
+      absl::btree_map<std::string, std::shared_ptr<SharedMemoryRegion>>;
+
+  // Looks `name` up for `client`: NotFound or PermissionDenied otherwise.
+  absl::StatusOr<std::shared_ptr<SharedMemoryRegion>> FindLocked(
+      absl::string_view client, absl::string_view name) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReclaimLoop(absl::Duration interval);
+
+  Metrics* const metrics_;
+  mutable absl::Mutex mu_;
+  Regions regions_ ABSL_GUARDED_BY(mu_);
+  absl::Notification stop_;
+  std::thread reclaimer_;
+};
+
+}  // namespace gradcomp::service
+
+#endif  // GRADCOMP_SERVICE_SHM_SHARED_MEMORY_REGISTRY_H_

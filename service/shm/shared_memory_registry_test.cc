@@ -1,0 +1,268 @@
+#include "service/shm/shared_memory_registry.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "client/cpp/shm_region.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "service/metrics/metrics.h"
+#include "service/metrics/metrics_testing.h"
+
+namespace gradcomp::service {
+namespace {
+
+using ::gradcomp::client::ShmRegion;
+using ::testing::HasSubstr;
+
+SharedMemoryOptions NoBackgroundReclaim() {
+  SharedMemoryOptions options;
+  options.reclaim_interval = absl::ZeroDuration();
+  return options;
+}
+
+class SharedMemoryRegistryTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<ShmRegion> NewRegion(uint64_t size) {
+    absl::StatusOr<std::unique_ptr<ShmRegion>> region =
+        ShmRegion::Create(size, "registry-test");
+    EXPECT_TRUE(region.ok()) << region.status();
+    return region.ok() ? std::move(*region) : nullptr;
+  }
+
+  double Metric(absl::string_view name) {
+    return MetricValue(*metrics_.collectable(), name);
+  }
+
+  Metrics metrics_{nullptr, "test"};
+  SharedMemoryRegistry registry_{NoBackgroundReclaim(), &metrics_};
+};
+
+TEST_F(SharedMemoryRegistryTest, RegisterAcquireStatusUnregister) {
+  std::unique_ptr<ShmRegion> region = NewRegion(8192);
+  ASSERT_NE(region, nullptr);
+  ASSERT_TRUE(
+      registry_.RegisterSystem("c1", "grads", region->key(), 0, 8192).ok());
+  EXPECT_EQ(Metric("gradcomp_shm_regions"), 1);
+  EXPECT_EQ(Metric("gradcomp_shm_bytes"), 8192);
+
+  {
+    auto slice = registry_.Acquire("c1", "grads", 100, 16);
+    ASSERT_TRUE(slice.ok()) << slice.status();
+    region->bytes()[100] = 'q';
+    EXPECT_EQ(slice->bytes().size(), 16u);
+    EXPECT_EQ(slice->bytes()[0], 'q');
+    auto status = registry_.Status("c1", "");
+    ASSERT_TRUE(status.ok());
+    ASSERT_EQ(status->size(), 1u);
+    EXPECT_EQ((*status)[0].name, "grads");
+    EXPECT_EQ((*status)[0].kind, "system");
+    EXPECT_EQ((*status)[0].byte_size, 8192u);
+    EXPECT_EQ((*status)[0].key, region->key());
+    EXPECT_EQ((*status)[0].in_flight, 1);
+  }
+  EXPECT_EQ(registry_.Status("c1", "grads").value()[0].in_flight, 0);
+  EXPECT_TRUE(registry_.Status("c2", "").value().empty());
+  ASSERT_TRUE(registry_.Unregister("c1", "grads").ok());
+  EXPECT_EQ(Metric("gradcomp_shm_regions"), 0);
+  EXPECT_EQ(Metric("gradcomp_shm_bytes"), 0);
+  EXPECT_EQ(registry_.Acquire("c1", "grads", 0, 1).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(SharedMemoryRegistryTest, SlicesOutOfBoundsOrOverflowingAreRefused) {
+  std::unique_ptr<ShmRegion> region = NewRegion(4096);
+  ASSERT_NE(region, nullptr);
+  // Registered from offset 1024: the region is 2048 bytes long.
+  ASSERT_TRUE(
+      registry_.RegisterSystem("c", "r", region->key(), 1024, 2048).ok());
+  const uint64_t max = std::numeric_limits<uint64_t>::max();
+  struct Case {
+    uint64_t offset, byte_size;
+  };
+  for (const Case& c : {Case{0, 2049}, Case{2048, 1}, Case{2049, 0},
+                        Case{16, max - 8}, Case{max, 1}, Case{1, max}}) {
+    absl::StatusOr<SharedMemorySlice> slice =
+        registry_.Acquire("c", "r", c.offset, c.byte_size);
+    EXPECT_EQ(slice.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.offset << " + " << c.byte_size;
+    EXPECT_THAT(slice.status().message(),
+                HasSubstr("expected offset + byte_size <= 2048"));
+  }
+  auto last = registry_.Acquire("c", "r", 2047, 1);
+  ASSERT_TRUE(last.ok());
+  region->bytes()[1024 + 2047] = 'e';
+  EXPECT_EQ(last->bytes()[0], 'e');
+  // Nothing failed was left counted as in flight.
+  EXPECT_EQ(registry_.Status("c", "r").value()[0].in_flight, 1);
+}
+
+TEST_F(SharedMemoryRegistryTest, UnknownRegionsAndBadRegistrations) {
+  absl::StatusOr<SharedMemorySlice> slice =
+      registry_.Acquire("c", "absent", 0, 4);
+  EXPECT_EQ(slice.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(slice.status().message(), HasSubstr("no shared-memory region "
+                                                  "'absent' is registered"));
+  EXPECT_EQ(registry_.Unregister("c", "absent").code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry_.Status("c", "absent").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(
+      registry_.RegisterSystem("c", "r", "/gradcomp.absent.0", 0, 8).code(),
+      absl::StatusCode::kNotFound);
+  std::unique_ptr<ShmRegion> region = NewRegion(64);
+  ASSERT_NE(region, nullptr);
+  EXPECT_EQ(registry_.RegisterSystem("c", "", region->key(), 0, 8).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry_.RegisterSystem("c", "r", region->key(), 8, 64).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Metric("gradcomp_shm_regions"), 0);
+}
+
+TEST_F(SharedMemoryRegistryTest, AnObjectWithoutItsCreatorsLockIsRefused) {
+  std::unique_ptr<ShmRegion> region = NewRegion(64);
+  ASSERT_NE(region, nullptr);
+  // A second, unlocked object of the same size stands for a client that
+  // does not hold the lock.
+  const std::string key = region->key() + "-unlocked";
+  const int fd = shm_open(key.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 64), 0);
+  absl::Status status = registry_.RegisterSystem("c", "r", key, 0, 64);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("not locked by its creator"));
+  close(fd);
+  shm_unlink(key.c_str());
+}
+
+TEST_F(SharedMemoryRegistryTest, TwoClientsWithTheSameNameGetAClearError) {
+  std::unique_ptr<ShmRegion> a = NewRegion(64);
+  std::unique_ptr<ShmRegion> b = NewRegion(64);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(
+      registry_.RegisterSystem("job1-rank0", "grads", a->key(), 0, 64).ok());
+  absl::Status status =
+      registry_.RegisterSystem("job2-rank0", "grads", b->key(), 0, 64);
+  EXPECT_EQ(status.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(status.message(),
+              HasSubstr("already registered by another client "
+                        "('job1-rank0')"));
+  // The same client twice is refused as well, naming itself.
+  EXPECT_THAT(registry_.RegisterSystem("job1-rank0", "grads", b->key(), 0, 64)
+                  .message(),
+              HasSubstr("already registered by this client"));
+  // The second client can neither use nor unregister the first's region.
+  EXPECT_EQ(registry_.Acquire("job2-rank0", "grads", 0, 8).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(registry_.Unregister("job2-rank0", "grads").code(),
+            absl::StatusCode::kPermissionDenied);
+  // Unregistering all of its (zero) regions leaves the first's alone.
+  EXPECT_TRUE(registry_.Unregister("job2-rank0", "").ok());
+  EXPECT_TRUE(registry_.Acquire("job1-rank0", "grads", 0, 8).ok());
+}
+
+TEST_F(SharedMemoryRegistryTest, UnregisterRefusesWhileASliceIsInFlight) {
+  std::unique_ptr<ShmRegion> a = NewRegion(64);
+  std::unique_ptr<ShmRegion> b = NewRegion(64);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(registry_.RegisterSystem("c", "a", a->key(), 0, 64).ok());
+  ASSERT_TRUE(registry_.RegisterSystem("c", "b", b->key(), 0, 64).ok());
+  {
+    auto in = registry_.Acquire("c", "a", 0, 32);
+    auto out = registry_.Acquire("c", "a", 32, 32);
+    ASSERT_TRUE(in.ok());
+    ASSERT_TRUE(out.ok());
+    absl::Status status = registry_.Unregister("c", "a");
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(status.message(), HasSubstr("'a' (2 in flight)"));
+    // All or nothing: "b" stays registered too.
+    EXPECT_EQ(registry_.Unregister("c", "").code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(registry_.Status("c", "").value().size(), 2u);
+    // Still mapped and usable while refused.
+    a->bytes()[40] = 'k';
+    EXPECT_EQ(out->bytes()[8], 'k');
+  }
+  EXPECT_TRUE(registry_.Unregister("c", "").ok());
+  EXPECT_TRUE(registry_.Status("c", "").value().empty());
+}
+
+// A real client process holds a region and is killed with SIGKILL: the
+// kernel drops its lock, and the registry reclaims the region and counts it.
+TEST_F(SharedMemoryRegistryTest, AKilledClientsRegionsAreReclaimed) {
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(pipe_fds[0]);
+    auto region = ShmRegion::Create(4096, "registry-test-child");
+    const std::string key = region.ok() ? (*region)->key() : "";
+    if (write(pipe_fds[1], key.data(), key.size()) < 0) _exit(2);
+    close(pipe_fds[1]);
+    pause();
+    _exit(0);
+  }
+  close(pipe_fds[1]);
+  char buffer[256];
+  const ssize_t n = read(pipe_fds[0], buffer, sizeof(buffer));
+  close(pipe_fds[0]);
+  ASSERT_GT(n, 0) << "the child could not create its region";
+  const std::string key(buffer, static_cast<size_t>(n));
+
+  std::unique_ptr<ShmRegion> survivor = NewRegion(64);
+  ASSERT_NE(survivor, nullptr);
+  ASSERT_TRUE(registry_.RegisterSystem("child", "c", key, 0, 4096).ok());
+  ASSERT_TRUE(
+      registry_.RegisterSystem("parent", "p", survivor->key(), 0, 64).ok());
+  EXPECT_EQ(registry_.ReclaimAbandoned(), 0);
+  absl::StatusOr<SharedMemorySlice> in_flight =
+      registry_.Acquire("child", "c", 0, 4096);
+  ASSERT_TRUE(in_flight.ok());
+
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  EXPECT_EQ(registry_.ReclaimAbandoned(), 1);
+  EXPECT_EQ(Metric("gradcomp_shm_regions_reclaimed_total"), 1);
+  EXPECT_EQ(Metric("gradcomp_shm_regions"), 1);
+  EXPECT_EQ(Metric("gradcomp_shm_bytes"), 64);
+  EXPECT_EQ(registry_.Acquire("child", "c", 0, 1).status().code(),
+            absl::StatusCode::kNotFound);
+  // The slice taken before the kill still reads and writes its mapping.
+  in_flight->bytes()[4095] = 'w';
+  EXPECT_EQ(in_flight->bytes()[4095], 'w');
+  EXPECT_TRUE(registry_.Acquire("parent", "p", 0, 64).ok());
+  shm_unlink(key.c_str());
+}
+
+TEST(SharedMemoryRegistryBackgroundTest, TheReclaimerRunsOnItsOwn) {
+  Metrics metrics(nullptr, "test");
+  SharedMemoryOptions options;
+  options.reclaim_interval = absl::Milliseconds(5);
+  SharedMemoryRegistry registry(options, &metrics);
+  auto region = ShmRegion::Create(64, "registry-test");
+  ASSERT_TRUE(region.ok());
+  ASSERT_TRUE(registry.RegisterSystem("c", "r", (*region)->key(), 0, 64).ok());
+  region->reset();
+  // Waits for the outcome, not for a time: the loop ends as soon as the
+  // background thread has reclaimed the region.
+  while (MetricValue(*metrics.collectable(),
+                     "gradcomp_shm_regions_reclaimed_total") < 1) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_TRUE(registry.Status("c", "").value().empty());
+}
+
+}  // namespace
+}  // namespace gradcomp::service
