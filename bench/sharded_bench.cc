@@ -108,8 +108,8 @@ absl::StatusOr<Measure> Run(const codecs::Codec& codec, int w, size_t n,
         if (sharded) {
           std::vector<codecs::Bytes> parts;
           absl::StatusOr<service::ShardedStats> stats = service::ShardedReduce(
-              group.collective(r), stores[r], single, key, grads[r], *state,
-              ctx, absl::MakeSpan(out[r]), &parts);
+              group.collective(r), stores[r], single, key, grads[r], ctx,
+              absl::MakeSpan(out[r]), &parts);
           status[r] = stats.status();
           if (!stats.ok()) return;
           if (r == 0) stages = *stats;

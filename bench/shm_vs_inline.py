@@ -15,12 +15,17 @@ how the bytes travel between the trainer and the daemon:
 - shm, copy in/out: the same, plus copying the trainer's array into the
   region and the result out of it (a trainer with its own buffers).
 
-Prints the best and median wall time of each over --iters runs (after one
-warm-up) and the ratios; a benchmark measures, it asserts nothing.
+Prints, for each path over --iters runs (after one warm-up), the best and
+median wall time and the median CPU time of the client and the daemon
+together (user + system, all threads), and the inline/this ratios of both.
+CPU time is the steadier figure on a shared machine: other load stretches
+wall time, but not the cycles the two processes spend. A benchmark
+measures; it asserts nothing.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -31,14 +36,24 @@ from gradcomp.shm import ShmRegion
 from gradcomp.testing import Daemon
 
 
-def _timed(fn, iters: int) -> list[float]:
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid`, all its threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _timed(fn, iters: int, daemon_pid: int) -> tuple[list[float], list[float]]:
+    """Wall seconds and client + daemon CPU seconds of each call."""
     fn()  # warm-up: first-touch page faults, channel set-up
-    times = []
+    wall, cpu = [], []
     for _ in range(iters):
+        cpu0 = time.process_time() + _cpu_seconds(daemon_pid)
         start = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - start)
-    return times
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() + _cpu_seconds(daemon_pid) - cpu0)
+    return wall, cpu
 
 
 def main() -> None:
@@ -72,20 +87,25 @@ def main() -> None:
             client.reduce_shm("w", next(step), src, dst, codec="none")
             result[...] = target
 
-        rows = [("inline bytes", _timed(inline, args.iters)),
-                ("shm, in place", _timed(shm_in_place, args.iters)),
-                ("shm, copy in/out", _timed(shm_copy, args.iters))]
+        pid = daemon.process.pid
+        rows = [("inline bytes", *_timed(inline, args.iters, pid)),
+                ("shm, in place", *_timed(shm_in_place, args.iters, pid)),
+                ("shm, copy in/out", *_timed(shm_copy, args.iters, pid))]
         np.testing.assert_array_equal(result, grad)  # the shm path really ran
         client.unregister_shm()
         del source, target
 
-    base = min(rows[0][1])
+    base_wall = min(rows[0][1])
+    base_cpu = statistics.median(rows[0][2])
     print(f"{numel * 4 / 1e6:.0f} MB float32, codec none, world size 1, "
-          f"{args.iters} runs each")
-    print(f"{'path':<18} {'best s':>8} {'median s':>9} {'inline/this (best)':>19}")
-    for name, times in rows:
-        print(f"{name:<18} {min(times):8.4f} {statistics.median(times):9.4f} "
-              f"{base / min(times):19.2f}")
+          f"{args.iters} runs each; load average {os.getloadavg()[0]:.1f}")
+    print(f"| path | wall s (best) | wall s (median) | CPU s (median) | "
+          f"inline/this, wall | inline/this, CPU |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, wall, cpu in rows:
+        print(f"| {name} | {min(wall):.3f} | {statistics.median(wall):.3f} | "
+              f"{statistics.median(cpu):.3f} | {base_wall / min(wall):.2f}x | "
+              f"{base_cpu / statistics.median(cpu):.2f}x |")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ allreduce, PyTorch's powerSGD_hook rank 2, gradcomp.torch.hook with powersgd
 rank 2 and with none (one gradcompd per worker, peered over loopback). The
 configurations run interleaved, `--repeats` rounds, and each reports its
 mean step time (forward, backward, gradient exchange, update; first 10 steps
-left out); the table gives the median over the rounds and the ratio to
-powerSGD_hook. Prints a markdown table.
+left out) and its CPU time per step (rank 0's process, all threads, plus its
+daemon); the table gives the medians over the rounds and the ratios to
+powerSGD_hook. Prints a markdown table. CPU time is the steadier figure on
+a shared machine: other load stretches wall time but not our CPU seconds.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ def main() -> int:
     p.add_argument("--train_limit", type=int, default=32000)
     args = p.parse_args()
     times: dict[str, list[float]] = {label: [] for label, _ in CONFIGS}
+    cpu: dict[str, list[float]] = {label: [] for label, _ in CONFIGS}
     sent: dict[str, float] = {}
     for r in range(args.repeats):
         for label, overrides in CONFIGS:
@@ -45,19 +48,25 @@ def main() -> int:
                                  **overrides)
             result = train.run(spec)
             times[label].append(result.step_seconds)
+            cpu[label].append(result.cpu_seconds_per_step)
             sent[label] = result.bytes_per_step
-            print(f"round {r + 1} {label}: {1000 * result.step_seconds:.1f} ms/step",
+            print(f"round {r + 1} {label}: {1000 * result.step_seconds:.1f} ms/step, "
+                  f"{1000 * result.cpu_seconds_per_step:.1f} ms CPU/step",
                   file=sys.stderr, flush=True)
     base = statistics.median(times[CONFIGS[1][0]])
+    base_cpu = statistics.median(cpu[CONFIGS[1][0]])
     print(f"W = {args.workers}, {args.repeats} rounds, steps per run: "
           f"{args.train_limit // (64 * args.workers)}")
     print()
-    print("| configuration | step time (ms, median) | rounds (ms) | vs powerSGD_hook | bytes sent per step (KiB) |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| configuration | step time (ms, median) | rounds (ms) | vs powerSGD_hook "
+          "| CPU per step (ms, median) | CPU vs powerSGD_hook | bytes sent per step (KiB) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for label, _ in CONFIGS:
         median = statistics.median(times[label])
+        median_cpu = statistics.median(cpu[label])
         rounds = ", ".join(f"{1000 * t:.1f}" for t in times[label])
         print(f"| {label} | {1000 * median:.1f} | {rounds} | {median / base:.2f}x | "
+              f"{1000 * median_cpu:.1f} | {median_cpu / base_cpu:.2f}x | "
               f"{sent[label] / 1024:.1f} |")
     return 0
 

@@ -307,14 +307,17 @@ absl::Status Run(const std::set<std::string>& named_flags) {
 }  // namespace
 }  // namespace gradcomp::service
 
+namespace {
 // Every reduce allocates request, payload and result buffers of a tensor's
 // size (MBs). By default glibc maps blocks over 128 KiB straight from the
-// kernel and returns freed heap tops, so each step faulted in fresh zeroed
-// pages: ~3 ms/MB on the benchmark VM, 3-5x the step's own work
-// (docs/decisions.md). Keep freed memory for the next step instead; RSS then
-// stays at the high-water mark of a step's working set.
-namespace {
+// kernel, returns freed heap tops, and unmaps a thread arena's heap once it
+// is free, so each step faulted in fresh zeroed pages: ~3 ms/MB on the
+// benchmark VM, 3-5x the step's own work (docs/decisions.md). Keep freed
+// memory for the next step instead, in the one main heap (which, unlike
+// the 64 MiB per-thread heaps, is never unmapped); RSS then stays at the
+// high-water mark of a step's working set.
 void KeepFreedMemoryForReuse() {
+  mallopt(M_ARENA_MAX, 1);
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
 }

@@ -34,6 +34,23 @@ import shaped_net  # noqa: E402
 W = 4
 PEER_PORT = 50052
 GLOO_PORT = 29500
+# glibc settings for the client processes (gradcomp's and Gloo's alike), as
+# docs/clients.md recommends for trainers that send large tensors inline:
+# keep freed memory for reuse instead of faulting in fresh pages each step.
+# gradcompd sets the same itself (service/main.cc).
+KEEP_FREED_MEMORY = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(1 << 30),
+                     "MALLOC_TRIM_THRESHOLD_": str((1 << 31) - 1)}
+
+
+def client_env(args: argparse.Namespace, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO / "client/python"), **extra)
+    if args.client_malloc == "keep":
+        env.update(KEEP_FREED_MEMORY)
+    return env
+
+
+def load_average() -> float:
+    return float(pathlib.Path("/proc/loadavg").read_text().split()[0])
 
 
 def wait_all(procs: list[subprocess.Popen], daemons: list[subprocess.Popen],
@@ -70,7 +87,7 @@ def gradcomp_phase(net: shaped_net.ShapedNetwork, work: pathlib.Path, name: str,
     binary = os.environ.get("GRADCOMPD") or str(REPO / "bazel-bin/service/gradcompd")
     peers = ",".join(f"{net.address(i)}:{PEER_PORT}" for i in range(W))
     daemons, workers = [], []
-    env = dict(os.environ, PYTHONPATH=str(REPO / "client/python"))
+    env = client_env(args)
     barriers = work / f"barriers-{name}"
     barriers.mkdir()
     try:
@@ -101,8 +118,7 @@ def gradcomp_phase(net: shaped_net.ShapedNetwork, work: pathlib.Path, name: str,
 
 def gloo_phase(net: shaped_net.ShapedNetwork, work: pathlib.Path,
                args: argparse.Namespace) -> list[dict]:
-    env = dict(os.environ, PYTHONPATH=str(REPO / "client/python"),
-               GLOO_SOCKET_IFNAME="eth0")
+    env = client_env(args, GLOO_SOCKET_IFNAME="eth0")
     procs = []
     try:
         for i in range(W):
@@ -190,24 +206,35 @@ def main() -> int:
     p.add_argument("--phase_timeout", type=float, default=900)
     p.add_argument("--phases", default="local,shaped,gloo")
     p.add_argument("--out", default=None)
+    p.add_argument("--client_malloc", choices=("keep", "default"), default="keep",
+                   help="keep: clients run with KEEP_FREED_MEMORY; default: glibc's "
+                        "defaults")
     args = p.parse_args()
     out = pathlib.Path(args.out or tempfile.mkdtemp(prefix="gradcomp-e2e-bench-"))
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    load = {"start": load_average()}
     with shaped_net.ShapedNetwork(args.prefix, W, args.rate) as net:
         phases = args.phases.split(",")
         local = gradcomp_phase(net, out, "local", 1, args) if "local" in phases else None
+        load["after_local"] = load_average()
         print(f"local done at {time.monotonic() - started:.0f} s", flush=True)
         shaped = gradcomp_phase(net, out, "shaped", W, args) if "shaped" in phases else None
+        load["after_shaped"] = load_average()
         print(f"shaped done at {time.monotonic() - started:.0f} s", flush=True)
         gloo = gloo_phase(net, out, args) if "gloo" in phases else None
+        load["after_gloo"] = load_average()
         print(f"gloo done at {time.monotonic() - started:.0f} s", flush=True)
     summary = summarize(local, shaped, gloo, args)
     summary["runtime_s"] = time.monotonic() - started
+    summary["load_average"] = load
+    summary["client_malloc"] = args.client_malloc
     summary["gloo_buckets"] = gloo[0]["buckets"]
     (out / "results.json").write_text(json.dumps(summary, indent=1))
     print(table(summary))
-    print(f"\nruntime {summary['runtime_s']:.0f} s; results in {out}")
+    print(f"\nruntime {summary['runtime_s']:.0f} s; 1-min load average "
+          + ", ".join(f"{k} {v:.1f}" for k, v in load.items())
+          + f"; client malloc {args.client_malloc}; results in {out}")
     return 0
 
 

@@ -293,17 +293,22 @@ class PowerSgdSession : public CodecSession {
     // buffer of the right size as it is.
     absl::Span<float> error =
         state_.Buffer(kPowerSgdErrorBuffer, grad_.numel());
+    const std::vector<float> qt = Transposed(q_mean_);
     bands_.For(kMinBandsPerPart, [&](size_t first, size_t last, int) {
-      const size_t band_size =
-          static_cast<size_t>(bands_.band_rows() * plan_.cols);
-      std::vector<float> m(band_size), approx(band_size);
-      for (size_t band = first; band < last; ++band) {
-        const int64_t row = bands_.first_row(band), rows = bands_.rows(band);
-        LoadRows(row, rows, m.data());
-        ExpandRows(q_mean_, row, rows, approx.data());
+      std::vector<float> approx(static_cast<size_t>(plan_.cols));
+      const size_t cols = static_cast<size_t>(plan_.cols);
+      for (int64_t row = bands_.first_row(first);
+           row < bands_.first_row(first) + RowsOf(first, last); ++row) {
+        ExpandRow(qt, row, approx.data());
+        const float* g = grad_.values.data() + row * plan_.cols;
         float* e = error.data() + row * plan_.cols;
-        const size_t size = static_cast<size_t>(rows * plan_.cols);
-        for (size_t i = 0; i < size; ++i) e[i] = m[i] - approx[i];
+        // e <- M - P_hat Q_mean^T, M = g + e (the old e, read before it is
+        // written over) or g alone.
+        if (error_ != nullptr) {
+          for (size_t j = 0; j < cols; ++j) e[j] = (g[j] + e[j]) - approx[j];
+        } else {
+          for (size_t j = 0; j < cols; ++j) e[j] = g[j] - approx[j];
+        }
       }
     });
     error_ = nullptr;
@@ -315,20 +320,47 @@ class PowerSgdSession : public CodecSession {
     return absl::OkStatus();
   }
 
-  // Rows [first, first + count) of P_hat q^T into `out` (count x cols).
-  void ExpandRows(const std::vector<float>& q, int64_t first, int64_t count,
-                  float* out) const {
-    MatrixMap(out, count, plan_.cols).noalias() =
-        ConstMatrixMap(p_hat_.data() + first * plan_.rank, count, plan_.rank) *
-        View(q, plan_.cols, plan_.rank).transpose();
+  // Rows of bands [first, last).
+  int64_t RowsOf(size_t first, size_t last) const {
+    return last > first ? bands_.first_row(last - 1) + bands_.rows(last - 1) -
+                              bands_.first_row(first)
+                        : 0;
+  }
+
+  // q (cols x rank) as rank x cols, so that expanding a row reads each of
+  // q's columns contiguously.
+  std::vector<float> Transposed(const std::vector<float>& q) const {
+    std::vector<float> qt(q.size());
+    for (int64_t j = 0; j < plan_.cols; ++j) {
+      for (int64_t k = 0; k < plan_.rank; ++k) {
+        qt[k * plan_.cols + j] = q[j * plan_.rank + k];
+      }
+    }
+    return qt;
+  }
+
+  // Row `row` of P_hat q^T into `out` (cols values), from qt = q^T: written
+  // once, the rank-r terms added in order (a general matrix product would
+  // zero the 100 MB output first and then read it back).
+  void ExpandRow(const std::vector<float>& qt, int64_t row, float* out) const {
+    const size_t cols = static_cast<size_t>(plan_.cols);
+    const float* p = p_hat_.data() + row * plan_.rank;
+    const float p0 = p[0];
+    for (size_t j = 0; j < cols; ++j) out[j] = p0 * qt[j];
+    for (int64_t k = 1; k < plan_.rank; ++k) {
+      const float pk = p[k];
+      const float* qk = qt.data() + k * plan_.cols;
+      for (size_t j = 0; j < cols; ++j) out[j] += pk * qk[j];
+    }
   }
 
   // out = P_hat q^T, rows x cols.
   void Expand(const std::vector<float>& q, absl::Span<float> out) const {
+    const std::vector<float> qt = Transposed(q);
     bands_.For(kMinBandsPerPart, [&](size_t first, size_t last, int) {
-      for (size_t band = first; band < last; ++band) {
-        const int64_t row = bands_.first_row(band);
-        ExpandRows(q, row, bands_.rows(band), out.data() + row * plan_.cols);
+      for (int64_t row = bands_.first_row(first);
+           row < bands_.first_row(first) + RowsOf(first, last); ++row) {
+        ExpandRow(qt, row, out.data() + row * plan_.cols);
       }
     });
   }

@@ -34,8 +34,12 @@
 // The body is fp32: dense g (numel values); or round 0: P, rows x r_eff;
 // round 1: Q, cols x r_eff; both row-major.
 //
-// Batching same-shape matrices into one payload is not done: a session sees
-// one tensor.
+// M = g + e is formed in bands of rows and never materialised whole; large
+// matrices run their bands on all cores, with the same result for any
+// number of threads (powersgd.cc says how).
+//
+// Batching the rounds of same-shape matrices into one collective is not
+// done: a session sees one tensor. docs/codecs.md has the design.
 #ifndef GRADCOMP_CODECS_CPU_POWERSGD_H_
 #define GRADCOMP_CODECS_CPU_POWERSGD_H_
 

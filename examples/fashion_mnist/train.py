@@ -138,6 +138,10 @@ class RunSpec:
 class RunResult:
     accuracy: list[float]        # test accuracy after each epoch
     step_seconds: float          # mean training step (forward, backward, reduce, update)
+    # CPU time per step of rank 0's process (all its threads) plus its
+    # daemon: what the exchange costs, less sensitive to other load than wall
+    # time.
+    cpu_seconds_per_step: float
     bytes_per_step: float        # payload bytes a worker sends per step
     raw_bytes_per_step: float    # fp32 gradient bytes per step (what dense sends)
     steps: int
@@ -170,6 +174,12 @@ class _LocalDaemon:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the daemon has used so far."""
+        fields = pathlib.Path(f"/proc/{self.process.pid}/stat").read_text()
+        utime, stime = fields.rsplit(")", 1)[1].split()[11:13]
+        return (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
 
     def wait_peers(self, peers_up: int, timeout: float = 60.0) -> None:
         """Waits until the start-up line names the metrics port and every
@@ -291,12 +301,17 @@ def _train(rank: int, spec: RunSpec, daemon: _LocalDaemon | None) -> RunResult:
     per_step = spec.batch_size * world
     steps_per_epoch = len(x_train) // per_step
     total_steps = spec.epochs * steps_per_epoch
-    # Cosine decay to zero over the run: the final accuracy then reflects the
-    # run rather than the last few steps' noise.
+    # Linear warm-up over a quarter epoch (the first steps' large gradients
+    # can kill ReLUs), then cosine decay to zero, so that the final accuracy
+    # reflects the run rather than the last few steps' noise.
+    warmup = max(steps_per_epoch // 4, 1)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda t: 0.5 * (1.0 + math.cos(math.pi * t / total_steps)))
+        optimizer, lambda t: min(1.0, (t + 1) / warmup) *
+        0.5 * (1.0 + math.cos(math.pi * t / total_steps)))
 
     accuracy, step_times = [], []
+    cpu = 0.0
+    daemon_cpu = daemon.cpu_seconds() if daemon else 0.0
     start = time.perf_counter()
     for epoch in range(spec.epochs):
         order = torch.randperm(len(x_train),
@@ -304,16 +319,19 @@ def _train(rank: int, spec: RunSpec, daemon: _LocalDaemon | None) -> RunResult:
         for s in range(steps_per_epoch):
             idx = order[s * per_step + rank * spec.batch_size:
                         s * per_step + (rank + 1) * spec.batch_size]
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             optimizer.zero_grad()
             F.cross_entropy(model(x_train[idx]), y_train[idx]).backward()
             optimizer.step()
             step_times.append(time.perf_counter() - t0)
+            cpu += time.process_time() - c0
             schedule.step()
         accuracy.append(_evaluate(model.module, x_test, y_test, rank, world))
         if rank == 0:
             print(f"epoch {epoch + 1}: test accuracy {accuracy[-1]:.4f}", flush=True)
     wall = time.perf_counter() - start
+    if daemon:
+        cpu += daemon.cpu_seconds() - daemon_cpu
     steps = total_steps
     transport = ""
     if spec.comm == "gradcomp":
@@ -327,6 +345,7 @@ def _train(rank: int, spec: RunSpec, daemon: _LocalDaemon | None) -> RunResult:
     # The first steps pay for lazy set-up (buckets, connections): leave them out.
     measured = step_times[min(10, len(step_times) - 1):]
     return RunResult(accuracy=accuracy, step_seconds=float(np.mean(measured)),
+                     cpu_seconds_per_step=cpu / total_steps,
                      bytes_per_step=sent, raw_bytes_per_step=raw_bytes, steps=steps,
                      wall_seconds=wall, transport=transport)
 

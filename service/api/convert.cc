@@ -1,7 +1,9 @@
 #include "service/api/convert.h"
 
+#include <cstdint>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "service/config/policy_proto.h"
 
 namespace gradcomp::service {
@@ -13,6 +15,20 @@ absl::StatusOr<ReduceInput> ReduceInputFromProto(
     return absl::InvalidArgumentError(
         "output_shm.byte_size is 0, expected numel x dtype bytes (send "
         "zero-element tensors inline)");
+  }
+  if (request.has_input_shm() && request.has_output_shm()) {
+    // The engine reads fp32 input in place and still reads it (relative
+    // error, codec state) after it has written the output.
+    const auto in = reinterpret_cast<uintptr_t>(slices.input.data());
+    const auto out = reinterpret_cast<uintptr_t>(slices.output.data());
+    if (in < out + slices.output.size() && out < in + slices.input.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input_shm (region '", request.input_shm().region(), "' offset ",
+          request.input_shm().offset(), ", ", slices.input.size(),
+          " bytes) and output_shm (region '", request.output_shm().region(),
+          "' offset ", request.output_shm().offset(), ", ",
+          slices.output.size(), " bytes) overlap; expected disjoint slices"));
+    }
   }
   ReduceInput input;
   input.job = request.job();

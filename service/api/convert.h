@@ -25,7 +25,9 @@ struct MappedSlices {
 
 // The input views `request.data()`, or `slices.input` for a request with
 // input_shm; either must outlive it. With output_shm the engine writes the
-// average into `slices.output`.
+// average into `slices.output`. Overlapping input and output slices are
+// InvalidArgument: the engine reads fp32 input in place and still reads it
+// after it has written the output.
 absl::StatusOr<ReduceInput> ReduceInputFromProto(
     const v1::ReduceRequest& request, const MappedSlices& slices = {});
 

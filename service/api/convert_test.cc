@@ -60,6 +60,21 @@ TEST(ConvertTest, SharedMemorySlicesBecomeTheInputAndOutput) {
   EXPECT_EQ(input->output.data(), memory + 8);
 }
 
+TEST(ConvertTest, OverlappingSlicesAreRefused) {
+  v1::ReduceRequest request;
+  request.mutable_input_shm()->set_region("r");
+  request.mutable_output_shm()->set_region("r");
+  request.mutable_output_shm()->set_byte_size(8);
+  char memory[16] = {};
+  auto overlap = ReduceInputFromProto(
+      request, {absl::MakeSpan(memory, 8), absl::MakeSpan(memory + 7, 8)});
+  EXPECT_EQ(overlap.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(overlap.status().message().find("overlap"), std::string::npos);
+  EXPECT_TRUE(ReduceInputFromProto(request, {absl::MakeSpan(memory, 8),
+                                             absl::MakeSpan(memory + 8, 8)})
+                  .ok());
+}
+
 TEST(ConvertTest, AnEmptyOutputSliceIsRefused) {
   // The engine reads an empty output span as "answer inline".
   v1::ReduceRequest request;

@@ -79,20 +79,6 @@ absl::StatusOr<ReduceInput> GradcompService::ResolveInput(
     slices.output = slice.bytes();
     output_slice->emplace(std::move(slice));
   }
-  if (!slices.input.empty() && !slices.output.empty()) {
-    // The engine reads fp32 input in place and still reads it (relative
-    // error, codec state) after it has written the output.
-    const char* in = slices.input.data();
-    const char* out = slices.output.data();
-    if (in < out + slices.output.size() && out < in + slices.input.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "input_shm (region '", request.input_shm().region(), "' offset ",
-          request.input_shm().offset(), ", ", slices.input.size(),
-          " bytes) and output_shm (region '", request.output_shm().region(),
-          "' offset ", request.output_shm().offset(), ", ",
-          slices.output.size(), " bytes) overlap; expected disjoint slices"));
-    }
-  }
   return ReduceInputFromProto(request, slices);
 }
 

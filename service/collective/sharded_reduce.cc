@@ -29,31 +29,6 @@ Range SliceOf(size_t n, int w, int j) {
   return {begin, uint64_t{n} * (j + 1) / w - begin};
 }
 
-// The codec state of one slice: the slice's range of each element-wise
-// buffer (numel values) of the tensor's state. Other buffers (a previous
-// codec's) are not the slice's and stay where they are.
-codecs::TensorState SliceState(const codecs::TensorState& state, size_t numel,
-                               Range r) {
-  codecs::TensorState slice;
-  for (const auto& [name, values] : state.buffers()) {
-    if (values.size() != numel) continue;
-    absl::Span<float> b = slice.Buffer(name, r.size);
-    std::copy(values.begin() + r.begin, values.begin() + r.begin + r.size,
-              b.begin());
-  }
-  return slice;
-}
-
-// Writes a slice's state back into its range of the tensor's buffers
-// (creating them, zero-filled, at their first step).
-void StoreSliceState(const codecs::TensorState& slice, size_t numel, Range r,
-                     codecs::TensorState& state) {
-  for (const auto& [name, values] : slice.buffers()) {
-    absl::Span<float> b = state.Buffer(name, numel);
-    std::copy(values.begin(), values.end(), b.begin() + r.begin);
-  }
-}
-
 // Every slice has its own Philox streams, so that the W slices of a
 // stochastic codec are not rounded with the same numbers.
 codecs::StepContext SliceContext(const codecs::StepContext& ctx,
@@ -70,6 +45,14 @@ std::string Where(const RoundKey& key, int slice) {
 }
 
 }  // namespace
+
+std::string SliceStateName(absl::string_view tensor, int slice) {
+  return absl::StrCat(tensor, "#slice", slice);
+}
+
+std::string OwnerStateName(absl::string_view tensor) {
+  return absl::StrCat(tensor, "#shard");
+}
 
 absl::string_view AggregationName(Aggregation aggregation) {
   switch (aggregation) {
@@ -119,9 +102,8 @@ absl::Status DecodeSlices(const codecs::SingleRoundCodec& codec,
 absl::StatusOr<ShardedStats> ShardedReduce(
     Collective& collective, codecs::StateStore& store,
     const codecs::SingleRoundCodec& codec, const RoundKey& key,
-    absl::Span<const float> grad, codecs::TensorState& state,
-    const codecs::StepContext& ctx, absl::Span<float> out,
-    std::vector<codecs::Bytes>* own_parts) {
+    absl::Span<const float> grad, const codecs::StepContext& ctx,
+    absl::Span<float> out, std::vector<codecs::Bytes>* own_parts) {
   const int w = collective.world_size();
   const int me = collective.rank();
   const size_t n = grad.size();
@@ -133,21 +115,22 @@ absl::StatusOr<ShardedStats> ShardedReduce(
   }
   ShardedStats stats;
 
-  // Each slice encoded on its own, with its range of this worker's state.
+  // Each slice encoded on its own, with this worker's state of the slice
+  // (an entry of its own: no copies of whole-tensor buffers).
   Clock::time_point t = Clock::now();
   std::vector<codecs::Bytes> parts(w);
   for (int j = 0; j < w; ++j) {
     const Range r = SliceOf(n, w, j);
-    codecs::TensorState slice_state = SliceState(state, n, r);
     const int64_t shape[] = {static_cast<int64_t>(r.size)};
+    codecs::StateStore::Locked slice_state =
+        store.Acquire(key.job, SliceStateName(key.tensor, j), shape, 0);
     absl::Status encoded = codec.Encode(
-        codecs::TensorView{grad.subspan(r.begin, r.size), shape}, slice_state,
+        codecs::TensorView{grad.subspan(r.begin, r.size), shape}, *slice_state,
         SliceContext(ctx, key, "#slice", j), &parts[j]);
     if (!encoded.ok()) {
       return absl::Status(encoded.code(),
                           absl::StrCat(Where(key, j), ": ", encoded.message()));
     }
-    StoreSliceState(slice_state, n, r, state);
     stats.wire_bytes += parts[j].size();
   }
   if (own_parts != nullptr) *own_parts = parts;
@@ -175,8 +158,8 @@ absl::StatusOr<ShardedStats> ShardedReduce(
   codecs::Bytes reencoded;
   {
     const int64_t shape[] = {static_cast<int64_t>(mine.size)};
-    codecs::StateStore::Locked owner_state = store.Acquire(
-        key.job, absl::StrCat(key.tensor, kOwnerStateSuffix), shape, 0);
+    codecs::StateStore::Locked owner_state =
+        store.Acquire(key.job, OwnerStateName(key.tensor), shape, 0);
     absl::Status encoded = codec.Encode(codecs::TensorView{average, shape},
                                         *owner_state, owner_ctx, &reencoded);
     if (!encoded.ok()) {
@@ -209,22 +192,20 @@ ShardedSession::ShardedSession(Collective& collective,
                                codecs::StateStore& store,
                                const codecs::SingleRoundCodec& codec,
                                RoundKey key, absl::Span<const float> grad,
-                               codecs::TensorState& state,
                                const codecs::StepContext& ctx)
     : collective_(collective),
       store_(store),
       codec_(codec),
       key_(std::move(key)),
       grad_(grad),
-      state_(state),
       ctx_(ctx) {}
 
 absl::StatusOr<std::optional<codecs::Round>> ShardedSession::NextRound() {
   if (!done_) {
     average_.resize(grad_.size());
     GC_ASSIGN_OR_RETURN(
-        stats_, ShardedReduce(collective_, store_, codec_, key_, grad_, state_,
-                              ctx_, absl::MakeSpan(average_), &own_parts_));
+        stats_, ShardedReduce(collective_, store_, codec_, key_, grad_, ctx_,
+                              absl::MakeSpan(average_), &own_parts_));
     done_ = true;
   }
   return std::nullopt;

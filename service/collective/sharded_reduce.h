@@ -12,7 +12,7 @@
 //   if (codec != nullptr) {
 //     GC_ASSIGN_OR_RETURN(ShardedStats stats,
 //                         ShardedReduce(collective, store, *codec, key, grad,
-//                                       *state, ctx, out, nullptr));
+//                                       ctx, out, nullptr));
 //   }
 #ifndef GRADCOMP_SERVICE_COLLECTIVE_SHARDED_REDUCE_H_
 #define GRADCOMP_SERVICE_COLLECTIVE_SHARDED_REDUCE_H_
@@ -58,10 +58,15 @@ const codecs::SingleRoundCodec* ShardableCodec(Aggregation mode,
                                                const codecs::Codec& codec,
                                                int world_size, uint64_t numel);
 
-// The owner's state of a tensor's slice lives in the StateStore under
-// (job, tensor + kOwnerStateSuffix), so it is exported and imported with
-// the job's other state; it resets when the slice's size changes.
-inline constexpr absl::string_view kOwnerStateSuffix = "#shard";
+// Where sharded aggregation keeps its codec state, in the StateStore under
+// the tensor's job (so it is exported and imported with the job's other
+// state): this worker's state for slice j under SliceStateName(tensor, j),
+// the owner's state of its slice under OwnerStateName(tensor). Each resets
+// when its slice's size changes (another world size). They are not the
+// tensor's own state: a tensor whose policy switches between allgather and
+// sharded starts the other mode's residuals from zero.
+std::string SliceStateName(absl::string_view tensor, int slice);
+std::string OwnerStateName(absl::string_view tensor);
 
 struct ShardedStats {
   // Payload bytes this rank encoded: its W slice payloads and its owned
@@ -72,19 +77,16 @@ struct ShardedStats {
   double decode_seconds = 0;
 };
 
-// Runs one sharded reduce of `grad` (the tensor's values, flattened).
-// `state` is the tensor's own state (the caller holds its lock); each
-// slice's encode reads and updates its range of the state's element-wise
-// buffers, so a tensor can switch between allgather and sharded and keep
-// its residual. `out` receives the average (grad.size() values);
-// `own_parts`, when not null, this worker's W slice payloads (for
-// DecodeSlices, error metrics). Errors name the rank and slice.
+// Runs one sharded reduce of `grad` (the tensor's values, flattened; the
+// caller serialises calls for the same tensor). `out` receives the average
+// (grad.size() values); `own_parts`, when not null, this worker's W slice
+// payloads (for DecodeSlices, error metrics). Errors name the rank and
+// slice.
 absl::StatusOr<ShardedStats> ShardedReduce(
     Collective& collective, codecs::StateStore& store,
     const codecs::SingleRoundCodec& codec, const RoundKey& key,
-    absl::Span<const float> grad, codecs::TensorState& state,
-    const codecs::StepContext& ctx, absl::Span<float> out,
-    std::vector<codecs::Bytes>* own_parts);
+    absl::Span<const float> grad, const codecs::StepContext& ctx,
+    absl::Span<float> out, std::vector<codecs::Bytes>* own_parts);
 
 // Decodes slice payloads (parts[j] holds slice j of W = parts.size()) into
 // `out`, the whole tensor.
@@ -101,8 +103,7 @@ class ShardedSession : public codecs::CodecSession {
  public:
   ShardedSession(Collective& collective, codecs::StateStore& store,
                  const codecs::SingleRoundCodec& codec, RoundKey key,
-                 absl::Span<const float> grad, codecs::TensorState& state,
-                 const codecs::StepContext& ctx);
+                 absl::Span<const float> grad, const codecs::StepContext& ctx);
 
   absl::StatusOr<std::optional<codecs::Round>> NextRound() override;
   absl::Status Absorb(codecs::RoundResult result) override;
@@ -118,7 +119,6 @@ class ShardedSession : public codecs::CodecSession {
   const codecs::SingleRoundCodec& codec_;
   const RoundKey key_;
   const absl::Span<const float> grad_;
-  codecs::TensorState& state_;
   const codecs::StepContext ctx_;
   bool done_ = false;
   std::vector<float> average_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -91,10 +92,9 @@ std::vector<Outputs> Reduce(
         const RoundKey key{"job", tensor, step, 0};
         absl::Status status;
         if (sharded) {
-          status =
-              ShardedReduce(group.collective(r), group.store(r), single, key, g,
-                            *state, ctx, absl::MakeSpan(avg), nullptr)
-                  .status();
+          status = ShardedReduce(group.collective(r), group.store(r), single,
+                                 key, g, ctx, absl::MakeSpan(avg), nullptr)
+                       .status();
         } else {
           codecs::Bytes payload;
           status = single.Encode({g, shape}, *state, ctx, &payload);
@@ -257,26 +257,30 @@ TEST(ShardedReduceTest, TopKLosesNothingOutsideTheWorkerAndOwnerResiduals) {
   }
   const std::string velocity = codecs::MomentumCorrection::kVelocityBuffer;
   std::vector<double> shard_held(kN, 0), gather_held(kN, 0);
+  // The velocity (DGC's accumulator; with momentum 0 the residual) of the
+  // state named `name`, `size` values.
+  auto residual = [&](int rank, const std::string& name, size_t size) {
+    const int64_t shape[] = {static_cast<int64_t>(size)};
+    auto state =
+        group.store(rank).Acquire("job", name, shape, name == "a0" ? 1 : 0);
+    std::optional<absl::Span<float>> found = state->Find(velocity);
+    EXPECT_TRUE(found.has_value()) << name;
+    return found.has_value() ? std::vector<float>(found->begin(), found->end())
+                             : std::vector<float>(size);
+  };
   for (int r = 0; r < kW; ++r) {
-    const int64_t shape[] = {static_cast<int64_t>(kN)};
-    auto worker = group.store(r).Acquire("job", "s0", shape, 1);
-    auto worker_residual = worker->Find(velocity);
-    ASSERT_TRUE(worker_residual.has_value());
-    auto gather_worker = group.store(r).Acquire("job", "a0", shape, 1);
-    auto gather_residual = gather_worker->Find(velocity);
-    ASSERT_TRUE(gather_residual.has_value());
-    for (size_t i = 0; i < kN; ++i) {
-      shard_held[i] += (*worker_residual)[i] / kW;
-      gather_held[i] += (*gather_residual)[i] / kW;
-    }
-    const size_t begin = kN * r / kW, size = kN * (r + 1) / kW - begin;
-    const int64_t slice_shape[] = {static_cast<int64_t>(size)};
-    auto owner = group.store(r).Acquire(
-        "job", absl::StrCat("s0", kOwnerStateSuffix), slice_shape, 0);
-    auto owner_residual = owner->Find(velocity);
-    ASSERT_TRUE(owner_residual.has_value());
-    for (size_t i = 0; i < size; ++i) {
-      shard_held[begin + i] += (*owner_residual)[i];
+    const std::vector<float> gather_residual = residual(r, "a0", kN);
+    for (size_t i = 0; i < kN; ++i) gather_held[i] += gather_residual[i] / kW;
+    for (int j = 0; j < kW; ++j) {
+      const size_t begin = kN * j / kW, size = kN * (j + 1) / kW - begin;
+      const std::vector<float> worker =
+          residual(r, SliceStateName("s0", j), size);
+      for (size_t i = 0; i < size; ++i) shard_held[begin + i] += worker[i] / kW;
+      if (j == r) {
+        const std::vector<float> owner =
+            residual(r, OwnerStateName("s0"), size);
+        for (size_t i = 0; i < size; ++i) shard_held[begin + i] += owner[i];
+      }
     }
   }
   double scale = 0, shard_gap = 0, gather_gap = 0, owner_mass = 0;
@@ -327,12 +331,10 @@ TEST(ShardedReduceTest, AMissingRankFailsTheOthersNamingIt) {
   for (int r = 0; r < kW - 1; ++r) {
     threads.emplace_back([&, r] {
       const std::vector<float> g = Gradient(r, 0, 0, 1000);
-      const int64_t shape[] = {1000};
-      auto state = group.store(r).Acquire("job", "x", shape, 1);
       std::vector<float> out(g.size());
       status[r] = ShardedReduce(group.collective(r), group.store(r), single,
-                                {"job", "x", 0, 0}, g, *state,
-                                Context("x", 0, r, kW), absl::MakeSpan(out), {})
+                                {"job", "x", 0, 0}, g, Context("x", 0, r, kW),
+                                absl::MakeSpan(out), nullptr)
                       .status();
     });
   }
@@ -358,10 +360,8 @@ TEST(ShardedSessionTest, RunsTheReduceThenFinishesAndDecodesItsOwn) {
   for (int r = 0; r < kW; ++r) {
     grads[r] = Gradient(r, 0, 0, kN);
     threads.emplace_back([&, r] {
-      const int64_t shape[] = {static_cast<int64_t>(kN)};
-      auto state = group.store(r).Acquire("job", "x", shape, 1);
       ShardedSession session(group.collective(r), group.store(r), single,
-                             {"job", "x", 0, 0}, grads[r], *state,
+                             {"job", "x", 0, 0}, grads[r],
                              Context("x", 0, r, kW));
       out[r].resize(kN);
       own[r].resize(kN);

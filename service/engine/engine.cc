@@ -317,7 +317,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   if (shardable != nullptr) {
     auto owned = std::make_unique<ShardedSession>(
         *collective_, *store_, *shardable,
-        RoundKey{in.job, in.tensor, in.step, 0}, grad, *state, ctx);
+        RoundKey{in.job, in.tensor, in.step, 0}, grad, ctx);
     sharded = owned.get();
     session = std::move(owned);
   } else {

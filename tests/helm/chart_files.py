@@ -12,7 +12,7 @@ CHART_FILES = REPO / "helm" / "gradcomp" / "files"
 # chart copy -> source
 COPIES = {
     CHART_FILES / "gradcomp-dashboard.json": REPO / "deploy" / "grafana" / "gradcomp-dashboard.json",
-    CHART_FILES / "gradcomp-rules.yaml": REPO / "deploy" / "prometheus" / "gradcomp-rules.yaml",
+    CHART_FILES / "gradcomp-rules.yml": REPO / "deploy" / "prometheus" / "gradcomp-rules.yml",
 }
 
 if __name__ == "__main__":

@@ -56,6 +56,12 @@ def gradcompd() -> pathlib.Path:
     return pathlib.Path(os.environ.get("GRADCOMPD") or REPO / "bazel-bin" / "service" / "gradcompd")
 
 
+# The CPU image builds with GRADCOMP_NO_CUDA=1; a binary built here where the
+# CUDA toolkit is installed may load its libraries, which are not Debian's
+# and belong to the CUDA variant (docs/operations.md, "Images").
+CUDA_ROOT = os.path.realpath(os.environ.get("CUDA_PATH", "/usr/local/cuda")) + "/"
+
+
 def library_packages(binary: pathlib.Path) -> set[str]:
     """The Debian packages that own the shared libraries `binary` loads."""
     ldd = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True).stdout
@@ -69,6 +75,8 @@ def library_packages(binary: pathlib.Path) -> set[str]:
         owner_of[path] = package.split(":")[0]
     packages = set()
     for path in libraries:
+        if os.path.realpath(path).startswith(CUDA_ROOT):
+            continue
         owner = owner_of.get(path) or owner_of.get(os.path.realpath(path))
         if owner is None:
             raise AssertionError(f"{path} (loaded by {binary}) belongs to no Debian package")

@@ -169,14 +169,15 @@ class ChartTest(unittest.TestCase):
         self.assertIn("0 chart(s) failed", lint.stdout)
 
         objects = self.render(name)
-        config = json.loads(find(objects, "ConfigMap", "-config")["data"]["daemon.json"])
+        config_text = find(objects, "ConfigMap", "-config")["data"]["daemon.json"]
+        config = json.loads(config_text)
         world_size = config["worldSize"]
         self.assertEqual(len(config["peers"]), world_size)
         statefulsets = [o for o in objects if o["kind"] == "StatefulSet"]
         if not statefulsets:
             # Only the named template's objects: check the config alone.
             with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
-                file.write(json.dumps(config))
+                file.write(config_text)
                 file.flush()
                 result = check_config([f"--config={file.name}", f"--rank={world_size - 1}"])
             self.assertEqual(result.returncode, 0, result.stderr)
@@ -211,6 +212,8 @@ class ChartTest(unittest.TestCase):
                 self.assertEqual(effective["peers"], config["peers"])
                 self.assertEqual(effective["error_sample_rate"], config["errorSampleRate"])
                 self.assertEqual(len(effective["policy"]["rules"]), len(config["policy"]["rules"]))
+                self.assertEqual(effective.get("allow_client_shm", False),
+                                 config.get("allowClientShm", False))
 
     def test_bad_values_are_refused_by_the_schema(self):
         self.assertGreaterEqual(len(BAD_VALUES), 5)
@@ -256,15 +259,30 @@ class ChartTest(unittest.TestCase):
                          f"{RELEASE}-gradcomp-255.{RELEASE}-gradcomp-peers.{NAMESPACE}.svc.cluster.example:50052")
         monitor = find(objects, "ServiceMonitor")
         self.assertEqual(monitor["spec"]["endpoints"][0]["port"], "metrics")
+        # The scraped job is named from the Service's label jobLabel names;
+        # the rules select job="gradcomp".
+        service = find(objects, "Service", "-peers")
+        self.assertEqual(service["metadata"]["labels"][monitor["spec"]["jobLabel"]], "gradcomp")
+        self.assertTrue(set(monitor["spec"]["selector"]["matchLabels"].items())
+                        <= set(service["metadata"]["labels"].items()))
+        self.assertIn({"name": "metrics", "port": 9464, "targetPort": "metrics"},
+                      service["spec"]["ports"])
         rules = find(objects, "PrometheusRule")
-        shipped = (CHART / "files" / "gradcomp-rules.yaml").read_text()
+        shipped = (CHART / "files" / "gradcomp-rules.yml").read_text()
+        expressions = [rule["expr"] for group in rules["spec"]["groups"] for rule in group["rules"]]
+        self.assertGreater(len(expressions), 0)
         for group in rules["spec"]["groups"]:
             for rule in group["rules"]:
                 self.assertIn(rule.get("alert") or rule.get("record"), shipped)
+        for expr in expressions:
+            for job in re.findall(r'job="([^"]+)"', expr):
+                self.assertEqual(job, "gradcomp", expr)
         dashboard = find(objects, "ConfigMap", "-dashboard")
         self.assertEqual(dashboard["metadata"]["labels"]["grafana_dashboard"], "1")
+        shipped = (CHART / "files" / "gradcomp-dashboard.json").read_text()
         self.assertEqual(json.loads(dashboard["data"]["gradcomp-dashboard.json"]),
-                         json.loads((CHART / "files" / "gradcomp-dashboard.json").read_text()))
+                         json.loads(shipped.replace("${DS_PROMETHEUS}", "prometheus")))
+        self.assertNotIn("${DS_PROMETHEUS}", dashboard["data"]["gradcomp-dashboard.json"])
 
     def test_chart_copies_equal_deploy_files(self):
         for copy, source in CHART_COPIES.items():

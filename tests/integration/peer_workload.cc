@@ -118,7 +118,7 @@ absl::StatusOr<std::vector<std::vector<float>>> ReplaySharded(
       ctx.world_size = w;
       status[r] =
           service::ShardedReduce(group.collective(r), stores[r], *shardable,
-                                 {job, tensor, step, 0}, grads[r], *state, ctx,
+                                 {job, tensor, step, 0}, grads[r], ctx,
                                  absl::MakeSpan(out[r]), nullptr)
               .status();
     });

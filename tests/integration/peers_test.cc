@@ -16,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -445,25 +446,32 @@ TEST_P(PeersShardedTest, FourDaemonsAgreeAndMatchTheShardedReplay) {
     const std::vector<int64_t> shape = WorkloadShape(t);
     const size_t n = mean_sum[t].size();
     std::vector<double> sharded_held(n, 0), gather_held(n, 0);
+    // The velocity (DGC's accumulator; with momentum 0 the residual) held
+    // in `store` under `name`.
+    auto residual = [&](codecs::StateStore& store, const std::string& name,
+                        const std::vector<int64_t>& state_shape, int dtype) {
+      auto state = store.Acquire(job, name, state_shape, dtype);
+      std::optional<absl::Span<float>> found = state->Find(velocity);
+      EXPECT_TRUE(found.has_value()) << name;
+      return found.has_value()
+                 ? std::vector<float>(found->begin(), found->end())
+                 : std::vector<float>();
+    };
     for (int r = 0; r < kWorld; ++r) {
-      auto worker = sharded_stores[r].Acquire(job, tensor, shape, 1);
-      auto gather_worker = gather_stores[r].Acquire(job, tensor, shape, 1);
-      const size_t begin = n * r / kWorld, size = n * (r + 1) / kWorld - begin;
-      const int64_t slice_shape[] = {static_cast<int64_t>(size)};
-      auto owner = sharded_stores[r].Acquire(
-          job, absl::StrCat(tensor, service::kOwnerStateSuffix), slice_shape,
-          0);
-      ASSERT_TRUE(worker->Find(velocity).has_value());
-      ASSERT_TRUE(gather_worker->Find(velocity).has_value());
-      ASSERT_TRUE(owner->Find(velocity).has_value());
-      const absl::Span<float> e = *worker->Find(velocity);
-      const absl::Span<float> g = *gather_worker->Find(velocity);
-      const absl::Span<float> o = *owner->Find(velocity);
-      for (size_t i = 0; i < n; ++i) {
-        sharded_held[i] += e[i] / kWorld;
-        gather_held[i] += g[i] / kWorld;
+      const std::vector<float> g = residual(gather_stores[r], tensor, shape, 1);
+      for (size_t i = 0; i < g.size(); ++i) gather_held[i] += g[i] / kWorld;
+      for (int j = 0; j < kWorld; ++j) {
+        const size_t begin = n * j / kWorld;
+        const int64_t size = n * (j + 1) / kWorld - begin;
+        const std::vector<float> e = residual(
+            sharded_stores[r], service::SliceStateName(tensor, j), {size}, 0);
+        for (size_t i = 0; i < e.size(); ++i)
+          sharded_held[begin + i] += e[i] / kWorld;
+        if (j != r) continue;
+        const std::vector<float> o = residual(
+            sharded_stores[r], service::OwnerStateName(tensor), {size}, 0);
+        for (size_t i = 0; i < o.size(); ++i) sharded_held[begin + i] += o[i];
       }
-      for (size_t i = 0; i < size; ++i) sharded_held[begin + i] += o[i];
     }
     double scale = 0, sharded_gap = 0, gather_gap = 0;
     for (size_t i = 0; i < n; ++i) {

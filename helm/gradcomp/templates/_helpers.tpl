@@ -85,6 +85,9 @@ app.kubernetes.io/component: worker
   "maxTensorBytes" (int64 .Values.config.maxTensorBytes | toString)
   "policy" .Values.config.policy
 -}}
+{{- if .Values.config.allowClientShm -}}
+{{- $_ := set $config "allowClientShm" true -}}
+{{- end -}}
 {{- toPrettyJson $config -}}
 {{- end -}}
 
