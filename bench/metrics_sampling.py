@@ -2,8 +2,9 @@
 
 Every sampled reduce decodes the worker's own payload once more to measure
 ||g - D(C(g))|| / ||g|| (and reads the error-feedback residual's norm). This
-bench runs one gradcompd per --error_sample_rate (0, 0.1, 1; world size 1,
-so the collective costs nothing and the codec's own time is all there is),
+bench runs one gradcompd per --error_sample_rate (0, 0.1, 1, and a second 0
+as a control; world size 1, so the collective costs nothing and the codec's
+own time is all there is),
 sends each the ResNet-50 synthetic gradient set (161 tensors, 25.6M floats)
 as one ReduceStream per step, interleaving the daemons step by step so that
 load from other processes falls on all of them alike, and prints per rate
@@ -28,7 +29,9 @@ from gradcomp import resnet50
 from gradcomp.client import Client
 from gradcomp.testing import Daemon
 
-RATES = (0.0, 0.1, 1.0)
+# The second rate-0 daemon is an A/A control: how far two identical daemons
+# differ on this machine bounds what the other rows can show.
+RATES = (0.0, 0.1, 1.0, 0.0)
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 CODECS = {"topk 1%": ("topk", {"ratio": "0.01"}),
           "qsgd 4-bit": ("qsgd", {"bits": "4"})}
@@ -73,9 +76,10 @@ def main() -> None:
                         cpu[i].append(cpu_seconds(pid) - start_cpu)
             base = statistics.median(times[0])
             base_cpu = statistics.median(cpu[0])
-            for rate, wall, used in zip(RATES, times, cpu):
+            for k, (rate, wall, used) in enumerate(zip(RATES, times, cpu)):
                 w, c = statistics.median(wall), statistics.median(used)
-                print(f"| {label} | {rate:g} | {w:.3f} | {w / base:.3f} "
+                name = f"{rate:g}" + (" (control)" if k > 0 and rate == RATES[0] else "")
+                print(f"| {label} | {name} | {w:.3f} | {w / base:.3f} "
                       f"| {c:.3f} | {c / base_cpu:.3f} |")
         print(f"# load average {os.getloadavg()[0]:.2f} at the end")
         for client in clients:

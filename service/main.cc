@@ -48,7 +48,7 @@
 #include "service/metrics/metrics_server.h"
 #include "service/metrics/peer_metrics.h"
 #include "service/peers/handshake.h"
-#include "service/shm/shared_memory_registry.h"
+#include "service/memory/shared_memory_registry.h"
 #include "service/transport/grpc_transport.h"
 #include "service/version.h"
 

@@ -1,6 +1,6 @@
 """End-to-end benchmark on 4 namespaces joined by 1 Gbit/s tbf links.
 
-    sudo bench/e2e/run_e2e_bench [--steps 4] [--out DIR]
+    sudo bench/run_e2e_bench [--steps 4] [--out DIR] [--client_malloc default]
 
 Three phases on the network of tests/e2e/shaped_net.py, one run:
   local   4 gradcompd with --world_size=1 (no peers), the 4 workers at once:
@@ -9,7 +9,8 @@ Three phases on the network of tests/e2e/shaped_net.py, one run:
   shaped  4 gradcompd with --world_size=4 over the shaped links: none,
           topk (ratio 0.01), qsgd (4 bits), ResNet-50 gradient set.
   gloo    torch.distributed gloo, 4 processes, DDP-style 25 MiB buckets.
-Step 0 of each codec is warm-up; the median of the remaining steps is
+Clients run with KEEP_FREED_MEMORY (glibc settings) unless --client_malloc
+default. Step 0 of each codec is warm-up; the median of the remaining steps is
 reported, a step's time being the slowest rank's. Prints a Markdown table
 and writes results.json to --out.
 """

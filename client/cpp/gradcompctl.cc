@@ -82,9 +82,11 @@ absl::Status RunInfo(Client& client) {
   // std::map orders the flags, so the output is stable.
   const std::map<std::string, std::string> flags(info.flags().begin(),
                                                  info.flags().end());
+  std::vector<std::string> flag_words;
   for (const auto& [name, value] : flags) {
-    absl::PrintF("%-16s %s\n", absl::StrCat("--", name), value);
+    flag_words.push_back(absl::StrCat("--", name, "=", value));
   }
+  absl::PrintF("flags            %s\n", absl::StrJoin(flag_words, " "));
   std::string policy;
   google::protobuf::TextFormat::PrintToString(info.policy(), &policy);
   absl::PrintF("\npolicy in force (text format):\n%s", policy);

@@ -110,6 +110,9 @@ def write_page(results: dict, out_md: pathlib.Path, out_png: pathlib.Path) -> No
             f"{_kib(r['bytes_per_step'])} | "
             f"{r['raw_bytes_per_step'] / r['bytes_per_step']:.1f} | "
             f"{1000 * r['step_seconds']:.1f} | {1000 * r['cpu_seconds_per_step']:.1f} |")
+    final = {run["label"]: run["result"]["accuracy"][-1] for run in runs}
+    ours = final["gradcomp powersgd rank 2"]
+    theirs = final["PyTorch powerSGD_hook rank 2"]
     within = [run["label"] for run in runs[1:]
               if abs(run["result"]["accuracy"][-1] - dense) <= 0.005]
     outside = [run["label"] for run in runs[1:] if run["label"] not in within]
@@ -119,6 +122,12 @@ def write_page(results: dict, out_md: pathlib.Path, out_png: pathlib.Path) -> No
                        width=76),
         *textwrap.wrap(f"Not within 0.5 points: {', '.join(outside) or 'none'}.",
                        width=76),
+        "",
+        *textwrap.wrap(
+            f"PowerSGD rank 2: gradcomp {100 * ours:.2f} % against PyTorch's "
+            f"powerSGD_hook {100 * theirs:.2f} % "
+            f"({'no worse' if ours >= theirs else 'worse'} by "
+            f"{100 * abs(ours - theirs):.2f} points).", width=76),
         "",
         "![test accuracy against epoch, every row](convergence.png)",
         "",
@@ -177,6 +186,7 @@ def main() -> int:
         steps_per_epoch = len(x_train) // (base.batch_size * args.workers)
         start = time.monotonic()
         runs = []
+        json_path.parent.mkdir(parents=True, exist_ok=True)
         for label, spec in rows(steps_per_epoch):
             spec = dataclasses.replace(spec, workers=args.workers, epochs=args.epochs)
             print(f"== {label}", flush=True)
@@ -186,16 +196,18 @@ def main() -> int:
                                                   dataclasses.asdict(spec).items()
                                                   if k != "hook_wrapper"},
                          "result": dataclasses.asdict(result)})
-        results = {
-            "workers": args.workers, "cores": os.cpu_count(),
-            "parameters": sum(p.numel() for p in train.Net().parameters()),
-            "steps": args.epochs * steps_per_epoch, "dgc_stage_steps": max(steps_per_epoch // 4, 1),
-            "spec": runs[0]["spec"], "rows": runs,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "wall_minutes": (time.monotonic() - start) / 60,
-        }
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(results, indent=1))
+            # Saved after every row, so that a run cut short still leaves
+            # what it measured for --plot_only.
+            json_path.write_text(json.dumps({
+                "workers": args.workers, "cores": os.cpu_count(),
+                "parameters": sum(p.numel() for p in train.Net().parameters()),
+                "steps": args.epochs * steps_per_epoch,
+                "dgc_stage_steps": max(steps_per_epoch // 4, 1),
+                "spec": runs[0]["spec"], "rows": runs,
+                "date": datetime.datetime.now(datetime.timezone.utc).strftime(
+                    "%Y-%m-%d %H:%M UTC"),
+                "wall_minutes": (time.monotonic() - start) / 60,
+            }, indent=1))
     write_page(json.loads(json_path.read_text()), pathlib.Path(args.md),
                pathlib.Path(args.png))
     print(f"wrote {args.md} and {args.png}")

@@ -332,21 +332,20 @@ def _train(rank: int, spec: RunSpec, daemon: _LocalDaemon | None) -> RunResult:
     wall = time.perf_counter() - start
     if daemon:
         cpu += daemon.cpu_seconds() - daemon_cpu
-    steps = total_steps
     transport = ""
     if spec.comm == "gradcomp":
         sent = state.stats.wire_bytes / max(state.stats.steps, 1)
         transport = state.transport
         state.close()
     elif spec.comm == "torch_powersgd":
-        sent = allreduce_bytes[0] / steps
+        sent = allreduce_bytes[0] / total_steps
     else:
         sent = raw_bytes
     # The first steps pay for lazy set-up (buckets, connections): leave them out.
     measured = step_times[min(10, len(step_times) - 1):]
     return RunResult(accuracy=accuracy, step_seconds=float(np.mean(measured)),
                      cpu_seconds_per_step=cpu / total_steps,
-                     bytes_per_step=sent, raw_bytes_per_step=raw_bytes, steps=steps,
+                     bytes_per_step=sent, raw_bytes_per_step=raw_bytes, steps=total_steps,
                      wall_seconds=wall, transport=transport)
 
 

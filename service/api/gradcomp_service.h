@@ -18,7 +18,7 @@
 #include "service/api/worker_pool.h"
 #include "service/engine/engine.h"
 #include "service/metrics/metrics.h"
-#include "service/shm/shared_memory_registry.h"
+#include "service/memory/shared_memory_registry.h"
 
 namespace gradcomp::service {
 

@@ -27,7 +27,7 @@
 #include "service/engine/dtype.h"
 #include "service/metrics/metrics.h"
 #include "service/metrics/metrics_testing.h"
-#include "service/shm/shared_memory_registry.h"
+#include "service/memory/shared_memory_registry.h"
 
 namespace gradcomp::service {
 namespace {

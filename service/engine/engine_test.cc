@@ -248,6 +248,27 @@ TEST_F(EngineTest, HalfAndDoubleInputsComeBackInTheirOwnDType) {
   }
 }
 
+TEST_F(EngineTest, RelativeErrorIsThatOfTheDecodedPayload) {
+  // 4099 values: the vectorised sum's tail (numel % 8 = 3) counts too. One
+  // worker at step 0 (no residual yet): the average is the decoded payload.
+  const std::vector<float> g = Ramp(4099);
+  const std::string data = FloatBytes(g);
+  ReduceInput in = Matrix(data);
+  in.shape = {4099};
+  in.codec = CodecSpec{"topk", {{"ratio", "0.1"}}};
+  auto out = engine_->Reduce(in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  const std::vector<float> average = BytesToFloats(out->data);
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    diff += (static_cast<double>(g[i]) - average[i]) *
+            (static_cast<double>(g[i]) - average[i]);
+    norm += static_cast<double>(g[i]) * g[i];
+  }
+  EXPECT_GT(out->stats.relative_error, 0.1);
+  EXPECT_NEAR(out->stats.relative_error, std::sqrt(diff / norm), 1e-12);
+}
+
 TEST_F(EngineTest, OutputSpanReceivesTheAverageInTheRequestDType) {
   std::vector<float> g(4096);
   for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i % 64) - 32;

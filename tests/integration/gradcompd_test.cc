@@ -466,7 +466,7 @@ TEST(GradcompctlInfoTest, ShowsTheEffectiveConfigAndPolicy) {
   text << printed.rdbuf();
   EXPECT_THAT(text.str(), HasSubstr("\"error_sample_rate\": 0.25"));
   EXPECT_THAT(text.str(), HasSubstr("\"seed\": \"9\""));
-  EXPECT_THAT(text.str(), HasSubstr("--collective_timeout 7s"));
+  EXPECT_THAT(text.str(), HasSubstr("--collective_timeout=7s"));
   EXPECT_THAT(text.str(), HasSubstr("dense_below_numel: 1024"));
 }
 

@@ -4,6 +4,10 @@
   a fresh daemon gives exactly the next step of uninterrupted training, for
   stateful codecs (top-k residuals and momenta, PowerSGD warm start and
   error feedback); dropping the daemon's state changes that step.
+- With a local daemon that allows it, the hook picks shared memory, and its
+  steps equal inline bytes' steps exactly.
+- HookState refuses codecs for unknown parameters, a checkpoint of another
+  job, and shm=True with a remote daemon.
 - A short Fashion-MNIST training (W = 2 workers, each with its own daemon,
   one epoch on a subset) reaches an accuracy that a broken reduce (zeros)
   does not.
@@ -137,6 +141,32 @@ def _zeros(hook):
     def broken(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         return hook(state, bucket).then(lambda future: torch.zeros_like(future.value()))
     return broken
+
+
+@unittest.skipIf(torch is None, "needs torch (Debian: python3-torch)")
+class HookStateTest(unittest.TestCase):
+    """Argument checks that need no daemon (the channel connects lazily)."""
+
+    def test_codecs_must_name_parameters_of_the_model(self):
+        import gradcomp.torch as gtorch
+        with self.assertRaisesRegex(ValueError, r"\['fc9.weight'\]"):
+            gtorch.HookState(_model(), "127.0.0.1:1",
+                             codecs={"fc9.weight": gtorch.Codec("topk")})
+
+    def test_checkpoint_of_another_job_is_refused(self):
+        import gradcomp.torch as gtorch
+        state = gtorch.HookState(_model(), "127.0.0.1:1", job="a")
+        self.addCleanup(state.close)
+        with self.assertRaisesRegex(ValueError, "job 'b'.*job 'a'"):
+            state.load_state_dict({"job": "b", "step": 3, "daemon_state": b""})
+        self.assertEqual(state.step, 0)
+
+    def test_shm_required_with_a_remote_daemon_is_an_error(self):
+        import gradcomp.torch as gtorch
+        state = gtorch.HookState(_model(), "remote.invalid:50051", shm=True)
+        self.addCleanup(state.close)
+        with self.assertRaisesRegex(ValueError, "not on this host"):
+            state._choose_transport()
 
 
 @unittest.skipIf(torch is None, "needs torch (Debian: python3-torch)")

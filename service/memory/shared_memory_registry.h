@@ -16,8 +16,8 @@
 //   GC_ASSIGN_OR_RETURN(SharedMemorySlice in,
 //                       shm.Acquire("client-1", "grads", 0, 4096));
 //   absl::Span<char> bytes = in.bytes();  // valid while `in` lives
-#ifndef GRADCOMP_SERVICE_SHM_SHARED_MEMORY_REGISTRY_H_
-#define GRADCOMP_SERVICE_SHM_SHARED_MEMORY_REGISTRY_H_
+#ifndef GRADCOMP_SERVICE_MEMORY_SHARED_MEMORY_REGISTRY_H_
+#define GRADCOMP_SERVICE_MEMORY_SHARED_MEMORY_REGISTRY_H_
 
 #include <atomic>
 #include <cstdint>
@@ -36,7 +36,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "service/metrics/metrics.h"
-#include "service/shm/mapped_region.h"
+#include "service/memory/mapped_region.h"
 
 namespace gradcomp::service {
 
@@ -138,4 +138,4 @@ class SharedMemoryRegistry {
 
 }  // namespace gradcomp::service
 
-#endif  // GRADCOMP_SERVICE_SHM_SHARED_MEMORY_REGISTRY_H_
+#endif  // GRADCOMP_SERVICE_MEMORY_SHARED_MEMORY_REGISTRY_H_

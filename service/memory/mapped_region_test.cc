@@ -1,4 +1,4 @@
-#include "service/shm/mapped_region.h"
+#include "service/memory/mapped_region.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -10,8 +10,8 @@
 //   GC_ASSIGN_OR_RETURN(std::unique_ptr<MappedRegion> region,
 //                       MappedRegion::Map("/gradcomp.job.123.ab12", 0, size));
 //   absl::Span<char> bytes = region->bytes();
-#ifndef GRADCOMP_SERVICE_SHM_MAPPED_REGION_H_
-#define GRADCOMP_SERVICE_SHM_MAPPED_REGION_H_
+#ifndef GRADCOMP_SERVICE_MEMORY_MAPPED_REGION_H_
+#define GRADCOMP_SERVICE_MEMORY_MAPPED_REGION_H_
 
 #include <cstdint>
 #include <memory>
@@ -66,4 +66,4 @@ class MappedRegion {
 
 }  // namespace gradcomp::service
 
-#endif  // GRADCOMP_SERVICE_SHM_MAPPED_REGION_H_
+#endif  // GRADCOMP_SERVICE_MEMORY_MAPPED_REGION_H_

@@ -1,4 +1,4 @@
-#include "service/shm/shared_memory_registry.h"
+#include "service/memory/shared_memory_registry.h"
 
 #include <fcntl.h>
 #include <signal.h>
