@@ -479,7 +479,7 @@ absl::StatusOr<std::unique_ptr<PolarCodec>> PolarCodec::Create(
 PolarCodec::PolarCodec(const PolarOptions& options)
     : options_(options), info_(PolarInfo()) {}
 
-absl::Status PolarCodec::Encode(const TensorView& grad, TensorState& state,
+absl::Status PolarCodec::Encode(const TensorView& grad, TensorState& /*state*/,
                                 const StepContext& ctx, Bytes* payload) const {
   if (!AllFinite(grad.values)) {
     return absl::InvalidArgumentError(

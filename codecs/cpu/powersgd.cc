@@ -43,8 +43,8 @@ bool AllFinite(absl::Span<const float> v) {
 
 // M is processed in bands of whole rows, about 2^16 values each (256 KiB of
 // fp32, in L2): M = g + e is formed band by band and never materialised
-// whole (a fresh 100 MB temporary per step cost more in page faults than
-// all the products), and bands are what threads share out. The bands
+// whole (no matrix-sized temporary per step: 100 MB of page faults and
+// copies at 5000 x 5000), and bands are what threads share out. The bands
 // depend on the shape alone, and M^T P_hat adds the bands' products in a
 // fixed grouping, so results do not depend on the number of threads.
 constexpr int64_t kBandValues = int64_t{1} << 16;

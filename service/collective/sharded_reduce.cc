@@ -54,18 +54,6 @@ std::string OwnerStateName(absl::string_view tensor) {
   return absl::StrCat(tensor, "#shard");
 }
 
-absl::string_view AggregationName(Aggregation aggregation) {
-  switch (aggregation) {
-    case Aggregation::kAllgather:
-      return "allgather";
-    case Aggregation::kSharded:
-      return "sharded";
-    case Aggregation::kAuto:
-      return "auto";
-  }
-  return "unknown";
-}
-
 const codecs::SingleRoundCodec* ShardableCodec(Aggregation mode,
                                                const codecs::Codec& codec,
                                                int world_size, uint64_t numel) {

@@ -35,19 +35,19 @@ namespace gradcomp::service {
 enum class Aggregation {
   kAllgather,  // every rank sends its payload to every other
   kSharded,    // this file, when the codec allows it; else allgather
-  kAuto,       // sharded where the cost model says it pays (UseShardedAuto)
+  kAuto,       // sharded where the cost model says it pays (below)
 };
 
-absl::string_view AggregationName(Aggregation aggregation);
-
 // `auto`'s thresholds (docs/peers.md, "Sharded or allgather"): sharded
-// sends 2(W-1)/W P + 2(W-1)H bytes per worker against (W-1)(P+H) and
-// decodes ~1 payload's worth instead of W, but pays a second encode, a
-// second compression error and a second message latency. Measured on
-// loopback (bench/sharded_bench.cc) it wins from W = 3 on tensors of
-// kAutoMinNumel elements and more.
-inline constexpr int kAutoMinWorldSize = 3;
-inline constexpr uint64_t kAutoMinNumel = uint64_t{1} << 16;
+// sends 2/W of allgather's bytes and decodes ~2 payloads' worth instead of
+// W, but pays a second encode of 1/W of the tensor, a second message
+// latency and a second compression error. Measured (bench/sharded_bench.cc)
+// and modelled at 1 Gbit/s, it wins for QSGD 4-bit from W = 3 and breaks
+// even for top-k 1 % at W = 4, winning more as W grows; below 1M values
+// the message latency dominates. `auto` decides from W, the element count
+// and the codec only (the same on every rank), never a rank's payload size.
+inline constexpr int kAutoMinWorldSize = 4;
+inline constexpr uint64_t kAutoMinNumel = uint64_t{1} << 20;
 
 // The codec as a SingleRoundCodec when its GATHER round is to be sharded
 // under `mode` for a tensor of `numel` elements on `world_size` ranks;

@@ -274,9 +274,13 @@ class ChartTest(unittest.TestCase):
         for group in rules["spec"]["groups"]:
             for rule in group["rules"]:
                 self.assertIn(rule.get("alert") or rule.get("record"), shipped)
+        # Every job selector of the rules matches the job the ServiceMonitor names.
         for expr in expressions:
-            for job in re.findall(r'job="([^"]+)"', expr):
-                self.assertEqual(job, "gradcomp", expr)
+            for op, value in re.findall(r'job(=~|=)"([^"]+)"', expr):
+                if op == "=":
+                    self.assertEqual(value, "gradcomp", expr)
+                else:
+                    self.assertTrue(re.fullmatch(value, "gradcomp"), expr)
         dashboard = find(objects, "ConfigMap", "-dashboard")
         self.assertEqual(dashboard["metadata"]["labels"]["grafana_dashboard"], "1")
         shipped = (CHART / "files" / "gradcomp-dashboard.json").read_text()
