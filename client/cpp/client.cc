@@ -227,4 +227,13 @@ absl::StatusOr<std::string> Client::SetPolicy(const v1::Policy& policy) {
   return response.hash();
 }
 
+absl::StatusOr<v1::DeclareTensorsResponse> Client::DeclareTensors(
+    const v1::DeclareTensorsRequest& request) {
+  v1::DeclareTensorsResponse response;
+  GC_RETURN_IF_ERROR(FromGrpcStatus(
+      stub_->DeclareTensors(NewContext().get(), request, &response),
+      "DeclareTensors", target_));
+  return response;
+}
+
 }  // namespace gradcomp::client

@@ -112,6 +112,11 @@ class Client {
   // Returns the new policy's hash.
   absl::StatusOr<std::string> SetPolicy(const v1::Policy& policy);
 
+  // Declares the job's tensor list (every worker must declare the same one;
+  // the daemons compare them). Returns the list's hash.
+  absl::StatusOr<v1::DeclareTensorsResponse> DeclareTensors(
+      const v1::DeclareTensorsRequest& request);
+
   const std::string& target() const { return target_; }
   const std::string& client_id() const { return options_.client_id; }
 

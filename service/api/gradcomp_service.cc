@@ -12,6 +12,7 @@
 #include "service/api/convert.h"
 #include "service/api/grpc_status.h"
 #include "service/config/policy_proto.h"
+#include "service/engine/tensor_list.h"
 #include "service/version.h"
 
 namespace gradcomp::service {
@@ -250,6 +251,27 @@ grpc::Status GradcompService::SharedMemoryStatus(
     region->set_kind(info.kind);
     region->set_byte_size(info.byte_size);
   }
+  return grpc::Status::OK;
+}
+
+grpc::Status GradcompService::DeclareTensors(
+    grpc::ServerContext* /*context*/, const v1::DeclareTensorsRequest* request,
+    v1::DeclareTensorsResponse* response) {
+  std::vector<TensorDecl> decls;
+  decls.reserve(request->tensors_size());
+  for (const v1::TensorDeclaration& t : request->tensors()) {
+    decls.push_back({t.name(), static_cast<DType>(t.dtype()),
+                     std::vector<int64_t>(t.shape().begin(), t.shape().end())});
+  }
+  absl::StatusOr<std::string> hash =
+      engine_->DeclareTensors(request->job(), request->generation(), decls);
+  if (!hash.ok()) {
+    return ToGrpcStatus(absl::Status(
+        hash.status().code(),
+        absl::StrCat("job '", request->job(), "': ", hash.status().message())));
+  }
+  response->set_list_hash(std::move(*hash));
+  response->set_world_size(engine_->world_size());
   return grpc::Status::OK;
 }
 

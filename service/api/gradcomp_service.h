@@ -76,6 +76,9 @@ class GradcompService final : public v1::Gradcomp::Service {
       grpc::ServerContext* context,
       const v1::SharedMemoryStatusRequest* request,
       v1::SharedMemoryStatusResponse* response) override;
+  grpc::Status DeclareTensors(grpc::ServerContext* context,
+                              const v1::DeclareTensorsRequest* request,
+                              v1::DeclareTensorsResponse* response) override;
   grpc::Status ExportState(grpc::ServerContext* context,
                            const v1::ExportStateRequest* request,
                            v1::ExportStateResponse* response) override;

@@ -327,6 +327,36 @@ TEST_F(GradcompServiceTest, SetPolicyValidatesThenSwaps) {
   EXPECT_EQ(response.stats().codec(), "fp16");
 }
 
+TEST_F(GradcompServiceTest, DeclaredTensorListGuardsTheJob) {
+  v1::DeclareTensorsRequest declare;
+  declare.set_job("job");
+  v1::TensorDeclaration* w = declare.add_tensors();
+  w->set_name("w");
+  w->set_dtype(v1::DTYPE_FLOAT32);
+  w->add_shape(64);
+  w->add_shape(64);
+  v1::DeclareTensorsResponse declared;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub_->DeclareTensors(&context, declare, &declared).ok());
+  }
+  EXPECT_EQ(declared.list_hash().size(), 16u);
+  EXPECT_EQ(declared.world_size(), 1);
+
+  v1::ReduceResponse response;
+  EXPECT_TRUE(Reduce(Request("w", {64, 64}, Ramp(4096)), &response).ok());
+  grpc::Status status = Reduce(Request("v", {64, 64}, Ramp(4096)), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("'v' is not in job 'job''s declared list"));
+
+  declare.add_tensors()->set_name("w");  // a duplicate, dtype unset
+  grpc::ClientContext context;
+  status = stub_->DeclareTensors(&context, declare, &declared);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("job 'job': "));
+}
+
 TEST_F(GradcompServiceTest, ExportAndImportStateRoundTrip) {
   v1::ReduceRequest request = Request("w", {64, 64}, Ramp(4096));
   request.mutable_codec()->set_name("topk");

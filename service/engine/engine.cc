@@ -7,6 +7,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
@@ -189,6 +190,42 @@ absl::StatusOr<std::string> Engine::SetPolicy(Policy policy) {
   return hash;
 }
 
+absl::StatusOr<std::string> Engine::DeclareTensors(
+    absl::string_view job, int64_t generation,
+    absl::Span<const TensorDecl> decls) {
+  if (generation < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("generation is ", generation, ", expected >= 0"));
+  }
+  for (const TensorDecl& decl : decls) {
+    if (absl::StrContains(decl.name, '#')) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "declared tensor name '", decl.name,
+          "' holds '#', which the daemon reserves for its own keys"));
+    }
+  }
+  GC_ASSIGN_OR_RETURN(TensorList list, TensorList::Create(decls));
+  GC_ASSIGN_OR_RETURN(
+      std::vector<codecs::Bytes> parts,
+      collective_->Allgather(
+          {std::string(job), std::string(kTensorListKey), generation, 0},
+          list.Serialize()));
+  std::vector<TensorList> lists;
+  lists.reserve(parts.size());
+  for (size_t r = 0; r < parts.size(); ++r) {
+    absl::StatusOr<TensorList> theirs = TensorList::Parse(parts[r]);
+    if (!theirs.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", r, "'s tensor list: ", theirs.status().message()));
+    }
+    lists.push_back(*std::move(theirs));
+  }
+  GC_RETURN_IF_ERROR(CompareTensorLists(lists));
+  std::string hash = list.Hash();
+  declared_.Set(job, std::move(list));
+  return hash;
+}
+
 absl::StatusOr<std::string> Engine::ExportState(absl::string_view job) const {
   return store_->Export(job);
 }
@@ -244,6 +281,10 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
     return absl::InvalidArgumentError(
         absl::StrCat("step is ", in.step, ", expected >= 0"));
   }
+  if (absl::StrContains(in.tensor, '#')) {
+    return absl::InvalidArgumentError(
+        "tensor name holds '#', which the daemon reserves for its own keys");
+  }
   GC_ASSIGN_OR_RETURN(const size_t width, DTypeBytes(in.dtype));
   GC_ASSIGN_OR_RETURN(const uint64_t numel,
                       CheckedNumel(in.shape, width, options_.max_tensor_bytes));
@@ -252,6 +293,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
         "data has ", in.data.size(), " bytes, expected ", numel * width,
         " (shape ", ShapeString(in.shape), " x ", DTypeName(in.dtype), ")"));
   }
+  GC_RETURN_IF_ERROR(declared_.Check(in.job, in.tensor, in.dtype, in.shape));
   if (!in.output.empty() && in.output.size() != numel * width) {
     return absl::InvalidArgumentError(
         absl::StrCat("output buffer has ", in.output.size(),

@@ -31,9 +31,14 @@
 #include "service/engine/codec_cache.h"
 #include "service/engine/dtype.h"
 #include "service/engine/policy.h"
+#include "service/engine/tensor_list.h"
 #include "service/metrics/metrics.h"
 
 namespace gradcomp::service {
+
+// The rendezvous name of DeclareTensors' exchange; '#' cannot appear in a
+// client's tensor names.
+inline constexpr absl::string_view kTensorListKey = "#tensor-list";
 
 struct EngineOptions {
   uint64_t seed = 0;  // job seed for the codecs' Philox streams
@@ -105,6 +110,17 @@ class Engine {
   // old policy or the new one, never a mix. Returns the new hash.
   absl::StatusOr<std::string> SetPolicy(Policy policy) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Checks that every rank of the job declares the same tensor list (an
+  // allgather of the lists, met by `generation`: declare again with a new
+  // generation to change the list) and from then on accepts only declared
+  // tensors, with their declared dtype and shape, in Reduce calls of `job`.
+  // Returns the list's hash. FailedPrecondition naming the first difference
+  // and both ranks when the lists differ; the collective's errors (deadline,
+  // missing rank) otherwise.
+  absl::StatusOr<std::string> DeclareTensors(absl::string_view job,
+                                             int64_t generation,
+                                             absl::Span<const TensorDecl> decls);
+
   absl::StatusOr<std::string> ExportState(absl::string_view job) const;
   absl::Status ImportState(absl::string_view job, absl::string_view blob);
 
@@ -130,6 +146,7 @@ class Engine {
   Collective* const collective_;
   Metrics* const metrics_;
   CodecCache codecs_;
+  DeclaredTensors declared_;
   std::atomic<uint64_t> reduces_{0};
 
   mutable absl::Mutex mu_;

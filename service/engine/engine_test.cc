@@ -460,6 +460,45 @@ TEST_F(EngineTest, ResidualNormIsObservedForCodecsThatKeepOne) {
   EXPECT_EQ(Metric("gradcomp_residual_relative_norm", {{"codec", "none"}}), 0);
 }
 
+TEST_F(EngineTest, DeclaredJobsAcceptOnlyTheirTensors) {
+  const std::string data = FloatBytes(Ramp(4096));
+  ReduceInput other = Matrix(data);
+  other.tensor = "fc2.weight";
+  ASSERT_TRUE(engine_->Reduce(other).ok());  // nothing declared yet
+
+  auto hash = engine_->DeclareTensors(
+      "job", 0, {{"fc1.weight", DType::kFloat32, {64, 64}}});
+  ASSERT_TRUE(hash.ok()) << hash.status();
+  EXPECT_EQ(hash->size(), 16u);
+  EXPECT_TRUE(engine_->Reduce(Matrix(data)).ok());
+  auto out = engine_->Reduce(other);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(out.status().message()),
+              HasSubstr("'fc2.weight' is not in job 'job''s declared list"));
+  ReduceInput transposed = Matrix(data);
+  transposed.shape = {4096};
+  EXPECT_THAT(std::string(engine_->Reduce(transposed).status().message()),
+              HasSubstr("expected float32 [64,64] as declared"));
+  other.job = "another-job";
+  EXPECT_TRUE(engine_->Reduce(other).ok());
+}
+
+TEST_F(EngineTest, DeclarationsAndNamesMayNotUseTheReservedHash) {
+  EXPECT_EQ(engine_->DeclareTensors("job", 0, {{"a#b", DType::kFloat32, {1}}})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->DeclareTensors("job", -1, {{"a", DType::kFloat32, {1}}})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::string data = FloatBytes(Ramp(4096));
+  ReduceInput in = Matrix(data);
+  in.tensor = "fc1.weight#slice0";
+  EXPECT_THAT(std::string(engine_->Reduce(in).status().message()),
+              HasSubstr("holds '#'"));
+}
+
 TEST_F(EngineTest, StateExportAndImportRoundTrip) {
   const std::string data = FloatBytes(Ramp(4096));
   ReduceInput in = Matrix(data);

@@ -28,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/cpp/client.h"
 #include "codecs/builtin.h"
 #include "codecs/cpu/momentum.h"
 #include "codecs/params.h"
@@ -496,6 +497,59 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<CodecCase>& info) {
       return std::string(info.param.name);
     });
+
+v1::DeclareTensorsRequest Declaration(int64_t generation, int64_t cols) {
+  v1::DeclareTensorsRequest request;
+  request.set_job("declared");
+  request.set_generation(generation);
+  for (const char* name : {"fc1.weight", "fc2.weight"}) {
+    v1::TensorDeclaration* t = request.add_tensors();
+    t->set_name(name);
+    t->set_dtype(v1::DTYPE_FLOAT32);
+    t->add_shape(8);
+    t->add_shape(cols);
+  }
+  return request;
+}
+
+TEST(PeersDeclareTest, ADifferentTensorListIsRefusedNamingBothRanks) {
+  Cluster cluster(absl::Seconds(20));
+  for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(cluster.Start(r).ok());
+  ASSERT_TRUE(cluster.WaitMeshUp().ok());
+  auto declare_all = [&](int64_t generation, int64_t rank3_cols) {
+    std::vector<absl::StatusOr<v1::DeclareTensorsResponse>> got(
+        kWorld, absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kWorld; ++r) {
+      threads.emplace_back([&, r] {
+        auto client = client::Client::Connect(cluster.daemon(r).target());
+        if (!client.ok()) {
+          got[r] = client.status();
+          return;
+        }
+        got[r] = (*client)->DeclareTensors(
+            Declaration(generation, r == 3 ? rank3_cols : 8));
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return got;
+  };
+
+  // Rank 3's model has a different fc1/fc2 shape: every rank refuses.
+  for (const auto& result : declare_all(0, 9)) {
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(result.status().message()),
+                HasSubstr("rank 0 declares 'fc1.weight' float32 [8,8] but "
+                          "rank 3 declares float32 [8,9]"));
+  }
+  // Declared again, alike: accepted, with one hash on every rank.
+  const auto agreed = declare_all(1, 8);
+  for (const auto& result : agreed) {
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->list_hash(), agreed[0]->list_hash());
+    EXPECT_EQ(result->world_size(), kWorld);
+  }
+}
 
 TEST(PeersFaultTest, AKilledDaemonIsNamedAndTheNextStepWorksAfterRestart) {
   Cluster cluster(absl::Seconds(5));

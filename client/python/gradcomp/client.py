@@ -17,7 +17,7 @@ import functools
 import os
 import secrets
 import socket
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import grpc
 import numpy as np
@@ -268,6 +268,25 @@ class Client:
         """Replaces the daemon's policy; returns the new hash."""
         response = self._call("SetPolicy", gradcomp_pb2.SetPolicyRequest(policy=policy))
         return response.hash
+
+    def declare_tensors(self, tensors: Mapping[str, tuple[Sequence[int], object]],
+                        job: str = "default", generation: int = 0) -> str:
+        """Declares the job's tensor list, {name: (shape, numpy dtype)}, the
+        same on every worker. Each daemon checks that all ranks declared the
+        same list (FAILED_PRECONDITION naming both ranks otherwise) and then
+        accepts only declared tensors for `job`. Declare again with a new
+        `generation` to change the list. Returns the list's hash."""
+        declarations = []
+        for name, (shape, dtype) in tensors.items():
+            pb_dtype = _PB_DTYPE.get(np.dtype(dtype).newbyteorder("<"))
+            if pb_dtype is None:
+                raise TypeError(f"tensor {name!r}: dtype {np.dtype(dtype)} is not "
+                                "one of float16, float32, float64")
+            declarations.append(gradcomp_pb2.TensorDeclaration(
+                name=name, dtype=pb_dtype, shape=[int(d) for d in shape]))
+        response = self._call("DeclareTensors", gradcomp_pb2.DeclareTensorsRequest(
+            job=job, tensors=declarations, generation=generation))
+        return response.list_hash
 
     def export_state(self, job: str = "default") -> bytes:
         """The daemon's codec state of `job` (residuals, momenta, warm starts)

@@ -148,6 +148,20 @@ class ClientTest(unittest.TestCase):
         out, _ = self.client.reduce(x, "after-bad", step=0, codec="none")
         np.testing.assert_array_equal(out, x)
 
+    def test_declared_tensor_list_guards_the_job(self):
+        x = _gradient((4, 8))
+        digest = self.client.declare_tensors(
+            {"declared.w": ((4, 8), np.float32)}, job="declared")
+        self.assertEqual(len(digest), 16)
+        out, _ = self.client.reduce(x, "declared.w", step=0, job="declared", codec="none")
+        np.testing.assert_array_equal(out, x)
+        with self.assertRaises(gradcomp.GradcompError) as caught:
+            self.client.reduce(x, "undeclared", step=0, job="declared", codec="none")
+        self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("declared list", str(caught.exception))
+        with self.assertRaisesRegex(TypeError, "int32"):
+            self.client.declare_tensors({"i": ((2,), np.int32)}, job="declared")
+
     def test_client_side_type_errors(self):
         with self.assertRaisesRegex(TypeError, "int32"):
             self.client.reduce(np.arange(4, dtype=np.int32), "ints", step=0)
