@@ -44,11 +44,11 @@
 #include "service/config/config.h"
 #include "service/config/policy_proto.h"
 #include "service/engine/engine.h"
+#include "service/memory/shared_memory_registry.h"
 #include "service/metrics/metrics.h"
 #include "service/metrics/metrics_server.h"
 #include "service/metrics/peer_metrics.h"
 #include "service/peers/handshake.h"
-#include "service/memory/shared_memory_registry.h"
 #include "service/transport/grpc_transport.h"
 #include "service/version.h"
 

@@ -17,8 +17,8 @@
 #include "grpcpp/grpcpp.h"
 #include "service/api/worker_pool.h"
 #include "service/engine/engine.h"
-#include "service/metrics/metrics.h"
 #include "service/memory/shared_memory_registry.h"
+#include "service/metrics/metrics.h"
 
 namespace gradcomp::service {
 

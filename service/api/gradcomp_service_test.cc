@@ -25,9 +25,9 @@
 #include "service/api/server.h"
 #include "service/collective/local_collective.h"
 #include "service/engine/dtype.h"
+#include "service/memory/shared_memory_registry.h"
 #include "service/metrics/metrics.h"
 #include "service/metrics/metrics_testing.h"
-#include "service/memory/shared_memory_registry.h"
 
 namespace gradcomp::service {
 namespace {

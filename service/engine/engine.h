@@ -117,9 +117,9 @@ class Engine {
   // Returns the list's hash. FailedPrecondition naming the first difference
   // and both ranks when the lists differ; the collective's errors (deadline,
   // missing rank) otherwise.
-  absl::StatusOr<std::string> DeclareTensors(absl::string_view job,
-                                             int64_t generation,
-                                             absl::Span<const TensorDecl> decls);
+  absl::StatusOr<std::string> DeclareTensors(
+      absl::string_view job, int64_t generation,
+      absl::Span<const TensorDecl> decls);
 
   absl::StatusOr<std::string> ExportState(absl::string_view job) const;
   absl::Status ImportState(absl::string_view job, absl::string_view blob);

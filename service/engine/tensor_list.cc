@@ -14,8 +14,8 @@
 namespace gradcomp::service {
 namespace {
 
-constexpr DType kDTypes[] = {DType::kFloat32, DType::kFloat16,
-                             DType::kBFloat16, DType::kFloat64};
+constexpr DType kDTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16,
+                             DType::kFloat64};
 
 absl::Status CheckDecl(const TensorDecl& decl) {
   if (decl.name.empty()) {
@@ -25,9 +25,9 @@ absl::Status CheckDecl(const TensorDecl& decl) {
   }
   for (char c : decl.name) {
     if (static_cast<unsigned char>(c) < 0x20) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "declared tensor name '", absl::CEscape(decl.name),
-          "' holds a control character, expected printable text"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("declared tensor name '", absl::CEscape(decl.name),
+                       "' holds a control character, expected printable text"));
     }
   }
   GC_RETURN_IF_ERROR(DTypeBytes(decl.dtype).status());
@@ -83,14 +83,14 @@ absl::StatusOr<TensorList> TensorList::Parse(absl::string_view text) {
     const std::vector<absl::string_view> fields = absl::StrSplit(line, '\t');
     if (fields.size() != 3) {
       return absl::InvalidArgumentError(
-          absl::StrCat("tensor list line '", absl::CEscape(line),
-                       "' has ", fields.size(), " fields, expected 3"));
+          absl::StrCat("tensor list line '", absl::CEscape(line), "' has ",
+                       fields.size(), " fields, expected 3"));
     }
     TensorDecl decl;
     decl.name = std::string(fields[0]);
     GC_ASSIGN_OR_RETURN(decl.dtype, ParseDTypeName(fields[1]));
-    for (absl::string_view dim : absl::StrSplit(fields[2], ',',
-                                                absl::SkipEmpty())) {
+    for (absl::string_view dim :
+         absl::StrSplit(fields[2], ',', absl::SkipEmpty())) {
       int64_t value = 0;
       if (!absl::SimpleAtoi(dim, &value)) {
         return absl::InvalidArgumentError(
@@ -137,10 +137,10 @@ absl::Status CompareTensorLists(absl::Span<const TensorList> lists) {
             DescribeDecl(decl), " but rank ", r, " does not declare it"));
       }
       if (!SameDecl(decl, *theirs)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "tensor lists differ: rank 0 declares '", name, "' ",
-            DescribeDecl(decl), " but rank ", r, " declares ",
-            DescribeDecl(*theirs)));
+        return absl::FailedPreconditionError(
+            absl::StrCat("tensor lists differ: rank 0 declares '", name, "' ",
+                         DescribeDecl(decl), " but rank ", r, " declares ",
+                         DescribeDecl(*theirs)));
       }
     }
     for (const auto& [name, decl] : other.tensors()) {
@@ -167,10 +167,11 @@ absl::Status DeclaredTensors::Check(absl::string_view job,
   if (it == lists_.end()) return absl::OkStatus();
   const TensorDecl* decl = it->second.Find(name);
   if (decl == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor '", name, "' is not in job '", job, "''s declared list of ",
-        it->second.size(), " tensors, expected a declared name (declare the "
-        "list again to change it)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "' is not in job '", job,
+                     "''s declared list of ", it->second.size(),
+                     " tensors, expected a declared name (declare the "
+                     "list again to change it)"));
   }
   if (decl->dtype != dtype ||
       !std::equal(shape.begin(), shape.end(), decl->shape.begin(),

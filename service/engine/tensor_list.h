@@ -78,8 +78,8 @@ class DeclaredTensors {
   // OK for a job without a list. For a declared job: InvalidArgument when
   // `name` is not declared or its dtype or shape differ from the
   // declaration, saying what was declared.
-  absl::Status Check(absl::string_view job, absl::string_view name,
-                     DType dtype, absl::Span<const int64_t> shape) const
+  absl::Status Check(absl::string_view job, absl::string_view name, DType dtype,
+                     absl::Span<const int64_t> shape) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

@@ -49,10 +49,9 @@ TEST(TensorListTest, RejectsBadDeclarations) {
   EXPECT_THAT(
       TensorList::Create({{"a\tb", DType::kFloat32, {1}}}).status().message(),
       HasSubstr("control character"));
-  EXPECT_THAT(TensorList::Create({{"a", DType::kFloat32, {-1}}})
-                  .status()
-                  .message(),
-              HasSubstr("expected dimensions >= 0"));
+  EXPECT_THAT(
+      TensorList::Create({{"a", DType::kFloat32, {-1}}}).status().message(),
+      HasSubstr("expected dimensions >= 0"));
   EXPECT_FALSE(TensorList::Create({{"a", DType::kUnspecified, {1}}}).ok());
   EXPECT_THAT(TensorList::Parse("a\tint7\t1\n").status().message(),
               HasSubstr("unknown dtype 'int7'"));
@@ -99,11 +98,10 @@ TEST(DeclaredTensorsTest, ChecksOnlyDeclaredJobs) {
   EXPECT_THAT(
       declared.Check("job", "fc9.weight", DType::kFloat32, {1}).message(),
       HasSubstr("'fc9.weight' is not in job 'job''s declared list of 3"));
-  EXPECT_THAT(
-      declared.Check("job", "fc1.weight", DType::kFloat32, {784, 256})
-          .message(),
-      HasSubstr("is float32 [784,256], expected float32 [256,784] as "
-                "declared"));
+  EXPECT_THAT(declared.Check("job", "fc1.weight", DType::kFloat32, {784, 256})
+                  .message(),
+              HasSubstr("is float32 [784,256], expected float32 [256,784] as "
+                        "declared"));
   EXPECT_THAT(
       declared.Check("job", "fc1.bias", DType::kFloat32, {256}).message(),
       HasSubstr("expected float16 [256]"));

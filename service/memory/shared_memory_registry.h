@@ -35,8 +35,8 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "service/metrics/metrics.h"
 #include "service/memory/mapped_region.h"
+#include "service/metrics/metrics.h"
 
 namespace gradcomp::service {
 
