@@ -174,7 +174,7 @@ def write_page(results: dict, out_md: pathlib.Path, out_png: pathlib.Path) -> No
 
 def main() -> int:
     p = argparse.ArgumentParser(description="the convergence table")
-    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--json", default=str(REPO / "docs/plots/convergence.json"))
     p.add_argument("--md", default=str(REPO / "docs/convergence.md"))
