@@ -40,7 +40,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 
 import gradcomp.torch
 from gradcomp import metrics
-from gradcomp.testing import daemon_binary, free_port
+from gradcomp.testing import daemon_binary, free_port, stop_process
 
 DATA_DIR = pathlib.Path("/usr/share/datasets/fashion-mnist")
 
@@ -200,13 +200,7 @@ class _LocalDaemon:
                            f"its log:\n{self.log()[-4000:]}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
 
 
 def _optimizer(spec: RunSpec, model: nn.Module) -> torch.optim.Optimizer:

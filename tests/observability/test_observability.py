@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO / "client" / "python"))
 from gradcomp import metrics  # noqa: E402
 from gradcomp.client import Client  # noqa: E402
 from gradcomp.errors import GradcompError  # noqa: E402
-from gradcomp.testing import Daemon, daemon_binary, free_port  # noqa: E402
+from gradcomp.testing import Daemon, daemon_binary, free_port, stop_process  # noqa: E402
 
 DASHBOARD = REPO / "deploy" / "grafana" / "gradcomp-dashboard.json"
 RULES = REPO / "deploy" / "prometheus" / "gradcomp-rules.yml"
@@ -158,13 +158,7 @@ class Prometheus:
         return self.log_path.read_text(errors="replace")[-3000:]
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
 
 
 def step_tensors(rank: int, step: int) -> dict[str, np.ndarray]:

@@ -36,6 +36,19 @@ def daemon_binary() -> pathlib.Path:
     return path
 
 
+def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout` s; a
+    process that already exited is left as it is."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now (another process may take it;
     Daemon retries with new ports if its start fails)."""
@@ -112,13 +125,8 @@ class Daemon:
         return self.process is not None and self.process.poll() is None
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            stop_process(self.process)
 
     def __enter__(self) -> "Daemon":
         return self.start()
