@@ -243,17 +243,23 @@ class Client:
                 results[i] = self._result(reply.result, data, arrays[i].shape)
         except grpc.RpcError as error:
             raise GradcompError.from_rpc_error("ReduceStream", self.target, error) from None
+        self._check_stream(failures, len(items),
+                           [names[i] for i in range(len(items)) if i not in results])
+        return {names[i]: results[i] for i in range(len(items))}
+
+    def _check_stream(self, failures: Mapping[str, tuple[grpc.StatusCode, str]],
+                      count: int, missing: list[str]) -> None:
+        """Raises GradcompError for a ReduceStream of `count` tensors in which
+        some failed (all of them in `failures`) or got no result."""
         if failures:
             first_code, first_details = next(iter(failures.values()))
             raise GradcompError(
                 "ReduceStream", self.target, first_code,
-                f"{len(failures)} of {len(items)} tensors failed, first: {first_details}",
-                failures)
-        missing = [names[i] for i in range(len(items)) if i not in results]
+                f"{len(failures)} of {count} tensors failed, first: {first_details}",
+                dict(failures))
         if missing:
             raise GradcompError("ReduceStream", self.target, grpc.StatusCode.INTERNAL,
                                 f"the stream ended without results for {missing}")
-        return {names[i]: results[i] for i in range(len(items))}
 
     def info(self) -> gradcomp_pb2.GetInfoResponse:
         """Version, wire format, codecs and their properties, world size, policy hash."""
@@ -395,14 +401,6 @@ class Client:
                         ReduceStats.from_proto(reply.result.stats)
         except grpc.RpcError as error:
             raise GradcompError.from_rpc_error("ReduceStream", self.target, error) from None
-        if failures:
-            first_code, first_details = next(iter(failures.values()))
-            raise GradcompError(
-                "ReduceStream", self.target, first_code,
-                f"{len(failures)} of {len(names)} tensors failed, first: {first_details}",
-                failures)
-        missing = [name for name in names if name not in stats]
-        if missing:
-            raise GradcompError("ReduceStream", self.target, grpc.StatusCode.INTERNAL,
-                                f"the stream ended without results for {missing}")
+        self._check_stream(failures, len(names),
+                           [name for name in names if name not in stats])
         return {name: stats[name] for name in names}
