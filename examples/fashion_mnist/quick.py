@@ -1,0 +1,52 @@
+"""A short look at compressed data-parallel training, run by tools/demo.
+
+    PYTHONPATH=client/python /usr/bin/python3 examples/fashion_mnist/quick.py
+
+W workers (default 2), each with its own gradcompd peered with the others
+on this machine, train the CNN of train.py for one epoch on a subset of
+Fashion-MNIST; the rows are those of the convergence table (table.py) less
+efsign and `none`. Prints test accuracy, bytes each worker sends per step
+and step time per row, and writes nothing. The full comparison, with every
+row and more epochs, is run_table (docs/convergence.md).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import table
+import train
+
+SKIPPED_ROWS = ("gradcomp efsign", "gradcomp none")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--train_limit", type=int, default=12000)
+    p.add_argument("--test_limit", type=int, default=2000)
+    args = p.parse_args()
+    base = train.RunSpec(workers=args.workers, epochs=1)
+    steps = args.train_limit // (base.batch_size * args.workers)
+    print(f"Fashion-MNIST, W = {args.workers} workers (each with its own "
+          f"gradcompd for the gradcomp rows), 1 epoch of {args.train_limit} "
+          f"images = {steps} steps, test on {args.test_limit} images")
+    print(f"{'row':<30} {'accuracy':>9} {'KiB/step':>9} {'dense/this':>11} "
+          f"{'step ms':>8}")
+    for label, spec in table.rows(steps):
+        if label in SKIPPED_ROWS:
+            continue
+        spec = dataclasses.replace(spec, workers=args.workers, epochs=1,
+                                   train_limit=args.train_limit,
+                                   test_limit=args.test_limit)
+        result = train.run(spec)
+        print(f"{label:<30} {100 * result.accuracy[-1]:>8.1f}% "
+              f"{result.bytes_per_step / 1024:>9.1f} "
+              f"{result.raw_bytes_per_step / result.bytes_per_step:>10.1f}x "
+              f"{1000 * result.step_seconds:>8.1f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
