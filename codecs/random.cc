@@ -2,6 +2,8 @@
 
 #include <Random123/philox.h>
 
+#include "base/fnv1a.h"
+
 namespace gradcomp::codecs {
 namespace {
 
@@ -16,14 +18,7 @@ float ToUniform(uint32_t bits) {
 
 }  // namespace
 
-uint64_t TensorId(absl::string_view name) {
-  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a 64 offset basis
-  for (char c : name) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 0x100000001b3ULL;  // FNV-1a 64 prime
-  }
-  return h;
-}
+uint64_t TensorId(absl::string_view name) { return Fnv1a64::Of(name); }
 
 PhiloxStream::PhiloxStream(uint64_t seed, uint64_t tensor_id, int64_t step,
                            uint32_t round)

@@ -190,13 +190,8 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def _exit_on_signal(signum: int, frame: object) -> None:
-    # Turn SIGTERM into SystemExit so that the `with ShapedNetwork` cleanup runs.
-    raise SystemExit(128 + signum)
-
-
 def main() -> int:
-    signal.signal(signal.SIGTERM, _exit_on_signal)
+    shaped_net.cleanup_on_sigterm()
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prefix", default=f"gcb{os.getpid() % 100000}")

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/fnv1a.h"
 #include "codecs/params.h"
 #include "service/engine/glob.h"
 
@@ -34,15 +35,13 @@ std::string RuleLabel(size_t index, const PolicyRule& rule) {
                       "')");
 }
 
-// Feeds the policy, field by field, into FNV-1a. Strings are length-prefixed
-// and integers fixed-width, so distinct policies serialise differently.
+// Feeds the policy, field by field, into FNV-1a (base/fnv1a.h). Strings are
+// length-prefixed and integers fixed-width, so distinct policies serialise
+// differently.
 class Fnv64 {
  public:
   void Bytes(const void* data, size_t size) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < size; ++i) {
-      hash_ = (hash_ ^ p[i]) * 0x100000001b3ULL;
-    }
+    hash_.Update(absl::string_view(static_cast<const char*>(data), size));
   }
   void U64(uint64_t v) {
     unsigned char le[8];
@@ -62,10 +61,10 @@ class Fnv64 {
       Str(value);
     }
   }
-  uint64_t value() const { return hash_; }
+  uint64_t value() const { return hash_.value(); }
 
  private:
-  uint64_t hash_ = 0xcbf29ce484222325ULL;
+  Fnv1a64 hash_;
 };
 
 }  // namespace

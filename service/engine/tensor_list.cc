@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "base/fnv1a.h"
 #include "base/status_macros.h"
 
 namespace gradcomp::service {
@@ -114,9 +115,7 @@ std::string TensorList::Serialize() const {
 }
 
 std::string TensorList::Hash() const {
-  uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a
-  for (unsigned char c : Serialize()) hash = (hash ^ c) * 0x100000001b3ULL;
-  return absl::StrFormat("%016x", hash);
+  return absl::StrFormat("%016x", Fnv1a64::Of(Serialize()));
 }
 
 const TensorDecl* TensorList::Find(absl::string_view name) const {

@@ -220,13 +220,8 @@ def check_results(results: list[dict], checks: Checks) -> None:
     print("\n".join(rows))
 
 
-def _exit_on_signal(signum: int, frame: object) -> None:
-    # Turn SIGTERM into SystemExit so that the `with ShapedNetwork` cleanup runs.
-    raise SystemExit(128 + signum)
-
-
 def main() -> int:
-    signal.signal(signal.SIGTERM, _exit_on_signal)
+    shaped_net.cleanup_on_sigterm()
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prefix", default=f"gce{os.getpid() % 100000}")

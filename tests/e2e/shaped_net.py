@@ -36,6 +36,14 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, stdout=subprocess.DEVNULL)
 
 
+def cleanup_on_sigterm() -> None:
+    """Turns SIGTERM into SystemExit, so that a `with ShapedNetwork` block
+    removes its namespaces when the run is killed."""
+    def _exit(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, _exit)
+
+
 def list_namespaces() -> list[str]:
     out = subprocess.run(["ip", "netns", "list"], check=True, text=True,
                          capture_output=True).stdout

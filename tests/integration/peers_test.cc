@@ -104,6 +104,14 @@ class Cluster {
     return absl::OkStatus();
   }
 
+  // Starts every rank and waits until the mesh is up.
+  absl::Status StartAll() {
+    for (int r = 0; r < kWorld; ++r) {
+      if (absl::Status started = Start(r); !started.ok()) return started;
+    }
+    return WaitMeshUp();
+  }
+
   // Until every daemon reports all its peers connected both ways.
   absl::Status WaitMeshUp() {
     const absl::Time deadline = absl::Now() + absl::Seconds(60);
@@ -193,8 +201,7 @@ class PeersTest : public ::testing::TestWithParam<CodecCase> {
  protected:
   static void SetUpTestSuite() {
     cluster_ = new Cluster(absl::Seconds(60));
-    for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(cluster_->Start(r).ok());
-    const absl::Status up = cluster_->WaitMeshUp();
+    const absl::Status up = cluster_->StartAll();
     ASSERT_TRUE(up.ok()) << up;
   }
   static void TearDownTestSuite() {
@@ -362,8 +369,7 @@ class PeersShardedTest : public ::testing::TestWithParam<CodecCase> {
     const std::string config = TmpPath("sharded.textproto");
     std::ofstream(config) << "policy { aggregation: AGGREGATION_SHARDED }\n";
     cluster_ = new Cluster(absl::Seconds(60), {"--config=" + config});
-    for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(cluster_->Start(r).ok());
-    const absl::Status up = cluster_->WaitMeshUp();
+    const absl::Status up = cluster_->StartAll();
     ASSERT_TRUE(up.ok()) << up;
   }
   static void TearDownTestSuite() {
@@ -514,8 +520,7 @@ v1::DeclareTensorsRequest Declaration(int64_t generation, int64_t cols) {
 
 TEST(PeersDeclareTest, ADifferentTensorListIsRefusedNamingBothRanks) {
   Cluster cluster(absl::Seconds(20));
-  for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(cluster.Start(r).ok());
-  ASSERT_TRUE(cluster.WaitMeshUp().ok());
+  ASSERT_TRUE(cluster.StartAll().ok());
   auto declare_all = [&](int64_t generation, int64_t rank3_cols) {
     std::vector<absl::StatusOr<v1::DeclareTensorsResponse>> got(
         kWorld, absl::UnknownError("not run"));
@@ -553,8 +558,7 @@ TEST(PeersDeclareTest, ADifferentTensorListIsRefusedNamingBothRanks) {
 
 TEST(PeersFaultTest, AKilledDaemonIsNamedAndTheNextStepWorksAfterRestart) {
   Cluster cluster(absl::Seconds(5));
-  for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(cluster.Start(r).ok());
-  ASSERT_TRUE(cluster.WaitMeshUp().ok());
+  ASSERT_TRUE(cluster.StartAll().ok());
   constexpr int kFew = 5;
   auto runs_for = [&](int64_t step, int ranks) {
     std::vector<WorkerRun> runs;
