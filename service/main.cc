@@ -36,8 +36,11 @@
 #include "codecs/state.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "service/api/authenticated_service.h"
+#include "service/api/client_auth.h"
 #include "service/api/gradcomp_service.h"
 #include "service/api/server.h"
+#include "service/api/unix_socket.h"
 #include "service/collective/local_collective.h"
 #include "service/collective/mailbox.h"
 #include "service/collective/peer_collective.h"
@@ -50,10 +53,29 @@
 #include "service/metrics/peer_metrics.h"
 #include "service/peers/handshake.h"
 #include "service/transport/grpc_transport.h"
+#include "service/transport/peer_credentials.h"
 #include "service/version.h"
 
 ABSL_FLAG(std::string, listen, gradcomp::service::kDefaultListen,
-          "Client API address: host:port, or unix:/path/to.sock.");
+          "Client API address: unix:/path/to.sock (the socket's mode decides "
+          "who may connect), or host:port (beyond loopback it needs "
+          "--client_token_file or --allow_unauthenticated_tcp).");
+ABSL_FLAG(std::string, socket_mode, gradcomp::service::kDefaultSocketMode,
+          "Octal permissions of the --listen unix socket: its owner and group "
+          "decide who may call the client API.");
+ABSL_FLAG(std::string, client_token_file, "",
+          "File holding the bearer token TCP clients must send as "
+          "'authorization: Bearer <token>' (docs/security.md, Client access); "
+          "unix-socket clients need none.");
+ABSL_FLAG(bool, allow_unauthenticated_tcp, false,
+          "Serve TCP clients beyond loopback without a token (only where "
+          "something else guards the port).");
+ABSL_FLAG(std::string, health_listen, "",
+          "Extra host:port of the client API server for kubelet gRPC health "
+          "probes; client API calls through it follow the TCP rules.");
+ABSL_FLAG(std::string, shm_prefix, gradcomp::service::kDefaultShmPrefix,
+          "Shared-memory objects a client may register must be named with "
+          "this prefix (the gradcomp helpers use /gradcomp.).");
 ABSL_FLAG(std::string, metrics_listen, gradcomp::service::kDefaultMetricsListen,
           "Prometheus /metrics address (host:port); empty turns metrics off.");
 ABSL_FLAG(std::string, config, "",
@@ -68,6 +90,16 @@ ABSL_FLAG(std::string, peer_listen, "",
           "Address this daemon serves the Peer service on; empty: "
           "peers[rank]. Use 0.0.0.0:<port> when peers[rank] is a name that "
           "resolves to this host.");
+ABSL_FLAG(std::string, peer_tls_cert, "",
+          "PEM certificate chain this daemon shows its peers; with "
+          "--peer_tls_key and --peer_tls_ca it turns on mutual TLS on the "
+          "peer port (docs/security.md).");
+ABSL_FLAG(std::string, peer_tls_key, "", "PEM private key of --peer_tls_cert.");
+ABSL_FLAG(std::string, peer_tls_ca, "",
+          "PEM CA bundle every peer's certificate must chain to.");
+ABSL_FLAG(absl::Duration, peer_tls_refresh, absl::Seconds(60),
+          "How often the peer TLS files are checked for a rotated "
+          "certificate (at least 1s); new connections use the new one.");
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(60),
           "Deadline of one collective: how long a reduce waits for the other "
           "ranks before failing with an error naming the missing ones.");
@@ -86,6 +118,25 @@ ABSL_FLAG(double, error_sample_rate, 1.0,
 ABSL_FLAG(bool, allow_client_shm, false,
           "Accept client shared-memory regions (RegisterSystemSharedMemory "
           "and Reduce slices). Needs /dev/shm shared with the clients.");
+ABSL_FLAG(uint64_t, max_tensor_bytes, uint64_t{4} << 30,
+          "Largest tensor a reduce accepts, in bytes of its dtype.");
+ABSL_FLAG(uint64_t, memory_budget_bytes, 0,
+          "Bytes that in-flight reduces and codec state may hold together "
+          "(docs/daemon.md, Limits); default: half of the memory this "
+          "process may use (physical, or its cgroup's limit).");
+ABSL_FLAG(absl::Duration, memory_wait, absl::Seconds(10),
+          "How long a reduce waits for room in the memory budget before it "
+          "fails with RESOURCE_EXHAUSTED.");
+ABSL_FLAG(uint64_t, max_concurrent_jobs, 16,
+          "Jobs that may reduce at the same time on this daemon.");
+ABSL_FLAG(uint64_t, max_tensors_per_job, 65536,
+          "Distinct tensor names one job may reduce on this daemon.");
+ABSL_FLAG(uint64_t, max_state_bytes_per_job, 0,
+          "Codec state bytes beyond which a job may add no new tensor; 0: no "
+          "cap but the memory budget.");
+ABSL_FLAG(uint64_t, max_queued_requests, 4096,
+          "ReduceStream tensors that may wait for a worker, over all streams; "
+          "beyond it a tensor is answered RESOURCE_EXHAUSTED.");
 ABSL_FLAG(bool, check_config, false,
           "Validate the config and policy, print the effective config as "
           "JSON, and exit 0 (valid) or 1 (invalid) without serving.");
@@ -127,6 +178,24 @@ FlagOverrides GivenFlags(const std::set<std::string>& named) {
       IfNamed(named, FLAGS_allow_client_shm, "allow_client_shm");
   flags.error_sample_rate =
       IfNamed(named, FLAGS_error_sample_rate, "error_sample_rate");
+  flags.max_tensor_bytes =
+      IfNamed(named, FLAGS_max_tensor_bytes, "max_tensor_bytes");
+  flags.memory_budget_bytes =
+      IfNamed(named, FLAGS_memory_budget_bytes, "memory_budget_bytes");
+  if (auto wait = IfNamed(named, FLAGS_memory_wait, "memory_wait")) {
+    flags.memory_wait_seconds = absl::ToDoubleSeconds(*wait);
+  }
+  flags.max_concurrent_jobs =
+      IfNamed(named, FLAGS_max_concurrent_jobs, "max_concurrent_jobs");
+  flags.max_tensors_per_job =
+      IfNamed(named, FLAGS_max_tensors_per_job, "max_tensors_per_job");
+  flags.max_state_bytes_per_job =
+      IfNamed(named, FLAGS_max_state_bytes_per_job, "max_state_bytes_per_job");
+  flags.max_queued_requests =
+      IfNamed(named, FLAGS_max_queued_requests, "max_queued_requests");
+  flags.peer_tls_cert = IfNamed(named, FLAGS_peer_tls_cert, "peer_tls_cert");
+  flags.peer_tls_key = IfNamed(named, FLAGS_peer_tls_key, "peer_tls_key");
+  flags.peer_tls_ca = IfNamed(named, FLAGS_peer_tls_ca, "peer_tls_ca");
   return flags;
 }
 
@@ -135,12 +204,33 @@ FlagOverrides GivenFlags(const std::set<std::string>& named) {
 DaemonSettings Settings(const v1::DaemonConfig& config) {
   DaemonSettings settings;
   settings.config_json = ConfigToJson(config);
-  for (const char* name : {"collective_timeout", "peer_startup_timeout",
-                           "peer_buffer_bytes", "peer_listen"}) {
+  for (const char* name :
+       {"collective_timeout", "peer_startup_timeout", "peer_buffer_bytes",
+        "peer_listen", "peer_tls_refresh"}) {
     settings.flags[name] = absl::FindCommandLineFlag(name)->CurrentValue();
   }
   settings.transports = {config.world_size() > 1 ? "grpc" : "local"};
   return settings;
+}
+
+// The largest message the client API receives: a tensor of
+// max_tensor_bytes plus 1 MiB for the rest of its request (names, shape,
+// codec), within gRPC's ceiling of 2 GiB - 1.
+int MaxReceiveBytes(uint64_t max_tensor_bytes) {
+  constexpr uint64_t kCeiling = std::numeric_limits<int>::max();
+  return static_cast<int>(
+      std::min(kCeiling, std::min(kCeiling, max_tensor_bytes) + (1 << 20)));
+}
+
+// The largest message a peer may send: a payload of a tensor of
+// max_tensor_bytes holds at most 8 bytes (top-k's value and index) per
+// element of at least 2 bytes, plus 1 MiB of headers; a tensor list
+// (DeclareTensors) may take a whole gRPC message.
+uint64_t PeerMessageLimit(uint64_t max_tensor_bytes) {
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  const uint64_t payload =
+      max_tensor_bytes > (kMax >> 3) ? kMax : 4 * max_tensor_bytes + (1 << 20);
+  return std::max<uint64_t>(payload, std::numeric_limits<int>::max());
 }
 
 // "host:0" names the port the kernel picked, so a log reader can connect.
@@ -171,12 +261,18 @@ absl::Status Run(const std::set<std::string>& named_flags) {
   const codecs::CodecRegistry& registry = codecs::BuiltinCodecs();
   absl::StatusOr<v1::DaemonConfig> config = LoadConfig(
       absl::GetFlag(FLAGS_config), GivenFlags(named_flags), registry);
+  if (!config.ok()) return config.status();
+  GC_ASSIGN_OR_RETURN(
+      const ClientAuthOptions auth,
+      ClientAuthFromFlags(absl::GetFlag(FLAGS_client_token_file),
+                          absl::GetFlag(FLAGS_allow_unauthenticated_tcp)));
+  GC_RETURN_IF_ERROR(CheckListenAddress(config->listen(), auth));
+  GC_ASSIGN_OR_RETURN(const mode_t socket_mode,
+                      ParseSocketMode(absl::GetFlag(FLAGS_socket_mode)));
   if (absl::GetFlag(FLAGS_check_config)) {
-    if (!config.ok()) return config.status();
     std::printf("%s\n", ConfigToJson(*config).c_str());
     return absl::OkStatus();
   }
-  if (!config.ok()) return config.status();
 
   codecs::StateStore store;
   Metrics metrics(&store, kVersion);
@@ -198,6 +294,17 @@ absl::Status Run(const std::set<std::string>& named_flags) {
     options.rank = rank;
     options.peers.assign(config->peers().begin(), config->peers().end());
     options.listen = absl::GetFlag(FLAGS_peer_listen);
+    options.max_message_bytes = PeerMessageLimit(config->max_tensor_bytes());
+    PeerTlsFiles tls = PeerTlsFilesFromConfig(*config);
+    tls.refresh = absl::GetFlag(FLAGS_peer_tls_refresh);
+    GC_ASSIGN_OR_RETURN(options.credentials, MakePeerCredentials(tls));
+    if (options.credentials.tls) {
+      std::fprintf(stderr,
+                   "gradcompd: rank %d: peers over mutual TLS (%s, CA %s, "
+                   "checked for rotation every %s)\n",
+                   rank, tls.cert.c_str(), tls.ca.c_str(),
+                   absl::FormatDuration(tls.refresh).c_str());
+    }
     PeerIdentity identity;
     identity.version = kVersion;
     identity.wire_version = codecs::kWireVersion;
@@ -249,15 +356,21 @@ absl::Status Run(const std::set<std::string>& named_flags) {
   // Off unless asked: a region maps a client's memory into the daemon.
   std::unique_ptr<SharedMemoryRegistry> shm;
   if (config->allow_client_shm()) {
-    shm =
-        std::make_unique<SharedMemoryRegistry>(SharedMemoryOptions(), &metrics);
+    SharedMemoryOptions shm_options;
+    shm_options.key_prefix = absl::GetFlag(FLAGS_shm_prefix);
+    shm = std::make_unique<SharedMemoryRegistry>(shm_options, &metrics);
   }
   GradcompService service(engine.get(), &metrics, workers, Settings(*config),
-                          shm.get());
+                          shm.get(), config->max_queued_requests());
+  AuthenticatedService guarded(&service, ClientAuth(auth));
+  GC_RETURN_IF_ERROR(PrepareSocketDirectory(config->listen()));
   int port = 0;
   GC_ASSIGN_OR_RETURN(
       std::unique_ptr<grpc::Server> server,
-      StartGrpcServer(config->listen(), &service, &port, &metrics));
+      StartGrpcServer(config->listen(), &guarded, &port, &metrics,
+                      MaxReceiveBytes(config->max_tensor_bytes()),
+                      absl::GetFlag(FLAGS_health_listen)));
+  GC_RETURN_IF_ERROR(SetSocketMode(config->listen(), socket_mode));
   std::fprintf(stderr,
                "gradcompd %s: serving gRPC on %s, %s; rank %u of "
                "world_size %u, policy %s\n",

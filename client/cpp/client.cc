@@ -96,7 +96,8 @@ std::unique_ptr<grpc::ClientContext> Client::NewContext() const {
 absl::StatusOr<ReduceResult> Client::ReduceBytes(
     const std::string& job, const std::string& tensor, int64_t step,
     v1::DType dtype, std::string data, absl::Span<const int64_t> shape,
-    const std::optional<v1::CodecSpec>& codec) {
+    const std::optional<v1::CodecSpec>& codec,
+    const std::optional<v1::ReduceBatch>& batch) {
   v1::ReduceRequest request;
   request.set_job(job);
   request.set_tensor(tensor);
@@ -106,6 +107,7 @@ absl::StatusOr<ReduceResult> Client::ReduceBytes(
   const size_t input_bytes = data.size();
   request.set_data(std::move(data));
   if (codec) *request.mutable_codec() = *codec;
+  if (batch) *request.mutable_batch() = *batch;
 
   v1::ReduceResponse response;
   GC_RETURN_IF_ERROR(
@@ -126,14 +128,15 @@ absl::StatusOr<ReduceResult> Client::ReduceBytes(
 absl::StatusOr<Float32ReduceResult> Client::Reduce(
     const std::string& job, const std::string& tensor, int64_t step,
     absl::Span<const float> values, absl::Span<const int64_t> shape,
-    const std::optional<v1::CodecSpec>& codec) {
+    const std::optional<v1::CodecSpec>& codec,
+    const std::optional<v1::ReduceBatch>& batch) {
   // The wire format is little-endian, like every host this runs on (x86-64,
   // aarch64): float memory is sent as it is.
   std::string data(reinterpret_cast<const char*>(values.data()),
                    values.size() * sizeof(float));
   GC_ASSIGN_OR_RETURN(ReduceResult raw,
                       ReduceBytes(job, tensor, step, v1::DTYPE_FLOAT32,
-                                  std::move(data), shape, codec));
+                                  std::move(data), shape, codec, batch));
   Float32ReduceResult result;
   result.values.resize(values.size());
   std::memcpy(result.values.data(), raw.data.data(), raw.data.size());
@@ -178,7 +181,8 @@ absl::StatusOr<v1::SharedMemoryStatusResponse> Client::ShmStatus(
 absl::StatusOr<v1::ReduceStats> Client::ReduceShm(
     const std::string& job, const std::string& tensor, int64_t step,
     v1::DType dtype, absl::Span<const int64_t> shape, const ShmSlice& input,
-    const ShmSlice& output, const std::optional<v1::CodecSpec>& codec) {
+    const ShmSlice& output, const std::optional<v1::CodecSpec>& codec,
+    const std::optional<v1::ReduceBatch>& batch) {
   v1::ReduceRequest request;
   request.set_job(job);
   request.set_tensor(tensor);
@@ -194,6 +198,7 @@ absl::StatusOr<v1::ReduceStats> Client::ReduceShm(
   out->set_offset(output.offset);
   out->set_byte_size(output.byte_size);
   if (codec) *request.mutable_codec() = *codec;
+  if (batch) *request.mutable_batch() = *batch;
   v1::ReduceResponse response;
   GC_RETURN_IF_ERROR(
       FromGrpcStatus(stub_->Reduce(NewContext().get(), request, &response),

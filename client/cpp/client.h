@@ -77,17 +77,22 @@ class Client {
   absl::Status WaitForReady(absl::Duration timeout);
 
   // Reduces a float32 tensor; `codec` unset lets the daemon's policy decide.
+  // `batch` set: the tensor's SUM rounds travel in one collective with the
+  // batch's other members (gradcomp.proto ReduceBatch), which must be
+  // reduced concurrently, from other threads or a stream.
   absl::StatusOr<Float32ReduceResult> Reduce(
       const std::string& job, const std::string& tensor, int64_t step,
       absl::Span<const float> values, absl::Span<const int64_t> shape,
-      const std::optional<v1::CodecSpec>& codec = std::nullopt);
+      const std::optional<v1::CodecSpec>& codec = std::nullopt,
+      const std::optional<v1::ReduceBatch>& batch = std::nullopt);
 
   // Reduces raw little-endian bytes of `dtype` (float16/bfloat16/float32/
   // float64). The length must be numel(shape) * DTypeSize(dtype).
   absl::StatusOr<ReduceResult> ReduceBytes(
       const std::string& job, const std::string& tensor, int64_t step,
       v1::DType dtype, std::string data, absl::Span<const int64_t> shape,
-      const std::optional<v1::CodecSpec>& codec = std::nullopt);
+      const std::optional<v1::CodecSpec>& codec = std::nullopt,
+      const std::optional<v1::ReduceBatch>& batch = std::nullopt);
 
   // Shared memory (the daemon needs --allow_client_shm; the region comes
   // from ShmRegion, shm_region.h). `name` must be unique on the daemon.
@@ -105,7 +110,8 @@ class Client {
       const std::string& job, const std::string& tensor, int64_t step,
       v1::DType dtype, absl::Span<const int64_t> shape, const ShmSlice& input,
       const ShmSlice& output,
-      const std::optional<v1::CodecSpec>& codec = std::nullopt);
+      const std::optional<v1::CodecSpec>& codec = std::nullopt,
+      const std::optional<v1::ReduceBatch>& batch = std::nullopt);
 
   absl::StatusOr<v1::GetInfoResponse> GetInfo();
   absl::StatusOr<v1::GetPolicyResponse> GetPolicy();

@@ -17,13 +17,23 @@ namespace gradcomp::codecs {
 namespace {
 
 constexpr size_t kScaleBytes = 4;
+constexpr size_t kParamBytes = 8;  // efsign with buckets: u32 d, 4 zero bytes
+constexpr int64_t kMaxBucket = int64_t{1} << 20;
 constexpr ParallelOptions kParts{/*min_per_part=*/size_t{1} << 20,
                                  /*align=*/64};
 
-size_t BodyBytes(size_t n) { return kScaleBytes + SignBytes(n); }
+// Scales of n values in buckets of d (0: one for the whole payload).
+size_t ScaleCount(size_t n, size_t bucket) {
+  return bucket == 0 ? 1 : (n + bucket - 1) / bucket;
+}
+
+size_t BodyBytes(size_t n, size_t bucket) {
+  return kScaleBytes * ScaleCount(n, bucket) + SignBytes(n);
+}
 
 struct SignPayload {
-  float scale = 0;
+  size_t bucket = 0;  // 0: scales[0] covers every value
+  std::vector<float> scales;
   const char* signs = nullptr;
 };
 
@@ -37,23 +47,44 @@ absl::StatusOr<SignPayload> ParseSign(const CodecInfo& info,
         "%s: expected header flags 0 (not a dense body), got 0x%02x", info.name,
         parsed.header.flags));
   }
-  if (!parsed.params.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: expected no parameter bytes, got %d", info.name,
-                        parsed.params.size()));
-  }
-  if (parsed.body.size() != BodyBytes(n)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: %d elements need a body of %d bytes (scale + signs), got %d",
-        info.name, n, BodyBytes(n), parsed.body.size()));
-  }
   SignPayload out;
-  std::memcpy(&out.scale, parsed.body.data(), kScaleBytes);
-  if (!(out.scale >= 0) || !std::isfinite(out.scale)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: expected a finite scale >= 0, got %g", info.name, out.scale));
+  if (!parsed.params.empty()) {
+    // Only efsign sends buckets.
+    if (info.id != CodecId::kEfSign || parsed.params.size() != kParamBytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: expected %s parameter bytes, got %d", info.name,
+          info.id == CodecId::kEfSign ? "0 or 8" : "no", parsed.params.size()));
+    }
+    uint32_t bucket32 = 0;
+    uint32_t zero = 0;
+    std::memcpy(&bucket32, parsed.params.data(), sizeof(bucket32));
+    std::memcpy(&zero, parsed.params.data() + 4, sizeof(zero));
+    GC_RETURN_IF_ERROR(
+        CheckRange(info.name, "bucket", bucket32, 64, kMaxBucket));
+    if (bucket32 % 64 != 0 || zero != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: expected a bucket that is a multiple of 64 and zero bytes "
+          "[4..7] in the parameters, got bucket %d and 0x%08x",
+          info.name, bucket32, zero));
+    }
+    out.bucket = bucket32;
   }
-  out.signs = parsed.body.data() + kScaleBytes;
+  const size_t body_bytes = BodyBytes(n, out.bucket);
+  if (parsed.body.size() != body_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %d elements need a body of %d bytes (scales + signs), got %d",
+        info.name, n, body_bytes, parsed.body.size()));
+  }
+  out.scales.resize(ScaleCount(n, out.bucket));
+  std::memcpy(out.scales.data(), parsed.body.data(),
+              kScaleBytes * out.scales.size());
+  for (float scale : out.scales) {
+    if (!(scale >= 0) || !std::isfinite(scale)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: expected a finite scale >= 0, got %g", info.name, scale));
+    }
+  }
+  out.signs = parsed.body.data() + kScaleBytes * out.scales.size();
   if (!SignPaddingIsZero(out.signs, n)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: expected the padding bits after %d signs to be zero", info.name,
@@ -89,6 +120,7 @@ CodecInfo SignInfo(SignCodec::Variant variant) {
     case SignCodec::Variant::kEfSign:
       info.name = "efsign";
       info.id = CodecId::kEfSign;
+      info.params = {"bucket"};
       // The residual is the decorator's state.
       info.stateful = true;
       info.shardable = true;
@@ -108,6 +140,17 @@ absl::StatusOr<std::unique_ptr<SingleRoundCodec>> SignCodec::Create(
     Variant variant, const CodecParams& params) {
   const CodecInfo info = SignInfo(variant);
   double momentum = 0;
+  int64_t bucket = 0;
+  if (variant == Variant::kEfSign) {
+    GC_ASSIGN_OR_RETURN(bucket, params.GetInt("bucket", 0));
+    if (bucket != 0 &&
+        (bucket < 64 || bucket > kMaxBucket || bucket % 64 != 0)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "efsign: bucket must be 0 (one scale per tensor) or a multiple of "
+          "64 in [64, %d]; got %d",
+          kMaxBucket, bucket));
+    }
+  }
   if (variant == Variant::kSignum) {
     GC_ASSIGN_OR_RETURN(momentum, params.GetDouble("momentum", 0.9));
     if (!(momentum >= 0.0 && momentum < 1.0)) {
@@ -116,8 +159,8 @@ absl::StatusOr<std::unique_ptr<SingleRoundCodec>> SignCodec::Create(
     }
   }
   GC_RETURN_IF_ERROR(params.CheckAllUsed(info.name));
-  auto codec =
-      std::make_unique<SignCodec>(variant, static_cast<float>(momentum));
+  auto codec = std::make_unique<SignCodec>(
+      variant, static_cast<float>(momentum), bucket);
   if (variant == Variant::kEfSign) {
     return std::unique_ptr<SingleRoundCodec>(
         std::make_unique<ErrorFeedback>(std::move(codec)));
@@ -125,8 +168,11 @@ absl::StatusOr<std::unique_ptr<SingleRoundCodec>> SignCodec::Create(
   return std::unique_ptr<SingleRoundCodec>(std::move(codec));
 }
 
-SignCodec::SignCodec(Variant variant, float momentum)
-    : variant_(variant), momentum_(momentum), info_(SignInfo(variant)) {}
+SignCodec::SignCodec(Variant variant, float momentum, int64_t bucket)
+    : variant_(variant),
+      momentum_(momentum),
+      bucket_(bucket),
+      info_(SignInfo(variant)) {}
 
 absl::Status SignCodec::Encode(const TensorView& grad, TensorState& state,
                                const StepContext& /*ctx*/,
@@ -142,17 +188,32 @@ absl::Status SignCodec::Encode(const TensorView& grad, TensorState& state,
   WireHeader header;
   header.codec = info_.id;
   header.numel = n;
-  char* body = BeginPayload(header, absl::string_view(), BodyBytes(n), payload);
-  const double l1 = PackSigns(x, body + kScaleBytes);
-  const float scale = n == 0 ? 0.0f : static_cast<float>(l1 / n);
-  if (!std::isfinite(scale)) {
-    // A momentum holding NaN would poison every later step.
-    std::fill(momentum.begin(), momentum.end(), 0.0f);
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: the %s holds NaN or Inf; expected finite values", info_.name,
-        variant_ == Variant::kSignum ? "momentum" : "gradient"));
+  const size_t bucket = static_cast<size_t>(bucket_);
+  char params[kParamBytes] = {};
+  const uint32_t bucket32 = static_cast<uint32_t>(bucket);
+  std::memcpy(params, &bucket32, sizeof(bucket32));
+  char* body = BeginPayload(
+      header, absl::string_view(params, bucket == 0 ? 0 : kParamBytes),
+      BodyBytes(n, bucket), payload);
+  const size_t scales = ScaleCount(n, bucket);
+  char* signs = body + kScaleBytes * scales;
+  // Buckets are whole 64-bit words of signs: bucket b's start at word
+  // b * d / 64.
+  const size_t span = bucket == 0 ? n : bucket;
+  for (size_t b = 0; b < scales; ++b) {
+    const size_t begin = b * span;
+    const size_t len = std::min(span, n - begin);
+    const double l1 = PackSigns(x.subspan(begin, len), signs + begin / 8);
+    const float scale = len == 0 ? 0.0f : static_cast<float>(l1 / len);
+    if (!std::isfinite(scale)) {
+      // A momentum holding NaN would poison every later step.
+      std::fill(momentum.begin(), momentum.end(), 0.0f);
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: the %s holds NaN or Inf; expected finite values", info_.name,
+          variant_ == Variant::kSignum ? "momentum" : "gradient"));
+    }
+    std::memcpy(body + kScaleBytes * b, &scale, kScaleBytes);
   }
-  std::memcpy(body, &scale, kScaleBytes);
   return absl::OkStatus();
 }
 
@@ -160,8 +221,13 @@ absl::Status SignCodec::DecodeAdd(absl::string_view payload, float alpha,
                                   absl::Span<float> acc) const {
   GC_ASSIGN_OR_RETURN(const SignPayload p,
                       ParseSign(info_, payload, acc.size()));
-  const float value = alpha * p.scale;
-  AddSigns(p.signs, value, -value, acc);
+  const size_t span = p.bucket == 0 ? acc.size() : p.bucket;
+  for (size_t b = 0; b < p.scales.size(); ++b) {
+    const size_t begin = b * span;
+    const float value = alpha * p.scales[b];
+    AddSigns(p.signs + begin / 8, value, -value,
+             acc.subspan(begin, std::min(span, acc.size() - begin)));
+  }
   return absl::OkStatus();
 }
 
@@ -186,7 +252,7 @@ absl::Status SignCodec::FinishGather(absl::Span<const Bytes> payloads,
                           absl::StrFormat("%s: payload of rank %d: %s",
                                           info_.name, r, p.status().message()));
     }
-    scale_sum += p->scale;
+    scale_sum += p->scales[0];
     parsed.push_back(*p);
   }
   // `out` holds the tally sum_r sign_r; integers up to 2^24 workers are

@@ -10,6 +10,10 @@
 //   GC_ASSIGN_OR_RETURN(auto codec, BuiltinCodecs().Create("signum", params));
 //
 // Magnitude: each payload carries s = ||x||_1 / n of the vector x it signs.
+// efsign's `bucket` d (default 0: the whole tensor, the paper's scale per
+// tensor) instead gives each run of d values its own s = ||x_b||_1 / |x_b|,
+// d a multiple of 64 in [64, 2^20]: at 32 / d more bits per value, one
+// scale no longer spans rows of very different size.
 // A payload decodes to s * sign(x); the vote's output is s_bar * v with s_bar
 // the mean of the workers' s and v in {-1, 0, +1}: an optimizer applying
 // lr * output moves each coordinate by about the size of an average gradient
@@ -18,10 +22,13 @@
 // Signs: x >= 0 (and NaN) counts as +1 (bitpack.h). Ties, possible with an even
 // number of workers, give v = 0: no rank's vote breaks them, so all agree.
 // Payload (after the wire header, little-endian): no parameter block; body =
-// f32 s, then SignBytes(n) bytes of packed signs (bitpack.h).
+// f32 s, then SignBytes(n) bytes of packed signs (bitpack.h). efsign with
+// d > 0: parameters are 8 bytes, [0..3] uint32 d, [4..7] zero; the body is
+// ceil(n / d) f32 scales, then the packed signs.
 #ifndef GRADCOMP_CODECS_CPU_SIGN_H_
 #define GRADCOMP_CODECS_CPU_SIGN_H_
 
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -41,13 +48,15 @@ class SignCodec : public SingleRoundCodec {
   // Signum's momentum buffer (numel floats).
   static constexpr char kMomentumBuffer[] = "signum.m";
 
-  // Parses the variant's parameters ("momentum" in [0, 1) for signum, none
-  // for the others) and rejects unknown names. efsign comes wrapped in
-  // ErrorFeedback; the others as they are.
+  // Parses the variant's parameters ("momentum" in [0, 1) for signum,
+  // "bucket" for efsign, none for signsgd) and rejects unknown names. efsign
+  // comes wrapped in ErrorFeedback; the others as they are.
   static absl::StatusOr<std::unique_ptr<SingleRoundCodec>> Create(
       Variant variant, const CodecParams& params);
 
-  SignCodec(Variant variant, float momentum);
+  // `bucket` 0: one scale per payload (the only form signsgd and signum
+  // send).
+  SignCodec(Variant variant, float momentum, int64_t bucket = 0);
 
   const CodecInfo& info() const override { return info_; }
 
@@ -56,7 +65,8 @@ class SignCodec : public SingleRoundCodec {
   absl::Status Encode(const TensorView& grad, TensorState& state,
                       const StepContext& ctx, Bytes* payload) const override;
 
-  // Adds alpha * s * sign to `acc`.
+  // Adds alpha * s * sign to `acc`, with the scales and bucket the payload
+  // names (efsign decodes either form).
   absl::Status DecodeAdd(absl::string_view payload, float alpha,
                          absl::Span<float> acc) const override;
 
@@ -68,6 +78,7 @@ class SignCodec : public SingleRoundCodec {
  private:
   Variant variant_;
   float momentum_;
+  int64_t bucket_;
   CodecInfo info_;
 };
 

@@ -1,5 +1,6 @@
 #include "codecs/cpu/sign.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -259,6 +260,102 @@ TEST(EfSignTest, AveragesTheWorkersDecodes) {
         (step->own[0][i] + step->own[1][i] + step->own[2][i]) / 3.0f;
     EXPECT_NEAR(step->out[0][i], mean, 1e-6f) << i;
   }
+}
+
+TEST(EfSignTest, BucketsScaleEachRunOfValuesOnItsOwn) {
+  auto codec = Make("efsign", CodecParams({{"bucket", "64"}}));
+  EXPECT_EQ(codec->info().params, std::vector<std::string>{"bucket"});
+  // 200 values: buckets [0, 64), [64, 128), [128, 192), [192, 200), the
+  // second one 100 times larger than the rest.
+  constexpr size_t kN = 200;
+  std::vector<TensorState> states(1);
+  std::vector<float> e_old(kN, 0.0f);
+  for (int64_t t = 0; t < 3; ++t) {
+    std::vector<float> g = Normal(kN, 70 + t);
+    for (size_t i = 64; i < 128; ++i) g[i] *= 100.0f;
+    absl::StatusOr<SimulatedStep> step = Step(*codec, {g}, states, t);
+    ASSERT_TRUE(step.ok()) << step.status();
+    const Bytes& payload = step->payloads[0][0];
+    // Header, 8 parameter bytes, 4 scales, 4 words of signs.
+    EXPECT_EQ(payload.size(), kWireHeaderBytes + 8 + 4 * 4 + 32);
+    const absl::Span<float> e_new = *states[0].Find(kErrorFeedbackBuffer);
+    std::vector<float> p(kN);
+    for (size_t i = 0; i < kN; ++i) p[i] = g[i] + e_old[i];
+    for (size_t begin = 0; begin < kN; begin += 64) {
+      const size_t end = std::min(kN, begin + 64);
+      const std::vector<float> bucket(p.begin() + begin, p.begin() + end);
+      const float s = static_cast<float>(Mean(bucket));
+      for (size_t i = begin; i < end; ++i) {
+        ASSERT_NEAR(step->own[0][i], p[i] < 0 ? -s : s, 1e-6f * s) << i;
+        ASSERT_NEAR(p[i], step->own[0][i] + e_new[i], 1e-5f * s) << i;
+      }
+    }
+    e_old.assign(e_new.begin(), e_new.end());
+  }
+}
+
+TEST(EfSignTest, BucketsLowerTheErrorOfUnevenRows) {
+  // Rows of 64 values whose sizes alternate 1 and 10: one scale for the
+  // whole tensor overstates the small rows tenfold; one scale per row
+  // (bucket 64) keeps only the spread of |g| within a row.
+  std::vector<float> g = Normal(64 * 16, 5);
+  for (size_t i = 0; i < g.size(); ++i) g[i] *= (i / 64) % 2 ? 10.0f : 1.0f;
+  double small_rows[2], all_rows[2];
+  for (int bucketed = 0; bucketed < 2; ++bucketed) {
+    auto codec = Make(
+        "efsign", bucketed ? CodecParams({{"bucket", "64"}}) : CodecParams());
+    std::vector<TensorState> states(1);
+    absl::StatusOr<SimulatedStep> step = Step(*codec, {g}, states);
+    ASSERT_TRUE(step.ok()) << step.status();
+    small_rows[bucketed] = all_rows[bucketed] = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double e = std::pow(step->out[0][i] - g[i], 2);
+      all_rows[bucketed] += e;
+      if ((i / 64) % 2 == 0) small_rows[bucketed] += e;
+    }
+  }
+  EXPECT_LT(small_rows[1], 0.1 * small_rows[0]);
+  EXPECT_LT(all_rows[1], all_rows[0]);
+}
+
+TEST(EfSignTest, RejectsBadBuckets) {
+  CodecRegistry registry;
+  ASSERT_TRUE(RegisterSignCodecs(registry).ok());
+  for (const char* bucket : {"-64", "32", "100", "2097152", "x"}) {
+    EXPECT_EQ(registry.Create("efsign", CodecParams({{"bucket", bucket}}))
+                  .status()
+                  .code(),
+              absl::StatusCode::kInvalidArgument)
+        << bucket;
+  }
+  EXPECT_EQ(registry.Create("signsgd", CodecParams({{"bucket", "64"}}))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(EfSignTest, DecoderRejectsBadBucketParameters) {
+  auto codec = Make("efsign", CodecParams({{"bucket", "64"}}));
+  std::vector<TensorState> states(1);
+  absl::StatusOr<SimulatedStep> step = Step(*codec, {Normal(130, 3)}, states);
+  ASSERT_TRUE(step.ok()) << step.status();
+  const Bytes& good = step->payloads[0][0];
+  const auto& single = dynamic_cast<const SingleRoundCodec&>(*codec);
+  std::vector<float> acc(130, 0.0f);
+  ASSERT_TRUE(single.DecodeAdd(good, 1.0f, absl::MakeSpan(acc)).ok());
+  for (uint32_t bucket : {0u, 32u, 96u, 128u}) {
+    Bytes bad = good;
+    std::memcpy(bad.data() + kWireHeaderBytes, &bucket, 4);
+    EXPECT_EQ(single.DecodeAdd(bad, 1.0f, absl::MakeSpan(acc)).code(),
+              absl::StatusCode::kInvalidArgument)
+        << bucket;
+  }
+  // A negative scale in the second bucket.
+  Bytes bad = good;
+  const float negative = -1.0f;
+  std::memcpy(bad.data() + kWireHeaderBytes + 8 + 4, &negative, 4);
+  EXPECT_EQ(single.DecodeAdd(bad, 1.0f, absl::MakeSpan(acc)).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(SignCodecsTest, DecodersRejectBadScalesAndForeignIds) {

@@ -129,6 +129,9 @@ class RunSpec:
     train_limit: int | None = None
     test_limit: int | None = None
     powersgd_rank: int = 2
+    # torch_powersgd: allreduce densely before this step (2 is the earliest
+    # it accepts with error feedback).
+    powersgd_start_iter: int = 2
     collective_timeout: str = "120s"
     shm: bool = True            # daemons allow shared memory; the hook uses it
     hook_wrapper: Callable | None = None
@@ -143,6 +146,9 @@ class RunResult:
     # time.
     cpu_seconds_per_step: float
     bytes_per_step: float        # payload bytes a worker sends per step
+    # The same over the steps after the first epoch (every row's warm-up,
+    # dense or DGC's, lies in the first epoch).
+    bytes_per_step_after_epoch1: float
     raw_bytes_per_step: float    # fp32 gradient bytes per step (what dense sends)
     steps: int
     wall_seconds: float
@@ -278,10 +284,9 @@ def _train(rank: int, spec: RunSpec, daemon: _LocalDaemon | None) -> RunResult:
                                          timeout=300.0)
         hook = gradcomp.torch.hook
     elif spec.comm == "torch_powersgd":
-        # start_powerSGD_iter 2 is the earliest it accepts with error feedback.
         state = torch_powersgd.PowerSGDState(
             process_group=None, matrix_approximation_rank=spec.powersgd_rank,
-            start_powerSGD_iter=2, random_seed=spec.seed)
+            start_powerSGD_iter=spec.powersgd_start_iter, random_seed=spec.seed)
         hook = torch_powersgd.powerSGD_hook
         _count_allreduce_bytes(allreduce_bytes)
     elif spec.comm == "ddp":
@@ -304,6 +309,7 @@ def _train(rank: int, spec: RunSpec, daemon: _LocalDaemon | None) -> RunResult:
         0.5 * (1.0 + math.cos(math.pi * t / total_steps)))
 
     accuracy, step_times = [], []
+    sent_before = (0, 0)  # (bytes, steps) at the end of the first epoch
     cpu = 0.0
     daemon_cpu = daemon.cpu_seconds() if daemon else 0.0
     start = time.perf_counter()
@@ -320,6 +326,8 @@ def _train(rank: int, spec: RunSpec, daemon: _LocalDaemon | None) -> RunResult:
             step_times.append(time.perf_counter() - t0)
             cpu += time.process_time() - c0
             schedule.step()
+        if epoch == 0:
+            sent_before = _sent(spec, state, allreduce_bytes, raw_bytes, steps_per_epoch)
         accuracy.append(_evaluate(model.module, x_test, y_test, rank, world))
         if rank == 0:
             print(f"epoch {epoch + 1}: test accuracy {accuracy[-1]:.4f}", flush=True)
@@ -327,20 +335,29 @@ def _train(rank: int, spec: RunSpec, daemon: _LocalDaemon | None) -> RunResult:
     if daemon:
         cpu += daemon.cpu_seconds() - daemon_cpu
     transport = ""
+    sent, steps = _sent(spec, state, allreduce_bytes, raw_bytes, total_steps)
+    later = (sent - sent_before[0]) / max(steps - sent_before[1], 1)
     if spec.comm == "gradcomp":
-        sent = state.stats.wire_bytes / max(state.stats.steps, 1)
         transport = state.transport
         state.close()
-    elif spec.comm == "torch_powersgd":
-        sent = allreduce_bytes[0] / total_steps
-    else:
-        sent = raw_bytes
     # The first steps pay for lazy set-up (buckets, connections): leave them out.
     measured = step_times[min(10, len(step_times) - 1):]
     return RunResult(accuracy=accuracy, step_seconds=float(np.mean(measured)),
                      cpu_seconds_per_step=cpu / total_steps,
-                     bytes_per_step=sent, raw_bytes_per_step=raw_bytes, steps=total_steps,
+                     bytes_per_step=sent / max(steps, 1),
+                     bytes_per_step_after_epoch1=later,
+                     raw_bytes_per_step=raw_bytes, steps=total_steps,
                      wall_seconds=wall, transport=transport)
+
+
+def _sent(spec: RunSpec, state, allreduce_bytes: list[int], raw_bytes: int,
+          steps: int) -> tuple[int, int]:
+    """(bytes this worker has sent, steps they span) so far."""
+    if spec.comm == "gradcomp":
+        return state.stats.wire_bytes, state.stats.steps
+    if spec.comm == "torch_powersgd":
+        return allreduce_bytes[0], steps
+    return raw_bytes * steps, steps
 
 
 def run(spec: RunSpec) -> RunResult:
@@ -351,10 +368,14 @@ def run(spec: RunSpec) -> RunResult:
         return RunResult(**json.loads((pathlib.Path(workdir) / "result.json").read_text()))
 
 
-def codec_policy(codec: str, params: dict[str, object] | None = None) -> dict:
-    """A daemon policy that sends every tensor the defaults leave alone (at
-    least DENSE_BELOW_NUMEL values, 2-D or more) through `codec`."""
-    return {"warmup_steps": "0", "dense_below_numel": str(DENSE_BELOW_NUMEL),
+def codec_policy(codec: str, params: dict[str, object] | None = None,
+                 warmup_steps: int = 0,
+                 dense_below_numel: int = DENSE_BELOW_NUMEL) -> dict:
+    """A daemon policy that sends every tensor of at least `dense_below_numel`
+    values and 2 or more dimensions through `codec`, after `warmup_steps`
+    dense steps."""
+    return {"warmup_steps": str(warmup_steps),
+            "dense_below_numel": str(dense_below_numel),
             "dense_1d": True,
             "rules": [{"name_glob": "*", "codec": {
                 "name": codec, "params": {k: str(v) for k, v in (params or {}).items()}}}]}
@@ -365,6 +386,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--comm", default="gradcomp", choices=["ddp", "gradcomp", "torch_powersgd"])
     p.add_argument("--codec", default=None, help="gradcomp: codec of the daemons' policy")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--warmup_steps", type=int, default=0,
+                   help="gradcomp: dense steps before the codec (the policy's "
+                        "warmup_steps); torch_powersgd: start_powerSGD_iter "
+                        "(at least 2)")
     p.add_argument("--dgc", action="store_true",
                    help="the codec applies momentum (topk): the optimizer does not")
     p.add_argument("--workers", type=int, default=4)
@@ -378,7 +403,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     params = dict(kv.split("=", 1) for kv in args.param)
     spec = RunSpec(comm=args.comm,
-                   policy=codec_policy(args.codec, params) if args.codec else None,
+                   policy=(codec_policy(args.codec, params, args.warmup_steps)
+                           if args.codec else None),
+                   powersgd_start_iter=max(args.warmup_steps, 2),
                    codec_momentum=args.dgc, workers=args.workers, epochs=args.epochs,
                    batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                    train_limit=args.train_limit, shm=not args.inline)

@@ -43,6 +43,11 @@ absl::StatusOr<ReduceInput> ReduceInputFromProto(
   }
   if (request.has_output_shm()) input.output = slices.output;
   if (request.has_codec()) input.codec = CodecSpecFromProto(request.codec());
+  if (request.has_batch()) {
+    input.batch = BatchRequest{
+        request.batch().id(),
+        {request.batch().members().begin(), request.batch().members().end()}};
+  }
   return input;
 }
 

@@ -36,6 +36,20 @@ TEST(ConvertTest, NoCodecMeansThePolicyDecides) {
   EXPECT_FALSE(input->codec.has_value());
 }
 
+TEST(ConvertTest, ABatchReachesTheEngineInput) {
+  v1::ReduceRequest request;
+  request.set_tensor("b");
+  request.mutable_batch()->set_id("bucket0");
+  request.mutable_batch()->add_members("b");
+  request.mutable_batch()->add_members("a");
+  auto input = ReduceInputFromProto(request);
+  ASSERT_TRUE(input.ok()) << input.status();
+  ASSERT_TRUE(input->batch.has_value());
+  EXPECT_EQ(input->batch->id, "bucket0");
+  EXPECT_EQ(input->batch->members, (std::vector<std::string>{"b", "a"}));
+  EXPECT_FALSE(ReduceInputFromProto(v1::ReduceRequest())->batch.has_value());
+}
+
 TEST(ConvertTest, SharedMemorySlicesBecomeTheInputAndOutput) {
   v1::ReduceRequest request;
   request.set_tensor("t");

@@ -1,5 +1,6 @@
 #include "service/api/gradcomp_service.h"
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -38,16 +39,21 @@ absl::Status Prefixed(const absl::Status& status, absl::string_view prefix) {
                       absl::StrCat(prefix, ": ", status.message()));
 }
 
+std::string TensorLabel(const v1::ReduceRequest& request) {
+  return absl::StrCat("tensor '", request.tensor(), "' step ", request.step());
+}
+
 }  // namespace
 
 GradcompService::GradcompService(Engine* engine, Metrics* metrics,
                                  int stream_workers, DaemonSettings settings,
-                                 SharedMemoryRegistry* shm)
+                                 SharedMemoryRegistry* shm,
+                                 size_t max_queued_requests)
     : engine_(engine),
       metrics_(metrics),
       settings_(std::move(settings)),
       shm_(shm),
-      stream_pool_(stream_workers) {}
+      stream_pool_(stream_workers, max_queued_requests) {}
 
 absl::StatusOr<SharedMemorySlice> GradcompService::AcquireSlice(
     absl::string_view client, const v1::SharedMemorySlice& slice,
@@ -83,20 +89,35 @@ absl::StatusOr<ReduceInput> GradcompService::ResolveInput(
   return ReduceInputFromProto(request, slices);
 }
 
+absl::StatusOr<MemoryBudget::Reservation> GradcompService::ReserveInline(
+    const v1::ReduceRequest& request) {
+  const uint64_t bytes = request.data().size();
+  return engine_->ReserveInput(
+      bytes, absl::StrCat("its ", bytes, "-byte inline input"));
+}
+
 absl::StatusOr<v1::ReduceResponse> GradcompService::DoReduce(
-    const v1::ReduceRequest& request, absl::string_view client) {
+    const v1::ReduceRequest& request, absl::string_view client,
+    MemoryBudget::Reservation* held) {
+  // The request's bytes count against the memory budget until it returns.
+  absl::StatusOr<MemoryBudget::Reservation> own = MemoryBudget::Reservation();
+  if (held == nullptr) {
+    own = ReserveInline(request);
+    if (own.ok()) held = &*own;
+  }
   // Held until the reduce returns: the regions stay mapped and count as in
   // flight, so Unregister refuses them meanwhile.
   std::optional<SharedMemorySlice> input_slice, output_slice;
   absl::StatusOr<ReduceInput> input =
-      ResolveInput(request, client, &input_slice, &output_slice);
+      own.ok() ? ResolveInput(request, client, &input_slice, &output_slice)
+               : own.status();
   if (!input.ok()) {
     // Refused before the engine saw it; counted here so that every request
     // shows in gradcomp_reduce_total.
     metrics_->CountReduce("unresolved", input.status().code());
-    return Prefixed(input.status(), absl::StrCat("tensor '", request.tensor(),
-                                                 "' step ", request.step()));
+    return Prefixed(input.status(), TensorLabel(request));
   }
+  input->reservation = held;
   GC_ASSIGN_OR_RETURN(ReduceOutput output, engine_->Reduce(*input));
   metrics_->SetStep(request.step());
   return ReduceResponseToProto(request, std::move(output));
@@ -122,28 +143,65 @@ grpc::Status GradcompService::ReduceStream(
   absl::Mutex mu;
   int pending = 0;
   bool write_failed = false;
+  auto write = [stream, &mu, &write_failed](
+                   const v1::ReduceRequest& request,
+                   absl::StatusOr<v1::ReduceResponse> result) {
+    v1::ReduceStreamResponse response;
+    if (result.ok()) {
+      *response.mutable_result() = std::move(*result);
+    } else {
+      response.set_error_code(static_cast<int>(result.status().code()));
+      response.set_error_message(std::string(result.status().message()));
+      response.set_tensor(request.tensor());
+      response.set_request_id(request.request_id());
+    }
+    absl::MutexLock lock(&mu);
+    if (!write_failed && !stream->Write(response)) write_failed = true;
+  };
   v1::ReduceRequest request;
   while (stream->Read(&request)) {
-    {
-      absl::MutexLock lock(&mu);
-      ++pending;
-    }
-    stream_pool_.Schedule([this, stream, &mu, &pending, &write_failed, &client,
-                           request = std::move(request)] {
-      v1::ReduceStreamResponse response;
-      absl::StatusOr<v1::ReduceResponse> result = DoReduce(request, client);
-      if (result.ok()) {
-        *response.mutable_result() = std::move(*result);
-      } else {
-        response.set_error_code(static_cast<int>(result.status().code()));
-        response.set_error_message(std::string(result.status().message()));
-        response.set_tensor(request.tensor());
-        response.set_request_id(request.request_id());
+    // Limits: a queued tensor's inline bytes count against the memory
+    // budget while it waits, and the queue is bounded; a tensor refused by
+    // either is answered at once and the stream goes on.
+    absl::StatusOr<MemoryBudget::Reservation> reserved = ReserveInline(request);
+    // What an error answer names, kept apart: the request moves to a worker.
+    v1::ReduceRequest named;
+    named.set_tensor(request.tensor());
+    named.set_step(request.step());
+    named.set_request_id(request.request_id());
+    if (reserved.ok()) {
+      {
+        absl::MutexLock lock(&mu);
+        ++pending;
       }
-      absl::MutexLock lock(&mu);
-      if (!write_failed && !stream->Write(response)) write_failed = true;
-      --pending;
-    });
+      // std::function needs a copyable closure: the reservation is shared.
+      auto held =
+          std::make_shared<MemoryBudget::Reservation>(*std::move(reserved));
+      const bool queued =
+          stream_pool_.TrySchedule([this, &mu, &pending, &client, &write, held,
+                                    request = std::move(request)] {
+            write(request, DoReduce(request, client, held.get()));
+            held->Release();
+            absl::MutexLock lock(&mu);
+            --pending;
+          });
+      if (!queued) {
+        {
+          absl::MutexLock lock(&mu);
+          --pending;
+        }
+        metrics_->CountResourceExhausted("stream_queue");
+        reserved = absl::ResourceExhaustedError(absl::StrCat(
+            stream_pool_.max_queued(),
+            " stream tensors are already waiting for a worker on this "
+            "daemon (the queue's bound); expected fewer tensors in flight, "
+            "or retry this one"));
+      }
+    }
+    if (!reserved.ok()) {
+      metrics_->CountReduce("unresolved", reserved.status().code());
+      write(named, Prefixed(reserved.status(), TensorLabel(named)));
+    }
     request = v1::ReduceRequest();
   }
   absl::MutexLock lock(&mu);

@@ -24,6 +24,9 @@ namespace gradcomp::service {
 
 namespace v1 = ::gradcomp::v1;
 
+// ReduceStream tensors that may wait for a worker, over all streams.
+inline constexpr size_t kDefaultMaxQueuedRequests = 4096;
+
 // What GetInfo reports beyond the engine's own state: how the daemon was
 // configured and how it reaches its peers.
 struct DaemonSettings {
@@ -34,13 +37,16 @@ struct DaemonSettings {
 
 class GradcompService final : public v1::Gradcomp::Service {
  public:
-  // `stream_workers` threads reduce the tensors of every ReduceStream.
+  // `stream_workers` threads reduce the tensors of every ReduceStream;
+  // at most `max_queued_requests` more wait for one, and a stream's tensor
+  // beyond that is answered RESOURCE_EXHAUSTED.
   // `engine` and `metrics` must outlive the service.
   // `shm` (may be null: client shared memory off, --allow_client_shm
   // unset) serves the shared-memory RPCs and Reduce slices.
   GradcompService(Engine* engine, Metrics* metrics, int stream_workers,
                   DaemonSettings settings = {},
-                  SharedMemoryRegistry* shm = nullptr);
+                  SharedMemoryRegistry* shm = nullptr,
+                  size_t max_queued_requests = kDefaultMaxQueuedRequests);
 
   grpc::Status Reduce(grpc::ServerContext* context,
                       const v1::ReduceRequest* request,
@@ -88,9 +94,14 @@ class GradcompService final : public v1::Gradcomp::Service {
 
  private:
   // One Reduce in core terms for `client` (ClientId of the call); the
-  // status is what the client sees.
-  absl::StatusOr<v1::ReduceResponse> DoReduce(const v1::ReduceRequest& request,
-                                              absl::string_view client);
+  // status is what the client sees. `held` holds the request's inline
+  // bytes in the memory budget; null: DoReduce reserves them itself.
+  absl::StatusOr<v1::ReduceResponse> DoReduce(
+      const v1::ReduceRequest& request, absl::string_view client,
+      MemoryBudget::Reservation* held = nullptr);
+  // Reserves `request`'s inline input in the engine's memory budget.
+  absl::StatusOr<MemoryBudget::Reservation> ReserveInline(
+      const v1::ReduceRequest& request);
   // The engine input of `request`, with its shared-memory slices acquired
   // into `input_slice` / `output_slice`, which the caller holds until the
   // reduce returns.

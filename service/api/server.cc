@@ -11,7 +11,7 @@ namespace gradcomp::service {
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
     const std::string& listen, grpc::Service* service, int* port,
-    Metrics* metrics) {
+    Metrics* metrics, int max_receive_bytes, const std::string& health_listen) {
   // Both are process-wide switches read when a server is built.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -20,9 +20,12 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
   int bound_port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(),
                            &bound_port);
+  if (!health_listen.empty()) {
+    builder.AddListeningPort(health_listen, grpc::InsecureServerCredentials());
+  }
   builder.RegisterService(service);
   // gRPC's ceiling is INT_MAX bytes per message (2 GiB - 1).
-  builder.SetMaxReceiveMessageSize(INT_MAX);
+  builder.SetMaxReceiveMessageSize(max_receive_bytes);
   builder.SetMaxSendMessageSize(INT_MAX);
   // gRPC sets SO_REUSEPORT by default, which lets a second daemon bind the
   // same port and silently share its traffic; a taken port must fail.
@@ -34,8 +37,9 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
     return absl::UnavailableError(absl::StrCat(
-        "cannot serve gRPC on '", listen,
-        "': the address is invalid or already in use (expected a free "
+        "cannot serve gRPC on '", listen, "'",
+        health_listen.empty() ? "" : absl::StrCat(" and '", health_listen, "'"),
+        ": the address is invalid or already in use (expected a free "
         "host:port or unix:/path)"));
   }
   if (port != nullptr) *port = bound_port;

@@ -8,6 +8,7 @@
 #ifndef GRADCOMP_SERVICE_API_SERVER_H_
 #define GRADCOMP_SERVICE_API_SERVER_H_
 
+#include <climits>
 #include <memory>
 #include <string>
 
@@ -20,9 +21,16 @@ namespace gradcomp::service {
 // `listen` is "host:port" (port 0 picks a free one, written to `port` if
 // not null) or "unix:/path". Unavailable, naming the address, if it cannot
 // bind. With `metrics`, every call is counted in gradcomp_requests_total.
+// A received message over `max_receive_bytes` is refused by gRPC with
+// RESOURCE_EXHAUSTED from its length prefix, before it is buffered.
+// A non-empty `health_listen` (host:port) is a second address of the same
+// server, for kubelet gRPC probes beside a unix-socket `listen`; who may
+// call the client API through it is the service's to decide
+// (authenticated_service.h).
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
     const std::string& listen, grpc::Service* service, int* port = nullptr,
-    Metrics* metrics = nullptr);
+    Metrics* metrics = nullptr, int max_receive_bytes = INT_MAX,
+    const std::string& health_listen = "");
 
 }  // namespace gradcomp::service
 

@@ -39,6 +39,37 @@ TEST(ServerTest, ATakenPortIsAnErrorNotASharedPort) {
   (*first)->Shutdown();
 }
 
+// Answers SetPolicy OK, whatever the policy: only the size matters here.
+class PolicyService : public gradcomp::v1::Gradcomp::Service {
+  grpc::Status SetPolicy(grpc::ServerContext*,
+                         const gradcomp::v1::SetPolicyRequest*,
+                         gradcomp::v1::SetPolicyResponse*) override {
+    return grpc::Status::OK;
+  }
+};
+
+TEST(ServerTest, MessagesOverTheReceiveLimitAreRefused) {
+  PolicyService service;
+  int port = 0;
+  auto server = StartGrpcServer("127.0.0.1:0", &service, &port, nullptr,
+                                /*max_receive_bytes=*/1024);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = gradcomp::v1::Gradcomp::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  gradcomp::v1::SetPolicyRequest small, large;
+  large.mutable_policy()->add_rules()->set_name_glob(std::string(2048, 'x'));
+  gradcomp::v1::SetPolicyResponse response;
+  {
+    grpc::ClientContext context;
+    EXPECT_TRUE(stub->SetPolicy(&context, small, &response).ok());
+  }
+  grpc::ClientContext context;
+  const grpc::Status refused = stub->SetPolicy(&context, large, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << refused.error_message();
+  (*server)->Shutdown();
+}
+
 TEST(ServerTest, UnixSocket) {
   EmptyService service;
   // TEST_TMPDIR is too long for a socket path (107 bytes at most).

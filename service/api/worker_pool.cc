@@ -4,7 +4,8 @@
 
 namespace gradcomp::service {
 
-WorkerPool::WorkerPool(int threads) {
+WorkerPool::WorkerPool(int threads, size_t max_queued)
+    : max_queued_(max_queued) {
   threads_.reserve(threads);
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
 }
@@ -17,9 +18,11 @@ WorkerPool::~WorkerPool() {
   for (std::thread& t : threads_) t.join();
 }
 
-void WorkerPool::Schedule(std::function<void()> work) {
+bool WorkerPool::TrySchedule(std::function<void()> work) {
   absl::MutexLock lock(&mu_);
+  if (queue_.size() >= max_queued_) return false;
   queue_.push_back(std::move(work));
+  return true;
 }
 
 void WorkerPool::Loop() {

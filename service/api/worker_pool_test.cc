@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace gradcomp::service {
@@ -11,28 +12,54 @@ namespace {
 TEST(WorkerPoolTest, RunsEveryScheduledClosure) {
   std::atomic<int> sum{0};
   {
-    WorkerPool pool(3);
-    for (int i = 1; i <= 100; ++i) pool.Schedule([&sum, i] { sum += i; });
+    WorkerPool pool(3, 100);
+    for (int i = 1; i <= 100; ++i) {
+      ASSERT_TRUE(pool.TrySchedule([&sum, i] { sum += i; }));
+    }
   }  // the destructor drains the queue
   EXPECT_EQ(sum.load(), 5050);
 }
 
 TEST(WorkerPoolTest, ClosuresRunConcurrently) {
   // Two closures that each wait for the other can only finish in parallel.
-  WorkerPool pool(2);
+  WorkerPool pool(2, 2);
   absl::Notification a_started, b_started, done_a, done_b;
-  pool.Schedule([&] {
+  ASSERT_TRUE(pool.TrySchedule([&] {
     a_started.Notify();
     b_started.WaitForNotification();
     done_a.Notify();
-  });
-  pool.Schedule([&] {
+  }));
+  ASSERT_TRUE(pool.TrySchedule([&] {
     b_started.Notify();
     a_started.WaitForNotification();
     done_b.Notify();
-  });
+  }));
   done_a.WaitForNotification();
   done_b.WaitForNotification();
+}
+
+TEST(WorkerPoolTest, FullQueueRefusesAndTakesMoreOnceItDrains) {
+  // One thread held busy, so the queue fills: two wait, the third is
+  // refused and never runs.
+  absl::Notification running, release, drained;
+  std::atomic<int> ran{0};
+  WorkerPool pool(1, 2);  // destroyed (joined) before what it uses
+  ASSERT_TRUE(pool.TrySchedule([&] {
+    running.Notify();
+    release.WaitForNotification();
+  }));
+  running.WaitForNotification();
+  EXPECT_TRUE(pool.TrySchedule([&] { ++ran; }));
+  EXPECT_TRUE(pool.TrySchedule([&] { ++ran; }));
+  EXPECT_FALSE(pool.TrySchedule([&] { ran += 100; }));
+  release.Notify();
+  // The queue drains: scheduling succeeds again (retried until a slot is
+  // free, with no timing assumed).
+  while (!pool.TrySchedule([&] { drained.Notify(); })) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  drained.WaitForNotification();
+  EXPECT_EQ(ran.load(), 2);
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // job. The engine calls Run once per round and gets back the summed dense
 // bodies (kSum) or every worker's payload (kGather); implementations decide
 // how (in-process for world size 1, over peers). Sharded aggregation uses
-// the two plain exchanges AllToAll and Allgather.
+// the two plain exchanges AllToAll and Allgather; gossip uses
+// ExchangeWithNeighbours.
 //
 //   GC_ASSIGN_OR_RETURN(codecs::RoundResult result,
 //                       collective.Run({job, tensor, step, 0},
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "codecs/codec.h"
 
 namespace gradcomp::service {
@@ -49,6 +51,20 @@ class Collective {
   // Every rank's `part`, in rank order.
   virtual absl::StatusOr<std::vector<codecs::Bytes>> Allgather(
       const RoundKey& key, codecs::Bytes part) = 0;
+
+  // Gossip's exchange (NEIGHBOURS rounds, service/gossip/): sends parts[k]
+  // to rank neighbours[k] and returns, in the same order, the part each of
+  // them sent to this rank, with the same thread-safety and deadline as Run.
+  // `neighbours` are distinct ranks other than this one. The default, for
+  // collectives that cannot gossip (decorators that only batch SUM rounds),
+  // is Unimplemented.
+  virtual absl::StatusOr<std::vector<codecs::Bytes>> ExchangeWithNeighbours(
+      const RoundKey& key, absl::Span<const int> /*neighbours*/,
+      std::vector<codecs::Bytes> /*parts*/) {
+    return absl::UnimplementedError(
+        "tensor '" + key.tensor +
+        "': this collective has no neighbour exchange (gossip)");
+  }
 };
 
 }  // namespace gradcomp::service

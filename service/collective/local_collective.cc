@@ -55,4 +55,17 @@ absl::StatusOr<std::vector<codecs::Bytes>> LocalCollective::Allgather(
   return all;
 }
 
+absl::StatusOr<std::vector<codecs::Bytes>>
+LocalCollective::ExchangeWithNeighbours(const RoundKey& key,
+                                        absl::Span<const int> neighbours,
+                                        std::vector<codecs::Bytes> parts) {
+  if (!neighbours.empty() || !parts.empty()) {
+    return absl::InternalError(absl::StrCat(
+        "tensor '", key.tensor, "' step ", key.step, ": a gossip exchange ",
+        "with ", neighbours.size(), " neighbours and ", parts.size(),
+        " parts at world size 1; expected none"));
+  }
+  return std::vector<codecs::Bytes>();
+}
+
 }  // namespace gradcomp::service

@@ -22,6 +22,10 @@ class LocalCollective : public Collective {
       const RoundKey& key, std::vector<codecs::Bytes> parts) override;
   absl::StatusOr<std::vector<codecs::Bytes>> Allgather(
       const RoundKey& key, codecs::Bytes part) override;
+  // A single worker has no neighbours: `neighbours` must be empty.
+  absl::StatusOr<std::vector<codecs::Bytes>> ExchangeWithNeighbours(
+      const RoundKey& key, absl::Span<const int> neighbours,
+      std::vector<codecs::Bytes> parts) override;
 };
 
 }  // namespace gradcomp::service

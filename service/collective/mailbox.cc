@@ -82,6 +82,25 @@ void Mailbox::OnMessage(int from, const MessageKey& key, codecs::Bytes data) {
   ++slot.arrivals;
 }
 
+void Mailbox::OnCorruptMessage(int from, const MessageKey& key,
+                               const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  auto current = current_step_.find(TensorKey(key.job, key.tensor));
+  if (current != current_step_.end() && key.step < current->second) {
+    CountDropped("stale");
+    return;
+  }
+  // Kept until this rank's call for the key collects it, like a message.
+  auto [it, inserted] = slots_.try_emplace(key);
+  Slot& slot = it->second;
+  if (inserted) {
+    slot.by_rank.resize(world_size_);
+    slot.created = absl::Now();
+  }
+  if (slot.error.ok()) slot.error = why;
+  ++slot.arrivals;
+}
+
 void Mailbox::OnPeerLost(int rank, const absl::Status& why) {
   absl::MutexLock lock(&mu_);
   for (auto& [key, slot] : slots_) {

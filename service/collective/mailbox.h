@@ -46,6 +46,10 @@ class Mailbox : public Receiver {
       ABSL_LOCKS_EXCLUDED(mu_);
   void OnPeerLost(int rank, const absl::Status& why) override
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The collective of `key` fails with `why` (now, or when it is called).
+  void OnCorruptMessage(int from, const MessageKey& key,
+                        const absl::Status& why) override
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // This rank starts `step` of (job, tensor): whatever is held for its
   // earlier steps is freed, and later arrivals for them are dropped (their

@@ -259,4 +259,51 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(
   return result;
 }
 
+// --- Gossip (service/gossip/): the neighbour exchange of NEIGHBOURS rounds.
+// Each part goes to its neighbour only; the deadline and the missing-rank
+// errors are Allgather's (the mailbox's Collect names the ranks).
+absl::StatusOr<std::vector<codecs::Bytes>>
+PeerCollective::ExchangeWithNeighbours(const RoundKey& key,
+                                       absl::Span<const int> neighbours,
+                                       std::vector<codecs::Bytes> parts) {
+  const Clock::time_point start = Clock::now();
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  if (parts.size() != neighbours.size()) {
+    return absl::InternalError(absl::StrCat(
+        "tensor '", key.tensor, "' step ", key.step, ": ", parts.size(),
+        " parts for ", neighbours.size(), " neighbours; expected one each"));
+  }
+  std::vector<bool> seen(world_size(), false);
+  for (int n : neighbours) {
+    if (n < 0 || n >= world_size() || n == rank() || seen[n]) {
+      return absl::InternalError(absl::StrCat(
+          "tensor '", key.tensor, "' step ", key.step, ": neighbour ", n,
+          " of rank ", rank(), " is out of [0, ", world_size(),
+          "), this rank, or listed twice"));
+    }
+    seen[n] = true;
+  }
+  mailbox_->BeginStep(key.job, key.tensor, key.step);
+  const MessageKey message = ToMessageKey(key, Phase::kNeighbours);
+  for (size_t k = 0; k < neighbours.size(); ++k) {
+    GC_RETURN_IF_ERROR(transport_->Send(
+        neighbours[k], message,
+        std::make_shared<const codecs::Bytes>(std::move(parts[k])), deadline));
+  }
+  GC_ASSIGN_OR_RETURN(
+      std::vector<codecs::Bytes> by_rank,
+      mailbox_->Collect(message, neighbours, deadline,
+                        [this](int r) { return transport_->PeerName(r); }));
+  std::vector<codecs::Bytes> got;
+  got.reserve(neighbours.size());
+  for (int n : neighbours) got.push_back(std::move(by_rank[n]));
+  if (metrics_ != nullptr) {
+    metrics_->ObserveCollective(
+        Algorithm::kNeighbours,
+        std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return got;
+}
+// --- end gossip.
+
 }  // namespace gradcomp::service

@@ -45,6 +45,12 @@ class PeerCollective : public Collective {
   absl::StatusOr<std::vector<codecs::Bytes>> Allgather(
       const RoundKey& key, codecs::Bytes part) override;
 
+  // --- Gossip (service/gossip/): neighbour exchange, phase NEIGHBOURS.
+  absl::StatusOr<std::vector<codecs::Bytes>> ExchangeWithNeighbours(
+      const RoundKey& key, absl::Span<const int> neighbours,
+      std::vector<codecs::Bytes> parts) override;
+  // --- end gossip.
+
  private:
   absl::StatusOr<std::vector<codecs::Bytes>> AllgatherPhase(
       const MessageKey& key, codecs::Bytes payload, absl::Time deadline);

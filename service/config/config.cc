@@ -8,17 +8,21 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "base/status_macros.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "service/config/policy_proto.h"
+#include "service/engine/memory_budget.h"
 
 namespace gradcomp::service {
 namespace {
 
 constexpr uint64_t kDefaultMaxTensorBytes = uint64_t{4} << 30;
+// ReduceStream tensors waiting for a worker (GradcompService's default).
+constexpr uint64_t kDefaultMaxQueuedRequests = 4096;
 // sockaddr_un.sun_path holds 108 bytes on Linux, the terminating NUL included.
 constexpr size_t kMaxUnixPathBytes = 107;
 
@@ -112,6 +116,27 @@ absl::Status ValidateAddress(absl::string_view what,
   return absl::OkStatus();
 }
 
+absl::Status ValidateLimits(const v1::DaemonConfig& config) {
+  const std::pair<const char*, uint64_t> positive[] = {
+      {"memory_budget_bytes", config.memory_budget_bytes()},
+      {"max_concurrent_jobs", config.max_concurrent_jobs()},
+      {"max_tensors_per_job", config.max_tensors_per_job()},
+      {"max_queued_requests", config.max_queued_requests()},
+  };
+  for (const auto& [name, value] : positive) {
+    if (value == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " is 0, expected a positive number"));
+    }
+  }
+  const double wait = config.memory_wait_seconds();
+  if (!(wait >= 0 && wait <= 24 * 3600)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "memory_wait_seconds is ", wait, ", expected seconds in [0, 86400]"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 v1::DaemonConfig DefaultConfig() {
@@ -121,6 +146,13 @@ v1::DaemonConfig DefaultConfig() {
   config.set_world_size(1);
   config.set_error_sample_rate(1.0);
   config.set_max_tensor_bytes(kDefaultMaxTensorBytes);
+  const EngineOptions engine;
+  config.set_memory_budget_bytes(DefaultMemoryBudgetBytes());
+  config.set_memory_wait_seconds(absl::ToDoubleSeconds(engine.memory_wait));
+  config.set_max_concurrent_jobs(engine.quotas.max_concurrent_jobs);
+  config.set_max_tensors_per_job(engine.quotas.max_tensors_per_job);
+  config.set_max_state_bytes_per_job(engine.quotas.max_state_bytes_per_job);
+  config.set_max_queued_requests(kDefaultMaxQueuedRequests);
   return config;
 }
 
@@ -155,6 +187,36 @@ void ApplyFlags(const FlagOverrides& flags, v1::DaemonConfig* config) {
   }
   if (flags.allow_client_shm) {
     config->set_allow_client_shm(*flags.allow_client_shm);
+  }
+  if (flags.max_tensor_bytes) {
+    config->set_max_tensor_bytes(*flags.max_tensor_bytes);
+  }
+  if (flags.memory_budget_bytes) {
+    config->set_memory_budget_bytes(*flags.memory_budget_bytes);
+  }
+  if (flags.memory_wait_seconds) {
+    config->set_memory_wait_seconds(*flags.memory_wait_seconds);
+  }
+  if (flags.max_concurrent_jobs) {
+    config->set_max_concurrent_jobs(*flags.max_concurrent_jobs);
+  }
+  if (flags.max_tensors_per_job) {
+    config->set_max_tensors_per_job(*flags.max_tensors_per_job);
+  }
+  if (flags.max_state_bytes_per_job) {
+    config->set_max_state_bytes_per_job(*flags.max_state_bytes_per_job);
+  }
+  if (flags.max_queued_requests) {
+    config->set_max_queued_requests(*flags.max_queued_requests);
+  }
+  if (flags.peer_tls_cert) {
+    config->mutable_peer_tls()->set_cert_file(*flags.peer_tls_cert);
+  }
+  if (flags.peer_tls_key) {
+    config->mutable_peer_tls()->set_key_file(*flags.peer_tls_key);
+  }
+  if (flags.peer_tls_ca) {
+    config->mutable_peer_tls()->set_ca_file(*flags.peer_tls_ca);
   }
 }
 
@@ -211,6 +273,8 @@ absl::Status ValidateConfig(const v1::DaemonConfig& config,
     return absl::InvalidArgumentError(
         "max_tensor_bytes is 0, expected a positive byte count");
   }
+  GC_RETURN_IF_ERROR(ValidateLimits(config));
+  GC_RETURN_IF_ERROR(CheckPeerTlsFiles(PeerTlsFilesFromConfig(config)));
   return ValidatePolicy(PolicyFromProto(config.policy()), registry);
 }
 
@@ -232,7 +296,20 @@ EngineOptions EngineOptionsFromConfig(const v1::DaemonConfig& config) {
   options.seed = config.seed();
   options.error_sample_rate = config.error_sample_rate();
   options.max_tensor_bytes = config.max_tensor_bytes();
+  options.memory_budget_bytes = config.memory_budget_bytes();
+  options.memory_wait = absl::Seconds(config.memory_wait_seconds());
+  options.quotas.max_concurrent_jobs = config.max_concurrent_jobs();
+  options.quotas.max_tensors_per_job = config.max_tensors_per_job();
+  options.quotas.max_state_bytes_per_job = config.max_state_bytes_per_job();
   return options;
+}
+
+PeerTlsFiles PeerTlsFilesFromConfig(const v1::DaemonConfig& config) {
+  PeerTlsFiles files;
+  files.cert = config.peer_tls().cert_file();
+  files.key = config.peer_tls().key_file();
+  files.ca = config.peer_tls().ca_file();
+  return files;
 }
 
 std::string ConfigToJson(const v1::DaemonConfig& config) {

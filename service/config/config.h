@@ -21,12 +21,15 @@
 #include "codecs/registry.h"
 #include "gradcomp/v1/config.pb.h"
 #include "service/engine/engine.h"
+#include "service/transport/peer_credentials.h"
 
 namespace gradcomp::service {
 
 namespace v1 = ::gradcomp::v1;
 
-inline constexpr char kDefaultListen[] = "127.0.0.1:50051";
+// The client API on a unix socket by default: only local processes that
+// the socket's mode admits can call it (docs/security.md, Client access).
+inline constexpr char kDefaultListen[] = "unix:/run/gradcomp/gradcomp.sock";
 inline constexpr char kDefaultMetricsListen[] = "127.0.0.1:9464";
 
 // Flags given on the command line; each set one replaces the config's field.
@@ -39,10 +42,22 @@ struct FlagOverrides {
   std::optional<uint64_t> seed;
   std::optional<double> error_sample_rate;
   std::optional<bool> allow_client_shm;
+  std::optional<std::string> peer_tls_cert;
+  std::optional<std::string> peer_tls_key;
+  std::optional<std::string> peer_tls_ca;
+  // Limits (docs/daemon.md, "Limits").
+  std::optional<uint64_t> max_tensor_bytes;
+  std::optional<uint64_t> memory_budget_bytes;
+  std::optional<double> memory_wait_seconds;
+  std::optional<uint64_t> max_concurrent_jobs;
+  std::optional<uint64_t> max_tensors_per_job;
+  std::optional<uint64_t> max_state_bytes_per_job;
+  std::optional<uint64_t> max_queued_requests;
 };
 
 // Every field at its default: the listen addresses above, world size 1,
-// error_sample_rate 1, max_tensor_bytes 4 GiB.
+// error_sample_rate 1, max_tensor_bytes 4 GiB, and the limits'
+// (DefaultMemoryBudgetBytes() for the memory budget).
 v1::DaemonConfig DefaultConfig();
 
 // Parses the file at `path` and merges the fields it sets over `config`.
@@ -66,6 +81,9 @@ absl::StatusOr<v1::DaemonConfig> LoadConfig(
     const codecs::CodecRegistry& registry);
 
 EngineOptions EngineOptionsFromConfig(const v1::DaemonConfig& config);
+
+// The peer TLS files the config names (none: plaintext peers).
+PeerTlsFiles PeerTlsFilesFromConfig(const v1::DaemonConfig& config);
 
 // Pretty-printed JSON with every field, for --check_config.
 std::string ConfigToJson(const v1::DaemonConfig& config);

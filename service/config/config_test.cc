@@ -4,6 +4,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "codecs/builtin.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -22,7 +23,7 @@ std::string WriteFile(const std::string& name, const std::string& text) {
 TEST(ConfigTest, DefaultsWithoutAFile) {
   auto config = LoadConfig("", FlagOverrides(), codecs::BuiltinCodecs());
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(config->listen(), "127.0.0.1:50051");
+  EXPECT_EQ(config->listen(), "unix:/run/gradcomp/gradcomp.sock");
   EXPECT_EQ(config->metrics_listen(), "127.0.0.1:9464");
   EXPECT_EQ(config->world_size(), 1u);
   EXPECT_EQ(config->error_sample_rate(), 1.0);
@@ -117,6 +118,39 @@ TEST(ConfigTest, ClientSharedMemoryIsOffUnlessAsked) {
   auto overridden = LoadConfig(path, flags, codecs::BuiltinCodecs());
   ASSERT_TRUE(overridden.ok()) << overridden.status();
   EXPECT_FALSE(overridden->allow_client_shm());
+}
+
+TEST(ConfigTest, PeerTlsNeedsAllThreeReadableFiles) {
+  const std::string cert =
+      WriteFile("peer.crt",
+                "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n");
+  const std::string key =
+      WriteFile("peer.key",
+                "-----BEGIN PRIVATE KEY-----\nx\n-----END PRIVATE KEY-----\n");
+  const std::string path = WriteFile(
+      "tls.json", absl::StrCat(R"({"peer_tls": {"cert_file": ")", cert,
+                               R"(", "key_file": ")", key, R"("}})"));
+  auto missing = LoadConfig(path, FlagOverrides(), codecs::BuiltinCodecs());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(missing.status().message(),
+              HasSubstr("--peer_tls_ca (peer_tls.ca_file) is not"));
+
+  FlagOverrides flags;
+  flags.peer_tls_ca = cert;
+  auto config = LoadConfig(path, flags, codecs::BuiltinCodecs());
+  ASSERT_TRUE(config.ok()) << config.status();
+  const PeerTlsFiles files = PeerTlsFilesFromConfig(*config);
+  EXPECT_EQ(files.cert, cert);
+  EXPECT_EQ(files.key, key);
+  EXPECT_EQ(files.ca, cert);
+
+  flags.peer_tls_key = std::string(std::getenv("TEST_TMPDIR")) + "/absent.key";
+  EXPECT_THAT(
+      LoadConfig(path, flags, codecs::BuiltinCodecs()).status().message(),
+      HasSubstr("absent.key', which cannot be read"));
+  EXPECT_FALSE(PeerTlsFilesFromConfig(
+                   *LoadConfig("", FlagOverrides(), codecs::BuiltinCodecs()))
+                   .enabled());
 }
 
 TEST(ConfigTest, ErrorSampleRateFlagOverridesTheFileAndIsValidated) {
@@ -230,7 +264,7 @@ TEST(ConfigTest, JsonOfTheEffectiveConfigLoadsBackTheSame) {
   ASSERT_TRUE(config.ok());
   const std::string json = ConfigToJson(*config);
   EXPECT_THAT(json, HasSubstr("\"dense_below_numel\": \"1024\""));
-  EXPECT_THAT(json, HasSubstr("\"listen\": \"127.0.0.1:50051\""));
+  EXPECT_THAT(json, HasSubstr("\"listen\": \"unix:/run/gradcomp/gradcomp.sock\""));
   auto again = LoadConfig(WriteFile("again.json", json), FlagOverrides(),
                           codecs::BuiltinCodecs());
   ASSERT_TRUE(again.ok()) << again.status();

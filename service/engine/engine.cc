@@ -7,6 +7,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -151,9 +152,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
         absl::StrCat("error_sample_rate is ", options.error_sample_rate,
                      ", expected a fraction in [0, 1]"));
   }
+  if (options.batch_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch_timeout is ", absl::FormatDuration(options.batch_timeout),
+        ", expected a positive duration"));
+  }
   if (options.max_tensor_bytes == 0) {
     return absl::InvalidArgumentError(
         "max_tensor_bytes is 0, expected a positive byte count");
+  }
+  if (options.memory_budget_bytes == 0) {
+    return absl::InvalidArgumentError(
+        "memory_budget_bytes is 0, expected a positive byte count");
   }
   GC_RETURN_IF_ERROR(ValidatePolicy(policy, registry));
   std::string hash = PolicyHash(policy);
@@ -171,8 +181,11 @@ Engine::Engine(const EngineOptions& options,
       registry_(registry),
       store_(store),
       collective_(collective),
+      batching_(collective, options.batch_timeout),
       metrics_(metrics),
       codecs_(registry),
+      budget_(options.memory_budget_bytes, metrics),
+      quotas_(options.quotas, metrics),
       policy_(std::move(policy)) {}
 
 std::shared_ptr<const Engine::PolicySnapshot> Engine::policy() const {
@@ -270,6 +283,60 @@ void Engine::RecordSuccess(const ReduceStats& stats) {
   if (!stats.dense_reason.empty()) metrics_->CountDense(stats.dense_reason);
 }
 
+absl::StatusOr<std::optional<BatchSpec>> Engine::ResolveBatch(
+    const ReduceInput& in) const {
+  if (!in.batch.has_value()) return std::nullopt;
+  GC_ASSIGN_OR_RETURN(
+      BatchSpec batch,
+      MakeBatchSpec(in.batch->id, in.batch->members, in.tensor));
+  for (const std::string& member : batch.members) {
+    if (absl::StrContains(member, '#')) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch '", batch.id, "' names member '", member,
+          "', which holds '#' (reserved for the daemon's own keys)"));
+    }
+    // With a declared tensor list, every member must be declared with this
+    // tensor's dtype and shape: a batch is of same-shape tensors.
+    absl::Status declared = declared_.Check(in.job, member, in.dtype, in.shape);
+    if (!declared.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch '", batch.id, "' member '", member,
+                       "' cannot be batched with '", in.tensor, "' (shape ",
+                       ShapeString(in.shape), "): ", declared.message()));
+    }
+  }
+  // One worker has no collective to save; its small stream pool could not
+  // hold a large batch's waiting members either.
+  if (collective_->world_size() == 1) return std::nullopt;
+  return batch;
+}
+
+absl::StatusOr<MemoryBudget::Reservation> Engine::ReserveInput(
+    uint64_t bytes, absl::string_view what) {
+  return budget_.Reserve(bytes, what, options_.memory_wait);
+}
+
+absl::Status Engine::ReserveWorkingMemory(const ReduceInput& in, uint64_t numel,
+                                          size_t width,
+                                          MemoryBudget::Reservation* own) {
+  // An estimate of what ReduceImpl allocates: the payload and the fp32
+  // average always; the converted input, the response's data and the
+  // conversion scratch when it needs them. Other ranks' payloads are not
+  // counted: their size is not known before they arrive.
+  const uint64_t fp32 = numel * sizeof(float);
+  uint64_t bytes = 2 * fp32;
+  if (!IsAlignedFloat32(in.dtype, in.data.data())) bytes += fp32;
+  if (in.output.empty()) bytes += numel * width;
+  if (in.dtype != DType::kFloat32) bytes += fp32;
+  if (in.reservation != nullptr) {
+    return in.reservation->GrowTo(in.reservation->bytes() + bytes,
+                                  "this reduce", options_.memory_wait);
+  }
+  GC_ASSIGN_OR_RETURN(
+      *own, budget_.Reserve(bytes, "this reduce", options_.memory_wait));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
                                                 std::string* codec_label) {
   if (in.tensor.empty()) {
@@ -285,9 +352,22 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
     return absl::InvalidArgumentError(
         "tensor name holds '#', which the daemon reserves for its own keys");
   }
+  // A batched reduce leaves its batch however it ends, from the first round
+  // it did not run, so that the other members go on without it.
+  GC_ASSIGN_OR_RETURN(const std::optional<BatchSpec> batch, ResolveBatch(in));
+  int batch_round = 0;
+  absl::Cleanup leave_batch = [&] {
+    if (batch.has_value()) {
+      batching_.Leave({in.job, in.tensor, in.step, batch_round}, *batch);
+    }
+  };
   GC_ASSIGN_OR_RETURN(const size_t width, DTypeBytes(in.dtype));
-  GC_ASSIGN_OR_RETURN(const uint64_t numel,
-                      CheckedNumel(in.shape, width, options_.max_tensor_bytes));
+  absl::StatusOr<uint64_t> checked_numel =
+      CheckedNumel(in.shape, width, options_.max_tensor_bytes);
+  if (absl::IsResourceExhausted(checked_numel.status())) {
+    metrics_->CountResourceExhausted("tensor_bytes");
+  }
+  GC_ASSIGN_OR_RETURN(const uint64_t numel, std::move(checked_numel));
   if (in.data.size() != numel * width) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data has ", in.data.size(), " bytes, expected ", numel * width,
@@ -312,6 +392,13 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
     stats.relative_error = std::numeric_limits<double>::quiet_NaN();
     return out;
   }
+
+  // Limits: the job's quotas, then the memory this reduce allocates,
+  // reserved before any of it is (docs/daemon.md, "Limits").
+  GC_ASSIGN_OR_RETURN(const JobQuotas::Ticket ticket,
+                      quotas_.Admit(in.job, in.tensor));
+  MemoryBudget::Reservation own_reservation;
+  GC_RETURN_IF_ERROR(ReserveWorkingMemory(in, numel, width, &own_reservation));
 
   // fp32 is read in place; other dtypes (and unaligned bytes) are converted.
   std::unique_ptr<float[]> converted;
@@ -359,6 +446,11 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
 
   codecs::StateStore::Locked state =
       store_->Acquire(in.job, in.tensor, in.shape, static_cast<int>(in.dtype));
+  // However the reduce ends, the state's size then counts against the
+  // job's quota and the memory budget (recorded while it is still locked).
+  absl::Cleanup record_state = [&] {
+    budget_.AddState(quotas_.RecordState(in.job, in.tensor, state->ByteSize()));
+  };
   codecs::StepContext ctx;
   ctx.seed = options_.seed;
   ctx.tensor_id = codecs::TensorId(in.tensor);
@@ -386,16 +478,18 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
     GC_ASSIGN_OR_RETURN(session, codec->Start(view, *state, ctx));
   }
   for (int round_index = 0;; ++round_index) {
+    batch_round = round_index;
     GC_ASSIGN_OR_RETURN(std::optional<codecs::Round> round,
                         session->NextRound());
     stats.encode_seconds += SecondsSince(t);
     if (!round.has_value()) break;
     stats.wire_bytes += round->payload.size();
     t = Clock::now();
+    const RoundKey key{in.job, in.tensor, in.step, round_index};
     GC_ASSIGN_OR_RETURN(
         codecs::RoundResult result,
-        collective_->Run({in.job, in.tensor, in.step, round_index},
-                         std::move(*round)));
+        batch.has_value() ? batching_.RunBatched(key, *batch, std::move(*round))
+                          : collective_->Run(key, std::move(*round)));
     stats.collective_seconds += SecondsSince(t);
     t = Clock::now();
     GC_RETURN_IF_ERROR(session->Absorb(std::move(result)));

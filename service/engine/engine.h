@@ -23,13 +23,17 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "codecs/codec.h"
 #include "codecs/registry.h"
 #include "codecs/state.h"
+#include "service/collective/batching_collective.h"
 #include "service/collective/collective.h"
 #include "service/engine/codec_cache.h"
 #include "service/engine/dtype.h"
+#include "service/engine/job_quotas.h"
+#include "service/engine/memory_budget.h"
 #include "service/engine/policy.h"
 #include "service/engine/tensor_list.h"
 #include "service/metrics/metrics.h"
@@ -47,6 +51,22 @@ struct EngineOptions {
   double error_sample_rate = 1.0;
   // Largest input accepted, in bytes (of the request's dtype).
   uint64_t max_tensor_bytes = uint64_t{4} << 30;
+  // How long a batched reduce waits for the other members of its batch on
+  // this rank (batching_collective.h); the daemon uses its collective
+  // timeout.
+  absl::Duration batch_timeout = absl::Seconds(60);
+  // Limits (docs/daemon.md, "Limits"): bytes that in-flight reduces and
+  // codec state may hold, how long a reduce waits for room before it fails
+  // with ResourceExhausted, and the per-job quotas.
+  uint64_t memory_budget_bytes = uint64_t{8} << 30;
+  absl::Duration memory_wait = absl::Seconds(10);
+  JobQuotaOptions quotas;
+};
+
+// A request's batch (gradcomp.proto ReduceBatch): members in any order.
+struct BatchRequest {
+  std::string id;
+  std::vector<std::string> members;
 };
 
 struct ReduceInput {
@@ -61,6 +81,13 @@ struct ReduceInput {
   // collective) and ReduceOutput::data stays empty.
   absl::Span<char> output;
   std::optional<CodecSpec> codec;  // overrides the policy when set
+  // Set: the SUM rounds travel in one collective with the batch's other
+  // members (world size > 1; alone, the batch is validated and ignored).
+  std::optional<BatchRequest> batch;
+  // Bytes of the memory budget the caller already holds for this request
+  // (its inline input, reserved when it arrived); the engine grows it by
+  // the reduce's own working memory. Null: the engine reserves on its own.
+  MemoryBudget::Reservation* reservation = nullptr;
 };
 
 struct ReduceStats {
@@ -128,6 +155,12 @@ class Engine {
   int world_size() const { return collective_->world_size(); }
   const codecs::CodecRegistry& registry() const { return registry_; }
 
+  // Reserves `bytes` of a request's own input (inline data that came with
+  // it) in the memory budget, waiting as a reduce does, for `what` (named
+  // in the error); hand it to Reduce in ReduceInput::reservation.
+  absl::StatusOr<MemoryBudget::Reservation> ReserveInput(
+      uint64_t bytes, absl::string_view what);
+
  private:
   Engine(const EngineOptions& options, const codecs::CodecRegistry& registry,
          codecs::StateStore* store, Collective* collective, Metrics* metrics,
@@ -137,6 +170,15 @@ class Engine {
   // metrics Reduce records whatever the outcome.
   absl::StatusOr<ReduceOutput> ReduceImpl(const ReduceInput& input,
                                           std::string* codec_label);
+  // The request's batch, validated; nullopt when it has none or when
+  // batching saves nothing (world size 1).
+  absl::StatusOr<std::optional<BatchSpec>> ResolveBatch(
+      const ReduceInput& in) const;
+  // Reserves the memory budget for the buffers ReduceImpl allocates: into
+  // `in.reservation` when the caller holds one, else into `own`.
+  absl::Status ReserveWorkingMemory(const ReduceInput& in, uint64_t numel,
+                                    size_t width,
+                                    MemoryBudget::Reservation* own);
   void RecordSuccess(const ReduceStats& stats);
   bool SampleError();
 
@@ -144,9 +186,12 @@ class Engine {
   const codecs::CodecRegistry& registry_;
   codecs::StateStore* const store_;
   Collective* const collective_;
+  BatchingCollective batching_;  // around collective_
   Metrics* const metrics_;
   CodecCache codecs_;
   DeclaredTensors declared_;
+  MemoryBudget budget_;
+  JobQuotas quotas_;
   std::atomic<uint64_t> reduces_{0};
 
   mutable absl::Mutex mu_;

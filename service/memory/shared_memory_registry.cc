@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -22,7 +23,7 @@ SharedMemorySlice::~SharedMemorySlice() {
 
 SharedMemoryRegistry::SharedMemoryRegistry(const SharedMemoryOptions& options,
                                            Metrics* metrics)
-    : metrics_(metrics) {
+    : metrics_(metrics), key_prefix_(options.key_prefix) {
   if (options.reclaim_interval > absl::ZeroDuration()) {
     reclaimer_ = std::thread(
         [this, interval = options.reclaim_interval] { ReclaimLoop(interval); });
@@ -47,6 +48,13 @@ absl::Status SharedMemoryRegistry::RegisterSystem(absl::string_view client,
     return absl::InvalidArgumentError(
         "shared-memory region name is empty, expected a name unique on this "
         "daemon (e.g. '<job>.rank<r>.grads')");
+  }
+  if (!absl::StartsWith(key, key_prefix_)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "shm_key '", key, "' is outside the allowed prefix '", key_prefix_,
+        "': this daemon maps only shared-memory objects named '", key_prefix_,
+        "...' (gradcompd --shm_prefix; gradcomp's shm helpers name theirs "
+        "so)"));
   }
   {
     // Checked before mapping too, so a name clash says so rather than

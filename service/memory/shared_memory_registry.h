@@ -40,7 +40,15 @@
 
 namespace gradcomp::service {
 
+// The prefix of the objects gradcomp's helpers create ("/gradcomp.<tag>.
+// <pid>.<random>", client/python/gradcomp/shm.py, client/cpp/shm_region.h).
+inline constexpr char kDefaultShmPrefix[] = "/gradcomp.";
+
 struct SharedMemoryOptions {
+  // The only POSIX shared-memory objects a client may register: names that
+  // start with this, so that a client cannot map the daemon's or another
+  // program's objects in /dev/shm. Empty: any name.
+  std::string key_prefix = kDefaultShmPrefix;
   // How often regions whose creator is gone are looked for; zero: never in
   // the background (call ReclaimAbandoned yourself).
   absl::Duration reclaim_interval = absl::Seconds(1);
@@ -88,9 +96,10 @@ class SharedMemoryRegistry {
   ~SharedMemoryRegistry();
 
   // Maps [offset, offset + byte_size) of the POSIX object `key` as region
-  // `name` of `client`. The creator must hold a shared flock on the object
-  // (the gradcomp helpers do), else FailedPrecondition: without it the
-  // region could never be reclaimed.
+  // `name` of `client`. PermissionDenied, naming the prefix, unless `key`
+  // starts with the options' key_prefix. The creator must hold a shared
+  // flock on the object (the gradcomp helpers do), else FailedPrecondition:
+  // without it the region could never be reclaimed.
   absl::Status RegisterSystem(absl::string_view client, absl::string_view name,
                               const std::string& key, uint64_t offset,
                               uint64_t byte_size) ABSL_LOCKS_EXCLUDED(mu_);
@@ -130,6 +139,7 @@ class SharedMemoryRegistry {
   void ReclaimLoop(absl::Duration interval);
 
   Metrics* const metrics_;
+  const std::string key_prefix_;
   mutable absl::Mutex mu_;
   Regions regions_ ABSL_GUARDED_BY(mu_);
   absl::Notification stop_;

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -140,6 +141,35 @@ TEST_F(SharedMemoryRegistryTest, AnObjectWithoutItsCreatorsLockIsRefused) {
   absl::Status status = registry_.RegisterSystem("c", "r", key, 0, 64);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(status.message(), HasSubstr("not locked by its creator"));
+  close(fd);
+  shm_unlink(key.c_str());
+}
+
+TEST_F(SharedMemoryRegistryTest, AnObjectOutsideThePrefixIsRefused) {
+  // A real, locked object under another name: the name alone refuses it,
+  // before the daemon maps anything.
+  const std::string key = "/gradcomp-outside-" + std::to_string(getpid());
+  const int fd = shm_open(key.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 64), 0);
+  ASSERT_EQ(flock(fd, LOCK_SH), 0);
+  for (const std::string& outside :
+       {key, std::string("/sem.x"), std::string("/gradcomp"), std::string()}) {
+    const absl::Status status =
+        registry_.RegisterSystem("c", "r", outside, 0, 64);
+    EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << outside;
+    EXPECT_THAT(status.message(), HasSubstr("prefix '/gradcomp.'"));
+  }
+  // A daemon configured with that prefix takes it.
+  SharedMemoryOptions options = NoBackgroundReclaim();
+  options.key_prefix = "/gradcomp-outside-";
+  SharedMemoryRegistry other(options, &metrics_);
+  EXPECT_TRUE(other.RegisterSystem("c", "r", key, 0, 64).ok());
+  std::unique_ptr<ShmRegion> ours = NewRegion(64);
+  ASSERT_NE(ours, nullptr);
+  EXPECT_EQ(other.RegisterSystem("c", "ours", ours->key(), 0, 64).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(other.Unregister("c", "r").ok());
   close(fd);
   shm_unlink(key.c_str());
 }

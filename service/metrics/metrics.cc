@@ -162,6 +162,24 @@ Metrics::Metrics(const codecs::StateStore* state, absl::string_view version)
                "away.")
            .Register(*registry_)
            .Add({});
+  resource_exhausted_ =
+      &prometheus::BuildCounter()
+           .Name("gradcomp_resource_exhausted_total")
+           .Help("Requests refused with RESOURCE_EXHAUSTED by a limit, by "
+                 "resource.")
+           .Register(*registry_);
+  memory_in_use_ =
+      &prometheus::BuildGauge()
+           .Name("gradcomp_memory_budget_in_use_bytes")
+           .Help("Bytes of the memory budget held by in-flight requests and "
+                 "codec state.")
+           .Register(*registry_)
+           .Add({});
+  memory_budget_ = &prometheus::BuildGauge()
+                        .Name("gradcomp_memory_budget_bytes")
+                        .Help("The memory budget (--memory_budget_bytes).")
+                        .Register(*registry_)
+                        .Add({});
 }
 
 void Metrics::CountReduce(absl::string_view codec, absl::StatusCode code) {
@@ -232,6 +250,15 @@ void Metrics::SetSharedMemory(uint64_t regions, uint64_t bytes) {
 
 void Metrics::CountSharedMemoryReclaimed(int regions) {
   shm_reclaimed_->Increment(regions);
+}
+
+void Metrics::CountResourceExhausted(absl::string_view resource) {
+  resource_exhausted_->Add({{"resource", std::string(resource)}}).Increment();
+}
+
+void Metrics::SetMemoryBudget(uint64_t in_use, uint64_t total) {
+  memory_in_use_->Set(static_cast<double>(in_use));
+  memory_budget_->Set(static_cast<double>(total));
 }
 
 }  // namespace gradcomp::service

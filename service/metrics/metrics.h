@@ -63,6 +63,11 @@ class Metrics {
   void SetSharedMemory(uint64_t regions, uint64_t bytes);
   // Regions dropped because the client that registered them went away.
   void CountSharedMemoryReclaimed(int regions);
+  // A request refused by a limit (docs/daemon.md, "Limits"): `resource` is
+  // one of memory, stream_queue, jobs, job_tensors, job_state_bytes.
+  void CountResourceExhausted(absl::string_view resource);
+  // The memory budget's bytes in use (requests and codec state) and total.
+  void SetMemoryBudget(uint64_t in_use, uint64_t total);
 
   std::shared_ptr<prometheus::Collectable> collectable() const {
     return collector_;
@@ -93,6 +98,9 @@ class Metrics {
   prometheus::Gauge* shm_regions_;
   prometheus::Gauge* shm_bytes_;
   prometheus::Counter* shm_reclaimed_;
+  prometheus::Family<prometheus::Counter>* resource_exhausted_;
+  prometheus::Gauge* memory_in_use_;
+  prometheus::Gauge* memory_budget_;
   std::array<prometheus::Histogram*, 4> stages_;
 
   absl::Mutex mu_;

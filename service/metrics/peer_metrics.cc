@@ -65,6 +65,7 @@ PeerMetrics::PeerMetrics(int rank, int world_size,
                     .Add({})),
       sent_(world_size, nullptr),
       received_(world_size, nullptr),
+      checksum_failures_(world_size, nullptr),
       waiting_(world_size, nullptr),
       waits_(world_size) {
   prometheus::BuildGauge()
@@ -96,9 +97,19 @@ PeerMetrics::PeerMetrics(int rank, int world_size,
                       CollectiveBuckets());
   collective_[static_cast<int>(Algorithm::kAllToAll)] =
       &collective.Add({{"collective", "all_to_all"}}, CollectiveBuckets());
+  collective_[static_cast<int>(Algorithm::kNeighbours)] =
+      &collective.Add({{"collective", "neighbours"}}, CollectiveBuckets());
+  auto& checksum_failures =
+      prometheus::BuildCounter()
+          .Name("gradcomp_peer_checksum_failures_total")
+          .Help(
+              "Messages from each peer whose CRC-32C did not match (their "
+              "collectives failed with DATA_LOSS).")
+          .Register(*registry_);
   for (int peer = 0; peer < world_size; ++peer) {
     if (peer == rank) continue;
     const std::string label = std::to_string(peer);
+    checksum_failures_[peer] = &checksum_failures.Add({{"peer", label}});
     sent_[peer] = &bytes.Add({{"peer", label}, {"direction", "sent"}});
     received_[peer] = &bytes.Add({{"peer", label}, {"direction", "received"}});
     waiting_[peer] = &waiting.Add({{"peer", label}});
@@ -112,6 +123,10 @@ void PeerMetrics::AddBytes(int peer, Direction direction, uint64_t bytes) {
     absl::MutexLock lock(&mu_);
     waits_[peer].since = now_();
   }
+}
+
+void PeerMetrics::CountChecksumFailure(int peer) {
+  checksum_failures_[peer]->Increment();
 }
 
 void PeerMetrics::ObserveCollective(Algorithm algorithm, double seconds) {

@@ -30,7 +30,12 @@
 namespace gradcomp::service {
 
 enum class Direction { kSent, kReceived };
-enum class Algorithm { kAllgather, kReduceScatterAllgather, kAllToAll };
+enum class Algorithm {
+  kAllgather,
+  kReduceScatterAllgather,
+  kAllToAll,
+  kNeighbours,
+};
 
 class PeerMetrics {
  public:
@@ -43,7 +48,7 @@ class PeerMetrics {
   // Message bytes (chunk payloads, not gRPC framing) to or from `peer`.
   void AddBytes(int peer, Direction direction, uint64_t bytes);
   // One finished collective (label collective="allgather",
-  // "reduce_scatter_allgather" or "all_to_all").
+  // "reduce_scatter_allgather", "all_to_all" or "neighbours").
   void ObserveCollective(Algorithm algorithm, double seconds);
   // `delta` more (or fewer) collectives now wait on a message from `peer`.
   // While any do, gradcomp_peer_stalled_seconds{peer} counts the time since
@@ -53,6 +58,8 @@ class PeerMetrics {
   // A message not handed to any collective: "stale" (an older step),
   // "expired" (unclaimed for too long), "overflow" (buffer full).
   void CountDropped(absl::string_view reason);
+  // A message from `peer` failed its checksum.
+  void CountChecksumFailure(int peer);
 
   // Reads this object when scraped: unregister it (or destroy the exposer)
   // before this object goes.
@@ -75,12 +82,13 @@ class PeerMetrics {
   const std::function<absl::Time()> now_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<prometheus::Collectable> collector_;
-  std::array<prometheus::Histogram*, 3> collective_;
+  std::array<prometheus::Histogram*, 4> collective_;
   prometheus::Family<prometheus::Counter>& dropped_;
   prometheus::Gauge& peers_up_;
   // Indexed by rank; this rank's entries stay null.
   std::vector<prometheus::Counter*> sent_;
   std::vector<prometheus::Counter*> received_;
+  std::vector<prometheus::Counter*> checksum_failures_;
   std::vector<prometheus::Gauge*> waiting_;
 
   mutable absl::Mutex mu_;

@@ -17,7 +17,8 @@
 namespace gradcomp::service {
 
 // Bumped when peer.proto's messages change meaning.
-inline constexpr uint32_t kPeerProtocolVersion = 1;
+// 2: chunks carry a CRC-32C.
+inline constexpr uint32_t kPeerProtocolVersion = 2;
 
 struct PeerIdentity {
   std::string version;

@@ -10,9 +10,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "gradcomp/v1/peer.grpc.pb.h"
+#include "base/crc32c.h"
 #include "gradcomp/v1/peer.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/impl/rpc_method.h"
+#include "grpcpp/impl/rpc_service_method.h"
+#include "grpcpp/support/method_handler.h"
+#include "service/transport/peer_frame.h"
 
 namespace gradcomp::service {
 namespace {
@@ -65,15 +69,24 @@ grpc::ChannelArguments ChannelArgs() {
   return args;
 }
 
+// peer.proto's one method. The streams carry raw byte buffers (PeerFrame's
+// encoding, peer_frame.h) so that chunks go out of and into the messages'
+// own memory; the method is registered by hand as the generated code does.
+constexpr char kConnectMethod[] = "/gradcomp.v1.Peer/Connect";
+
+using ServerStream = grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+using ClientStream = grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+
 struct Queued {
   MessageKey key;
-  std::shared_ptr<const codecs::Bytes> data;
+  OutgoingMessage message;
+  uint64_t size = 0;
   absl::Time deadline;
 };
 
 }  // namespace
 
-class GrpcTransport::Impl final : public v1::Peer::Service {
+class GrpcTransport::Impl final : public grpc::Service {
  public:
   Impl(GrpcTransportOptions options, std::function<PeerIdentity()> identity,
        Receiver* receiver, PeerMetrics* metrics)
@@ -81,7 +94,16 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
         identity_(std::move(identity)),
         receiver_(receiver),
         metrics_(metrics),
-        peers_(options_.peers.size()) {}
+        peers_(options_.peers.size()) {
+    AddMethod(new grpc::internal::RpcServiceMethod(
+        kConnectMethod, grpc::internal::RpcMethod::BIDI_STREAMING,
+        new grpc::internal::BidiStreamingHandler<Impl, grpc::ByteBuffer,
+                                                 grpc::ByteBuffer>(
+            [](Impl* impl, grpc::ServerContext* context, ServerStream* stream) {
+              return impl->Connect(context, stream);
+            },
+            this)));
+  }
 
   ~Impl() override { Stop(); }
 
@@ -93,8 +115,7 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
 
   absl::Status Start() {
     grpc::ServerBuilder builder;
-    builder.AddListeningPort(options_.listen,
-                             grpc::InsecureServerCredentials());
+    builder.AddListeningPort(options_.listen, options_.credentials.server);
     builder.RegisterService(this);
     // The dialers' keepalive pings must not be taken for abuse.
     builder.AddChannelArgument(
@@ -175,15 +196,14 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
     stop_waiting_ = true;
   }
 
-  absl::Status Send(int to, const MessageKey& key,
-                    std::shared_ptr<const codecs::Bytes> data,
+  absl::Status Send(int to, const MessageKey& key, OutgoingMessage message,
                     absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_) {
     if (to < 0 || to >= world_size() || to == rank()) {
       return absl::InvalidArgumentError(
           absl::StrCat("rank ", rank(), " cannot send to rank ", to,
                        ", expected another rank in [0, ", world_size(), ")"));
     }
-    const uint64_t size = data->size();
+    const uint64_t size = message.size();
     absl::MutexLock lock(&mu_);
     Peer& peer = peers_[to];
     auto has_room = [this, &peer, size]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -210,26 +230,26 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
           ++it;
           continue;
         }
-        peer.queued_bytes -= it->data->size();
+        peer.queued_bytes -= it->size;
         it = peer.queue.erase(it);
         if (metrics_ != nullptr) metrics_->CountDropped("expired");
       }
     }
-    peer.queue.push_back({key, std::move(data), deadline});
+    peer.queue.push_back({key, std::move(message), size, deadline});
     peer.queued_bytes += size;
     return absl::OkStatus();
   }
 
   // The listening side of one peer's stream: handshake, then messages.
-  grpc::Status Connect(
-      grpc::ServerContext* context,
-      grpc::ServerReaderWriter<v1::PeerFrame, v1::PeerFrame>* stream) override {
-    v1::PeerFrame frame;
-    if (!stream->Read(&frame) || !frame.has_hello()) {
+  grpc::Status Connect(grpc::ServerContext* context, ServerStream* stream) {
+    grpc::ByteBuffer first;
+    absl::StatusOr<ReceivedFrame> frame;
+    if (stream->Read(&first)) frame = ParseFrame(first);
+    if (!frame.ok() || !frame->hello.has_value()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "peer stream: expected a Hello as the first frame");
     }
-    const PeerIdentity remote = FromProto(frame.hello());
+    const PeerIdentity remote = FromProto(*frame->hello);
     const PeerIdentity local = identity_();
     const absl::Status accepted =
         CheckPeer(local, remote, std::nullopt, context->peer());
@@ -239,9 +259,7 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           std::string(accepted.message()));
     }
-    v1::PeerFrame reply;
-    *reply.mutable_hello() = ToProto(local);
-    if (!stream->Write(reply)) return grpc::Status::OK;
+    if (!stream->Write(HelloFrame(ToProto(local)))) return grpc::Status::OK;
     const int from = remote.rank;
     ChangeIncoming(from, +1);
     const absl::Status ended = Receive(from, stream);
@@ -294,45 +312,88 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
   }
 
   // Reassembles messages from their chunks until the stream ends; an error
-  // for a stream that breaks the framing rules.
-  absl::Status Receive(
-      int from,
-      grpc::ServerReaderWriter<v1::PeerFrame, v1::PeerFrame>* stream) {
-    v1::PeerFrame frame;
+  // for a stream that breaks the framing rules. A chunk whose CRC-32C does
+  // not match spoils its message: the rest of it is read and dropped, and
+  // the receiver is told (the stream itself stays up).
+  absl::Status Receive(int from, ServerStream* stream) {
+    grpc::ByteBuffer raw;
     MessageKey key;
     codecs::Bytes buffer;
     uint64_t total = 0;
+    uint64_t received = 0;
     bool in_message = false;
-    while (stream->Read(&frame)) {
-      if (frame.has_header()) {
+    absl::Status damaged;
+    while (stream->Read(&raw)) {
+      absl::StatusOr<ReceivedFrame> frame = ParseFrame(raw);
+      if (!frame.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(PeerName(from), ": ", frame.status().message()));
+      }
+      if (frame->header.has_value()) {
         if (in_message) {
           return absl::InvalidArgumentError(absl::StrCat(
               PeerName(from), " started a message before the last one's ",
-              total, " bytes had come (", buffer.size(), " did)"));
+              total, " bytes had come (", received, " did)"));
         }
-        const v1::MessageHeader& h = frame.header();
+        const v1::MessageHeader& h = *frame->header;
         key = MessageKey{h.job(), h.tensor(), h.step(),
                          static_cast<int>(h.round()),
                          static_cast<Phase>(h.phase())};
         total = h.total_bytes();
+        // Limits: checked before any of it is buffered (docs/daemon.md).
+        if (total > options_.max_message_bytes) {
+          return absl::ResourceExhaustedError(absl::StrCat(
+              PeerName(from), " announced a message of ", total,
+              " bytes for tensor '", h.tensor(), "', over the ",
+              options_.max_message_bytes, "-byte limit on peer messages"));
+        }
         buffer.clear();
         buffer.reserve(std::min<uint64_t>(total, uint64_t{256} << 20));
+        received = 0;
+        damaged = absl::OkStatus();
         in_message = true;
       } else if (!in_message) {
         return absl::InvalidArgumentError(absl::StrCat(
             PeerName(from), " sent a chunk outside of any message"));
       }
+      const uint64_t n = frame->chunk_size;
       if (metrics_ != nullptr) {
-        metrics_->AddBytes(from, Direction::kReceived, frame.chunk().size());
+        metrics_->AddBytes(from, Direction::kReceived, n);
       }
-      if (buffer.size() + frame.chunk().size() > total) {
+      if (received + n > total) {
         return absl::InvalidArgumentError(
             absl::StrCat(PeerName(from), " sent more than the ", total,
                          " bytes its message header announced"));
       }
-      buffer.append(frame.chunk());
-      if (buffer.size() == total) {
-        receiver_->OnMessage(from, key, std::move(buffer));
+      uint32_t crc = 0;
+      for (absl::string_view piece : frame->chunk) {
+        crc = Crc32cExtend(crc, piece.data(), piece.size());
+      }
+      if (damaged.ok() && crc != frame->chunk_crc32c) {
+        damaged = absl::DataLossError(absl::StrCat(
+            "the message from ", PeerName(from), " for job '", key.job,
+            "' tensor '", key.tensor, "' step ", key.step, " round ",
+            key.round, " failed its checksum: bytes [", received, ", ",
+            received + n, ") of ", total, " have CRC-32C 0x",
+            absl::Hex(crc, absl::kZeroPad8), " but were sent with 0x",
+            absl::Hex(frame->chunk_crc32c, absl::kZeroPad8),
+            "; expected the bytes rank ", from,
+            " sent (they changed in transit or in memory)"));
+        if (metrics_ != nullptr) metrics_->CountChecksumFailure(from);
+        buffer = codecs::Bytes();
+      }
+      if (damaged.ok()) {
+        for (absl::string_view piece : frame->chunk) buffer.append(piece);
+      }
+      received += n;
+      if (received == total) {
+        if (damaged.ok()) {
+          receiver_->OnMessage(from, key, std::move(buffer));
+        } else {
+          std::fprintf(stderr, "gradcompd: %s\n",
+                       std::string(damaged.message()).c_str());
+          receiver_->OnCorruptMessage(from, key, damaged);
+        }
         buffer = codecs::Bytes();
         in_message = false;
       }
@@ -343,13 +404,14 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
   // Keeps a stream to rank `to` open for as long as the transport runs.
   void Dial(int to) ABSL_LOCKS_EXCLUDED(mu_) {
     auto channel = grpc::CreateCustomChannel(
-        options_.peers[to], grpc::InsecureChannelCredentials(), ChannelArgs());
-    auto stub = v1::Peer::NewStub(channel);
+        options_.peers[to], options_.credentials.channel, ChannelArgs());
+    const grpc::internal::RpcMethod connect(
+        kConnectMethod, grpc::internal::RpcMethod::BIDI_STREAMING, channel);
     absl::Duration backoff = options_.min_backoff;
     bool logged_error = false;
     while (true) {
       bool was_up = false;
-      const absl::Status ended = Stream(to, channel.get(), stub.get(), &was_up);
+      const absl::Status ended = Stream(to, channel.get(), connect, &was_up);
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
       peers_[to].last_error = ended;
@@ -370,12 +432,14 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
   }
 
   // One outgoing stream's life: connect, handshake, send until it breaks.
-  absl::Status Stream(int to, grpc::Channel* channel, v1::Peer::Stub* stub,
-                      bool* was_up) ABSL_LOCKS_EXCLUDED(mu_) {
+  absl::Status Stream(int to, grpc::Channel* channel,
+                      const grpc::internal::RpcMethod& connect, bool* was_up)
+      ABSL_LOCKS_EXCLUDED(mu_) {
     if (!channel->WaitForConnected(std::chrono::system_clock::now() +
                                    std::chrono::seconds(1))) {
       return absl::UnavailableError(
-          absl::StrCat("cannot connect to ", PeerName(to)));
+          absl::StrCat("cannot connect to ", PeerName(to),
+                       ConnectFailureHint(options_.credentials)));
     }
     grpc::ClientContext context;
     {
@@ -383,13 +447,19 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
       if (stopping_) return absl::CancelledError("shutting down");
       peers_[to].context = &context;
     }
-    auto stream = stub->Connect(&context);
+    std::unique_ptr<ClientStream> stream(
+        grpc::internal::ClientReaderWriterFactory<
+            grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel, connect,
+                                                        &context));
     const PeerIdentity local = identity_();
-    v1::PeerFrame hello;
-    *hello.mutable_hello() = ToProto(local);
-    v1::PeerFrame reply;
+    grpc::ByteBuffer raw_reply;
+    absl::StatusOr<ReceivedFrame> reply;
+    const bool answered = stream->Write(HelloFrame(ToProto(local))) &&
+                          stream->Read(&raw_reply) &&
+                          (reply = ParseFrame(raw_reply)).ok() &&
+                          reply->hello.has_value();
     absl::Status status;
-    if (!stream->Write(hello) || !stream->Read(&reply) || !reply.has_hello()) {
+    if (!answered) {
       // The call is over (a refusal carries the listener's reason).
       status = FromGrpc(stream->Finish());
       if (status.ok()) {
@@ -398,7 +468,7 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
       }
     } else {
       status =
-          CheckPeer(local, FromProto(reply.hello()), to, options_.peers[to]);
+          CheckPeer(local, FromProto(*reply->hello), to, options_.peers[to]);
       if (status.ok()) {
         *was_up = true;
         status = SendQueued(to, stream.get());
@@ -419,8 +489,7 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
 
   // Writes queued messages to `stream` until it breaks or the transport
   // stops. A reader thread notices a stream that ends while idle.
-  absl::Status SendQueued(
-      int to, grpc::ClientReaderWriter<v1::PeerFrame, v1::PeerFrame>* stream)
+  absl::Status SendQueued(int to, ClientStream* stream)
       ABSL_LOCKS_EXCLUDED(mu_) {
     Peer& peer = peers_[to];
     bool broken = false;
@@ -434,7 +503,7 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
     std::fprintf(stderr, "gradcompd: rank %d -> %s: connected\n", rank(),
                  PeerName(to).c_str());
     std::thread reader([this, stream, &broken] {
-      v1::PeerFrame ignored;
+      grpc::ByteBuffer ignored;
       while (stream->Read(&ignored)) {
       }
       absl::MutexLock lock(&mu_);
@@ -467,7 +536,7 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
         break;
       }
       absl::MutexLock lock(&mu_);
-      peer.queued_bytes -= next.data->size();
+      peer.queued_bytes -= next.size;
       peer.queue.pop_front();
       if (expired && metrics_ != nullptr) metrics_->CountDropped("expired");
     }
@@ -479,28 +548,54 @@ class GrpcTransport::Impl final : public v1::Peer::Service {
     return status.ok() ? absl::CancelledError("shutting down") : status;
   }
 
-  bool WriteMessage(
-      int to, const Queued& message,
-      grpc::ClientReaderWriter<v1::PeerFrame, v1::PeerFrame>* stream) {
-    const codecs::Bytes& data = *message.data;
-    size_t offset = 0;
+  // Writes `queued` as chunks of at most chunk_bytes, each with its
+  // CRC-32C; the chunks are slices of the message's own parts, not copies.
+  bool WriteMessage(int to, const Queued& queued, ClientStream* stream) {
+    const OutgoingMessage& message = queued.message;
+    v1::MessageHeader header;
+    header.set_job(queued.key.job);
+    header.set_tensor(queued.key.tensor);
+    header.set_step(queued.key.step);
+    header.set_round(static_cast<uint32_t>(queued.key.round));
+    header.set_phase(static_cast<v1::Phase>(queued.key.phase));
+    header.set_total_bytes(queued.size);
+    size_t part = 0;
+    size_t offset = 0;  // into parts[part]
+    uint64_t sent = 0;
+    std::vector<absl::string_view> pieces;
     do {
-      v1::PeerFrame frame;
-      if (offset == 0) {
-        v1::MessageHeader* h = frame.mutable_header();
-        h->set_job(message.key.job);
-        h->set_tensor(message.key.tensor);
-        h->set_step(message.key.step);
-        h->set_round(static_cast<uint32_t>(message.key.round));
-        h->set_phase(static_cast<v1::Phase>(message.key.phase));
-        h->set_total_bytes(data.size());
+      pieces.clear();
+      uint64_t n = 0;
+      uint32_t crc = 0;
+      while (n < options_.chunk_bytes && part < message.parts.size()) {
+        const absl::string_view piece = message.parts[part].substr(
+            offset, options_.chunk_bytes - n);
+        if (!piece.empty()) {
+          pieces.push_back(piece);
+          crc = Crc32cExtend(crc, piece.data(), piece.size());
+        }
+        n += piece.size();
+        offset += piece.size();
+        if (offset == message.parts[part].size()) {
+          ++part;
+          offset = 0;
+        }
       }
-      const size_t n = std::min(options_.chunk_bytes, data.size() - offset);
-      frame.set_chunk(data.data() + offset, n);
+      const v1::MessageHeader* first = sent == 0 ? &header : nullptr;
+      grpc::ByteBuffer frame;
+      if (options_.tamper_for_test) {
+        auto copy = std::make_shared<std::string>();
+        for (absl::string_view piece : pieces) copy->append(piece);
+        options_.tamper_for_test(to, queued.key, copy.get());
+        const absl::string_view tampered = *copy;
+        frame = DataFrame(first, {&tampered, 1}, crc, std::move(copy));
+      } else {
+        frame = DataFrame(first, pieces, crc, message.owner);
+      }
       if (!stream->Write(frame)) return false;
       if (metrics_ != nullptr) metrics_->AddBytes(to, Direction::kSent, n);
-      offset += n;
-    } while (offset < data.size());
+      sent += n;
+    } while (sent < queued.size);
     return true;
   }
 
@@ -548,10 +643,10 @@ int GrpcTransport::world_size() const { return impl_->world_size(); }
 std::string GrpcTransport::PeerName(int rank) const {
   return impl_->PeerName(rank);
 }
-absl::Status GrpcTransport::Send(int to, const MessageKey& key,
-                                 std::shared_ptr<const codecs::Bytes> data,
-                                 absl::Time deadline) {
-  return impl_->Send(to, key, std::move(data), deadline);
+absl::Status GrpcTransport::SendMessage(int to, const MessageKey& key,
+                                        OutgoingMessage message,
+                                        absl::Time deadline) {
+  return impl_->Send(to, key, std::move(message), deadline);
 }
 
 }  // namespace gradcomp::service

@@ -2,7 +2,10 @@
 // the Peer service on its listen address and dials every other rank, one
 // long-lived Connect stream per direction. Messages are cut into chunks
 // (1 MiB by default) so that no message limit applies; gRPC's HTTP/2 window
-// and a bounded queue per peer are the backpressure. A broken stream is
+// and a bounded queue per peer are the backpressure. Each chunk carries its
+// CRC-32C: one that does not match fails the message's collective on the
+// receiving rank with DATA_LOSS (Receiver::OnCorruptMessage). Chunks go out
+// of the messages' own memory, unserialised. A broken stream is
 // redialled with backoff, and the Hello handshake runs again, so a peer
 // that restarts rejoins by itself.
 //
@@ -23,6 +26,7 @@
 #include "absl/time/time.h"
 #include "service/metrics/peer_metrics.h"
 #include "service/peers/handshake.h"
+#include "service/transport/peer_credentials.h"
 #include "service/transport/transport.h"
 
 namespace gradcomp::service {
@@ -34,8 +38,19 @@ struct GrpcTransportOptions {
   size_t chunk_bytes = size_t{1} << 20;
   // Bytes queued for one peer before Send blocks.
   uint64_t max_queued_bytes = uint64_t{256} << 20;
+  // Largest message a peer may announce; a larger one ends its stream
+  // before any of it is buffered.
+  uint64_t max_message_bytes = uint64_t{16} << 30;
   absl::Duration min_backoff = absl::Milliseconds(50);
   absl::Duration max_backoff = absl::Seconds(1);
+  // For tests of the checksums: called with each chunk's bytes after their
+  // CRC-32C is taken and before they are written, so that a change it makes
+  // reaches the peer as damage in transit would.
+  std::function<void(int to, const MessageKey& key, std::string* chunk)>
+      tamper_for_test;
+  // Plaintext unless set (MakePeerCredentials): both the listener and the
+  // dialler use them, so a TLS daemon and a plaintext one never connect.
+  PeerCredentials credentials;
 };
 
 class GrpcTransport : public Transport {
@@ -65,9 +80,9 @@ class GrpcTransport : public Transport {
   int rank() const override;
   int world_size() const override;
   std::string PeerName(int rank) const override;
-  absl::Status Send(int to, const MessageKey& key,
-                    std::shared_ptr<const codecs::Bytes> data,
-                    absl::Time deadline) override;
+  absl::Status SendMessage(int to, const MessageKey& key,
+                           OutgoingMessage message,
+                           absl::Time deadline) override;
 
  private:
   class Impl;

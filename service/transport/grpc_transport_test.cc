@@ -51,6 +51,20 @@ class Inbox : public Receiver {
     lost_.push_back(rank);
     why_ = why;
   }
+  void OnCorruptMessage(int from, const MessageKey& key,
+                        const absl::Status& why) override {
+    absl::MutexLock lock(&mu_);
+    corrupt_.push_back({from, key, std::string(why.message())});
+    corrupt_code_ = why.code();
+  }
+  // The first `n` damaged messages (their data is the error message), and
+  // the status code of the last.
+  std::pair<std::vector<Message>, absl::StatusCode> WaitCorrupt(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() { return corrupt_.size() >= n; };
+    mu_.Await(absl::Condition(&enough));
+    return {corrupt_, corrupt_code_};
+  }
   std::vector<Message> WaitMessages(size_t n) {
     absl::MutexLock lock(&mu_);
     auto enough = [&]() { return messages_.size() >= n; };
@@ -69,6 +83,8 @@ class Inbox : public Receiver {
  private:
   absl::Mutex mu_;
   std::vector<Message> messages_;
+  std::vector<Message> corrupt_;
+  absl::StatusCode corrupt_code_ = absl::StatusCode::kOk;
   std::vector<int> lost_;
   absl::Status why_;
 };
@@ -95,11 +111,14 @@ class Cluster {
     return id;
   }
 
-  absl::Status Start(int rank) {
+  absl::Status Start(int rank, uint64_t max_message_bytes =
+                                   GrpcTransportOptions().max_message_bytes) {
     GrpcTransportOptions options;
     options.rank = rank;
+    options.max_message_bytes = max_message_bytes;
     options.peers = addresses_;
     options.chunk_bytes = 64 << 10;
+    options.tamper_for_test = tamper_;
     const PeerIdentity identity = identities_[rank];
     auto transport = GrpcTransport::Create(
         options, [identity] { return identity; }, &inboxes_[rank],
@@ -109,6 +128,10 @@ class Cluster {
     return transports_[rank]->Start();
   }
   void Stop(int rank) { transports_[rank].reset(); }
+  // Transports started after this change their chunks with `tamper`.
+  void Tamper(decltype(GrpcTransportOptions::tamper_for_test) tamper) {
+    tamper_ = std::move(tamper);
+  }
 
   GrpcTransport& transport(int rank) { return *transports_[rank]; }
   Inbox& inbox(int rank) { return inboxes_[rank]; }
@@ -124,6 +147,7 @@ class Cluster {
   std::vector<Inbox> inboxes_;
   std::vector<std::unique_ptr<PeerMetrics>> metrics_;
   std::vector<PeerIdentity> identities_;
+  decltype(GrpcTransportOptions::tamper_for_test) tamper_;
   // Last: transports stop before what they deliver into goes away.
   std::vector<std::unique_ptr<GrpcTransport>> transports_;
 };
@@ -165,6 +189,77 @@ TEST(GrpcTransportTest, MessagesOfAnySizeArriveWholeInOrder) {
                            {{"peer", "0"}, {"direction", "received"}}),
             big.size());
   EXPECT_EQ(cluster.Metric(2, "gradcomp_peers_up", {}), 2);
+}
+
+TEST(GrpcTransportTest, AMessageOverTheLimitEndsTheStreamUnbuffered) {
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.Start(0).ok());
+  ASSERT_TRUE(cluster.Start(1, /*max_message_bytes=*/1 << 20).ok());
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(cluster.transport(r).WaitForPeers(Soon()).ok());
+  }
+  const MessageKey key{"job", "fc1.weight", 0, 0, Phase::kGather};
+  ASSERT_TRUE(cluster.transport(0)
+                  .Send(1, key, Data(std::string(2 << 20, 'x')), Soon())
+                  .ok());
+  const absl::Status why = cluster.inbox(1).WaitLost(0);
+  EXPECT_THAT(why.message(),
+              HasSubstr("announced a message of 2097152 bytes for tensor "
+                        "'fc1.weight', over the 1048576-byte limit"));
+}
+
+TEST(GrpcTransportTest, AMessageOfSeveralPartsArrivesAsTheirConcatenation) {
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.Start(0).ok());
+  ASSERT_TRUE(cluster.Start(1).ok());
+  ASSERT_TRUE(cluster.transport(0).WaitForPeers(Soon()).ok());
+  // Parts that end inside a 64 KiB chunk and span several of them.
+  auto a = std::make_shared<std::string>(70000, 'a');
+  auto b = std::make_shared<std::string>("header");
+  OutgoingMessage message;
+  message.parts = {*b, absl::string_view(*a).substr(5), "", *b};
+  message.owner = std::make_shared<std::pair<decltype(a), decltype(b)>>(a, b);
+  const MessageKey key{"job", "w", 1, 0, Phase::kReduceScatter};
+  ASSERT_TRUE(cluster.transport(0)
+                  .SendMessage(1, key, std::move(message), Soon())
+                  .ok());
+  const std::vector<Inbox::Message> got = cluster.inbox(1).WaitMessages(1);
+  EXPECT_EQ(got[0].data, "header" + a->substr(5) + "header");
+}
+
+// A byte changed after the sender took its checksum: the receiver reports
+// the message as damaged (DATA_LOSS naming the sender and the tensor),
+// counts it, and the stream carries the next message intact.
+TEST(GrpcTransportTest, AChunkChangedInTransitFailsItsMessageLoudly) {
+  Cluster cluster(2);
+  cluster.Tamper([](int to, const MessageKey& key, std::string* chunk) {
+    if (key.tensor == "fc1.weight" && chunk->size() > 100) (*chunk)[100] ^= 1;
+  });
+  ASSERT_TRUE(cluster.Start(0).ok());
+  ASSERT_TRUE(cluster.Start(1).ok());
+  ASSERT_TRUE(cluster.transport(0).WaitForPeers(Soon()).ok());
+  const MessageKey bad{"job", "fc1.weight", 3, 0, Phase::kGather};
+  const MessageKey good{"job", "fc1.bias", 3, 0, Phase::kGather};
+  ASSERT_TRUE(cluster.transport(0)
+                  .Send(1, bad, Data(std::string(200000, 'x')), Soon())
+                  .ok());
+  ASSERT_TRUE(cluster.transport(0).Send(1, good, Data("intact"), Soon()).ok());
+  const std::vector<Inbox::Message> got = cluster.inbox(1).WaitMessages(1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].key, good);
+  EXPECT_EQ(got[0].data, "intact");
+  const auto [corrupt, code] = cluster.inbox(1).WaitCorrupt(1);
+  ASSERT_EQ(corrupt.size(), 1u);
+  EXPECT_EQ(code, absl::StatusCode::kDataLoss);
+  EXPECT_EQ(corrupt[0].from, 0);
+  EXPECT_EQ(corrupt[0].key, bad);
+  EXPECT_THAT(corrupt[0].data,
+              HasSubstr(absl::StrCat("from rank 0 (", cluster.address(0),
+                                     ") for job 'job' tensor 'fc1.weight' "
+                                     "step 3 round 0 failed its checksum")));
+  EXPECT_EQ(cluster.Metric(1, "gradcomp_peer_checksum_failures_total",
+                           {{"peer", "0"}}),
+            1);
 }
 
 TEST(GrpcTransportTest, AMismatchedPeerIsRefusedNamingBothSides) {

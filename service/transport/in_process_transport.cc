@@ -15,10 +15,13 @@ class InProcessHub::Endpoint : public Transport {
   std::string PeerName(int rank) const override {
     return absl::StrCat("rank ", rank, " (in-process)");
   }
-  absl::Status Send(int to, const MessageKey& key,
-                    std::shared_ptr<const codecs::Bytes> data,
-                    absl::Time /*deadline*/) override {
-    return hub_->Deliver(rank_, to, key, *data);
+  absl::Status SendMessage(int to, const MessageKey& key,
+                           OutgoingMessage message,
+                           absl::Time /*deadline*/) override {
+    codecs::Bytes data;
+    data.reserve(message.size());
+    for (absl::string_view part : message.parts) data.append(part);
+    return hub_->Deliver(rank_, to, key, std::move(data));
   }
 
  private:
@@ -38,7 +41,7 @@ std::unique_ptr<Transport> InProcessHub::Connect(int rank, Receiver* receiver) {
 }
 
 absl::Status InProcessHub::Deliver(int from, int to, const MessageKey& key,
-                                   const codecs::Bytes& data) {
+                                   codecs::Bytes data) {
   Receiver* receiver;
   {
     absl::MutexLock lock(&mu_);
@@ -54,7 +57,7 @@ absl::Status InProcessHub::Deliver(int from, int to, const MessageKey& key,
     receiver = receivers_[to];
   }
   // Outside the lock: the receiver may block a little and others send too.
-  receiver->OnMessage(from, key, data);
+  receiver->OnMessage(from, key, std::move(data));
   return absl::OkStatus();
 }
 

@@ -19,6 +19,10 @@ struct Recorder : Receiver {
     lost.push_back(rank);
     last_why = why;
   }
+  void OnCorruptMessage(int from, const MessageKey& key,
+                        const absl::Status& why) override {
+    ADD_FAILURE() << "in-process messages cannot be damaged: " << why;
+  }
   struct Message {
     int from;
     std::string tensor;

@@ -10,9 +10,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "codecs/tensor.h"
 
@@ -25,6 +28,7 @@ enum class Phase : uint8_t {
   kAllgather = 3,
   kShardScatter = 4,
   kShardGather = 5,
+  kNeighbours = 6,
 };
 
 // The rendezvous key of one message: the same on every rank for the same
@@ -57,6 +61,32 @@ class Receiver {
   // Rank `rank` went away (its connection broke): messages it had not sent
   // yet will not come. `why` names the rank and the cause.
   virtual void OnPeerLost(int rank, const absl::Status& why) = 0;
+  // A message from rank `from` arrived damaged (its checksum did not match):
+  // the collective waiting for it must fail with `why` (DataLoss, naming the
+  // sender and the tensor) instead of using it.
+  virtual void OnCorruptMessage(int from, const MessageKey& key,
+                                const absl::Status& why) = 0;
+};
+
+// The bytes of one outgoing message: `parts` in order, pointing into memory
+// that `owner` keeps alive until the transport has written them, so that a
+// message can be a slice of a payload plus a small header without a copy.
+struct OutgoingMessage {
+  std::shared_ptr<const void> owner;
+  std::vector<absl::string_view> parts;
+
+  uint64_t size() const {
+    uint64_t n = 0;
+    for (absl::string_view part : parts) n += part.size();
+    return n;
+  }
+  // The whole of `data`.
+  static OutgoingMessage Of(std::shared_ptr<const codecs::Bytes> data) {
+    OutgoingMessage message;
+    message.parts.push_back(*data);
+    message.owner = std::move(data);
+    return message;
+  }
 };
 
 class Transport {
@@ -69,14 +99,22 @@ class Transport {
   // "rank 2 (10.0.0.3:50052)": how errors name a peer.
   virtual std::string PeerName(int rank) const = 0;
 
-  // Queues `data` for rank `to` (never this rank); it goes as soon as the
+  // Queues `message` for rank `to` (never this rank); it goes as soon as the
   // peer is connected. Blocks while the peer's queue is full, until
   // `deadline`; then DeadlineExceeded naming the peer. Success means queued,
   // not delivered: a message that cannot reach the peer before `deadline`
   // shows up at the receiver as a missing one.
-  virtual absl::Status Send(int to, const MessageKey& key,
-                            std::shared_ptr<const codecs::Bytes> data,
-                            absl::Time deadline) = 0;
+  virtual absl::Status SendMessage(int to, const MessageKey& key,
+                                   OutgoingMessage message,
+                                   absl::Time deadline) = 0;
+
+  // SendMessage of the whole of `data`.
+  absl::Status Send(int to, const MessageKey& key,
+                    std::shared_ptr<const codecs::Bytes> data,
+                    absl::Time deadline) {
+    return SendMessage(to, key, OutgoingMessage::Of(std::move(data)),
+                       deadline);
+  }
 };
 
 }  // namespace gradcomp::service

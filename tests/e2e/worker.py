@@ -8,7 +8,11 @@ as gradcomp.demo does, and records per step:
   - the growth of the daemon's gradcomp_peer_bytes_total{peer,direction}
     and gradcomp_wire_bytes_total{codec},
   - the growth of the bytes this host's eth0 qdisc put on the link,
-  - the step's wall time.
+  - the step's wall time, and the CPU seconds this client and (with
+    --daemon_pid) its daemon spent in it.
+Tensors go to the daemon inline over gRPC (--io inline) or through one
+shared-memory region holding every input and output (--io shm, the daemon
+needs --allow_client_shm): the client then copies no tensor bytes.
 Steps are fenced by file barriers in --barrier_dir, so that every rank
 starts a step together and reads its counters only after every rank has
 finished the step (all of its messages have then arrived). The barrier
@@ -20,14 +24,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import re
 import subprocess
 import sys
 import time
 
+import numpy as np
+
 from gradcomp import metrics, resnet50
 from gradcomp.client import Client
+from gradcomp.shm import ShmRegion
 
 CODECS = {
     "none": {},
@@ -53,10 +61,40 @@ class Barrier:
             time.sleep(0.005)
 
 
-def qdisc_sent() -> int:
-    out = subprocess.run(["tc", "-s", "qdisc", "show", "dev", "eth0"], check=True,
+def qdisc_sent(dev: str) -> int:
+    """Bytes the qdisc of `dev` has sent; 0 without a device (loopback runs)."""
+    if not dev:
+        return 0
+    out = subprocess.run(["tc", "-s", "qdisc", "show", "dev", dev], check=True,
                          text=True, capture_output=True).stdout
     return int(re.search(r"Sent (\d+) bytes", out).group(1))
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """utime + stime of process `pid` (this process if None)."""
+    if pid is None:
+        return time.process_time()
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class ShmIO:
+    """Every tensor's input and output in one registered region: the inputs
+    are written once, each step reads the averages in place."""
+
+    def __init__(self, client: Client, grads: dict[str, np.ndarray], rank: int):
+        total = sum(g.nbytes for g in grads.values())
+        self.region = ShmRegion(2 * total, tag=f"e2e{rank}")
+        self.name = f"e2e.rank{rank}"
+        client.register_shm(self.name, self.region)
+        self.tensors, offset = {}, 0
+        for name, g in grads.items():
+            src = self.region.array(g.shape, g.dtype, offset)
+            dst = self.region.array(g.shape, g.dtype, offset + total)
+            src[...] = g
+            self.tensors[name] = (self.region.tensor(self.name, src),
+                                  self.region.tensor(self.name, dst))
+            offset += g.nbytes
 
 
 def peer_bytes(samples: list[metrics.Sample]) -> dict[str, int]:
@@ -97,6 +135,12 @@ def main() -> int:
     p.add_argument("--peers_up", type=int, default=None,
                    help="peers the daemon must have up first (world_size - 1; "
                         "0 for a world_size 1 daemon)")
+    p.add_argument("--io", choices=("inline", "shm"), default="inline",
+                   help="tensors inline over gRPC, or in shared memory")
+    p.add_argument("--qdisc_dev", default="eth0",
+                   help="device whose qdisc counts link bytes; empty: none")
+    p.add_argument("--daemon_pid", type=int, default=None,
+                   help="the daemon's pid, to record its CPU seconds per step")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -110,35 +154,46 @@ def main() -> int:
         if time.monotonic() > deadline:
             raise TimeoutError(f"rank {args.rank}: peers not up within 60 s")
         time.sleep(0.1)
-    result = {"rank": args.rank, "numel": {n: int(g.size) for n, g in grads.items()},
-              "steps": []}
+    shm = ShmIO(client, grads, args.rank) if args.io == "shm" else None
+    result = {"rank": args.rank, "io": args.io,
+              "numel": {n: int(g.size) for n, g in grads.items()}, "steps": []}
     for codec in args.codecs.split(","):
         for step in range(args.steps):
             tag = f"{codec}.{step}"
             barrier.wait(f"start.{tag}")
             before = settled(args.metrics_url)
-            q0 = qdisc_sent()
+            q0 = qdisc_sent(args.qdisc_dev)
+            c0, d0 = cpu_seconds(None), cpu_seconds(args.daemon_pid)
             t0 = time.perf_counter()
-            out = client.reduce_many(grads, step=step, codec=codec,
-                                     params=CODECS[codec], job=f"e2e-{codec}")
+            if shm is None:
+                out = {name: st for name, (_, st) in client.reduce_many(
+                    grads, step=step, codec=codec, params=CODECS[codec],
+                    job=f"e2e-{codec}").items()}
+            else:
+                out = client.reduce_many_shm(shm.tensors, step=step, codec=codec,
+                                             params=CODECS[codec], job=f"e2e-{codec}")
             wall = time.perf_counter() - t0
+            c1, d1 = cpu_seconds(None), cpu_seconds(args.daemon_pid)
             barrier.wait(f"done.{tag}")
             after = settled(args.metrics_url)
-            q1 = qdisc_sent()
+            q1 = qdisc_sent(args.qdisc_dev)
             tensors = {name: {"codec": st.codec, "wire_bytes": st.wire_bytes,
                               "raw_bytes": st.raw_bytes,
                               "encode_s": st.encode_seconds,
                               "collective_s": st.collective_seconds,
                               "decode_s": st.decode_seconds,
                               "total_s": st.total_seconds}
-                       for name, (_, st) in out.items()}
+                       for name, st in out.items()}
             del out
             result["steps"].append({
                 "codec": codec, "step": step, "wall_s": wall,
+                "client_cpu_s": c1 - c0,
+                "daemon_cpu_s": d1 - d0 if args.daemon_pid is not None else None,
                 "qdisc_sent": q1 - q0,
                 "counters": {k: after.get(k, 0) - before.get(k, 0) for k in after},
                 "tensors": tensors})
-            print(f"rank {args.rank} {tag}: {wall:.2f} s", flush=True)
+            print(f"rank {args.rank} {tag}: {wall:.2f} s, client CPU "
+                  f"{c1 - c0:.2f} s, daemon CPU {d1 - d0:.2f} s", flush=True)
     pathlib.Path(args.out).write_text(json.dumps(result))
     return 0
 

@@ -119,19 +119,36 @@ def pod_env(container: dict, ordinal: int, pod_labels: dict) -> dict[str, str]:
     return env
 
 
+def write_tls_secret(local: pathlib.Path) -> None:
+    """Writes what a cert-manager Secret holds (ca.crt, tls.crt, tls.key),
+    made with openssl, into `local`."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=local, check=True, capture_output=True)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", *ec, "-days", "2", "-subj", "/CN=test CA",
+            "-keyout", "ca.key", "-out", "ca.crt")
+    openssl("req", "-new", *ec, "-subj", "/CN=peer", "-keyout", "tls.key", "-out", "tls.csr")
+    openssl("x509", "-req", "-days", "2", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-set_serial", "2", "-out", "tls.crt")
+
+
 def mounted(container: dict, volumes: list[dict], objects: list[dict], root: pathlib.Path) -> dict[str, str]:
-    """Writes the container's ConfigMap mounts under `root`; returns the mount
-    path -> local directory map for rewriting the container's args."""
+    """Writes the container's ConfigMap mounts (and test certificates for its
+    Secret mounts) under `root`; returns the mount path -> local directory map
+    for rewriting the container's args."""
     paths = {}
     for mount in container.get("volumeMounts", []):
         (volume,) = [v for v in volumes if v["name"] == mount["name"]]
-        if "configMap" not in volume:
+        if "configMap" not in volume and "secret" not in volume:
             continue
-        config_map = find(objects, "ConfigMap", volume["configMap"]["name"])
         local = root / mount["name"]
         local.mkdir(parents=True, exist_ok=True)
-        for key, text in config_map["data"].items():
-            (local / key).write_text(text)
+        if "secret" in volume:
+            write_tls_secret(local)
+        else:
+            config_map = find(objects, "ConfigMap", volume["configMap"]["name"])
+            for key, text in config_map["data"].items():
+                (local / key).write_text(text)
         paths[mount["mountPath"]] = str(local)
     return paths
 
@@ -251,6 +268,12 @@ class ChartTest(unittest.TestCase):
         self.assertEqual(volume["secret"]["secretName"], "gradcomp-peer-tls")
         self.assertIn({"name": "gradcomp-tls", "mountPath": "/etc/gradcomp/tls", "readOnly": True},
                       sidecar(pod)["volumeMounts"])
+        # The daemon reads the mounted files: mutual TLS on the peer port.
+        args = sidecar(pod)["args"]
+        for flag, key in (("cert", "tls.crt"), ("key", "tls.key"), ("ca", "ca.crt")):
+            self.assertIn(f"--peer_tls_{flag}=/etc/gradcomp/tls/{key}", args)
+        default = sidecar(find(self.render("default"), "StatefulSet")["spec"]["template"]["spec"])
+        self.assertFalse([a for a in default["args"] if a.startswith("--peer_tls")], default["args"])
 
     def test_large_values_render_monitoring_and_every_peer(self):
         objects = self.render("large")

@@ -45,6 +45,7 @@ class DaemonProcess {
 
   std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
   int metrics_port() const { return metrics_port_; }
+  pid_t pid() const { return pid_; }
   // False once the process has exited (reaping it).
   bool Running();
   // The daemon's stdout and stderr so far.

@@ -98,6 +98,28 @@ def codec_spec(codec: str | None,
     return spec
 
 
+def _batch_requests(batches: Mapping[str, Sequence[str]] | None,
+                    names: Sequence[str]) -> dict[str, gradcomp_pb2.ReduceBatch]:
+    """{tensor name: its ReduceBatch} for the tensors of one stream. Every
+    member must be among `names` (its batch waits for it) and in one batch."""
+    batch_of: dict[str, gradcomp_pb2.ReduceBatch] = {}
+    known = set(names)
+    for batch_id, members in (batches or {}).items():
+        members = list(members)
+        missing = sorted(set(members) - known)
+        if missing:
+            raise ValueError(f"batch '{batch_id}' names tensors this call does "
+                             f"not reduce: {missing}")
+        batch = gradcomp_pb2.ReduceBatch(id=batch_id, members=members)
+        for member in members:
+            if member in batch_of:
+                raise ValueError(f"tensor '{member}' is in batches "
+                                 f"'{batch_of[member].id}' and '{batch_id}', "
+                                 f"expected one")
+            batch_of[member] = batch
+    return batch_of
+
+
 def _as_wire_array(array: np.ndarray) -> np.ndarray:
     """`array` as a C-ordered little-endian float array, copying only if needed."""
     array = np.asarray(array)
@@ -159,13 +181,16 @@ class Client:
 
     @staticmethod
     def _request(array: np.ndarray, name: str, step: int, job: str,
-                 spec: gradcomp_pb2.CodecSpec | None, request_id: int = 0) -> bytes:
+                 spec: gradcomp_pb2.CodecSpec | None, request_id: int = 0,
+                 batch: gradcomp_pb2.ReduceBatch | None = None) -> bytes:
         """A serialized ReduceRequest with `array` inline."""
         header = gradcomp_pb2.ReduceRequest(
             job=job, tensor=name, step=step, dtype=_PB_DTYPE[array.dtype],
             shape=array.shape, request_id=request_id)
         if spec is not None:
             header.codec.CopyFrom(spec)
+        if batch is not None:
+            header.batch.CopyFrom(batch)
         return inline_wire.encode_request(header, array)
 
     def _result(self, response: gradcomp_pb2.ReduceResponse, data: memoryview,
@@ -206,8 +231,14 @@ class Client:
     def reduce_many(self, tensors: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
                     step: int, codec: str | None = None,
                     params: Mapping[str, object] | None = None,
-                    job: str = "default") -> dict[str, tuple[np.ndarray, ReduceStats]]:
+                    job: str = "default",
+                    batches: Mapping[str, Sequence[str]] | None = None
+                    ) -> dict[str, tuple[np.ndarray, ReduceStats]]:
         """Reduces a bucket of tensors over one ReduceStream.
+
+        `batches` {batch id: member names} (members among `tensors`, the same
+        on every worker) sends each batch's SUM rounds as one collective
+        (PowerSGD's P and Q of same-shape matrices).
 
         Returns {name: (average, stats)} in the order given. If any tensor
         fails, the stream is still drained and GradcompError is raised with
@@ -219,10 +250,12 @@ class Client:
             raise ValueError("reduce_many: tensor names must be unique")
         arrays = [_as_wire_array(array) for _, array in items]
         spec = codec_spec(codec, params)
+        batch_of = _batch_requests(batches, names)
 
         def requests() -> Iterator[bytes]:
             for i, (name, array) in enumerate(zip(names, arrays)):
-                yield self._request(array, name, step, job, spec, request_id=i)
+                yield self._request(array, name, step, job, spec, request_id=i,
+                                    batch=batch_of.get(name))
 
         results: dict[int, tuple[np.ndarray, ReduceStats]] = {}
         failures: dict[str, tuple[grpc.StatusCode, str]] = {}
@@ -345,7 +378,9 @@ class Client:
     @staticmethod
     def _shm_request(name: str, step: int, job: str, source: ShmTensor,
                      target: ShmTensor, spec: gradcomp_pb2.CodecSpec | None,
-                     request_id: int = 0) -> gradcomp_pb2.ReduceRequest:
+                     request_id: int = 0,
+                     batch: gradcomp_pb2.ReduceBatch | None = None
+                     ) -> gradcomp_pb2.ReduceRequest:
         if source.shape != target.shape or source.dtype != target.dtype:
             raise ValueError(f"tensor '{name}': output {target.shape} {target.dtype} "
                              f"differs from input {source.shape} {source.dtype}")
@@ -364,6 +399,8 @@ class Client:
                 byte_size=target.byte_size))
         if spec is not None:
             request.codec.CopyFrom(spec)
+        if batch is not None:
+            request.batch.CopyFrom(batch)
         return request
 
     def reduce_shm(self, name: str, step: int, source: ShmTensor,
@@ -379,13 +416,16 @@ class Client:
     def reduce_many_shm(self, tensors: Mapping[str, tuple[ShmTensor, ShmTensor]],
                         step: int, codec: str | None = None,
                         params: Mapping[str, object] | None = None,
-                        job: str = "default") -> dict[str, ReduceStats]:
+                        job: str = "default",
+                        batches: Mapping[str, Sequence[str]] | None = None
+                        ) -> dict[str, ReduceStats]:
         """reduce_shm for a bucket {name: (source, target)} over one
-        ReduceStream; failures are raised together as in reduce_many."""
+        ReduceStream; `batches` and failures as in reduce_many."""
         names = list(tensors)
         spec = codec_spec(codec, params)
+        batch_of = _batch_requests(batches, names)
         requests = [self._shm_request(name, step, job, *tensors[name], spec,
-                                      request_id=i)
+                                      request_id=i, batch=batch_of.get(name))
                     for i, name in enumerate(names)]
         stats: dict[str, ReduceStats] = {}
         failures: dict[str, tuple[grpc.StatusCode, str]] = {}

@@ -28,7 +28,7 @@ resumes exactly where training stopped.
 import concurrent.futures
 import dataclasses
 import threading
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -55,6 +55,7 @@ class StepStats:
     reduces: int = 0      # tensors reduced
     raw_bytes: int = 0    # numel * 4 of those tensors: a dense fp32 exchange
     wire_bytes: int = 0   # compressed bytes this worker sent, all rounds
+    batched: int = 0      # tensors reduced in a same-shape batch
 
 
 @dataclasses.dataclass
@@ -62,6 +63,24 @@ class _Tensor:
     name: str
     grad: np.ndarray   # a view of the bucket's buffer
     offset: int        # its byte offset in the buffer
+
+
+def same_shape_batches(tensors: Iterable[tuple[str, tuple[int, ...], str]],
+                       max_members: int = 64) -> dict[str, list[str]]:
+    """{batch id: member names} for (name, shape, dtype) tensors: those of
+    two or more dimensions with the same shape and dtype, in the order
+    given, at most `max_members` per batch; singletons are left out."""
+    by_shape: dict[tuple, list[str]] = {}
+    for name, shape, dtype in tensors:
+        if len(shape) >= 2:
+            by_shape.setdefault((tuple(shape), dtype), []).append(name)
+    batches = {}
+    for (shape, dtype), names in by_shape.items():
+        for start in range(0, len(names), max_members):
+            members = names[start:start + max_members]
+            if len(members) > 1:
+                batches[f"{'x'.join(map(str, shape))}.{dtype}.{members[0]}"] = members
+    return batches
 
 
 def _is_local(target: str) -> bool:
@@ -126,11 +145,21 @@ class HookState:
       shm: True: shared memory or an error; False: inline bytes; None: shared
         memory if the daemon is on this host and accepts it, else inline.
       client: an existing Client to use instead of connecting to `target`.
+      batch_same_shape: like powerSGD_hook's batch_tensors_with_same_shape:
+        a bucket's PowerSGD matrices of equal shape and dtype reduce their P
+        and Q rounds in one collective per batch instead of one per tensor.
+        A tensor counts as PowerSGD when its codec here is "powersgd" or,
+        left to the policy, when the daemon used powersgd for it last step.
     """
+
+    # A batch's members each hold a daemon thread while they wait for each
+    # other; larger groups are split.
+    MAX_BATCH = 64
 
     def __init__(self, model: torch.nn.Module, target: str, job: str = "default",
                  codecs: Mapping[str, Codec] | None = None, timeout: float = 120.0,
-                 shm: bool | None = None, client: Client | None = None):
+                 shm: bool | None = None, client: Client | None = None,
+                 batch_same_shape: bool = False):
         module = getattr(model, "module", model)
         self.names = {id(p): name for name, p in module.named_parameters()}
         unknown = sorted(set(codecs or {}) - set(self.names.values()))
@@ -138,6 +167,7 @@ class HookState:
             raise ValueError(f"codecs name parameters the model does not have: {unknown}")
         self.codecs = dict(codecs or {})
         self.job = job
+        self.batch_same_shape = batch_same_shape
         self.client = client or Client(target, timeout=timeout)
         self.step = 0
         self.stats = StepStats()
@@ -204,6 +234,18 @@ class HookState:
             groups.setdefault(codec and codec.key(), (codec, []))[1].append(t)
         return list(groups.values())
 
+    def _batches(self, codec: Codec | None,
+                 tensors: list[_Tensor]) -> dict[str, list[str]]:
+        """The batches of one group's PowerSGD tensors. Everything it reads
+        is the same on every rank, so the batches are too."""
+        if not self.batch_same_shape:
+            return {}
+        return same_shape_batches(
+            [(t.name, t.grad.shape, t.grad.dtype.str) for t in tensors
+             if (codec.name if codec is not None
+                 else self.last_codecs.get(t.name)) == "powersgd"],
+            self.MAX_BATCH)
+
     def _choose_transport(self) -> None:
         if self._shm_wanted is False:
             self.transport, self.transport_reason = "inline", "shm=False"
@@ -231,6 +273,7 @@ class HookState:
         if not self.transport:
             self._choose_transport()
         stats = {}
+        batched = 0
         if self._staging is not None:
             name, region = self._staging.region(index, buffer.nbytes)
             region.array(buffer.shape, buffer.dtype)[...] = buffer
@@ -241,16 +284,21 @@ class HookState:
                     region.tensor(name, region.array(t.grad.shape, t.grad.dtype,
                                                      buffer.nbytes + t.offset)))
                     for t in group}
+                batches = self._batches(codec, group)
+                batched += sum(map(len, batches.values()))
                 stats.update(self.client.reduce_many_shm(
                     slices, step=step, job=self.job, codec=codec and codec.name,
-                    params=codec and codec.params))
+                    params=codec and codec.params, batches=batches))
             buffer[...] = out
             del out
         else:
             for codec, group in self._groups(tensors):
+                batches = self._batches(codec, group)
+                batched += sum(map(len, batches.values()))
                 results = self.client.reduce_many(
                     [(t.name, t.grad) for t in group], step=step, job=self.job,
-                    codec=codec and codec.name, params=codec and codec.params)
+                    codec=codec and codec.name, params=codec and codec.params,
+                    batches=batches)
                 for t in group:
                     average, stats[t.name] = results[t.name]
                     t.grad[...] = average  # the view writes through to the bucket
@@ -259,6 +307,7 @@ class HookState:
             self.stats.raw_bytes += sum(s.raw_bytes for s in stats.values())
             self.stats.wire_bytes += sum(s.wire_bytes for s in stats.values())
             self.stats.steps += int(last)
+            self.stats.batched += batched
             self.last_codecs.update({name: s.codec for name, s in stats.items()})
 
 

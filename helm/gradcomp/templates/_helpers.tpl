@@ -105,6 +105,11 @@ checksum/gradcomp-config: {{ include "gradcomp.config" . | sha256sum }}
     - --peer_listen=0.0.0.0:{{ int .Values.ports.peer }}
     - --collective_timeout={{ .Values.peerTimeouts.collective }}
     - --peer_startup_timeout={{ .Values.peerTimeouts.startup }}
+    {{- if .Values.tls.enabled }}
+    - --peer_tls_cert=/etc/gradcomp/tls/tls.crt
+    - --peer_tls_key=/etc/gradcomp/tls/tls.key
+    - --peer_tls_ca=/etc/gradcomp/tls/ca.crt
+    {{- end }}
     {{- range .Values.sidecar.extraArgs }}
     - {{ . | quote }}
     {{- end }}

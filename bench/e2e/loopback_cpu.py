@@ -1,0 +1,108 @@
+"""CPU seconds per step of 4 gradcompd (world size 4) on loopback.
+
+    PYTHONPATH=client/python /usr/bin/python3 bench/e2e/loopback_cpu.py \\
+        [--codecs none,qsgd] [--steps 4] [--io shm|inline] [--base_port 47100]
+
+Starts 4 daemons peered over 127.0.0.1 and 4 tests/e2e/worker.py clients,
+each reducing the ResNet-50 gradient set over one ReduceStream per step
+(the workload of bench/run_e2e_bench without the namespaces, so no root).
+Prints, per codec, the median over the timed steps (step 0 is warm-up) of
+the CPU seconds each daemon and each client spent in the step, averaged
+over the 4 ranks, and the slowest rank's wall time. On a shared machine
+compare the CPU seconds, not the wall time: the wall time moves with
+whatever else runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+import e2e_bench  # noqa: E402
+
+W = 4
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--codecs", default="none,qsgd")
+    p.add_argument("--steps", type=int, default=4, help="per codec, the first is warm-up")
+    p.add_argument("--io", choices=("inline", "shm"), default="shm")
+    p.add_argument("--base_port", type=int, default=47100)
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--out", default=None, help="keep logs and results here")
+    args = p.parse_args()
+
+    binary = os.environ.get("GRADCOMPD") or str(REPO / "bazel-bin/service/gradcompd")
+    work = pathlib.Path(args.out or tempfile.mkdtemp(prefix="gcloop"))
+    work.mkdir(parents=True, exist_ok=True)
+    barriers = work / "barriers"
+    barriers.mkdir(exist_ok=True)
+    peer = [args.base_port + i for i in range(W)]
+    api = [args.base_port + 10 + i for i in range(W)]
+    mon = [args.base_port + 20 + i for i in range(W)]
+    peers = ",".join(f"127.0.0.1:{port}" for port in peer)
+    env = dict(os.environ, PYTHONPATH=str(REPO / "client/python"),
+               **e2e_bench.KEEP_FREED_MEMORY)
+    load_before = e2e_bench.load_average()
+    daemons, workers = [], []
+    try:
+        for i in range(W):
+            daemons.append(subprocess.Popen(
+                [binary, f"--rank={i}", f"--world_size={W}", f"--peers={peers}",
+                 f"--listen=127.0.0.1:{api[i]}", f"--metrics_listen=127.0.0.1:{mon[i]}",
+                 "--collective_timeout=120s", "--peer_startup_timeout=60s",
+                 "--allow_client_shm"],
+                stdout=open(work / f"gradcompd.{i}.log", "wb"), stderr=subprocess.STDOUT))
+        for i in range(W):
+            workers.append(subprocess.Popen(
+                ["/usr/bin/python3", str(REPO / "tests/e2e/worker.py"), f"--rank={i}",
+                 f"--world_size={W}", f"--target=127.0.0.1:{api[i]}",
+                 f"--metrics_url=http://127.0.0.1:{mon[i]}/metrics",
+                 f"--barrier_dir={barriers}", f"--steps={args.steps}",
+                 f"--codecs={args.codecs}", f"--io={args.io}", "--qdisc_dev=",
+                 f"--daemon_pid={daemons[i].pid}", "--rpc_timeout=300",
+                 "--barrier_timeout=300", f"--out={work / f'worker.{i}.json'}"],
+                env=env, stdout=open(work / f"worker.{i}.log", "wb"),
+                stderr=subprocess.STDOUT))
+        e2e_bench.wait_all(workers, daemons, args.timeout, "loopback")
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+        e2e_bench.stop(daemons)
+    results = [json.loads((work / f"worker.{i}.json").read_text()) for i in range(W)]
+    load_after = e2e_bench.load_average()
+    print(f"io {args.io}; 1-minute load {load_before:.1f} before, {load_after:.1f} after; "
+          f"logs in {work}")
+    print("| codec | daemon CPU s / step | client CPU s / step | step wall s |")
+    print("| --- | ---: | ---: | ---: |")
+    summary = {}
+    for codec in args.codecs.split(","):
+        steps = [[s for s in r["steps"] if s["codec"] == codec and s["step"] > 0]
+                 for r in results]
+        n = len(steps[0])
+        daemon = statistics.median(
+            statistics.mean(steps[r][k]["daemon_cpu_s"] for r in range(W)) for k in range(n))
+        client = statistics.median(
+            statistics.mean(steps[r][k]["client_cpu_s"] for r in range(W)) for k in range(n))
+        wall = statistics.median(max(steps[r][k]["wall_s"] for r in range(W))
+                                 for k in range(n))
+        summary[codec] = {"daemon_cpu_s": daemon, "client_cpu_s": client, "wall_s": wall}
+        print(f"| {codec} | {daemon:.2f} | {client:.2f} | {wall:.2f} |")
+    (work / "summary.json").write_text(json.dumps(
+        {"io": args.io, "load_before": load_before, "load_after": load_after,
+         "codecs": summary}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

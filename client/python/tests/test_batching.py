@@ -1,0 +1,122 @@
+"""Batches of same-shape tensors (ReduceRequest.batch) from Python: the
+client's batch arguments, the DDP hook's choice of batches, and two peered
+daemons giving the same averages batched as unbatched with fewer
+collectives."""
+import threading
+import unittest
+
+import numpy as np
+import torch
+
+import gradcomp
+from gradcomp import metrics
+from gradcomp.client import _batch_requests
+from gradcomp.testing import Daemon, free_port
+from gradcomp.torch import Codec, HookState, _Tensor
+
+
+class BatchRequestsTest(unittest.TestCase):
+
+    def test_each_member_gets_its_batch(self):
+        batch_of = _batch_requests({"b": ["x", "y"]}, ["x", "y", "z"])
+        self.assertEqual(sorted(batch_of), ["x", "y"])
+        self.assertEqual(batch_of["x"].id, "b")
+        self.assertEqual(list(batch_of["y"].members), ["x", "y"])
+
+    def test_members_must_be_reduced_and_in_one_batch(self):
+        with self.assertRaisesRegex(ValueError, r"does not reduce: \['w'\]"):
+            _batch_requests({"b": ["x", "w"]}, ["x"])
+        with self.assertRaisesRegex(ValueError, "in batches 'a' and 'b'"):
+            _batch_requests({"a": ["x"], "b": ["x"]}, ["x"])
+
+
+class HookBatchesTest(unittest.TestCase):
+
+    def setUp(self):
+        model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(3)],
+                                    torch.nn.Linear(8, 4))
+        self.state = HookState(model, "127.0.0.1:1", batch_same_shape=True)
+        self.addCleanup(self.state.close)
+        self.tensors = [_Tensor(name, p.detach().numpy(), 0)
+                        for name, p in model.named_parameters()]
+
+    def test_powersgd_matrices_of_one_shape_form_a_batch(self):
+        batches = self.state._batches(Codec("powersgd"), self.tensors)
+        self.assertEqual(batches, {"8x8.<f4.0.weight": ["0.weight", "1.weight",
+                                                        "2.weight"]})
+
+    def test_policy_tensors_batch_once_the_daemon_used_powersgd(self):
+        self.assertEqual(self.state._batches(None, self.tensors), {})
+        self.state.last_codecs = {"0.weight": "powersgd", "1.weight": "powersgd",
+                                  "2.weight": "topk"}
+        self.assertEqual(self.state._batches(None, self.tensors),
+                         {"8x8.<f4.0.weight": ["0.weight", "1.weight"]})
+
+    def test_other_codecs_and_the_default_do_not_batch(self):
+        self.assertEqual(self.state._batches(Codec("topk"), self.tensors), {})
+        self.state.batch_same_shape = False
+        self.assertEqual(self.state._batches(Codec("powersgd"), self.tensors), {})
+
+
+def _collectives(daemon: Daemon) -> float:
+    return metrics.total(metrics.scrape(daemon.metrics_url),
+                         "gradcomp_collective_duration_seconds_count")
+
+
+class BatchTwoDaemonsTest(unittest.TestCase):
+    """Two peered daemons, six same-shape matrices and one other per step,
+    PowerSGD for three steps: batched averages equal unbatched ones on both
+    ranks, with 2 collectives for the batch instead of 12."""
+
+    def test_batched_powersgd_equals_unbatched_with_fewer_collectives(self):
+        peers = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
+        daemons = [Daemon([f"--rank={r}", "--world_size=2", f"--peers={peers}"])
+                   for r in range(2)]
+        for daemon in daemons:
+            daemon.start()
+            self.addCleanup(daemon.__exit__, None, None, None)
+        names = [f"layer{i}.weight" for i in range(6)]
+        rng = np.random.default_rng(3)
+        grads = [[{name: rng.standard_normal((32, 16), dtype=np.float32)
+                   for name in names} | {"head.weight": rng.standard_normal(
+                       (10, 16), dtype=np.float32)} for _ in range(3)]
+                 for _ in range(2)]
+        results = {}
+        errors = []
+
+        def rank(r, job, batches):
+            try:
+                with gradcomp.Client(daemons[r].target) as client:
+                    for step in range(3):
+                        out = client.reduce_many(
+                            grads[r][step], step=step, job=job, codec="powersgd",
+                            params={"rank": 2}, batches=batches)
+                        results[(job, r, step)] = {n: a for n, (a, _) in out.items()}
+            except Exception as error:  # reported below with the daemon logs
+                errors.append(error)
+
+        counts = {}
+        for job, batches in (("plain", None), ("batched", {"bucket0": names})):
+            before = [_collectives(d) for d in daemons]
+            threads = [threading.Thread(target=rank, args=(r, job, batches))
+                       for r in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            self.assertEqual(errors, [], "\n".join(d.log()[-2000:] for d in daemons))
+            counts[job] = [_collectives(d) - b for d, b in zip(daemons, before)]
+        for r in range(2):
+            for step in range(3):
+                for name in names + ["head.weight"]:
+                    np.testing.assert_array_equal(
+                        results[("batched", r, step)][name],
+                        results[("plain", 0, step)][name])
+        # 7 tensors x 2 rounds x 3 steps unbatched; the batch makes 6 of
+        # them one: (1 + 1) x 2 x 3.
+        self.assertEqual(counts["plain"], [42, 42])
+        self.assertEqual(counts["batched"], [12, 12])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,375 @@
+#include "service/collective/batching_collective.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "base/fnv1a.h"
+#include "base/status_macros.h"
+#include "codecs/wire.h"
+
+namespace gradcomp::service {
+namespace {
+
+std::string Prefix(const BatchSpec& batch, const RoundKey& key) {
+  return absl::StrCat("batch '", batch.id, "' round ", key.round, ": ");
+}
+
+// Writes the value 1 as one element of `type` (little-endian), for the
+// presence slots.
+void WriteOne(codecs::ElemType type, char* out) {
+  switch (type) {
+    case codecs::ElemType::kF32: {
+      const float one = 1.0f;
+      std::memcpy(out, &one, sizeof(one));
+      break;
+    }
+    case codecs::ElemType::kF16: {
+      const uint16_t one = 0x3C00;
+      std::memcpy(out, &one, sizeof(one));
+      break;
+    }
+    case codecs::ElemType::kBF16: {
+      const uint16_t one = 0x3F80;
+      std::memcpy(out, &one, sizeof(one));
+      break;
+    }
+  }
+}
+
+// What the members of a batch must agree on, read from one SUM payload.
+struct BodyShape {
+  codecs::CodecId codec;
+  uint8_t round;
+  uint64_t numel;
+  codecs::ElemType type;
+  size_t elements;
+
+  bool operator==(const BodyShape& o) const {
+    return codec == o.codec && round == o.round && numel == o.numel &&
+           type == o.type && elements == o.elements;
+  }
+  std::string ToString() const {
+    return absl::StrCat("codec id ", static_cast<int>(codec), " round ", round,
+                        ", ", numel, " elements, a body of ", elements,
+                        " values of type ", static_cast<int>(type));
+  }
+};
+
+absl::StatusOr<BodyShape> ReadBodyShape(const codecs::ParsedPayload& parsed) {
+  GC_ASSIGN_OR_RETURN(size_t elements, codecs::DenseBodyElements(parsed));
+  return BodyShape{parsed.header.codec, parsed.header.round,
+                   parsed.header.numel,
+                   static_cast<codecs::ElemType>(parsed.params[0]), elements};
+}
+
+}  // namespace
+
+absl::StatusOr<BatchSpec> MakeBatchSpec(std::string id,
+                                        std::vector<std::string> members,
+                                        absl::string_view tensor) {
+  if (id.empty()) {
+    return absl::InvalidArgumentError(
+        "batch id is empty, expected a name that is the same on every rank "
+        "(such as 'bucket0:256x256')");
+  }
+  if (members.size() > kMaxBatchMembers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch '", id, "' has ", members.size(), " members, expected at most ",
+        kMaxBatchMembers, " (each waiting member holds a daemon thread)"));
+  }
+  std::sort(members.begin(), members.end());
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch '", id, "' names an empty member, expected tensor names"));
+    }
+    if (i > 0 && members[i] == members[i - 1]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch '", id, "' names member '", members[i],
+                       "' twice, expected each tensor once"));
+    }
+  }
+  if (!std::binary_search(members.begin(), members.end(), tensor)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch '", id, "' does not name tensor '", tensor,
+        "' among its members [", absl::StrJoin(members, ", "),
+        "], expected the members to include every tensor sent with it"));
+  }
+  return BatchSpec{std::move(id), std::move(members)};
+}
+
+std::string BatchKeyTensor(const BatchSpec& batch) {
+  Fnv1a64 digest;
+  for (const std::string& member : batch.members) {
+    digest.Update(member);
+    digest.Update(absl::string_view("\0", 1));
+  }
+  return absl::StrCat("#batch:", batch.id, "#",
+                      absl::StrFormat("%016x", digest.value()));
+}
+
+BatchingCollective::BatchingCollective(Collective* inner,
+                                       absl::Duration timeout)
+    : inner_(inner), timeout_(timeout) {}
+
+absl::StatusOr<codecs::RoundResult> BatchingCollective::Run(
+    const RoundKey& key, codecs::Round round) {
+  return inner_->Run(key, std::move(round));
+}
+
+absl::StatusOr<std::vector<codecs::Bytes>> BatchingCollective::AllToAll(
+    const RoundKey& key, std::vector<codecs::Bytes> parts) {
+  return inner_->AllToAll(key, std::move(parts));
+}
+
+absl::StatusOr<std::vector<codecs::Bytes>> BatchingCollective::Allgather(
+    const RoundKey& key, codecs::Bytes part) {
+  return inner_->Allgather(key, std::move(part));
+}
+
+bool BatchingCollective::Complete(const StepBatch& batch, int round,
+                                  const RoundGroup& group) {
+  for (size_t i = 0; i < batch.members.size(); ++i) {
+    if (!group.arrived[i] && batch.left_from[i] > round) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<BatchingCollective::StepBatch*> BatchingCollective::FindOrAdd(
+    const RoundKey& key, const BatchSpec& batch) {
+  StepKey step_key{key.job, BatchKeyTensor(batch), key.step};
+  auto it = batches_.find(step_key);
+  if (it == batches_.end()) {
+    DropStale();
+    StepBatch fresh;
+    fresh.members = batch.members;
+    fresh.left_from.assign(batch.members.size(), kStillIn);
+    it = batches_.emplace(std::move(step_key), std::move(fresh)).first;
+  }
+  // The key holds a digest of the members; a collision is all this catches.
+  if (it->second.members != batch.members) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch '", batch.id, "' step ", key.step, ": members [",
+                     absl::StrJoin(batch.members, ", "), "] differ from [",
+                     absl::StrJoin(it->second.members, ", "),
+                     "] named by another member; expected one list"));
+  }
+  it->second.touched = absl::Now();
+  return &it->second;
+}
+
+void BatchingCollective::DropStale() {
+  const absl::Time cutoff = absl::Now() - 4 * timeout_;
+  for (auto it = batches_.begin(); it != batches_.end();) {
+    if (it->second.rounds.empty() && it->second.touched < cutoff) {
+      it = batches_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void BatchingCollective::MaybeErase(const RoundKey& key, const BatchSpec& batch,
+                                    const StepBatch& step_batch) {
+  if (!step_batch.rounds.empty()) return;
+  for (int from : step_batch.left_from) {
+    if (from == kStillIn) return;
+  }
+  batches_.erase(StepKey{key.job, BatchKeyTensor(batch), key.step});
+}
+
+absl::StatusOr<BatchingCollective::Summed> BatchingCollective::Exchange(
+    const RoundKey& key, const BatchSpec& batch,
+    const std::vector<codecs::Bytes>& payloads,
+    const std::vector<bool>& arrived) {
+  const size_t members = batch.members.size();
+  std::vector<codecs::ParsedPayload> parsed(members);
+  std::optional<BodyShape> common;
+  size_t first = 0;
+  for (size_t i = 0; i < members; ++i) {
+    if (!arrived[i]) continue;
+    absl::StatusOr<BodyShape> shape;
+    absl::StatusOr<codecs::ParsedPayload> peeked =
+        codecs::PeekPayload(payloads[i]);
+    if (peeked.ok()) {
+      parsed[i] = *peeked;
+      shape = ReadBodyShape(parsed[i]);
+    } else {
+      shape = peeked.status();
+    }
+    if (!shape.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "member '", batch.members[i], "' sent a SUM round without a usable ",
+          "dense body: ", shape.status().message()));
+    }
+    if (!common.has_value()) {
+      common = *shape;
+      first = i;
+    } else if (!(*shape == *common)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "members '", batch.members[first], "' (", common->ToString(),
+          ") and '", batch.members[i], "' (", shape->ToString(),
+          ") send different rounds; expected the members of a batch to have "
+          "the same codec plan (the same shape and policy rule)"));
+    }
+  }
+  const size_t width = codecs::ElemTypeBytes(common->type);
+  const size_t slot_bytes = common->elements * width;
+  codecs::WireHeader header;
+  header.codec = common->codec;
+  header.round = common->round;
+  header.flags = codecs::kFlagDenseBody;
+  header.numel = common->numel * members;
+  const std::string params(1, static_cast<char>(common->type));
+  codecs::Round round;
+  round.collective = codecs::Collective::kSum;
+  char* body = codecs::BeginPayload(
+      header, params, (common->elements + 1) * members * width, &round.payload);
+  char* presence = body + slot_bytes * members;
+  for (size_t i = 0; i < members; ++i) {
+    if (arrived[i]) {
+      std::memcpy(body + i * slot_bytes, parsed[i].body.data(), slot_bytes);
+      WriteOne(common->type, presence + i * width);
+    } else {
+      std::memset(body + i * slot_bytes, 0, slot_bytes);
+      std::memset(presence + i * width, 0, width);
+    }
+  }
+  GC_ASSIGN_OR_RETURN(
+      codecs::RoundResult result,
+      inner_->Run({key.job, BatchKeyTensor(batch), key.step, key.round},
+                  std::move(round)));
+  if (result.sum.size() != (common->elements + 1) * members) {
+    return absl::InternalError(
+        absl::StrCat("the batch's sum holds ", result.sum.size(),
+                     " values, expected ", (common->elements + 1) * members));
+  }
+  return Summed{result.world_size, common->elements, std::move(result.sum)};
+}
+
+absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
+    const RoundKey& key, const BatchSpec& batch, codecs::Round round) {
+  if (round.collective != codecs::Collective::kSum) {
+    return inner_->Run(key, std::move(round));
+  }
+  const auto member =
+      std::lower_bound(batch.members.begin(), batch.members.end(), key.tensor);
+  if (member == batch.members.end() || *member != key.tensor) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Prefix(batch, key), "tensor '", key.tensor, "' is not a member"));
+  }
+  const size_t index = member - batch.members.begin();
+  const size_t members = batch.members.size();
+  const absl::Time deadline = absl::Now() + timeout_;
+
+  absl::MutexLock lock(&mu_);
+  GC_ASSIGN_OR_RETURN(StepBatch * step_batch, FindOrAdd(key, batch));
+  if (step_batch->left_from[index] <= key.round) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Prefix(batch, key), "tensor '", key.tensor,
+                     "' left the batch at round ", step_batch->left_from[index],
+                     " of step ", key.step));
+  }
+  RoundGroup& group =
+      step_batch->rounds.try_emplace(key.round, members).first->second;
+  if (group.arrived[index]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Prefix(batch, key), "tensor '", key.tensor, "' reached step ", key.step,
+        " round ", key.round, " twice, expected one reduce per step"));
+  }
+  group.arrived[index] = true;
+  group.payloads[index] = std::move(round.payload);
+  ++group.waiting;
+
+  auto ready = [&] {
+    return group.finished ||
+           (!group.started && Complete(*step_batch, key.round, group));
+  };
+  auto finished = [&] { return group.finished; };
+  const bool in_time = mu_.AwaitWithDeadline(
+      absl::Condition(
+          +[](decltype(ready)* f) { return (*f)(); }, &ready),
+      deadline);
+  if (!group.finished && !group.started && ready()) {
+    // The last member to arrive (or the one woken by the last Leave) runs
+    // the batch's one collective for everybody.
+    group.started = true;
+    std::vector<codecs::Bytes> payloads = std::move(group.payloads);
+    const std::vector<bool> arrived = group.arrived;
+    mu_.Unlock();
+    absl::StatusOr<Summed> summed = Exchange(key, batch, payloads, arrived);
+    mu_.Lock();
+    if (summed.ok()) {
+      group.world_size = summed->world_size;
+      group.member_elements = summed->member_elements;
+      group.sum = std::move(summed->sum);
+    } else {
+      group.status = absl::Status(
+          summed.status().code(),
+          absl::StrCat(Prefix(batch, key), summed.status().message()));
+    }
+    group.finished = true;
+  } else if (!group.finished && !group.started && !in_time) {
+    std::vector<std::string> missing;
+    for (size_t i = 0; i < members; ++i) {
+      if (!group.arrived[i] && step_batch->left_from[i] > key.round) {
+        missing.push_back(batch.members[i]);
+      }
+    }
+    group.status = absl::DeadlineExceededError(absl::StrCat(
+        Prefix(batch, key), "members [", absl::StrJoin(missing, ", "), "] of ",
+        members, " neither reached step ", key.step, " round ", key.round,
+        " nor left the batch within ", absl::FormatDuration(timeout_),
+        " on rank ", inner_->rank(),
+        " (their reduces never came or failed "
+        "before the batch)"));
+    group.finished = true;
+  } else if (!group.finished) {
+    // Another member runs the collective, which has its own deadline.
+    mu_.Await(absl::Condition(
+        +[](decltype(finished)* f) { return (*f)(); }, &finished));
+  }
+
+  absl::StatusOr<codecs::RoundResult> result;
+  if (!group.status.ok()) {
+    result = group.status;
+  } else {
+    const size_t n = group.member_elements;
+    const float present = group.sum[members * n + index];
+    if (present != static_cast<float>(group.world_size)) {
+      result = absl::FailedPreconditionError(absl::StrCat(
+          Prefix(batch, key), "tensor '", key.tensor, "' was in the sum of ",
+          present, " of ", group.world_size,
+          " ranks; it left the batch on the others (an error there)"));
+    } else {
+      codecs::RoundResult own;
+      own.world_size = group.world_size;
+      own.sum.assign(group.sum.begin() + index * n,
+                     group.sum.begin() + (index + 1) * n);
+      result = std::move(own);
+    }
+  }
+  if (--group.waiting == 0) {
+    step_batch->rounds.erase(key.round);
+    MaybeErase(key, batch, *step_batch);
+  }
+  return result;
+}
+
+void BatchingCollective::Leave(const RoundKey& key, const BatchSpec& batch) {
+  const auto member =
+      std::lower_bound(batch.members.begin(), batch.members.end(), key.tensor);
+  if (member == batch.members.end() || *member != key.tensor) return;
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<StepBatch*> step_batch = FindOrAdd(key, batch);
+  if (!step_batch.ok()) return;
+  int& from = (*step_batch)->left_from[member - batch.members.begin()];
+  from = std::min(from, key.round);
+  MaybeErase(key, batch, **step_batch);
+}
+
+}  // namespace gradcomp::service

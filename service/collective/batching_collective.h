@@ -1,0 +1,159 @@
+// Batching of SUM rounds: the rounds of a client-declared batch of tensors
+// (say the 20 same-shape PowerSGD matrices of a DDP bucket) travel as one
+// collective instead of one each. Every member's Run waits until all
+// members of the batch have reached the round (or left it); one caller
+// then concatenates the dense bodies, members sorted by name, runs a single
+// inner Run and hands each member its slice of the sum.
+//
+//   BatchingCollective batching(&peer_collective, absl::Seconds(60));
+//   GC_ASSIGN_OR_RETURN(BatchSpec batch, MakeBatchSpec(id, members, tensor));
+//   // on each member's thread, for each of its rounds:
+//   GC_ASSIGN_OR_RETURN(auto result, batching.RunBatched(key, batch, round));
+//   // when the member is done with the step, whether it succeeded or not:
+//   batching.Leave(key, batch);
+//
+// The batch payload is the members' bodies in sorted-name order, then one
+// presence value per member (1 where this rank contributed it, 0 where the
+// member left here): a member absent on some rank gets a zero slot, so the
+// concatenations line up on every rank, and the summed presence tells each
+// member whether all ranks contributed it. The inner key's tensor is
+// "#batch:<id>#<digest of the member list>", so ranks that disagree on the
+// member list never meet (they fail at the deadline naming the ranks)
+// instead of summing misaligned bodies.
+#ifndef GRADCOMP_SERVICE_COLLECTIVE_BATCHING_COLLECTIVE_H_
+#define GRADCOMP_SERVICE_COLLECTIVE_BATCHING_COLLECTIVE_H_
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "service/collective/collective.h"
+
+namespace gradcomp::service {
+
+// Every member of a batch holds a thread while it waits for the others
+// (the daemon's stream pool has 256 per process): a bound keeps one batch
+// from holding them all.
+inline constexpr size_t kMaxBatchMembers = 128;
+
+// A batch as the engine uses it: `members` sorted and unique.
+struct BatchSpec {
+  std::string id;
+  std::vector<std::string> members;
+};
+
+// Validates a request's batch for `tensor` and sorts its members.
+// InvalidArgument when the id is empty, a member is empty or repeated,
+// `tensor` is not a member, or there are more than kMaxBatchMembers.
+absl::StatusOr<BatchSpec> MakeBatchSpec(std::string id,
+                                        std::vector<std::string> members,
+                                        absl::string_view tensor);
+
+// The rendezvous name of a batch's inner collective.
+std::string BatchKeyTensor(const BatchSpec& batch);
+
+class BatchingCollective : public Collective {
+ public:
+  // `inner` must outlive this object. `timeout` bounds how long a member
+  // waits for the other members of its batch on this rank.
+  BatchingCollective(Collective* inner, absl::Duration timeout);
+
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+
+  // Unbatched rounds and the sharded exchanges pass straight through.
+  absl::StatusOr<codecs::RoundResult> Run(const RoundKey& key,
+                                          codecs::Round round) override;
+  absl::StatusOr<std::vector<codecs::Bytes>> AllToAll(
+      const RoundKey& key, std::vector<codecs::Bytes> parts) override;
+  absl::StatusOr<std::vector<codecs::Bytes>> Allgather(
+      const RoundKey& key, codecs::Bytes part) override;
+
+  // Round `key.round` of member `key.tensor` of `batch` (a MakeBatchSpec
+  // result) at `key.step`. A kGather round passes straight through. Errors:
+  // DeadlineExceeded naming the members that neither arrived nor left;
+  // InvalidArgument when members' payloads differ in codec, round, element
+  // count or body; FailedPrecondition for a member that some rank left out
+  // of the sum; the inner collective's errors for every member.
+  absl::StatusOr<codecs::RoundResult> RunBatched(const RoundKey& key,
+                                                 const BatchSpec& batch,
+                                                 codecs::Round round)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Member `key.tensor` takes part in no round >= `key.round` of step
+  // `key.step`: the others go on without it. Call it once per batched
+  // reduce when it ends, successful or not.
+  void Leave(const RoundKey& key, const BatchSpec& batch)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  static constexpr int kStillIn = std::numeric_limits<int>::max();
+
+  // One round of one batch at one step on this rank.
+  struct RoundGroup {
+    explicit RoundGroup(size_t members)
+        : payloads(members), arrived(members, false) {}
+    std::vector<codecs::Bytes> payloads;
+    std::vector<bool> arrived;
+    int waiting = 0;  // members in RunBatched for this round
+    bool started = false;
+    bool finished = false;
+    absl::Status status;
+    int world_size = 0;
+    size_t member_elements = 0;
+    std::vector<float> sum;  // members' slices, then the presence sums
+  };
+  struct Summed {
+    int world_size = 0;
+    size_t member_elements = 0;
+    std::vector<float> sum;
+  };
+  // One batch at one step on this rank.
+  struct StepBatch {
+    std::vector<std::string> members;
+    std::vector<int> left_from;  // per member: first round it is out of
+    std::map<int, RoundGroup> rounds;
+    absl::Time touched;
+  };
+  using StepKey = std::tuple<std::string, std::string, int64_t>;
+
+  // The record of `batch` at `key.step`, made on first use.
+  // InvalidArgument when it was made with a different member list.
+  absl::StatusOr<StepBatch*> FindOrAdd(const RoundKey& key,
+                                       const BatchSpec& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the record when every member has left and no round is open.
+  void MaybeErase(const RoundKey& key, const BatchSpec& batch,
+                  const StepBatch& step_batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets step records nobody has touched for a few timeouts (a member
+  // that never came and never left).
+  void DropStale() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static bool Complete(const StepBatch& batch, int round,
+                       const RoundGroup& group);
+  // The leader's work, outside the lock: concatenate the bodies of the
+  // members that `arrived`, run the inner collective, return the sum.
+  absl::StatusOr<Summed> Exchange(const RoundKey& key, const BatchSpec& batch,
+                                  const std::vector<codecs::Bytes>& payloads,
+                                  const std::vector<bool>& arrived);
+
+  Collective* const inner_;
+  const absl::Duration timeout_;
+  absl::Mutex mu_;
+  std::map<StepKey, StepBatch> batches_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gradcomp::service
+
+#endif  // GRADCOMP_SERVICE_COLLECTIVE_BATCHING_COLLECTIVE_H_

@@ -1,0 +1,352 @@
+#include "service/collective/batching_collective.h"
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "codecs/wire.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "service/collective/in_process_group.h"
+
+namespace gradcomp::service {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Counts the inner collectives a BatchingCollective runs.
+class CountingCollective : public Collective {
+ public:
+  explicit CountingCollective(Collective* inner) : inner_(inner) {}
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  absl::StatusOr<codecs::RoundResult> Run(const RoundKey& key,
+                                          codecs::Round round) override {
+    ++runs;
+    return inner_->Run(key, std::move(round));
+  }
+  absl::StatusOr<std::vector<codecs::Bytes>> AllToAll(
+      const RoundKey& key, std::vector<codecs::Bytes> parts) override {
+    return inner_->AllToAll(key, std::move(parts));
+  }
+  absl::StatusOr<std::vector<codecs::Bytes>> Allgather(
+      const RoundKey& key, codecs::Bytes part) override {
+    return inner_->Allgather(key, std::move(part));
+  }
+  std::atomic<int> runs{0};
+
+ private:
+  Collective* inner_;
+};
+
+// W ranks, each with a BatchingCollective over its in-process peer.
+class Ranks {
+ public:
+  Ranks(int world, absl::Duration member_timeout,
+        absl::Duration collective_timeout = absl::Seconds(60))
+      : group_(world, collective_timeout) {
+    for (int r = 0; r < world; ++r) {
+      counting_.push_back(
+          std::make_unique<CountingCollective>(&group_.collective(r)));
+      batching_.push_back(std::make_unique<BatchingCollective>(
+          counting_.back().get(), member_timeout));
+    }
+  }
+  BatchingCollective& batching(int rank) { return *batching_[rank]; }
+  PeerCollective& peer(int rank) { return group_.collective(rank); }
+  int inner_runs(int rank) const { return counting_[rank]->runs; }
+
+ private:
+  InProcessGroup group_;
+  std::vector<std::unique_ptr<CountingCollective>> counting_;
+  std::vector<std::unique_ptr<BatchingCollective>> batching_;
+};
+
+std::vector<float> Values(int rank, int member, int round, int step, size_t n) {
+  std::mt19937 gen(1000 * rank + 100 * member + 10 * round + step);
+  std::normal_distribution<float> normal;
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(gen);
+  return v;
+}
+
+codecs::Round SumRound(int round, absl::Span<const float> values,
+                       codecs::ElemType type = codecs::ElemType::kF32) {
+  codecs::Round r;
+  r.collective = codecs::Collective::kSum;
+  codecs::WireHeader header;
+  header.codec = codecs::CodecId::kPowerSgd;
+  header.round = round;
+  header.numel = 1000;
+  codecs::WriteDensePayload(header, type, values, &r.payload);
+  return r;
+}
+
+BatchSpec Spec(const std::string& id, std::vector<std::string> members) {
+  return *MakeBatchSpec(id, std::move(members), "a");
+}
+
+// Runs fn(rank, member) on one thread each and joins them.
+void OnThreads(int world, int members,
+               const std::function<void(int, int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    for (int m = 0; m < members; ++m) threads.emplace_back(fn, r, m);
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+TEST(MakeBatchSpecTest, SortsAndRefusesBadLists) {
+  absl::StatusOr<BatchSpec> spec = MakeBatchSpec("b", {"c", "a", "b"}, "b");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_THAT(spec->members, ::testing::ElementsAre("a", "b", "c"));
+
+  EXPECT_THAT(MakeBatchSpec("", {"a"}, "a").status().message(),
+              HasSubstr("batch id is empty"));
+  EXPECT_THAT(MakeBatchSpec("b", {"a", "a"}, "a").status().message(),
+              HasSubstr("names member 'a' twice"));
+  EXPECT_THAT(MakeBatchSpec("b", {"a", ""}, "a").status().message(),
+              HasSubstr("empty member"));
+  EXPECT_THAT(MakeBatchSpec("b", {"x", "y"}, "a").status().message(),
+              HasSubstr("does not name tensor 'a'"));
+  std::vector<std::string> many;
+  for (size_t i = 0; i <= kMaxBatchMembers; ++i)
+    many.push_back(absl::StrCat(i));
+  EXPECT_EQ(MakeBatchSpec("b", many, "0").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(BatchKeyTensorTest, DependsOnTheMemberList) {
+  EXPECT_NE(BatchKeyTensor(Spec("b", {"a", "c"})),
+            BatchKeyTensor(Spec("b", {"a", "d"})));
+  EXPECT_EQ(BatchKeyTensor(Spec("b", {"a", "c"})).rfind("#batch:b#", 0), 0u);
+}
+
+// Five members, two rounds, two steps: each member's result is bit-for-bit
+// its own unbatched allreduce, on every rank, with one inner collective
+// per round per rank.
+TEST(BatchingCollectiveTest, EqualsPerTensorSumsWithOneCollectivePerRound) {
+  constexpr int kWorld = 4, kMembers = 5, kRounds = 2, kSteps = 2;
+  constexpr size_t kElements = 37;
+  Ranks ranks(kWorld, absl::Seconds(60));
+  const std::vector<std::string> names = {"m0", "m1", "m2", "m3", "m4"};
+  const BatchSpec spec = *MakeBatchSpec("bucket0", names, "m0");
+  std::vector<std::vector<float>> batched(kWorld * kMembers * kRounds * kSteps);
+  std::vector<std::vector<float>> plain(batched.size());
+  auto slot = [&](int r, int m, int round, int step) {
+    return ((r * kMembers + m) * kRounds + round) * kSteps + step;
+  };
+  OnThreads(kWorld, kMembers, [&](int r, int m) {
+    for (int step = 0; step < kSteps; ++step) {
+      for (int round = 0; round < kRounds; ++round) {
+        const std::vector<float> v = Values(r, m, round, step, kElements);
+        const RoundKey key{"job", names[m], step, round};
+        absl::StatusOr<codecs::RoundResult> result =
+            ranks.batching(r).RunBatched(key, spec, SumRound(round, v));
+        ASSERT_TRUE(result.ok()) << result.status();
+        EXPECT_EQ(result->world_size, kWorld);
+        batched[slot(r, m, round, step)] = result->sum;
+        absl::StatusOr<codecs::RoundResult> alone = ranks.peer(r).Run(
+            {"job", absl::StrCat("plain.", names[m]), step, round},
+            SumRound(round, v));
+        ASSERT_TRUE(alone.ok()) << alone.status();
+        plain[slot(r, m, round, step)] = alone->sum;
+      }
+      ranks.batching(r).Leave({"job", names[m], step, kRounds}, spec);
+    }
+  });
+  for (size_t i = 0; i < batched.size(); ++i) {
+    ASSERT_EQ(batched[i].size(), kElements);
+    EXPECT_EQ(batched[i], plain[i]) << "slot " << i;
+  }
+  for (int m = 0; m < kMembers; ++m) {
+    for (int r = 1; r < kWorld; ++r) {
+      EXPECT_EQ(batched[slot(r, m, 1, 1)], batched[slot(0, m, 1, 1)]);
+    }
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(ranks.inner_runs(r), kRounds * kSteps) << "rank " << r;
+  }
+}
+
+// A member that leaves on every rank: the others go on without it.
+TEST(BatchingCollectiveTest, AMemberThatLeavesEverywhereLetsTheOthersGoOn) {
+  constexpr int kWorld = 3;
+  Ranks ranks(kWorld, absl::Seconds(60));
+  const BatchSpec spec = Spec("b", {"a", "b", "c"});
+  std::vector<std::vector<float>> results(kWorld * 3);
+  OnThreads(kWorld, 3, [&](int r, int m) {
+    const std::string name = spec.members[m];
+    if (name == "b") {
+      ranks.batching(r).Leave({"job", name, 0, 0}, spec);
+      return;
+    }
+    absl::StatusOr<codecs::RoundResult> result = ranks.batching(r).RunBatched(
+        {"job", name, 0, 0}, spec, SumRound(0, Values(r, m, 0, 0, 4)));
+    ASSERT_TRUE(result.ok()) << result.status();
+    results[r * 3 + m] = result->sum;
+    ranks.batching(r).Leave({"job", name, 0, 1}, spec);
+  });
+  for (int m : {0, 2}) {
+    std::vector<float> expected(4, 0.0f);
+    for (int r = 0; r < kWorld; ++r) {
+      const std::vector<float> v = Values(r, m, 0, 0, 4);
+      for (int i = 0; i < 4; ++i) expected[i] += v[i];
+    }
+    for (int r = 0; r < kWorld; ++r) EXPECT_EQ(results[r * 3 + m], expected);
+  }
+}
+
+// A member that leaves on one rank only: the others succeed everywhere;
+// it fails on the ranks that sent it, naming how many ranks contributed.
+TEST(BatchingCollectiveTest, AMemberLeftOnOneRankFailsOnlyThatMember) {
+  constexpr int kWorld = 4;
+  Ranks ranks(kWorld, absl::Seconds(60));
+  const BatchSpec spec = Spec("b", {"a", "b"});
+  std::vector<absl::Status> status(kWorld * 2);
+  OnThreads(kWorld, 2, [&](int r, int m) {
+    const std::string name = spec.members[m];
+    if (name == "b" && r == 0) {
+      ranks.batching(r).Leave({"job", name, 0, 0}, spec);
+      return;
+    }
+    status[r * 2 + m] = ranks.batching(r)
+                            .RunBatched({"job", name, 0, 0}, spec,
+                                        SumRound(0, Values(r, m, 0, 0, 8)))
+                            .status();
+    ranks.batching(r).Leave({"job", name, 0, 1}, spec);
+  });
+  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(status[r * 2].ok()) << r;
+  for (int r = 1; r < kWorld; ++r) {
+    EXPECT_EQ(status[r * 2 + 1].code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(status[r * 2 + 1].message(),
+                HasSubstr("'b' was in the sum of 3 of 4 ranks"));
+  }
+}
+
+// A member that never comes: every member fails at the deadline with an
+// error naming it, on every rank.
+TEST(BatchingCollectiveTest, AMissingMemberFailsTheBatchNamingIt) {
+  constexpr int kWorld = 2;
+  Ranks ranks(kWorld, absl::Milliseconds(300));
+  const BatchSpec spec = Spec("b", {"a", "b", "late"});
+  std::vector<absl::Status> status(kWorld * 2);
+  OnThreads(kWorld, 2, [&](int r, int m) {
+    status[r * 2 + m] = ranks.batching(r)
+                            .RunBatched({"job", spec.members[m], 0, 0}, spec,
+                                        SumRound(0, Values(r, m, 0, 0, 8)))
+                            .status();
+  });
+  for (const absl::Status& s : status) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_THAT(s.message(), HasSubstr("members [late] of 3"));
+    EXPECT_THAT(s.message(), HasSubstr("batch 'b' round 0"));
+  }
+}
+
+// Members whose rounds differ (not the same codec plan) fail with an error
+// naming both.
+TEST(BatchingCollectiveTest, MembersWithDifferentBodiesAreRefused) {
+  Ranks ranks(1, absl::Seconds(60));
+  const BatchSpec spec = Spec("b", {"a", "b"});
+  std::vector<absl::Status> status(2);
+  OnThreads(1, 2, [&](int r, int m) {
+    status[m] = ranks.batching(r)
+                    .RunBatched({"job", spec.members[m], 0, 0}, spec,
+                                SumRound(0, Values(r, m, 0, 0, 4 + m)))
+                    .status();
+  });
+  for (const absl::Status& s : status) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr("members 'a'"));
+    EXPECT_THAT(s.message(), HasSubstr("the same codec plan"));
+  }
+  EXPECT_EQ(ranks.inner_runs(0), 0);
+}
+
+// fp16 bodies keep their type in the batch payload (presence slots too).
+TEST(BatchingCollectiveTest, HalfPrecisionBodiesSumAsTheyWould) {
+  constexpr int kWorld = 2;
+  Ranks ranks(kWorld, absl::Seconds(60));
+  const BatchSpec spec = Spec("b", {"a", "b"});
+  std::vector<std::vector<float>> batched(kWorld * 2), plain(kWorld * 2);
+  OnThreads(kWorld, 2, [&](int r, int m) {
+    const std::vector<float> v = Values(r, m, 0, 0, 16);
+    absl::StatusOr<codecs::RoundResult> result =
+        ranks.batching(r).RunBatched({"job", spec.members[m], 0, 0}, spec,
+                                     SumRound(0, v, codecs::ElemType::kF16));
+    ASSERT_TRUE(result.ok()) << result.status();
+    batched[r * 2 + m] = result->sum;
+    absl::StatusOr<codecs::RoundResult> alone = ranks.peer(r).Run(
+        {"job", absl::StrCat("plain.", spec.members[m]), 0, 0},
+        SumRound(0, v, codecs::ElemType::kF16));
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    plain[r * 2 + m] = alone->sum;
+  });
+  EXPECT_EQ(batched, plain);
+}
+
+// Many batches of several jobs and steps at once, two rounds each: every
+// member gets its own sum.
+TEST(BatchingCollectiveTest, ManyBatchesConcurrently) {
+  constexpr int kWorld = 3, kBatches = 6, kMembers = 4;
+  constexpr size_t kElements = 5;
+  Ranks ranks(kWorld, absl::Seconds(60));
+  std::vector<BatchSpec> specs;
+  for (int b = 0; b < kBatches; ++b) {
+    std::vector<std::string> names;
+    for (int m = 0; m < kMembers; ++m) names.push_back(absl::StrCat(b, ".", m));
+    specs.push_back(
+        *MakeBatchSpec(absl::StrCat("batch", b), names, names.front()));
+  }
+  std::vector<std::vector<float>> results(kWorld * kBatches * kMembers * 2);
+  OnThreads(kWorld, kBatches * kMembers, [&](int r, int i) {
+    const int b = i / kMembers, m = i % kMembers;
+    const std::string job = absl::StrCat("job", b % 2);
+    for (int round = 0; round < 2; ++round) {
+      absl::StatusOr<codecs::RoundResult> result = ranks.batching(r).RunBatched(
+          {job, specs[b].members[m], b, round}, specs[b],
+          SumRound(round, Values(r, i, round, b, kElements)));
+      ASSERT_TRUE(result.ok()) << result.status();
+      results[(r * kBatches * kMembers + i) * 2 + round] = result->sum;
+    }
+    ranks.batching(r).Leave({job, specs[b].members[m], b, 2}, specs[b]);
+  });
+  for (int i = 0; i < kBatches * kMembers; ++i) {
+    for (int round = 0; round < 2; ++round) {
+      std::vector<float> expected(kElements, 0.0f);
+      for (int r = 0; r < kWorld; ++r) {
+        const std::vector<float> v =
+            Values(r, i, round, i / kMembers, kElements);
+        for (size_t k = 0; k < kElements; ++k) expected[k] += v[k];
+      }
+      for (int r = 0; r < kWorld; ++r) {
+        EXPECT_EQ(results[(r * kBatches * kMembers + i) * 2 + round], expected)
+            << "member " << i << " round " << round << " rank " << r;
+      }
+    }
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(ranks.inner_runs(r), kBatches * 2);
+  }
+}
+
+TEST(BatchingCollectiveTest, GatherRoundsPassThrough) {
+  Ranks ranks(1, absl::Seconds(60));
+  codecs::Round round = SumRound(0, Values(0, 0, 0, 0, 3));
+  round.collective = codecs::Collective::kGather;
+  const codecs::Bytes sent = round.payload;
+  absl::StatusOr<codecs::RoundResult> result = ranks.batching(0).RunBatched(
+      {"job", "a", 0, 0}, Spec("b", {"a", "b"}), std::move(round));
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->payloads.size(), 1u);
+  EXPECT_EQ(result->payloads[0], sent);
+}
+
+}  // namespace
+}  // namespace gradcomp::service

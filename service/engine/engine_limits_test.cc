@@ -1,0 +1,220 @@
+// The engine's limits (docs/daemon.md, "Limits"): a request over a limit
+// fails cleanly with RESOURCE_EXHAUSTED and a message with the figures,
+// is counted, leaks nothing, and the next request is served; jobs with
+// the same tensor names keep separate codec state.
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "codecs/builtin.h"
+#include "codecs/state.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "service/collective/local_collective.h"
+#include "service/engine/engine.h"
+#include "service/metrics/metrics.h"
+#include "service/metrics/metrics_testing.h"
+
+namespace gradcomp::service {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Floats(size_t n, float scale) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    v[i] = scale * (std::sin(0.37f * static_cast<float>(i)) + 0.01f);
+  }
+  std::string out(n * sizeof(float), '\0');
+  std::memcpy(out.data(), v.data(), out.size());
+  return out;
+}
+
+class EngineLimitsTest : public ::testing::Test {
+ protected:
+  void Build(const EngineOptions& options) {
+    auto engine = Engine::Create(options, codecs::BuiltinCodecs(), &store_,
+                                 &collective_, &metrics_, Policy());
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = std::move(*engine);
+  }
+
+  // An n x n fp32 reduce of `data` for `job`.
+  ReduceInput Square(const std::string& data, int64_t n,
+                     const std::string& job = "job",
+                     const std::string& tensor = "w") {
+    ReduceInput in;
+    in.job = job;
+    in.tensor = tensor;
+    in.dtype = DType::kFloat32;
+    in.shape = {n, n};
+    in.data = data;
+    return in;
+  }
+
+  double Metric(absl::string_view name,
+                const std::map<std::string, std::string>& labels = {}) {
+    return MetricValue(*metrics_.collectable(), name, labels);
+  }
+  double Exhausted(const std::string& resource) {
+    return Metric("gradcomp_resource_exhausted_total",
+                  {{"resource", resource}});
+  }
+  double InUse() { return Metric("gradcomp_memory_budget_in_use_bytes"); }
+
+  codecs::StateStore store_;
+  Metrics metrics_{&store_, "test"};
+  LocalCollective collective_;
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(EngineLimitsTest, TensorOverMaxBytesFailsAndTheNextIsServed) {
+  EngineOptions options;
+  options.max_tensor_bytes = 4096;
+  Build(options);
+  const std::string big = Floats(64 * 64, 1);
+  auto refused = engine_->Reduce(Square(big, 64));
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("over max_tensor_bytes 4096"));
+  EXPECT_EQ(Exhausted("tensor_bytes"), 1);
+  const std::string small = Floats(32 * 32, 1);
+  auto served = engine_->Reduce(Square(small, 32));
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_EQ(served->data, small);
+}
+
+TEST_F(EngineLimitsTest, ReduceLargerThanTheBudgetFailsAtOnceWithFigures) {
+  EngineOptions options;
+  options.memory_budget_bytes = 100 << 10;
+  Build(options);
+  // 128 x 128 fp32: payload + average + response = 3 x 64 KiB > 100 KiB.
+  const std::string big = Floats(128 * 128, 1);
+  auto refused = engine_->Reduce(Square(big, 128));
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("tensor 'w' step 0: memory budget: this reduce needs "
+                        "196608 bytes, more than the whole budget of 102400 "
+                        "bytes"));
+  EXPECT_EQ(Exhausted("memory"), 1);
+  EXPECT_EQ(Metric("gradcomp_reduce_total",
+                   {{"codec", "unresolved"}, {"code", "RESOURCE_EXHAUSTED"}}),
+            1);
+  EXPECT_EQ(InUse(), 0);
+  const std::string small = Floats(64 * 64, 1);
+  auto served = engine_->Reduce(Square(small, 64));
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_EQ(served->data, small);
+  EXPECT_EQ(InUse(), 0);  // dense: no state, everything given back
+}
+
+TEST_F(EngineLimitsTest, FullBudgetWaitsBoundedThenFailsAndRecovers) {
+  EngineOptions options;
+  options.memory_budget_bytes = 100 << 10;
+  options.memory_wait = absl::Milliseconds(20);
+  Build(options);
+  auto held = engine_->ReserveInput(80 << 10, "another request");
+  ASSERT_TRUE(held.ok()) << held.status();
+  const std::string data = Floats(64 * 64, 1);  // needs 48 KiB
+  auto refused = engine_->Reduce(Square(data, 64));
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("this reduce needs 49152 bytes, but 81920 of the "
+                        "budget's 102400 bytes are in use (0 by codec state) "
+                        "and none came free within 20ms"));
+  EXPECT_EQ(InUse(), 80 << 10);  // the refusal holds nothing
+  held->Release();
+  auto served = engine_->Reduce(Square(data, 64));
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_EQ(InUse(), 0);
+}
+
+TEST_F(EngineLimitsTest, CallersReservationGrowsByTheWorkingMemory) {
+  EngineOptions options;
+  options.memory_budget_bytes = 1 << 20;
+  Build(options);
+  const std::string data = Floats(64 * 64, 1);
+  auto held = engine_->ReserveInput(data.size(), "its input");
+  ASSERT_TRUE(held.ok());
+  ReduceInput in = Square(data, 64);
+  in.reservation = &*held;
+  ASSERT_TRUE(engine_->Reduce(in).ok());
+  // Input, payload, average and response: the caller releases it all.
+  EXPECT_EQ(held->bytes(), 4 * data.size());
+  EXPECT_EQ(InUse(), 4 * data.size());
+  held->Release();
+  EXPECT_EQ(InUse(), 0);
+}
+
+TEST_F(EngineLimitsTest, CodecStateCountsAgainstTheBudget) {
+  Build(EngineOptions());
+  const std::string data = Floats(64 * 64, 1);
+  ReduceInput in = Square(data, 64);
+  in.codec = CodecSpec{"topk", {{"ratio", "0.01"}}};
+  ASSERT_TRUE(engine_->Reduce(in).ok());
+  const double state = Metric("gradcomp_state_bytes");
+  EXPECT_GE(state, 64 * 64 * 4);  // at least the residual
+  EXPECT_EQ(InUse(), state);
+  in.step = 1;
+  ASSERT_TRUE(engine_->Reduce(in).ok());
+  EXPECT_EQ(InUse(), Metric("gradcomp_state_bytes"));
+}
+
+TEST_F(EngineLimitsTest, TensorQuotaRefusesNewNamesOfThatJobOnly) {
+  EngineOptions options;
+  options.quotas.max_tensors_per_job = 1;
+  Build(options);
+  const std::string data = Floats(16 * 16, 1);
+  ASSERT_TRUE(engine_->Reduce(Square(data, 16, "a", "w")).ok());
+  auto refused = engine_->Reduce(Square(data, 16, "a", "v"));
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("tensor 'v' step 0: job 'a' already has 1 tensors"));
+  EXPECT_EQ(Exhausted("job_tensors"), 1);
+  EXPECT_TRUE(engine_->Reduce(Square(data, 16, "a", "w")).ok());
+  EXPECT_TRUE(engine_->Reduce(Square(data, 16, "b", "v")).ok());
+}
+
+// Two jobs reduce the same tensor name at the same steps with different
+// data through a stateful codec: each job's results equal those of an
+// engine that saw that job alone.
+TEST_F(EngineLimitsTest, JobsWithTheSameTensorNamesKeepTheirOwnState) {
+  Build(EngineOptions());
+  const CodecSpec topk{"topk", {{"ratio", "0.05"}}};
+  const std::string a = Floats(64 * 64, 1), b = Floats(64 * 64, -3);
+  std::vector<std::string> mixed_a, mixed_b;
+  for (int step = 0; step < 4; ++step) {
+    for (auto [job, data, out] : {std::make_tuple("a", &a, &mixed_a),
+                                  std::make_tuple("b", &b, &mixed_b)}) {
+      ReduceInput in = Square(*data, 64, job);
+      in.step = step;
+      in.codec = topk;
+      auto r = engine_->Reduce(in);
+      ASSERT_TRUE(r.ok()) << r.status();
+      out->push_back(r->data);
+    }
+  }
+  for (auto [job, data, mixed] : {std::make_tuple("a", &a, &mixed_a),
+                                  std::make_tuple("b", &b, &mixed_b)}) {
+    codecs::StateStore store;
+    Metrics metrics(&store, "test");
+    LocalCollective collective;
+    auto alone = Engine::Create(EngineOptions(), codecs::BuiltinCodecs(),
+                                &store, &collective, &metrics, Policy());
+    ASSERT_TRUE(alone.ok());
+    for (int step = 0; step < 4; ++step) {
+      ReduceInput in = Square(*data, 64, job);
+      in.step = step;
+      in.codec = topk;
+      auto r = (*alone)->Reduce(in);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->data, (*mixed)[step]) << "job " << job << " step " << step;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gradcomp::service

@@ -1,0 +1,96 @@
+#include "service/engine/job_quotas.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace gradcomp::service {
+
+JobQuotas::Ticket::Ticket(Ticket&& other) noexcept
+    : quotas_(std::exchange(other.quotas_, nullptr)),
+      job_(std::exchange(other.job_, nullptr)) {}
+
+JobQuotas::Ticket::~Ticket() {
+  if (quotas_ != nullptr) quotas_->Leave(job_);
+}
+
+JobQuotas::JobQuotas(JobQuotaOptions options, Metrics* metrics)
+    : options_(options), metrics_(metrics) {}
+
+absl::Status JobQuotas::Refuse(absl::string_view resource,
+                               std::string message) {
+  if (metrics_ != nullptr) metrics_->CountResourceExhausted(resource);
+  return absl::ResourceExhaustedError(std::move(message));
+}
+
+absl::StatusOr<JobQuotas::Ticket> JobQuotas::Admit(absl::string_view job,
+                                                   absl::string_view tensor) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job);
+  const bool active = it != jobs_.end() && it->second.in_flight > 0;
+  if (!active && active_jobs_ >= options_.max_concurrent_jobs) {
+    return Refuse(
+        "jobs",
+        absl::StrCat("job '", job, "': ", active_jobs_,
+                     " other jobs are reducing on this daemon, the most "
+                     "allowed at once (max_concurrent_jobs ",
+                     options_.max_concurrent_jobs,
+                     "); expected fewer jobs per daemon, or retry later"));
+  }
+  const bool new_tensor =
+      it == jobs_.end() || !it->second.state_by_tensor.contains(tensor);
+  if (new_tensor && it != jobs_.end()) {
+    const Job& known = it->second;
+    if (known.state_by_tensor.size() >= options_.max_tensors_per_job) {
+      return Refuse(
+          "job_tensors",
+          absl::StrCat("job '", job, "' already has ",
+                       known.state_by_tensor.size(),
+                       " tensors on this daemon, its quota "
+                       "(max_tensors_per_job ",
+                       options_.max_tensors_per_job, "); tensor '", tensor,
+                       "' would be one more, expected the same tensor "
+                       "names every step"));
+    }
+    if (options_.max_state_bytes_per_job > 0 &&
+        known.state_bytes >= options_.max_state_bytes_per_job) {
+      return Refuse("job_state_bytes",
+                    absl::StrCat("job '", job, "' holds ", known.state_bytes,
+                                 " bytes of codec state, its quota "
+                                 "(max_state_bytes_per_job ",
+                                 options_.max_state_bytes_per_job,
+                                 "); tensor '", tensor, "' cannot be added"));
+    }
+  }
+  if (it == jobs_.end()) it = jobs_.try_emplace(job).first;
+  Job& entry = it->second;
+  entry.state_by_tensor.try_emplace(tensor, 0);
+  if (entry.in_flight++ == 0) ++active_jobs_;
+  return Ticket(this, &entry);
+}
+
+void JobQuotas::Leave(Job* job) {
+  absl::MutexLock lock(&mu_);
+  if (--job->in_flight == 0) --active_jobs_;
+}
+
+int64_t JobQuotas::RecordState(absl::string_view job, absl::string_view tensor,
+                               uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) return 0;
+  auto t = it->second.state_by_tensor.find(tensor);
+  if (t == it->second.state_by_tensor.end()) return 0;
+  const int64_t delta =
+      static_cast<int64_t>(bytes) - static_cast<int64_t>(t->second);
+  t->second = bytes;
+  it->second.state_bytes = it->second.state_bytes + delta;
+  return delta;
+}
+
+uint64_t JobQuotas::active_jobs() const {
+  absl::MutexLock lock(&mu_);
+  return active_jobs_;
+}
+
+}  // namespace gradcomp::service

@@ -1,0 +1,95 @@
+// Per-job quotas: how many jobs may reduce at the same time, how many
+// distinct tensors one job may have on this daemon, and how many bytes of
+// codec state one job may hold before it may add no more tensors. A reduce
+// is admitted before it allocates anything and holds a Ticket while it runs;
+// a refusal is ResourceExhausted naming the quota, counted in
+// gradcomp_resource_exhausted_total.
+//
+//   JobQuotas quotas(JobQuotaOptions(), &metrics);
+//   GC_ASSIGN_OR_RETURN(JobQuotas::Ticket ticket, quotas.Admit(job, tensor));
+//   ...  // the reduce; then, with the tensor's state still locked:
+//   budget.AddState(quotas.RecordState(job, tensor, state->ByteSize()));
+#ifndef GRADCOMP_SERVICE_ENGINE_JOB_QUOTAS_H_
+#define GRADCOMP_SERVICE_ENGINE_JOB_QUOTAS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "service/metrics/metrics.h"
+
+namespace gradcomp::service {
+
+struct JobQuotaOptions {
+  // Jobs with at least one reduce in flight at the same time.
+  uint64_t max_concurrent_jobs = 16;
+  // Distinct tensor names one job may reduce on this daemon (its codec
+  // state entries).
+  uint64_t max_tensors_per_job = 65536;
+  // Codec state bytes of one job beyond which it may add no new tensor
+  // (the tensors it has go on); 0: no per-job cap, only the memory budget.
+  uint64_t max_state_bytes_per_job = 0;
+};
+
+class JobQuotas {
+ private:
+  struct Job {
+    uint64_t in_flight = 0;
+    uint64_t state_bytes = 0;
+    absl::flat_hash_map<std::string, uint64_t> state_by_tensor;
+  };
+
+ public:
+  // Marks its job as reducing until it is destroyed. Movable.
+  class Ticket {
+   public:
+    Ticket(Ticket&& other) noexcept;
+    Ticket& operator=(Ticket&& other) = delete;
+    Ticket(const Ticket&) = delete;
+    ~Ticket();
+
+   private:
+    friend class JobQuotas;
+    Ticket(JobQuotas* quotas, Job* job) : quotas_(quotas), job_(job) {}
+
+    JobQuotas* quotas_;
+    Job* job_;
+  };
+
+  // `metrics` (may be null) counts refusals; it must outlive the quotas.
+  JobQuotas(JobQuotaOptions options, Metrics* metrics);
+
+  // Admits one reduce of (job, tensor), or ResourceExhausted when it would
+  // make one job too many reduce at once, or `tensor` is new to a job that
+  // has reached its tensor or state quota.
+  absl::StatusOr<Ticket> Admit(absl::string_view job, absl::string_view tensor)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The codec state of an admitted (job, tensor) now holds `bytes`; returns
+  // the change since the last record, for MemoryBudget::AddState.
+  int64_t RecordState(absl::string_view job, absl::string_view tensor,
+                      uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+
+  uint64_t active_jobs() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  void Leave(Job* job) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Refuse(absl::string_view resource, std::string message);
+
+  const JobQuotaOptions options_;
+  Metrics* const metrics_;
+  mutable absl::Mutex mu_;
+  // Node map: a Ticket points at its Job. Jobs are kept once seen, as their
+  // codec state is.
+  absl::node_hash_map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+  uint64_t active_jobs_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace gradcomp::service
+
+#endif  // GRADCOMP_SERVICE_ENGINE_JOB_QUOTAS_H_

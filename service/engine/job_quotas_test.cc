@@ -1,0 +1,85 @@
+#include "service/engine/job_quotas.h"
+
+#include <optional>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "service/metrics/metrics.h"
+#include "service/metrics/metrics_testing.h"
+
+namespace gradcomp::service {
+namespace {
+
+using ::testing::HasSubstr;
+
+double Refusals(const Metrics& metrics, const std::string& resource) {
+  return MetricValue(*metrics.collectable(),
+                     "gradcomp_resource_exhausted_total",
+                     {{"resource", resource}});
+}
+
+TEST(JobQuotasTest, ConcurrentJobsAreCappedWhileTheirTicketsLive) {
+  Metrics metrics(nullptr, "test");
+  JobQuotaOptions options;
+  options.max_concurrent_jobs = 2;
+  JobQuotas quotas(options, &metrics);
+  std::optional<JobQuotas::Ticket> a(*quotas.Admit("a", "w"));
+  auto b = quotas.Admit("b", "w");
+  ASSERT_TRUE(b.ok());
+  // A job already reducing may start more reduces.
+  auto a2 = quotas.Admit("a", "v");
+  ASSERT_TRUE(a2.ok()) << a2.status();
+  EXPECT_EQ(quotas.active_jobs(), 2);
+  auto c = quotas.Admit("c", "w");
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(c.status().message(),
+              HasSubstr("job 'c': 2 other jobs are reducing on this daemon"));
+  EXPECT_EQ(Refusals(metrics, "jobs"), 1);
+  // Job a still has a reduce in flight: c must wait for both to finish.
+  a.reset();
+  EXPECT_FALSE(quotas.Admit("c", "w").ok());
+  { auto done = std::move(*a2); }
+  EXPECT_EQ(quotas.active_jobs(), 1);
+  EXPECT_TRUE(quotas.Admit("c", "w").ok());
+}
+
+TEST(JobQuotasTest, TensorsPerJobAreCappedButKnownTensorsGoOn) {
+  Metrics metrics(nullptr, "test");
+  JobQuotaOptions options;
+  options.max_tensors_per_job = 2;
+  JobQuotas quotas(options, &metrics);
+  ASSERT_TRUE(quotas.Admit("job", "a").ok());
+  ASSERT_TRUE(quotas.Admit("job", "b").ok());
+  auto third = quotas.Admit("job", "c");
+  ASSERT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(third.status().message(),
+              HasSubstr("job 'job' already has 2 tensors on this daemon"));
+  EXPECT_EQ(Refusals(metrics, "job_tensors"), 1);
+  EXPECT_TRUE(quotas.Admit("job", "a").ok());
+  // Another job has its own quota.
+  EXPECT_TRUE(quotas.Admit("other", "c").ok());
+}
+
+TEST(JobQuotasTest, StateQuotaStopsNewTensorsAndRecordsDeltas) {
+  Metrics metrics(nullptr, "test");
+  JobQuotaOptions options;
+  options.max_state_bytes_per_job = 1000;
+  JobQuotas quotas(options, &metrics);
+  ASSERT_TRUE(quotas.Admit("job", "a").ok());
+  EXPECT_EQ(quotas.RecordState("job", "a", 600), 600);
+  ASSERT_TRUE(quotas.Admit("job", "b").ok());
+  EXPECT_EQ(quotas.RecordState("job", "b", 500), 500);
+  auto refused = quotas.Admit("job", "c");
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("holds 1100 bytes of codec state"));
+  EXPECT_EQ(Refusals(metrics, "job_state_bytes"), 1);
+  EXPECT_TRUE(quotas.Admit("job", "a").ok());
+  // A state that shrank (a reset) gives its bytes back.
+  EXPECT_EQ(quotas.RecordState("job", "a", 0), -600);
+  EXPECT_TRUE(quotas.Admit("job", "c").ok());
+  EXPECT_EQ(quotas.RecordState("unknown", "a", 10), 0);
+}
+
+}  // namespace
+}  // namespace gradcomp::service

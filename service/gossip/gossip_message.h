@@ -1,0 +1,56 @@
+// The bytes one rank sends a neighbour in one gossip step, and their
+// checked parsing: a receiver refuses a message whose kind, rank, power
+// step or length differ from what its own end of the edge expects, so two
+// ends that drifted apart (a restarted daemon, another policy) fail loudly
+// instead of mixing unrelated numbers. Little-endian:
+//
+//   offset  size  field
+//        0     4  magic "GOSP"
+//        4     1  version (1)
+//        5     1  kind: 1 plain (the whole tensor), 2 X input (rows x r),
+//                 3 X^T input (cols x r)
+//        6     2  reserved, 0
+//        8     4  r (0 for plain)
+//       12     4  reserved, 0
+//       16     8  power step on this edge (1-based; 0 for plain)
+//       24     8  value count n
+//       32    4n  fp32 values
+//
+//   WriteGossipMessage(header, values, &bytes);
+//   GC_RETURN_IF_ERROR(ReadGossipMessage(bytes, expected, absl::MakeSpan(v)));
+#ifndef GRADCOMP_SERVICE_GOSSIP_GOSSIP_MESSAGE_H_
+#define GRADCOMP_SERVICE_GOSSIP_GOSSIP_MESSAGE_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "codecs/tensor.h"
+
+namespace gradcomp::service {
+
+inline constexpr size_t kGossipHeaderBytes = 32;
+
+enum class GossipKind : uint8_t { kPlain = 1, kLeft = 2, kRight = 3 };
+
+struct GossipMessageHeader {
+  GossipKind kind = GossipKind::kPlain;
+  uint32_t rank = 0;
+  uint64_t power_step = 0;
+  uint64_t count = 0;
+};
+
+void WriteGossipMessage(const GossipMessageHeader& header,
+                        absl::Span<const float> values, codecs::Bytes* out);
+
+// Checks `bytes` completely against `expected` and copies its values into
+// `out` (expected.count values). InvalidArgument saying what came and what
+// was expected otherwise; `out` is then untouched.
+absl::Status ReadGossipMessage(absl::string_view bytes,
+                               const GossipMessageHeader& expected,
+                               absl::Span<float> out);
+
+}  // namespace gradcomp::service
+
+#endif  // GRADCOMP_SERVICE_GOSSIP_GOSSIP_MESSAGE_H_

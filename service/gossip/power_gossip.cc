@@ -1,0 +1,303 @@
+#include "service/gossip/power_gossip.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "Eigen/Core"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status_macros.h"
+#include "codecs/cpu/linalg.h"
+#include "codecs/random.h"
+#include "service/gossip/gossip_message.h"
+
+namespace gradcomp::service {
+namespace {
+
+using RowMatrix =
+    Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using ConstMap = Eigen::Map<const RowMatrix>;
+using Map = Eigen::Map<RowMatrix>;
+
+// The Philox stream of edge (lo, hi) for `tensor`: `purpose` tells the
+// first draw and the draws of rounds without warm start ("#gossip", keyed
+// by the round) from the redraws after a zero factor ("#gossip-redraw",
+// keyed by the power step), so no two draws share numbers.
+codecs::PhiloxStream EdgeStream(uint64_t seed, const std::string& tensor,
+                                absl::string_view purpose, int lo, int hi,
+                                int64_t index) {
+  return codecs::PhiloxStream(
+      seed, codecs::TensorId(absl::StrCat(tensor, purpose)), index,
+      (static_cast<uint32_t>(lo) << 16) | static_cast<uint32_t>(hi));
+}
+
+}  // namespace
+
+absl::Status ValidateGossipOptions(const GossipOptions& options) {
+  if (options.rank < 1 || options.rank > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gossip rank ", options.rank, " is not in [1, 1024]"));
+  }
+  if (options.iterations < 1 || options.iterations > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gossip iterations ", options.iterations, " is not in [1, 64]"));
+  }
+  for (auto [name, value] : {std::pair{"gamma", options.gamma},
+                             std::pair{"exact_gamma", options.exact_gamma}}) {
+    if (!(value > 0 && value <= 2)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gossip ", name, " ", value, " is not in (0, 2]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+struct GossipNode::TensorGossip {
+  struct Edge {
+    EdgeFactors factors;
+    bool next_uses_q = true;  // power step t odd
+  };
+  absl::Mutex mu;
+  std::vector<int64_t> shape ABSL_GUARDED_BY(mu);
+  // Indexed like the topology's neighbours of this rank; empty until the
+  // first low-rank round.
+  std::vector<Edge> edges ABSL_GUARDED_BY(mu);
+};
+
+GossipNode::GossipNode(Topology topology, int rank, GossipOptions options,
+                       uint64_t seed)
+    : topology_(std::move(topology)),
+      rank_(rank),
+      options_(options),
+      seed_(seed) {}
+
+GossipNode::~GossipNode() = default;
+
+absl::StatusOr<GossipNode::TensorGossip*> GossipNode::Tensor(
+    const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<TensorGossip>& t = tensors_[name];
+  if (t == nullptr) t = std::make_unique<TensorGossip>();
+  return t.get();
+}
+
+absl::StatusOr<GossipStats> GossipNode::Round(Collective& collective,
+                                              const RoundKey& key,
+                                              absl::Span<const int64_t> shape,
+                                              absl::Span<float> x) {
+  GC_RETURN_IF_ERROR(ValidateGossipOptions(options_));
+  if (collective.rank() != rank_ ||
+      collective.world_size() != topology_.world_size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "gossip on rank ", rank_, " of topology '", topology_.name(), "' over ",
+        topology_.world_size(), " ranks, but the collective is rank ",
+        collective.rank(), " of ", collective.world_size()));
+  }
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  if (numel < 0 || static_cast<uint64_t>(numel) != x.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", key.tensor, "': shape [", absl::StrJoin(shape, ","),
+        "] has ", numel, " elements but ", x.size(), " values were given"));
+  }
+  const absl::Span<const Neighbour> neighbours = topology_.neighbours(rank_);
+  GossipStats stats;
+  stats.bytes_to_neighbour.assign(neighbours.size(), 0);
+  if (neighbours.empty() || numel == 0) return stats;
+
+  GC_ASSIGN_OR_RETURN(TensorGossip * t, Tensor(key.tensor));
+  absl::MutexLock lock(&t->mu);
+  const bool low_rank = options_.mode == GossipOptions::Mode::kPowerGossip &&
+                        shape.size() >= 2 && shape[0] > 0;
+  const int64_t rows = low_rank ? shape[0] : numel;
+  const int64_t cols = low_rank ? numel / rows : 1;
+  const int r =
+      static_cast<int>(std::min<int64_t>({options_.rank, rows, cols}));
+  if (!std::equal(shape.begin(), shape.end(), t->shape.begin(),
+                  t->shape.end())) {
+    t->shape.assign(shape.begin(), shape.end());
+    t->edges.clear();
+  }
+  if (low_rank && (t->edges.empty() || !options_.warm_start)) {
+    // The first round (or, without warm start, every round) starts from
+    // fresh Gaussian q, the same at both ends of each edge.
+    const int64_t draw = t->edges.empty() ? 0 : key.step + 1;
+    t->edges.resize(neighbours.size());
+    for (size_t e = 0; e < neighbours.size(); ++e) {
+      EdgeFactors& f = t->edges[e].factors;
+      f.rows = rows;
+      f.cols = cols;
+      f.rank = r;
+      f.q.resize(static_cast<size_t>(cols) * r);
+      codecs::FillGaussian(
+          EdgeStream(seed_, key.tensor, "#gossip",
+                     std::min(rank_, neighbours[e].rank),
+                     std::max(rank_, neighbours[e].rank), draw),
+          0, absl::MakeSpan(f.q));
+      t->edges[e].next_uses_q = true;
+    }
+  }
+
+  std::vector<float> own;  // X at the step's start
+  // Per edge: the step's input and this end's message X input (X^T input).
+  std::vector<std::vector<float>> inputs(neighbours.size());
+  std::vector<std::vector<float>> mine(neighbours.size());
+  std::vector<float> theirs;
+  for (int it = 0; it < options_.iterations; ++it) {
+    RoundKey step_key = key;
+    step_key.round = it;
+    std::vector<codecs::Bytes> parts(neighbours.size());
+    std::vector<int> ranks(neighbours.size());
+    std::vector<GossipMessageHeader> headers(neighbours.size());
+    own.assign(x.begin(), x.end());
+    for (size_t e = 0; e < neighbours.size(); ++e) {
+      ranks[e] = neighbours[e].rank;
+      GossipMessageHeader& h = headers[e];
+      if (!low_rank) {
+        h = {GossipKind::kPlain, 0, 0, static_cast<uint64_t>(numel)};
+        WriteGossipMessage(h, own, &parts[e]);
+      } else {
+        TensorGossip::Edge& edge = t->edges[e];
+        EdgeFactors& f = edge.factors;
+        const bool left = edge.next_uses_q;  // send X orth(q), rows x r
+        const int64_t in_rows = left ? cols : rows;
+        std::vector<float>& input = inputs[e];
+        input = left ? f.q : f.p;
+        if (codecs::OrthonormalizeColumns(absl::MakeSpan(input), in_rows, r) >
+            0) {
+          // A zero factor (the ends were equal at the last step) would stop
+          // this edge for good: start it again from a shared random draw.
+          codecs::FillGaussian(EdgeStream(seed_, key.tensor, "#gossip-redraw",
+                                          std::min(rank_, neighbours[e].rank),
+                                          std::max(rank_, neighbours[e].rank),
+                                          static_cast<int64_t>(f.power_steps)),
+                               0, absl::MakeSpan(input));
+          codecs::OrthonormalizeColumns(absl::MakeSpan(input), in_rows, r);
+        }
+        const int64_t out_rows = left ? rows : cols;
+        std::vector<float>& message = mine[e];
+        message.resize(static_cast<size_t>(out_rows) * r);
+        ConstMap xm(own.data(), rows, cols);
+        ConstMap in(input.data(), in_rows, r);
+        Map out(message.data(), out_rows, r);
+        if (left) {
+          out.noalias() = xm * in;
+        } else {
+          out.noalias() = xm.transpose() * in;
+        }
+        h = {left ? GossipKind::kLeft : GossipKind::kRight,
+             static_cast<uint32_t>(r), f.power_steps + 1,
+             static_cast<uint64_t>(out_rows) * r};
+        WriteGossipMessage(h, message, &parts[e]);
+      }
+      stats.bytes_to_neighbour[e] += parts[e].size();
+      stats.bytes_sent += parts[e].size();
+    }
+
+    absl::StatusOr<std::vector<codecs::Bytes>> got =
+        collective.ExchangeWithNeighbours(step_key, ranks, std::move(parts));
+    if (!got.ok()) {
+      return absl::Status(
+          got.status().code(),
+          absl::StrCat("gossip of tensor '", key.tensor, "' step ", key.step,
+                       ": ", got.status().message()));
+    }
+
+    for (size_t e = 0; e < neighbours.size(); ++e) {
+      const int j = neighbours[e].rank;
+      const bool lo = rank_ < j;
+      theirs.resize(headers[e].count);
+      absl::Status read =
+          ReadGossipMessage((*got)[e], headers[e], absl::MakeSpan(theirs));
+      if (!read.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("gossip of tensor '", key.tensor, "' step ", key.step,
+                         " with rank ", j, ": ", read.message()));
+      }
+      // Both ends form d = hi - lo from the same two vectors, and the same
+      // float increment c * A, which the low end adds and the high end
+      // subtracts.
+      const float c = static_cast<float>(
+          (low_rank ? options_.gamma : options_.exact_gamma) *
+          neighbours[e].weight);
+      if (!low_rank) {
+        for (int64_t i = 0; i < numel; ++i) {
+          const float d = lo ? theirs[i] - own[i] : own[i] - theirs[i];
+          const float a = c * d;
+          x[i] = lo ? x[i] + a : x[i] - a;
+        }
+        continue;
+      }
+      TensorGossip::Edge& edge = t->edges[e];
+      EdgeFactors& f = edge.factors;
+      const bool left = edge.next_uses_q;
+      const std::vector<float>& m = mine[e];
+      std::vector<float>& d = left ? f.p : f.q;  // the next warm start
+      d.resize(m.size());
+      for (size_t i = 0; i < d.size(); ++i) {
+        d[i] = lo ? theirs[i] - m[i] : m[i] - theirs[i];
+      }
+      const std::vector<float>& input = inputs[e];
+      // A = d input^T (left: rows x r times (cols x r)^T) or input d^T.
+      const float* a_rows = left ? d.data() : input.data();
+      const float* a_cols = left ? input.data() : d.data();
+      for (int64_t i = 0; i < rows; ++i) {
+        const float* ri = a_rows + i * r;
+        float* xi = x.data() + i * cols;
+        for (int64_t jj = 0; jj < cols; ++jj) {
+          const float* cj = a_cols + jj * r;
+          float a = 0;
+          for (int k = 0; k < r; ++k) a += ri[k] * cj[k];
+          a *= c;
+          xi[jj] = lo ? xi[jj] + a : xi[jj] - a;
+        }
+      }
+      ++f.power_steps;
+      edge.next_uses_q = !edge.next_uses_q;
+    }
+  }
+  return stats;
+}
+
+absl::StatusOr<EdgeFactors> GossipNode::Factors(const std::string& tensor,
+                                                int neighbour) const {
+  TensorGossip* t = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tensors_.find(tensor);
+    if (it != tensors_.end()) t = it->second.get();
+  }
+  if (t == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("no gossip state for tensor '", tensor, "'"));
+  }
+  absl::MutexLock lock(&t->mu);
+  const absl::Span<const Neighbour> neighbours = topology_.neighbours(rank_);
+  for (size_t e = 0; e < neighbours.size() && e < t->edges.size(); ++e) {
+    if (neighbours[e].rank == neighbour) return t->edges[e].factors;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "tensor '", tensor, "' has no PowerGossip factors with rank ", neighbour,
+      " (not a neighbour, or no low-rank round yet)"));
+}
+
+double ConsensusDistance(absl::Span<const std::vector<float>> xs) {
+  if (xs.empty()) return 0;
+  const size_t n = xs[0].size();
+  std::vector<double> mean(n, 0.0);
+  for (const auto& x : xs) {
+    for (size_t i = 0; i < n; ++i) mean[i] += x[i];
+  }
+  for (double& m : mean) m /= xs.size();
+  double sum = 0;
+  for (const auto& x : xs) {
+    for (size_t i = 0; i < n; ++i) {
+      const double diff = x[i] - mean[i];
+      sum += diff * diff;
+    }
+  }
+  return sum / xs.size();
+}
+
+}  // namespace gradcomp::service

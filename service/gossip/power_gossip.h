@@ -1,0 +1,131 @@
+// Decentralised averaging (NEIGHBOURS rounds): each rank mixes its tensor
+// with its topology neighbours' instead of taking the global mean, either
+// exactly (plain gossip: the neighbours' whole tensors) or by PowerGossip
+// (Vogels, Karimireddy, Jaggi, NeurIPS 2020), which sends per edge and power
+// step one rank-r factor of the tensor, rows x r or cols x r values.
+//
+//   GossipNode node(topology, rank, GossipOptions{}, seed);
+//   // every rank, each round, on its own thread or daemon:
+//   GC_ASSIGN_OR_RETURN(GossipStats stats,
+//       node.Round(collective, {job, "fc1.weight", step, 0}, shape, x));
+//
+// PowerGossip, per edge (lo, hi) = (min rank, max rank) and tensor, seen as
+// the matrix X = x.view(shape[0], -1): both ends hold factors p (rows x r)
+// and q (cols x r), q drawn first from a Philox stream keyed by the seed,
+// the tensor and the edge. Power step t (counted per edge from 1) takes
+// input = orth(q) when t is odd and orth(p) when even; each end sends
+// X input (or X^T input) to the other; both form
+// d = (X_hi - X_lo) input from the same two vectors, so d is bit-identical
+// at both ends, and keep it as p (t odd) or q (t even), the next step's
+// warm start; then with A = d input^T (or input d^T) and c = gamma w_ij,
+// X_lo += c A and X_hi -= c A: the exact same float increment with
+// opposite signs, so the network sum moves only by the rounding of the
+// additions. Equal X_lo and X_hi give d = 0 and no change. Tensors with
+// fewer than 2 dimensions, and every tensor in exact mode, gossip plainly:
+// d = x_hi - x_lo, with c = exact_gamma w_ij.
+//
+// Every edge's update in a power step uses the X from the start of that
+// step, so a step is one exchange with all neighbours at once.
+//
+// Thread-safe: many tensors may run at once (one at a time per tensor).
+#ifndef GRADCOMP_SERVICE_GOSSIP_POWER_GOSSIP_H_
+#define GRADCOMP_SERVICE_GOSSIP_POWER_GOSSIP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "service/collective/collective.h"
+#include "service/gossip/topology.h"
+
+namespace gradcomp::service {
+
+struct GossipOptions {
+  enum class Mode { kExact, kPowerGossip };
+  Mode mode = Mode::kPowerGossip;
+  int rank = 1;        // r, in [1, 1024]; r_eff = min(r, rows, cols)
+  int iterations = 1;  // power steps per round, in [1, 64]
+  bool warm_start = true;
+  // Diffusion rate of the low-rank steps (the paper's default): each step
+  // removes only the part of the difference in the factors' span, so a
+  // rate above 1 mixes faster. In (0, 2].
+  double gamma = 1.308;
+  // Diffusion rate of plain gossip, which removes the whole difference: 1
+  // is the mixing matrix itself. In (0, 2].
+  double exact_gamma = 1.0;
+};
+
+absl::Status ValidateGossipOptions(const GossipOptions& options);
+
+// One edge's PowerGossip factors for one tensor, identical at both ends.
+struct EdgeFactors {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int rank = 0;              // r_eff
+  uint64_t power_steps = 0;  // steps run on this edge
+  std::vector<float> p;      // rows x r, row-major (empty before step 1)
+  std::vector<float> q;      // cols x r, row-major
+};
+
+struct GossipStats {
+  // Message bytes this rank sent to each neighbour in the round (indexed
+  // like Topology::neighbours(rank)).
+  std::vector<uint64_t> bytes_to_neighbour;
+  uint64_t bytes_sent = 0;
+};
+
+class GossipNode {
+ public:
+  // `topology` and `rank` must match the collective's; `seed` must be the
+  // same on every rank (it keys the edges' Philox streams).
+  GossipNode(Topology topology, int rank, GossipOptions options, uint64_t seed);
+  ~GossipNode();
+
+  // One gossip round of `x` (a tensor of `shape`), in place: `iterations`
+  // power steps, each an ExchangeWithNeighbours with key.round = the step's
+  // index in the round. Every neighbour must run the same round of the
+  // same tensor and shape. A shape change resets the tensor's edges.
+  absl::StatusOr<GossipStats> Round(Collective& collective, const RoundKey& key,
+                                    absl::Span<const int64_t> shape,
+                                    absl::Span<float> x)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A copy of the factors of (tensor, neighbour); NotFound before the
+  // tensor's first low-rank round.
+  absl::StatusOr<EdgeFactors> Factors(const std::string& tensor,
+                                      int neighbour) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  const Topology& topology() const { return topology_; }
+  const GossipOptions& options() const { return options_; }
+
+ private:
+  struct TensorGossip;
+
+  absl::StatusOr<TensorGossip*> Tensor(const std::string& name)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  const Topology topology_;
+  const int rank_;
+  const GossipOptions options_;
+  const uint64_t seed_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<TensorGossip>> tensors_
+      ABSL_GUARDED_BY(mu_);
+};
+
+// sum_i ||x_i - mean||^2 / W over the ranks' tensors (all the same size):
+// the consensus distance the experiments and tests track.
+double ConsensusDistance(absl::Span<const std::vector<float>> xs);
+
+}  // namespace gradcomp::service
+
+#endif  // GRADCOMP_SERVICE_GOSSIP_POWER_GOSSIP_H_

@@ -1,0 +1,375 @@
+#include "service/gossip/power_gossip.h"
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "service/collective/in_process_group.h"
+#include "service/collective/local_collective.h"
+#include "service/gossip/topology.h"
+
+namespace gradcomp::service {
+namespace {
+
+using ::testing::HasSubstr;
+using Mode = GossipOptions::Mode;
+
+constexpr uint64_t kSeed = 42;
+
+// W gossip nodes over one in-process group; each Rounds() call runs every
+// rank's rounds on its own thread, as W daemons would.
+class Network {
+ public:
+  Network(const Topology& topology, GossipOptions options,
+          absl::Duration timeout = absl::Seconds(60))
+      : group_(topology.world_size(), timeout) {
+    for (int r = 0; r < topology.world_size(); ++r) {
+      nodes_.push_back(
+          std::make_unique<GossipNode>(topology, r, options, kSeed));
+    }
+  }
+
+  int world_size() const { return static_cast<int>(nodes_.size()); }
+  GossipNode& node(int r) { return *nodes_[r]; }
+  void ResetNode(int r) {
+    nodes_[r] = std::make_unique<GossipNode>(nodes_[r]->topology(), r,
+                                             nodes_[r]->options(), kSeed);
+  }
+
+  // Rounds [first, first + count) of `tensor` on every rank in `ranks`
+  // (all when empty); statuses by rank.
+  std::vector<absl::Status> Rounds(const std::string& tensor,
+                                   const std::vector<int64_t>& shape,
+                                   std::vector<std::vector<float>>& xs,
+                                   int64_t first, int count,
+                                   std::vector<int> ranks = {}) {
+    return RoundsWithShapes(
+        tensor, std::vector<std::vector<int64_t>>(world_size(), shape), xs,
+        first, count, std::move(ranks));
+  }
+  // The same with a shape per rank.
+  std::vector<absl::Status> RoundsWithShapes(
+      const std::string& tensor,
+      const std::vector<std::vector<int64_t>>& shapes,
+      std::vector<std::vector<float>>& xs, int64_t first, int count,
+      std::vector<int> ranks = {}) {
+    if (ranks.empty()) {
+      for (int r = 0; r < world_size(); ++r) ranks.push_back(r);
+    }
+    std::vector<absl::Status> status(world_size());
+    std::vector<std::thread> threads;
+    for (int r : ranks) {
+      threads.emplace_back([&, r] {
+        for (int64_t s = first; s < first + count; ++s) {
+          absl::StatusOr<GossipStats> stats =
+              nodes_[r]->Round(group_.collective(r), {"job", tensor, s, 0},
+                               shapes[r], absl::MakeSpan(xs[r]));
+          if (!stats.ok()) {
+            status[r] = stats.status();
+            return;
+          }
+          bytes_[r] += stats->bytes_sent;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    return status;
+  }
+
+  uint64_t bytes_sent(int r) const { return bytes_.at(r); }
+
+ private:
+  InProcessGroup group_;
+  std::vector<std::unique_ptr<GossipNode>> nodes_;
+  std::map<int, uint64_t> bytes_;
+};
+
+void ExpectAllOk(const std::vector<absl::Status>& status) {
+  for (size_t r = 0; r < status.size(); ++r) {
+    EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+  }
+}
+
+std::vector<std::vector<float>> RandomTensors(int w, size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  std::vector<std::vector<float>> xs(w, std::vector<float>(n));
+  for (auto& x : xs) {
+    for (float& v : x) v = normal(rng);
+  }
+  return xs;
+}
+
+std::vector<double> Sums(const std::vector<std::vector<float>>& xs) {
+  std::vector<double> sum(xs[0].size(), 0.0);
+  for (const auto& x : xs) {
+    for (size_t i = 0; i < x.size(); ++i) sum[i] += x[i];
+  }
+  return sum;
+}
+
+Topology Make(const std::string& spec, int w) {
+  absl::StatusOr<Topology> t = Topology::Parse(spec, w);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return *t;
+}
+
+struct Case {
+  std::string topology;
+  int world_size;
+  Mode mode;
+  int rank;
+  int iterations;
+  std::vector<int64_t> shape;
+};
+
+std::string Name(const Case& c) {
+  return absl::StrCat(c.topology, " W=", c.world_size, " ",
+                      c.mode == Mode::kExact ? "exact" : "powergossip",
+                      " r=", c.rank, " it=", c.iterations, " shape ",
+                      c.shape.size(), "-D");
+}
+
+// The network mean is preserved (each edge's increments are exact
+// opposites; only the additions round), and the ranks do move towards it.
+TEST(PowerGossipTest, PreservesTheNetworkMeanAndMixes) {
+  const std::vector<Case> cases = {
+      {"ring", 4, Mode::kPowerGossip, 1, 1, {16, 12}},
+      {"ring", 5, Mode::kPowerGossip, 2, 1, {16, 12}},
+      {"ring", 8, Mode::kPowerGossip, 1, 2, {9, 4, 3}},
+      {"torus", 6, Mode::kPowerGossip, 1, 1, {16, 12}},
+      {"torus", 8, Mode::kPowerGossip, 2, 1, {12, 16}},
+      {"full", 7, Mode::kPowerGossip, 1, 1, {16, 12}},
+      {"ring", 8, Mode::kExact, 1, 1, {16, 12}},
+      {"torus", 8, Mode::kPowerGossip, 1, 1, {40}},
+      {"edges:0-1,1-2,2-3,3-0,0-2", 4, Mode::kPowerGossip, 1, 1, {8, 8}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(Name(c));
+    Network net(Make(c.topology, c.world_size), {c.mode, c.rank, c.iterations});
+    size_t n = 1;
+    for (int64_t d : c.shape) n *= d;
+    std::vector<std::vector<float>> xs =
+        RandomTensors(c.world_size, n, /*seed=*/c.world_size * 7 + c.rank);
+    const std::vector<double> before = Sums(xs);
+    const double distance_before = ConsensusDistance(xs);
+    ExpectAllOk(net.Rounds("t", c.shape, xs, 0, 10));
+    const std::vector<double> after = Sums(xs);
+    double max_error = 0;
+    for (size_t i = 0; i < n; ++i) {
+      max_error = std::max(max_error, std::fabs(after[i] - before[i]));
+    }
+    // Values are N(0, 1) and stay near it: 10 rounds x (up to) 2 steps x
+    // W ranks of float additions of ulp ~1.2e-7 each bound the drift.
+    EXPECT_LT(max_error, 20 * c.world_size * 2.4e-7);
+    EXPECT_LT(ConsensusDistance(xs), 0.9 * distance_before);
+  }
+}
+
+TEST(PowerGossipTest, EqualModelsDoNotChange) {
+  for (Mode mode : {Mode::kPowerGossip, Mode::kExact}) {
+    Network net(Make("torus", 8), {mode, 2, 2});
+    std::vector<std::vector<float>> xs = RandomTensors(1, 96, 3);
+    xs.resize(8, xs[0]);
+    const std::vector<float> original = xs[0];
+    ExpectAllOk(net.Rounds("w", {8, 12}, xs, 0, 5));
+    for (int r = 0; r < 8; ++r) {
+      EXPECT_EQ(0, std::memcmp(xs[r].data(), original.data(),
+                               original.size() * sizeof(float)))
+          << "rank " << r;
+    }
+  }
+}
+
+TEST(PowerGossipTest, BothEndsOfEveryEdgeHoldBitIdenticalFactors) {
+  for (const char* spec : {"ring", "torus", "full"}) {
+    SCOPED_TRACE(spec);
+    const Topology topology = Make(spec, 6);
+    Network net(topology, {Mode::kPowerGossip, 2, 3});
+    std::vector<std::vector<float>> xs = RandomTensors(6, 20 * 7, 11);
+    ExpectAllOk(net.Rounds("w", {20, 7}, xs, 0, 4));
+    for (int i = 0; i < 6; ++i) {
+      for (const Neighbour& n : topology.neighbours(i)) {
+        absl::StatusOr<EdgeFactors> mine = net.node(i).Factors("w", n.rank);
+        absl::StatusOr<EdgeFactors> theirs = net.node(n.rank).Factors("w", i);
+        ASSERT_TRUE(mine.ok()) << mine.status();
+        ASSERT_TRUE(theirs.ok()) << theirs.status();
+        EXPECT_EQ(mine->power_steps, 12u);
+        EXPECT_EQ(mine->power_steps, theirs->power_steps);
+        EXPECT_EQ(mine->rank, 2);
+        ASSERT_EQ(mine->p.size(), 20u * 2);
+        ASSERT_EQ(mine->q.size(), 7u * 2);
+        ASSERT_EQ(mine->p.size(), theirs->p.size());
+        ASSERT_EQ(mine->q.size(), theirs->q.size());
+        EXPECT_EQ(0, std::memcmp(mine->p.data(), theirs->p.data(),
+                                 mine->p.size() * sizeof(float)))
+            << "edge " << i << "-" << n.rank;
+        EXPECT_EQ(0, std::memcmp(mine->q.data(), theirs->q.data(),
+                                 mine->q.size() * sizeof(float)))
+            << "edge " << i << "-" << n.rank;
+      }
+    }
+  }
+}
+
+double SquaredNorm(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = static_cast<double>(b[i]) - a[i];
+    s += d * d;
+  }
+  return s;
+}
+double SquaredNorm(const std::vector<float>& v) {
+  double s = 0;
+  for (float x : v) s += static_cast<double>(x) * x;
+  return s;
+}
+
+// Two nodes, D = X_1 - X_0, c = gamma w: a step removes the part of D in
+// the input's span, scaled, D' = D - 2c D Q Q^T (or - 2c P P^T D), so by
+// Pythagoras ||D'||^2 = ||D||^2 - (1 - (1 - 2c)^2) ||d||^2 with d = D Q the
+// factor both ends keep: the predicted rate of every step, for any D.
+TEST(PowerGossipTest, TwoNodesContractAtThePredictedRate) {
+  for (int rank : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("rank ", rank));
+    GossipOptions options{Mode::kPowerGossip, rank, 1};
+    Network net(Make("ring", 2), options);
+    const double c = options.gamma * 0.5;
+    const double removed = 1 - (1 - 2 * c) * (1 - 2 * c);
+    std::vector<std::vector<float>> xs = RandomTensors(2, 12 * 10, 5);
+    for (int step = 0; step < 20; ++step) {
+      const double before = SquaredNorm(xs[0], xs[1]);
+      ExpectAllOk(net.Rounds("w", {12, 10}, xs, step, 1));
+      absl::StatusOr<EdgeFactors> f = net.node(0).Factors("w", 1);
+      ASSERT_TRUE(f.ok()) << f.status();
+      // Odd steps keep d in p, even steps in q.
+      const double d2 = SquaredNorm(step % 2 == 0 ? f->p : f->q);
+      const double after = SquaredNorm(xs[0], xs[1]);
+      EXPECT_NEAR(after, before - removed * d2, 1e-5 * before)
+          << "step " << step + 1;
+      EXPECT_LT(after, before);
+    }
+  }
+}
+
+// A rank-1 difference D = u v^T is in the factors' span from the second
+// step on, so each step scales it by exactly |1 - 2 gamma w|.
+TEST(PowerGossipTest, TwoNodesRemoveARankOneDifferenceGeometrically) {
+  GossipOptions options;  // rank 1, gamma 1.308
+  Network net(Make("ring", 2), options);
+  const double rate = std::fabs(1 - 2 * options.gamma * 0.5);
+  std::vector<std::vector<float>> xs = RandomTensors(2, 16 * 9, 8);
+  const std::vector<std::vector<float>> uv = RandomTensors(2, 16, 9);
+  for (int i = 0; i < 16; ++i) {
+    for (int j = 0; j < 9; ++j)
+      xs[1][i * 9 + j] = xs[0][i * 9 + j] + uv[0][i] * uv[1][j];
+  }
+  ExpectAllOk(net.Rounds("w", {16, 9}, xs, 0, 1));
+  for (int step = 1; step < 8; ++step) {
+    const double before = std::sqrt(SquaredNorm(xs[0], xs[1]));
+    ExpectAllOk(net.Rounds("w", {16, 9}, xs, step, 1));
+    const double after = std::sqrt(SquaredNorm(xs[0], xs[1]));
+    // fp32 rounding of X (norm ~4 here) floors the difference near 1e-6.
+    if (before < 1e-4) break;
+    EXPECT_NEAR(after / before, rate, 1e-3) << "step " << step + 1;
+  }
+}
+
+// Plain gossip on a ring: x_i = cos(2 pi i / W) v is an eigenvector of the
+// mixing matrix with eigenvalue 1/3 + 2/3 cos(2 pi / W), so the consensus
+// distance shrinks by exactly its square each round.
+TEST(PowerGossipTest, PlainGossipOnARingContractsAtItsSpectralRate) {
+  constexpr int kW = 8;
+  Network net(Make("ring", kW), {Mode::kExact});
+  const double lambda = 1.0 / 3 + 2.0 / 3 * std::cos(2 * M_PI / kW);
+  const std::vector<float> v = RandomTensors(1, 30, 4)[0];
+  std::vector<std::vector<float>> xs(kW, std::vector<float>(30));
+  for (int i = 0; i < kW; ++i) {
+    for (int k = 0; k < 30; ++k) {
+      xs[i][k] = static_cast<float>(std::cos(2 * M_PI * i / kW)) * v[k];
+    }
+  }
+  for (int step = 0; step < 6; ++step) {
+    const double before = ConsensusDistance(xs);
+    ExpectAllOk(net.Rounds("b", {30}, xs, step, 1));
+    EXPECT_NEAR(ConsensusDistance(xs) / before, lambda * lambda, 1e-5);
+  }
+}
+
+// Bytes per neighbour and step: one rows x r (or cols x r) factor.
+TEST(PowerGossipTest, SendsOneFactorPerNeighbourAndStep) {
+  Network net(Make("ring", 4), {Mode::kPowerGossip, 2, 1});
+  std::vector<std::vector<float>> xs = RandomTensors(4, 30 * 20, 2);
+  ExpectAllOk(net.Rounds("w", {30, 20}, xs, 0, 2));
+  // Step 1 sends X q (30 x 2), step 2 X^T p (20 x 2), to 2 neighbours.
+  EXPECT_EQ(net.bytes_sent(0), 2 * (32 + 4 * 30 * 2) + 2 * (32 + 4 * 20 * 2));
+}
+
+TEST(PowerGossipTest, AGapBetweenTheEndsOfAnEdgeIsAnError) {
+  Network net(Make("ring", 4), {}, absl::Seconds(2));
+  std::vector<std::vector<float>> xs = RandomTensors(4, 6 * 5, 6);
+  ExpectAllOk(net.Rounds("w", {6, 5}, xs, 0, 3));
+  net.ResetNode(2);  // a daemon restarted without its state
+  std::vector<absl::Status> status = net.Rounds("w", {6, 5}, xs, 3, 1);
+  EXPECT_THAT(status[1].message(),
+              HasSubstr("gossip of tensor 'w' step 3 with rank 2: neighbour "
+                        "is at power step 1 of this edge, this end at 4"));
+  EXPECT_THAT(status[3].message(), HasSubstr("with rank 2"));
+}
+
+TEST(PowerGossipTest, ADifferentShapeIsAnErrorNamingTheNeighbour) {
+  Network net(Make("ring", 4), {}, absl::Seconds(2));
+  std::vector<std::vector<float>> xs = RandomTensors(4, 6 * 5, 6);
+  std::vector<absl::Status> status =
+      net.RoundsWithShapes("w", {{6, 5}, {6, 5}, {6, 5}, {5, 6}}, xs, 0, 1);
+  EXPECT_TRUE(status[1].ok()) << status[1];
+  EXPECT_THAT(status[0].message(),
+              HasSubstr("with rank 3: gossip message of 52 bytes says 5 "
+                        "values; expected 6 values"));
+  EXPECT_THAT(status[2].message(), HasSubstr("with rank 3"));
+  EXPECT_THAT(status[3].message(), HasSubstr("says 6 values; expected 5"));
+}
+
+TEST(PowerGossipTest, AMissingNeighbourIsNamedAtTheDeadline) {
+  Network net(Make("ring", 4), {}, absl::Seconds(1));
+  std::vector<std::vector<float>> xs = RandomTensors(4, 6 * 5, 6);
+  std::vector<absl::Status> status =
+      net.Rounds("w", {6, 5}, xs, 0, 1, /*ranks=*/{0, 1, 2});
+  EXPECT_TRUE(status[1].ok()) << status[1];
+  EXPECT_EQ(status[0].code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(status[0].message(), HasSubstr("no message from rank 3"));
+  EXPECT_THAT(status[2].message(), HasSubstr("no message from rank 3"));
+}
+
+TEST(PowerGossipTest, RefusesACollectiveOfAnotherRankOrSize) {
+  GossipNode node(Make("ring", 4), 1, {}, kSeed);
+  LocalCollective local;
+  std::vector<float> x(30);
+  EXPECT_THAT(node.Round(local, {"job", "w", 0, 0}, {6, 5}, absl::MakeSpan(x))
+                  .status()
+                  .message(),
+              HasSubstr("gossip on rank 1 of topology 'ring' over 4 ranks, "
+                        "but the collective is rank 0 of 1"));
+  GossipNode single(Make("ring", 1), 0, {}, kSeed);
+  EXPECT_THAT(single.Round(local, {"job", "w", 0, 0}, {6, 4}, absl::MakeSpan(x))
+                  .status()
+                  .message(),
+              HasSubstr("shape [6,4] has 24 elements but 30 values"));
+  // A single rank has nobody to gossip with: nothing changes.
+  std::vector<float> y = {1, 2, 3};
+  ASSERT_TRUE(
+      single.Round(local, {"job", "b", 0, 0}, {3}, absl::MakeSpan(y)).ok());
+  EXPECT_EQ(y, (std::vector<float>{1, 2, 3}));
+}
+
+}  // namespace
+}  // namespace gradcomp::service
