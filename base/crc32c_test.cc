@@ -51,9 +51,10 @@ TEST(Crc32cTest, ImplementationsAgreeOnRandomData) {
   std::mt19937 rng(7);
   std::string data(3 * 8192 * 2 + 3 * 256 + 29, '\0');
   for (char& c : data) c = static_cast<char>(rng());
+  const size_t sizes[] = {0,   1,   7,     8,     9,     255,
+                          768, 769, 24575, 24576, 24577, data.size() - 7};
   for (size_t offset : {0, 1, 3, 7}) {
-    for (size_t n :
-         {0, 1, 7, 8, 9, 255, 768, 769, 24575, 24576, 24577, data.size() - 7}) {
+    for (size_t n : sizes) {
       const char* p = data.data() + offset;
       const uint32_t want = ExtendPortable(0, p, n);
       for (Extend extend : Implementations()) {

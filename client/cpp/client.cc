@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <utility>
@@ -60,6 +61,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     std::random_device random;
     options.client_id = absl::StrFormat("%s.%d.%08x", host, getpid(), random());
   }
+  if (options.token.empty()) {
+    if (const char* token = std::getenv("GRADCOMP_TOKEN")) {
+      options.token = token;
+    }
+  }
   grpc::ChannelArguments args;
   // Tensors travel inline: no 4 MiB cap on either direction.
   args.SetMaxReceiveMessageSize(-1);
@@ -90,6 +96,9 @@ std::unique_ptr<grpc::ClientContext> Client::NewContext() const {
   auto context = std::make_unique<grpc::ClientContext>();
   context->set_deadline(DeadlineAfter(options_.rpc_timeout));
   context->AddMetadata("gradcomp-client-id", options_.client_id);
+  if (!options_.token.empty()) {
+    context->AddMetadata("authorization", "Bearer " + options_.token);
+  }
   return context;
 }
 

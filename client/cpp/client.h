@@ -3,7 +3,7 @@
 // the RPC and target named in the message.
 //
 //   GC_ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
-//                       Client::Connect("127.0.0.1:50051"));
+//                       Client::Connect(kDefaultTarget));
 //   v1::CodecSpec topk;
 //   topk.set_name("topk");
 //   (*topk.mutable_params())["ratio"] = "0.01";
@@ -37,7 +37,15 @@ struct ClientOptions {
   // Sent as the "gradcomp-client-id" metadata of every call: the daemon's
   // shared-memory regions belong to it. Empty: "<hostname>.<pid>.<random>".
   std::string client_id;
+  // Sent as "authorization: Bearer <token>" on every call, for a daemon on
+  // TCP with --client_token_file. Empty: $GRADCOMP_TOKEN if set, else none
+  // (a unix-socket daemon needs none).
+  std::string token;
 };
+
+// Where gradcompd listens by default (its --listen), and so where clients
+// connect when no target is given.
+inline constexpr char kDefaultTarget[] = "unix:/run/gradcomp/gradcomp.sock";
 
 // A slice of a registered shared-memory region.
 struct ShmSlice {

@@ -296,7 +296,8 @@ std::string CtlUsage() {
 
 usage: gradcompctl [--target=HOST:PORT|unix:/PATH] [--timeout=60s] COMMAND [flags]
 
-The target defaults to $GRADCOMP_TARGET, else 127.0.0.1:50051.
+The target defaults to $GRADCOMP_TARGET, else unix:/run/gradcomp/gradcomp.sock.
+A daemon on TCP with a client token wants $GRADCOMP_TOKEN.
 
 commands:
   info      version, world size, codecs and their properties, policy hash

@@ -50,7 +50,7 @@ struct CtlArgs {
 };
 
 // Parses argv without the program name. `default_target` is used when no
-// --target is given (main passes $GRADCOMP_TARGET or 127.0.0.1:50051).
+// --target is given (main passes $GRADCOMP_TARGET or kDefaultTarget).
 absl::StatusOr<CtlArgs> ParseCtlArgs(const std::vector<std::string>& args,
                                      const std::string& default_target);
 

@@ -268,7 +268,8 @@ int main(int argc, char** argv) {
   absl::StatusOr<gradcomp::client::CtlArgs> args =
       gradcomp::client::ParseCtlArgs(
           std::vector<std::string>(argv + 1, argv + argc),
-          env_target != nullptr ? env_target : "127.0.0.1:50051");
+          env_target != nullptr ? env_target
+                                : gradcomp::client::kDefaultTarget);
   if (!args.ok()) {
     std::cerr << "gradcompctl: " << args.status().message()
               << "\n(run gradcompctl --help for usage)\n";

@@ -1,6 +1,5 @@
 #include "service/collective/batching_collective.h"
 
-#include <atomic>
 #include <functional>
 #include <memory>
 #include <random>
@@ -12,37 +11,13 @@
 #include "codecs/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "service/collective/counting_collective.h"
 #include "service/collective/in_process_group.h"
 
 namespace gradcomp::service {
 namespace {
 
 using ::testing::HasSubstr;
-
-// Counts the inner collectives a BatchingCollective runs.
-class CountingCollective : public Collective {
- public:
-  explicit CountingCollective(Collective* inner) : inner_(inner) {}
-  int rank() const override { return inner_->rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  absl::StatusOr<codecs::RoundResult> Run(const RoundKey& key,
-                                          codecs::Round round) override {
-    ++runs;
-    return inner_->Run(key, std::move(round));
-  }
-  absl::StatusOr<std::vector<codecs::Bytes>> AllToAll(
-      const RoundKey& key, std::vector<codecs::Bytes> parts) override {
-    return inner_->AllToAll(key, std::move(parts));
-  }
-  absl::StatusOr<std::vector<codecs::Bytes>> Allgather(
-      const RoundKey& key, codecs::Bytes part) override {
-    return inner_->Allgather(key, std::move(part));
-  }
-  std::atomic<int> runs{0};
-
- private:
-  Collective* inner_;
-};
 
 // W ranks, each with a BatchingCollective over its in-process peer.
 class Ranks {
@@ -59,7 +34,7 @@ class Ranks {
   }
   BatchingCollective& batching(int rank) { return *batching_[rank]; }
   PeerCollective& peer(int rank) { return group_.collective(rank); }
-  int inner_runs(int rank) const { return counting_[rank]->runs; }
+  int inner_runs(int rank) const { return counting_[rank]->runs(); }
 
  private:
   InProcessGroup group_;

@@ -167,7 +167,11 @@ absl::Status MergeConfigFile(const std::string& path,
   }
   std::stringstream buffer;
   buffer << in.rdbuf();
-  const std::string text = buffer.str();
+  return MergeConfigText(path, buffer.str(), config);
+}
+
+absl::Status MergeConfigText(const std::string& path, const std::string& text,
+                             v1::DaemonConfig* config) {
   return LooksLikeJson(path, text) ? MergeJson(path, text, config)
                                    : MergeText(path, text, config);
 }

@@ -66,6 +66,11 @@ v1::DaemonConfig DefaultConfig();
 // Errors name the file, the format and the parser's message.
 absl::Status MergeConfigFile(const std::string& path, v1::DaemonConfig* config);
 
+// MergeConfigFile on text already read; `path` picks the format as above and
+// names the source in errors.
+absl::Status MergeConfigText(const std::string& path, const std::string& text,
+                             v1::DaemonConfig* config);
+
 void ApplyFlags(const FlagOverrides& flags, v1::DaemonConfig* config);
 
 // Checks addresses, rank, world size, peers (one host:port per rank when

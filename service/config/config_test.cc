@@ -8,6 +8,7 @@
 #include "codecs/builtin.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "service/engine/memory_budget.h"
 
 namespace gradcomp::service {
 namespace {
@@ -264,11 +265,51 @@ TEST(ConfigTest, JsonOfTheEffectiveConfigLoadsBackTheSame) {
   ASSERT_TRUE(config.ok());
   const std::string json = ConfigToJson(*config);
   EXPECT_THAT(json, HasSubstr("\"dense_below_numel\": \"1024\""));
-  EXPECT_THAT(json, HasSubstr("\"listen\": \"unix:/run/gradcomp/gradcomp.sock\""));
+  EXPECT_THAT(json,
+              HasSubstr("\"listen\": \"unix:/run/gradcomp/gradcomp.sock\""));
   auto again = LoadConfig(WriteFile("again.json", json), FlagOverrides(),
                           codecs::BuiltinCodecs());
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->SerializeAsString(), config->SerializeAsString());
+}
+
+TEST(ConfigTest, LimitsHaveDefaultsFileFieldsFlagsAndChecks) {
+  auto defaults = LoadConfig("", FlagOverrides(), codecs::BuiltinCodecs());
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->memory_budget_bytes(), DefaultMemoryBudgetBytes());
+  EXPECT_EQ(defaults->memory_wait_seconds(), 10);
+  EXPECT_EQ(defaults->max_concurrent_jobs(), 16u);
+  EXPECT_EQ(defaults->max_tensors_per_job(), 65536u);
+  EXPECT_EQ(defaults->max_state_bytes_per_job(), 0u);
+  EXPECT_EQ(defaults->max_queued_requests(), 4096u);
+
+  const std::string path = WriteFile("limits.json", R"({
+    "memory_budget_bytes": "1048576", "memory_wait_seconds": 0,
+    "max_concurrent_jobs": "2", "max_state_bytes_per_job": "4096"})");
+  FlagOverrides flags;
+  flags.max_tensors_per_job = 3;
+  flags.max_queued_requests = 5;
+  flags.max_tensor_bytes = 1024;
+  auto config = LoadConfig(path, flags, codecs::BuiltinCodecs());
+  ASSERT_TRUE(config.ok()) << config.status();
+  const EngineOptions options = EngineOptionsFromConfig(*config);
+  EXPECT_EQ(options.memory_budget_bytes, 1u << 20);
+  EXPECT_EQ(options.memory_wait, absl::ZeroDuration());
+  EXPECT_EQ(options.quotas.max_concurrent_jobs, 2u);
+  EXPECT_EQ(options.quotas.max_tensors_per_job, 3u);
+  EXPECT_EQ(options.quotas.max_state_bytes_per_job, 4096u);
+  EXPECT_EQ(options.max_tensor_bytes, 1024u);
+  EXPECT_EQ(config->max_queued_requests(), 5u);
+
+  flags.max_queued_requests = 0;
+  EXPECT_THAT(
+      LoadConfig(path, flags, codecs::BuiltinCodecs()).status().message(),
+      HasSubstr("max_queued_requests is 0, expected a positive number"));
+  FlagOverrides negative;
+  negative.memory_wait_seconds = -1;
+  EXPECT_THAT(
+      LoadConfig("", negative, codecs::BuiltinCodecs()).status().message(),
+      HasSubstr("memory_wait_seconds is -1, expected seconds in [0, 86400]"));
 }
 
 }  // namespace

@@ -1,7 +1,6 @@
 // The engine's batched reduces (ReduceInput::batch) over W in-process
 // peers: the same averages as unbatched reduces with fewer collectives,
 // validation of the batch, and a member that fails on one rank.
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -15,6 +14,7 @@
 #include "codecs/state.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "service/collective/counting_collective.h"
 #include "service/collective/in_process_group.h"
 #include "service/engine/engine.h"
 #include "service/metrics/metrics.h"
@@ -23,31 +23,6 @@ namespace gradcomp::service {
 namespace {
 
 using ::testing::HasSubstr;
-
-// Counts the collectives the engine runs on one rank.
-class CountingCollective : public Collective {
- public:
-  explicit CountingCollective(Collective* inner) : inner_(inner) {}
-  int rank() const override { return inner_->rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  absl::StatusOr<codecs::RoundResult> Run(const RoundKey& key,
-                                          codecs::Round round) override {
-    ++runs;
-    return inner_->Run(key, std::move(round));
-  }
-  absl::StatusOr<std::vector<codecs::Bytes>> AllToAll(
-      const RoundKey& key, std::vector<codecs::Bytes> parts) override {
-    return inner_->AllToAll(key, std::move(parts));
-  }
-  absl::StatusOr<std::vector<codecs::Bytes>> Allgather(
-      const RoundKey& key, codecs::Bytes part) override {
-    return inner_->Allgather(key, std::move(part));
-  }
-  std::atomic<int> runs{0};
-
- private:
-  Collective* inner_;
-};
 
 constexpr int kWorld = 2;
 constexpr int kMembers = 6;
@@ -116,7 +91,7 @@ TEST_F(EngineBatchTest, BatchedPowerSgdEqualsUnbatchedWithFewerCollectives) {
   for (bool batched : {false, true}) {
     const std::string job = batched ? "batched" : "plain";
     results[batched].resize(kWorld * kMembers * kSteps);
-    for (int r = 0; r < kWorld; ++r) counting_[r]->runs = 0;
+    for (int r = 0; r < kWorld; ++r) counting_[r]->Reset();
     for (int64_t step = 0; step < kSteps; ++step) {
       std::vector<std::thread> threads;
       for (int r = 0; r < kWorld; ++r) {
@@ -134,7 +109,7 @@ TEST_F(EngineBatchTest, BatchedPowerSgdEqualsUnbatchedWithFewerCollectives) {
       for (std::thread& t : threads) t.join();
     }
     for (int r = 0; r < kWorld; ++r) {
-      EXPECT_EQ(counting_[r]->runs, (batched ? 2 : 2 * kMembers) * kSteps)
+      EXPECT_EQ(counting_[r]->runs(), (batched ? 2 : 2 * kMembers) * kSteps)
           << (batched ? "batched" : "plain") << " rank " << r;
     }
   }
@@ -164,7 +139,7 @@ TEST_F(EngineBatchTest, BadBatchesAreInvalidArgumentBeforeAnyCollective) {
   in.batch->id = "";
   EXPECT_THAT(engines_[0]->Reduce(in).status().message(),
               HasSubstr("batch id is empty"));
-  EXPECT_EQ(counting_[0]->runs, 0);
+  EXPECT_EQ(counting_[0]->runs(), 0);
 }
 
 TEST_F(EngineBatchTest, MembersOfADeclaredJobMustBeDeclaredWithTheSameShape) {
@@ -187,7 +162,7 @@ TEST_F(EngineBatchTest, MembersOfADeclaredJobMustBeDeclaredWithTheSameShape) {
   EXPECT_THAT(out.status().message(),
               HasSubstr("member 'layer1.weight' cannot be batched with "
                         "'layer0.weight' (shape [24,16])"));
-  EXPECT_EQ(counting_[0]->runs, 0);
+  EXPECT_EQ(counting_[0]->runs(), 0);
 }
 
 // A member that fails on rank 0 (NaN input, refused before its rounds)

@@ -74,6 +74,13 @@ absl::Status ReadGossipMessage(absl::string_view bytes,
   const uint64_t rank = Load(p + 8, 4);
   const uint64_t step = Load(p + 16, 8);
   const uint64_t count = Load(p + 24, 8);
+  if (step != expected.power_step) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "neighbour is at power step ", step, " of this edge, this end at ",
+        expected.power_step,
+        "; both ends must run the same steps (was one restarted without its "
+        "gossip state?)"));
+  }
   if (kind != static_cast<uint64_t>(expected.kind) || rank != expected.rank) {
     return absl::InvalidArgumentError(absl::StrCat(
         "neighbour sent a ", KindName(kind), " message of rank ", rank,
@@ -81,13 +88,6 @@ absl::Status ReadGossipMessage(absl::string_view bytes,
         " of rank ", expected.rank,
         "; expected the same gossip options on "
         "both ends of an edge"));
-  }
-  if (step != expected.power_step) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "neighbour is at power step ", step, " of this edge, this end at ",
-        expected.power_step,
-        "; both ends must run the same steps (was one restarted without its "
-        "gossip state?)"));
   }
   if (count != expected.count || count != out.size() ||
       (bytes.size() - kGossipHeaderBytes) / sizeof(float) != count ||

@@ -74,8 +74,10 @@ grpc::ChannelArguments ChannelArgs() {
 // own memory; the method is registered by hand as the generated code does.
 constexpr char kConnectMethod[] = "/gradcomp.v1.Peer/Connect";
 
-using ServerStream = grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
-using ClientStream = grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+using ServerStream =
+    grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+using ClientStream =
+    grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
 
 struct Queued {
   MessageKey key;
@@ -372,10 +374,10 @@ class GrpcTransport::Impl final : public grpc::Service {
       if (damaged.ok() && crc != frame->chunk_crc32c) {
         damaged = absl::DataLossError(absl::StrCat(
             "the message from ", PeerName(from), " for job '", key.job,
-            "' tensor '", key.tensor, "' step ", key.step, " round ",
-            key.round, " failed its checksum: bytes [", received, ", ",
-            received + n, ") of ", total, " have CRC-32C 0x",
-            absl::Hex(crc, absl::kZeroPad8), " but were sent with 0x",
+            "' tensor '", key.tensor, "' step ", key.step, " round ", key.round,
+            " failed its checksum: bytes [", received, ", ", received + n,
+            ") of ", total, " have CRC-32C 0x", absl::Hex(crc, absl::kZeroPad8),
+            " but were sent with 0x",
             absl::Hex(frame->chunk_crc32c, absl::kZeroPad8),
             "; expected the bytes rank ", from,
             " sent (they changed in transit or in memory)"));
@@ -383,7 +385,8 @@ class GrpcTransport::Impl final : public grpc::Service {
         buffer = codecs::Bytes();
       }
       if (damaged.ok()) {
-        for (absl::string_view piece : frame->chunk) buffer.append(piece);
+        for (absl::string_view piece : frame->chunk)
+          buffer.append(piece.data(), piece.size());
       }
       received += n;
       if (received == total) {
@@ -454,10 +457,9 @@ class GrpcTransport::Impl final : public grpc::Service {
     const PeerIdentity local = identity_();
     grpc::ByteBuffer raw_reply;
     absl::StatusOr<ReceivedFrame> reply;
-    const bool answered = stream->Write(HelloFrame(ToProto(local))) &&
-                          stream->Read(&raw_reply) &&
-                          (reply = ParseFrame(raw_reply)).ok() &&
-                          reply->hello.has_value();
+    const bool answered =
+        stream->Write(HelloFrame(ToProto(local))) && stream->Read(&raw_reply) &&
+        (reply = ParseFrame(raw_reply)).ok() && reply->hello.has_value();
     absl::Status status;
     if (!answered) {
       // The call is over (a refusal carries the listener's reason).
@@ -568,8 +570,8 @@ class GrpcTransport::Impl final : public grpc::Service {
       uint64_t n = 0;
       uint32_t crc = 0;
       while (n < options_.chunk_bytes && part < message.parts.size()) {
-        const absl::string_view piece = message.parts[part].substr(
-            offset, options_.chunk_bytes - n);
+        const absl::string_view piece =
+            message.parts[part].substr(offset, options_.chunk_bytes - n);
         if (!piece.empty()) {
           pieces.push_back(piece);
           crc = Crc32cExtend(crc, piece.data(), piece.size());
@@ -585,7 +587,8 @@ class GrpcTransport::Impl final : public grpc::Service {
       grpc::ByteBuffer frame;
       if (options_.tamper_for_test) {
         auto copy = std::make_shared<std::string>();
-        for (absl::string_view piece : pieces) copy->append(piece);
+        for (absl::string_view piece : pieces)
+          copy->append(piece.data(), piece.size());
         options_.tamper_for_test(to, queued.key, copy.get());
         const absl::string_view tampered = *copy;
         frame = DataFrame(first, {&tampered, 1}, crc, std::move(copy));

@@ -56,8 +56,6 @@ class Inbox : public Receiver {
   void OnPeerLost(int rank, const absl::Status& why) override {}
   void OnCorruptMessage(int from, const MessageKey& key,
                         const absl::Status& why) override {}
-  void OnCorruptMessage(int from, const MessageKey& key,
-                        const absl::Status& why) override {}
   std::string WaitMessage() {
     absl::MutexLock lock(&mu_);
     auto any = [&]() { return !messages_.empty(); };
@@ -175,6 +173,22 @@ TEST_F(GrpcTransportTlsTest, APeerWithACertificateFromAnotherCaIsRefused) {
   EXPECT_EQ(other.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(other.message(),
               HasSubstr(absl::StrCat("rank 0 (", pair.address(0), ")")));
+}
+
+// The dialler checks that the listener's certificate names the address it
+// dialled; the listener checks only the chain (a client has no address).
+TEST_F(GrpcTransportTlsTest, ACertificateThatDoesNotNameThePeerIsRefused) {
+  Pair pair;
+  ASSERT_TRUE(pair.Start(0, Credentials(Files(*job_ca_, "n0"))).ok());
+  absl::StatusOr<PeerTlsFiles> elsewhere =
+      job_ca_->Issue("n1", "DNS:elsewhere.example");
+  ASSERT_TRUE(elsewhere.ok()) << elsewhere.status();
+  elsewhere->refresh = absl::Seconds(1);
+  ASSERT_TRUE(pair.Start(1, Credentials(*elsewhere)).ok());
+  const absl::Status status = pair.transport(0).WaitForPeers(AFewAttempts());
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(status.message(),
+              HasSubstr(absl::StrCat("rank 1 (", pair.address(1), ")")));
 }
 
 TEST_F(GrpcTransportTlsTest, APlaintextPeerIsRefused) {

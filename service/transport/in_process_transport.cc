@@ -20,7 +20,9 @@ class InProcessHub::Endpoint : public Transport {
                            absl::Time /*deadline*/) override {
     codecs::Bytes data;
     data.reserve(message.size());
-    for (absl::string_view part : message.parts) data.append(part);
+    for (absl::string_view part : message.parts) {
+      data.append(part.data(), part.size());
+    }
     return hub_->Deliver(rank_, to, key, std::move(data));
   }
 

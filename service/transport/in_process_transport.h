@@ -36,7 +36,7 @@ class InProcessHub {
   class Endpoint;
 
   absl::Status Deliver(int from, int to, const MessageKey& key,
-                       const codecs::Bytes& data) ABSL_LOCKS_EXCLUDED(mu_);
+                       codecs::Bytes data) ABSL_LOCKS_EXCLUDED(mu_);
 
   const int world_size_;
   absl::Mutex mu_;

@@ -48,7 +48,8 @@ absl::StatusOr<TestCa> TestCa::Create(const std::string& dir,
   return ca;
 }
 
-absl::StatusOr<PeerTlsFiles> TestCa::Issue(const std::string& leaf) {
+absl::StatusOr<PeerTlsFiles> TestCa::Issue(const std::string& leaf,
+                                           const std::string& names) {
   const std::string base = absl::StrCat(dir_, "/", leaf);
   const std::string log = base + ".log";
   PeerTlsFiles files;
@@ -57,8 +58,8 @@ absl::StatusOr<PeerTlsFiles> TestCa::Issue(const std::string& leaf) {
   files.ca = cert_;
   {
     std::ofstream ext(base + ".ext");
-    ext << "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-           "extendedKeyUsage=serverAuth,clientAuth\n";
+    ext << "subjectAltName=" << names
+        << "\nextendedKeyUsage=serverAuth,clientAuth\n";
   }
   absl::Status made = Run(
       absl::StrCat("openssl req -new ", kKeyType, " -nodes -subj '/CN=", leaf,

@@ -134,16 +134,20 @@ def write_tls_secret(local: pathlib.Path) -> None:
 
 def mounted(container: dict, volumes: list[dict], objects: list[dict], root: pathlib.Path) -> dict[str, str]:
     """Writes the container's ConfigMap mounts (and test certificates for its
-    Secret mounts) under `root`; returns the mount path -> local directory map
-    for rewriting the container's args."""
+    Secret mounts, and an empty directory for its client socket) under `root`;
+    returns the mount path -> local directory map for rewriting the
+    container's args and config."""
     paths = {}
     for mount in container.get("volumeMounts", []):
         (volume,) = [v for v in volumes if v["name"] == mount["name"]]
-        if "configMap" not in volume and "secret" not in volume:
+        socket_dir = volume["name"] == "gradcomp-socket"
+        if "configMap" not in volume and "secret" not in volume and not socket_dir:
             continue
         local = root / mount["name"]
         local.mkdir(parents=True, exist_ok=True)
-        if "secret" in volume:
+        if socket_dir:
+            pass  # the daemon creates its socket there
+        elif "secret" in volume:
             write_tls_secret(local)
         else:
             config_map = find(objects, "ConfigMap", volume["configMap"]["name"])
@@ -213,6 +217,15 @@ class ChartTest(unittest.TestCase):
         self.assertEqual(dshm["emptyDir"]["medium"], "Memory")
         for c in pod["spec"]["containers"]:
             self.assertIn("/dev/shm", [m["mountPath"] for m in c["volumeMounts"]], c["name"])
+            # The client API is a unix socket in a directory every container shares.
+            self.assertIn({"name": "gradcomp-socket", "mountPath": "/run/gradcomp"},
+                          c["volumeMounts"], c["name"])
+        self.assertEqual(config["listen"], "unix:/run/gradcomp/gradcomp.sock")
+        self.assertIn("--health_listen=0.0.0.0:50051", container["args"])
+        for c in pod["spec"]["containers"]:
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            if "GRADCOMP_TARGET" in env:
+                self.assertEqual(env["GRADCOMP_TARGET"], "unix:/run/gradcomp/gradcomp.sock")
 
         # Every rank's arguments pass --check_config; the last rank is the
         # one a wrong world size would refuse.
@@ -354,7 +367,10 @@ class ParentChartTest(unittest.TestCase):
         self.assertEqual([c["name"] for c in spec["containers"]], ["train", "gradcompd"])
         self.assertEqual(spec["containers"][0]["args"], ["--epochs=90"])
         self.assertIn({"name": "dshm", "mountPath": "/dev/shm"}, spec["containers"][0]["volumeMounts"])
-        self.assertEqual(sorted(v["name"] for v in spec["volumes"]), ["data", "dshm", "gradcomp-config"])
+        self.assertIn({"name": "gradcomp-socket", "mountPath": "/run/gradcomp"},
+                      spec["containers"][0]["volumeMounts"])
+        self.assertEqual(sorted(v["name"] for v in spec["volumes"]),
+                         ["data", "dshm", "gradcomp-config", "gradcomp-socket"])
         config = json.loads(find(objects, "ConfigMap", "-config")["data"]["daemon.json"])
         self.assertEqual(config["peers"], [
             f"resnet-{r}.resnet-peers.{NAMESPACE}.svc.cluster.local:50052" for r in range(2)])
@@ -424,12 +440,15 @@ class LoopbackClusterTest(unittest.TestCase):
             return text
 
         pods = []
+        sockets = self.sockets = []
         for ordinal in range(self.world_size):
             root = self.tmp / f"pod-{ordinal}"
             mounts = mounted(self.container, self.pod["spec"]["volumes"], self.objects, root)
             used: set = set()
-            daemon_json = next(pathlib.Path(d) / "daemon.json" for d in mounts.values())
-            daemon_json.write_text(localise(self.config_text, ordinal, used))
+            daemon_json = pathlib.Path(mounts["/etc/gradcomp/config"]) / "daemon.json"
+            daemon_json.write_text(localise(rewrite_paths(self.config_text, mounts), ordinal, used))
+            # The trainer's target: the client socket in the pod's shared directory.
+            sockets.append("unix:" + rewrite_paths("/run/gradcomp/gradcomp.sock", mounts))
             env = pod_env(self.container, ordinal, self.pod["metadata"]["labels"])
             self.assertEqual(env["GRADCOMP_RANK"], str(ordinal))
             args = [localise(rewrite_paths(expand(a, env), mounts), ordinal, used)
@@ -476,7 +495,7 @@ class LoopbackClusterTest(unittest.TestCase):
         results: dict = {}
 
         def worker(rank: int) -> None:
-            with gradcomp.Client(pods[rank][2], timeout=60.0) as client:
+            with gradcomp.Client(self.sockets[rank], timeout=60.0) as client:
                 info = client.info()
                 results[rank] = (info.rank, client.reduce(grads[rank], "layer.weight", 0),
                                  client.reduce(grads[rank], "layer.weight", 1, codec="topk",

@@ -180,16 +180,30 @@ class Chaos:
             by_step[r["step"]].append(r)
         steps = first_final + self.args.final_steps
         wrong = results_lib.wrong_results(logs)
+
+        def all_ok(step: int) -> bool:
+            return len(by_step[step]) == WORLD and all(r["ok"] for r in by_step[step])
+
+        # Per fault kind: steps from the fault's step to the first step that
+        # succeeds on every rank again (1: only the fault's own step failed).
+        to_clean: dict[str, list[int]] = collections.defaultdict(list)
+        for fault in self.faults:
+            clean = fault["step"]
+            while clean < steps and not all_ok(clean):
+                clean += 1
+            to_clean[fault["kind"]].append(clean - fault["step"])
         return {
             "steps_attempted": steps,
-            "steps_completed_all_ranks": sum(
-                1 for s in range(steps)
-                if len(by_step[s]) == WORLD and all(r["ok"] for r in by_step[s])),
+            "steps_completed_all_ranks": sum(1 for s in range(steps) if all_ok(s)),
             "rank_steps_attempted": len(records) + self.interrupted,
             "rank_steps_ok": len(records) - len(failures),
+            "tensors_checked_in_failed_steps": sum(r.get("partial_checked", 0)
+                                                   for r in failures),
             "rank_steps_interrupted_by_client_kill": self.interrupted,
             "faults": dict(collections.Counter(f["kind"] for f in self.faults)),
             "fault_list": self.faults,
+            "failed_steps_per_fault": {k: {"mean": round(sum(v) / len(v), 2), "max": max(v)}
+                                       for k, v in to_clean.items()},
             "failures_reported": len(failures),
             "failures_by_code": dict(collections.Counter(r["code"] for r in failures)),
             "slowest_failure_seconds": max((r["seconds"] for r in failures), default=0.0),
@@ -258,6 +272,8 @@ def main() -> int:
     print(f"\nchaos: {s['steps_attempted']} steps x {WORLD} ranks in {s['seconds']} s, "
           f"collective timeout {args.collective_timeout} s")
     print(f"  faults injected: {s['faults']}")
+    print(f"  steps failing per fault, from its step to the next step ok on every rank: "
+          f"{s['failed_steps_per_fault']}")
     print(f"  steps completed on all ranks: {s['steps_completed_all_ranks']} of "
           f"{s['steps_attempted']}; rank-steps ok {s['rank_steps_ok']} of "
           f"{s['rank_steps_attempted']} ({s['rank_steps_interrupted_by_client_kill']} "
@@ -267,7 +283,8 @@ def main() -> int:
           f"slowest success {s['slowest_success_seconds']} s; hangs: 0")
     for message in s["example_failures"]:
         print(f"    e.g. {message}")
-    print(f"  wrong results: {s['wrong_results']}")
+    print(f"  wrong results: {s['wrong_results']} (also checked: "
+          f"{s['tensors_checked_in_failed_steps']} tensors that reduced in failed steps)")
     for line in s["first_wrong"]:
         print(f"    {line}")
     print(f"  recovery after the last fault: {s['recovery_seconds_after_last_fault']} s; "

@@ -1,6 +1,7 @@
 """Reads the workers' logs (worker.py) and finds wrong results among them:
-per-tensor bound violations the workers found, ranks whose results for a
-step differ, and top-k steps that break the error-feedback identity."""
+per-tensor bound violations the workers found (in whole results and in the
+tensors that reduced in a failed stream), ranks whose results for a step
+differ, and top-k steps that break the error-feedback identity."""
 from __future__ import annotations
 
 import collections
@@ -33,10 +34,9 @@ def wrong_results(logs: list[list[dict]]) -> list[str]:
     by_step: dict[int, dict[int, str]] = collections.defaultdict(dict)
     for rank, records in enumerate(logs):
         for r in records:
-            if not r["ok"]:
-                continue
-            wrong += [f"rank {rank} step {r['step']}: {w}" for w in r["wrong"]]
-            by_step[r["step"]][rank] = r["digest"]
+            wrong += [f"rank {rank} step {r['step']}: {w}" for w in r.get("wrong", [])]
+            if r["ok"]:
+                by_step[r["step"]][rank] = r["digest"]
     for step, digests in sorted(by_step.items()):
         if len(set(digests.values())) > 1:
             wrong.append(f"step {step}: the ranks' results differ (digests {digests})")

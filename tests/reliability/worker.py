@@ -6,11 +6,12 @@
 Step t reduces the rank's whole tensor set (workload.py) over one
 ReduceStream with codec CODECS[t % len] under the job "<job>-<codec>", then
 checks every tensor of the result against the true mean (which it derives
-from every rank's data, workload.Workload) and appends one JSON line to
---log:
+from every rank's data, workload.Workload), also the tensors that did
+reduce in a stream that failed, and appends one JSON line to --log:
 
   {"step", "codec", "ok", "seconds", "digest", "wrong": [..]}      success
-  {"step", "codec", "ok": false, "code", "message", "seconds"}     failure
+  {"step", "codec", "ok": false, "code", "message", "seconds",    failure
+   "partial_checked", "wrong": [..]}
 
 For top-k it also exports its daemon's state after the step and appends the
 identity's numbers (workload.topk_terms) to --log as "topk" (8 per tensor).
@@ -82,6 +83,10 @@ class Runner:
         except GradcompError as error:
             record.update(ok=False, code=error.code.name, message=str(error)[:600],
                           seconds=round(time.monotonic() - t0, 3))
+            # The tensors of a failed stream that did reduce must be right too.
+            record["partial_checked"] = len(error.completed)
+            record["wrong"] = [] if codec == "topk" or not error.completed else self._check(
+                error.completed, self.work.all_gradients(step))
             return record
         except ValueError as error:
             # grpc raises ValueError when a call is made on a closed channel.
@@ -111,12 +116,19 @@ class Runner:
                     terms.append(None)
             record["topk"] = terms
         else:
-            for name in self.work.names:
-                bad = workload.check_result(used[name], workload.CODECS.get(used[name], {}),
-                                            outs[name], all_grads, name)
-                if bad:
-                    record["wrong"].append(bad)
+            record["wrong"] = self._check(results, all_grads)
         return record
+
+    @staticmethod
+    def _check(results: dict, all_grads: list[dict]) -> list[str]:
+        """What is wrong in {name: (average, stats)} (workload.check_result)."""
+        wrong = []
+        for name, (out, stats) in results.items():
+            bad = workload.check_result(stats.codec, workload.CODECS.get(stats.codec, {}),
+                                        out, all_grads, name)
+            if bad:
+                wrong.append(bad)
+        return wrong
 
     def write(self, record: dict) -> None:
         self.log.write(json.dumps(record) + "\n")

@@ -1,7 +1,7 @@
 """gradcomp: the Python client of the gradcompd gradient-compression daemon.
 
     import gradcomp
-    with gradcomp.Client("127.0.0.1:50051") as client:
+    with gradcomp.Client() as client:  # $GRADCOMP_TARGET, else the default socket
         avg, stats = client.reduce(grad, "fc.weight", step=0, codec="topk",
                                    params={"ratio": 0.01})
 

@@ -1,7 +1,7 @@
 """Python client of gradcompd.
 
     import gradcomp
-    client = gradcomp.Client("127.0.0.1:50051")
+    client = gradcomp.Client()  # gradcompd's default unix socket
     avg, stats = client.reduce(grad, "fc.weight", step, codec="topk",
                                params={"ratio": 0.01})
     print(stats.ratio, stats.relative_error)
@@ -130,21 +130,74 @@ def _as_wire_array(array: np.ndarray) -> np.ndarray:
     return np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
 
 
+DEFAULT_TARGET = "unix:/run/gradcomp/gradcomp.sock"
+"""Where gradcompd listens by default (its --listen)."""
+
+
+class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                   grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds "authorization: Bearer <token>" to every call of a channel."""
+
+    def __init__(self, token: str):
+        self._metadata = ("authorization", f"Bearer {token}")
+
+    def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        return _CallDetails(details.method, details.timeout,
+                            list(details.metadata or ()) + [self._metadata],
+                            details.credentials, details.wait_for_ready,
+                            details.compression)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation, details, requests):
+        return continuation(self._details(details), requests)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    """A call's details with other metadata (gRPC's own type is private)."""
+
+    def __init__(self, method, timeout, metadata, credentials, wait_for_ready, compression):
+        self.method = method
+        self.timeout = timeout
+        self.metadata = metadata
+        self.credentials = credentials
+        self.wait_for_ready = wait_for_ready
+        self.compression = compression
+
+
 class Client:
     """A connection to one gradcompd.
 
     Args:
-      target: "host:port" or "unix:/path".
+      target: "unix:/path" (default: gradcompd's default socket,
+        $GRADCOMP_TARGET if set) or "host:port".
       timeout: deadline of each RPC in seconds; a Reduce waits for every
         worker of its job, so this bounds how long a straggler holds a caller.
+      token: sent as "authorization: Bearer <token>" on every call, for a
+        daemon on TCP with --client_token_file; default $GRADCOMP_TOKEN if
+        set. A daemon on its unix socket needs none.
     """
 
-    def __init__(self, target: str, timeout: float = 60.0):
+    def __init__(self, target: str | None = None, timeout: float = 60.0,
+                 token: str | None = None):
+        if target is None:
+            target = os.environ.get("GRADCOMP_TARGET") or DEFAULT_TARGET
         if not target:
             raise ValueError("empty gradcompd target; expected host:port or unix:/path")
         self.target = target
         self.timeout = timeout
+        if token is None:
+            token = os.environ.get("GRADCOMP_TOKEN") or None
         self._channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        if token:
+            self._channel = grpc.intercept_channel(self._channel, _BearerToken(token))
         self._stub = gradcomp_pb2_grpc.GradcompStub(self._channel)
         # The inline reduces bypass protobuf for the tensor bytes
         # (inline_wire): requests go out as bytes, replies come back as
@@ -242,7 +295,8 @@ class Client:
 
         Returns {name: (average, stats)} in the order given. If any tensor
         fails, the stream is still drained and GradcompError is raised with
-        every failure in its `failures`.
+        every failure in its `failures` and the other tensors' results in its
+        `completed`.
         """
         items = list(tensors.items() if isinstance(tensors, Mapping) else tensors)
         names = [name for name, _ in items]
@@ -276,8 +330,12 @@ class Client:
                 results[i] = self._result(reply.result, data, arrays[i].shape)
         except grpc.RpcError as error:
             raise GradcompError.from_rpc_error("ReduceStream", self.target, error) from None
-        self._check_stream(failures, len(items),
-                           [names[i] for i in range(len(items)) if i not in results])
+        try:
+            self._check_stream(failures, len(items),
+                               [names[i] for i in range(len(items)) if i not in results])
+        except GradcompError as error:
+            error.completed = {names[i]: results[i] for i in sorted(results)}
+            raise
         return {names[i]: results[i] for i in range(len(items))}
 
     def _check_stream(self, failures: Mapping[str, tuple[grpc.StatusCode, str]],

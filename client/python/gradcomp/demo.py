@@ -69,8 +69,9 @@ def _check_metrics(before: list[metrics.Sample], after: list[metrics.Sample],
     return ok
 
 
-def run(target: str, metrics_url: str, seed: int) -> bool:
+def run(target: str | None, metrics_url: str, seed: int) -> bool:
     client = Client(target, timeout=300.0)
+    target = client.target
     info = client.info()
     policy, policy_hash = client.get_policy()
     print(f"gradcompd {info.version} at {target}: world size {info.world_size}, "
@@ -130,8 +131,9 @@ def run(target: str, metrics_url: str, seed: int) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gradcomp.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default="127.0.0.1:50051",
-                        help="gradcompd address, host:port or unix:/path")
+    parser.add_argument("--target", default=None,
+                        help="gradcompd address, unix:/path or host:port (default: "
+                             "$GRADCOMP_TARGET, else the daemon's default socket)")
     parser.add_argument("--metrics_url", default="http://127.0.0.1:9464/metrics",
                         help="the daemon's Prometheus endpoint")
     parser.add_argument("--seed", type=int, default=0, help="gradient model seed")

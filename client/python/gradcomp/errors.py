@@ -22,6 +22,8 @@ class GradcompError(Exception):
       code: the grpc.StatusCode, e.g. grpc.StatusCode.INVALID_ARGUMENT.
       details: the daemon's message.
       failures: for ReduceStream, every failed tensor -> (code, details).
+      completed: for Client.reduce_many, what the tensors that did not fail
+        returned: name -> (average, stats).
     """
 
     def __init__(self, rpc: str, target: str, code: grpc.StatusCode,
@@ -32,6 +34,7 @@ class GradcompError(Exception):
         self.code = code
         self.details = details
         self.failures = dict(failures or {})
+        self.completed: dict = {}
         super().__init__(f"{rpc} to gradcompd at {target} failed: "
                          f"{code.name}: {details}")
 

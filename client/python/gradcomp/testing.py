@@ -58,20 +58,35 @@ def free_port() -> int:
 
 
 class Daemon:
-    """One gradcompd child process; `extra_args` go after the port flags."""
+    """One gradcompd child process; `extra_args` go after the port flags.
 
-    def __init__(self, extra_args: Sequence[str] = (), start_timeout: float = 30.0):
+    It listens on loopback TCP, or with `unix_socket` on a socket in its
+    temporary directory. With `token` it requires that bearer token from TCP
+    clients (--client_token_file).
+    """
+
+    def __init__(self, extra_args: Sequence[str] = (), start_timeout: float = 30.0,
+                 token: str | None = None, unix_socket: bool = False):
         self.extra_args = list(extra_args)
         self.start_timeout = start_timeout
+        self.token = token
+        self.unix_socket = unix_socket
         self.binary = daemon_binary()
         self._dir = tempfile.TemporaryDirectory(prefix="gradcompd-test-")
         self.log_path = pathlib.Path(self._dir.name) / "gradcompd.log"
+        self.socket_path = pathlib.Path(self._dir.name) / "run" / "gradcomp.sock"
         self.process: subprocess.Popen | None = None
         self.port = 0
         self.metrics_port = 0
+        if token is not None:
+            token_file = pathlib.Path(self._dir.name) / "token"
+            token_file.write_text(token + "\n")
+            self.extra_args.insert(0, f"--client_token_file={token_file}")
 
     @property
     def target(self) -> str:
+        if self.unix_socket:
+            return f"unix:{self.socket_path}"
         return f"127.0.0.1:{self.port}"
 
     @property
@@ -108,7 +123,7 @@ class Daemon:
                 return False
             # A fresh channel per try: a channel that failed to connect
             # backs off for a second or more before it tries again.
-            with Client(self.target, timeout=2.0) as client:
+            with Client(self.target, timeout=2.0, token=self.token or "") as client:
                 try:
                     client.info()
                     return True

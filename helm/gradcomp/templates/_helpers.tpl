@@ -76,7 +76,7 @@ app.kubernetes.io/component: worker
 {{/* The DaemonConfig (proto/gradcomp/v1/config.proto) as protobuf JSON. Rank is a flag: it differs per pod. */}}
 {{- define "gradcomp.config" -}}
 {{- $config := dict
-  "listen" (printf "0.0.0.0:%d" (int .Values.ports.api))
+  "listen" (printf "unix:%s" (include "gradcomp.socketPath" .))
   "metricsListen" (printf "0.0.0.0:%d" (int .Values.ports.metrics))
   "worldSize" (int .Values.worldSize)
   "peers" (splitList "," (include "gradcomp.peers" .))
@@ -91,6 +91,14 @@ app.kubernetes.io/component: worker
 {{- toPrettyJson $config -}}
 {{- end -}}
 
+{{/*
+The client API's unix socket, in an emptyDir that every container of the pod
+mounts at the same path: the trainer connects to it, and its mode (0660,
+group fsGroup) decides who may (docs/security.md, Client access).
+*/}}
+{{- define "gradcomp.socketDir" -}}/run/gradcomp{{- end -}}
+{{- define "gradcomp.socketPath" -}}{{ include "gradcomp.socketDir" . }}/gradcomp.sock{{- end -}}
+
 {{- define "gradcomp.podAnnotations" -}}
 checksum/gradcomp-config: {{ include "gradcomp.config" . | sha256sum }}
 {{- end -}}
@@ -103,6 +111,9 @@ checksum/gradcomp-config: {{ include "gradcomp.config" . | sha256sum }}
     - --config=/etc/gradcomp/config/daemon.json
     - --rank=$(GRADCOMP_RANK)
     - --peer_listen=0.0.0.0:{{ int .Values.ports.peer }}
+    # The kubelet's gRPC probes need TCP; client API calls on this port are
+    # served from loopback only (no token is configured).
+    - --health_listen=0.0.0.0:{{ int .Values.ports.api }}
     - --collective_timeout={{ .Values.peerTimeouts.collective }}
     - --peer_startup_timeout={{ .Values.peerTimeouts.startup }}
     {{- if .Values.tls.enabled }}
@@ -165,6 +176,8 @@ checksum/gradcomp-config: {{ include "gradcomp.config" . | sha256sum }}
       readOnly: true
     - name: dshm
       mountPath: /dev/shm
+    - name: gradcomp-socket
+      mountPath: {{ include "gradcomp.socketDir" . }}
     {{- if .Values.tls.enabled }}
     - name: gradcomp-tls
       mountPath: /etc/gradcomp/tls
@@ -191,6 +204,10 @@ checksum/gradcomp-config: {{ include "gradcomp.config" . | sha256sum }}
   emptyDir:
     medium: Memory
     sizeLimit: {{ .Values.shm.sizeLimit }}
+- name: gradcomp-socket
+  emptyDir:
+    medium: Memory
+    sizeLimit: 1Mi
 {{- if .Values.tls.enabled }}
 - name: gradcomp-tls
   secret:
@@ -201,9 +218,10 @@ checksum/gradcomp-config: {{ include "gradcomp.config" . | sha256sum }}
 
 {{/*
 A pod spec with the sidecar added: the gradcompd container appended to
-.spec.containers, its volumes to .spec.volumes, and /dev/shm mounted in every
-container that does not mount it yet (a volume named dshm in the given spec
-is replaced: the trainer and the daemon must share one /dev/shm).
+.spec.containers, its volumes to .spec.volumes, and /dev/shm and the client
+socket's directory mounted in every container that does not mount them yet
+(volumes named dshm or gradcomp-socket in the given spec are replaced: the
+trainer and the daemon must share one /dev/shm and one socket directory).
 */}}
 {{- define "gradcomp.podSpec" -}}
 {{- $gc := .gradcomp -}}
@@ -214,15 +232,22 @@ is replaced: the trainer and the daemon must share one /dev/shm).
 {{- $hasShm := false -}}
 {{- range $mounts -}}{{- if eq .mountPath "/dev/shm" -}}{{- $hasShm = true -}}{{- end -}}{{- end -}}
 {{- if not $hasShm -}}
-{{- $_ := set . "volumeMounts" (append $mounts (dict "name" "dshm" "mountPath" "/dev/shm")) -}}
+{{- $mounts = append $mounts (dict "name" "dshm" "mountPath" "/dev/shm") -}}
 {{- end -}}
+{{- $socketDir := include "gradcomp.socketDir" $gc -}}
+{{- $hasSocket := false -}}
+{{- range $mounts -}}{{- if eq .mountPath $socketDir -}}{{- $hasSocket = true -}}{{- end -}}{{- end -}}
+{{- if not $hasSocket -}}
+{{- $mounts = append $mounts (dict "name" "gradcomp-socket" "mountPath" $socketDir) -}}
+{{- end -}}
+{{- $_ := set . "volumeMounts" $mounts -}}
 {{- $containers = append $containers . -}}
 {{- end -}}
 {{- $containers = concat $containers (include "gradcomp.container" $gc | fromYamlArray) -}}
 {{- $ours := include "gradcomp.volumes" $gc | fromYamlArray -}}
 {{- $volumes := list -}}
 {{- range (default list $spec.volumes) -}}
-{{- if ne .name "dshm" -}}{{- $volumes = append $volumes . -}}{{- end -}}
+{{- if not (has .name (list "dshm" "gradcomp-socket")) -}}{{- $volumes = append $volumes . -}}{{- end -}}
 {{- end -}}
 {{- $_ := set $spec "containers" $containers -}}
 {{- $_ := set $spec "volumes" (concat $volumes $ours) -}}

@@ -1,0 +1,47 @@
+// A Collective decorator for tests that counts the Runs it forwards: how
+// many collectives a caller ran, without a metrics registry.
+//
+//   CountingCollective counting(&group.collective(0));
+//   ... counting.runs() ...
+#ifndef GRADCOMP_SERVICE_COLLECTIVE_COUNTING_COLLECTIVE_H_
+#define GRADCOMP_SERVICE_COLLECTIVE_COUNTING_COLLECTIVE_H_
+
+#include <atomic>
+#include <utility>
+#include <vector>
+
+#include "service/collective/collective.h"
+
+namespace gradcomp::service {
+
+class CountingCollective : public Collective {
+ public:
+  explicit CountingCollective(Collective* inner) : inner_(inner) {}
+
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  absl::StatusOr<codecs::RoundResult> Run(const RoundKey& key,
+                                          codecs::Round round) override {
+    runs_.fetch_add(1, std::memory_order_relaxed);
+    return inner_->Run(key, std::move(round));
+  }
+  absl::StatusOr<std::vector<codecs::Bytes>> AllToAll(
+      const RoundKey& key, std::vector<codecs::Bytes> parts) override {
+    return inner_->AllToAll(key, std::move(parts));
+  }
+  absl::StatusOr<std::vector<codecs::Bytes>> Allgather(
+      const RoundKey& key, codecs::Bytes part) override {
+    return inner_->Allgather(key, std::move(part));
+  }
+
+  int runs() const { return runs_.load(std::memory_order_relaxed); }
+  void Reset() { runs_.store(0, std::memory_order_relaxed); }
+
+ private:
+  Collective* const inner_;
+  std::atomic<int> runs_{0};
+};
+
+}  // namespace gradcomp::service
+
+#endif  // GRADCOMP_SERVICE_COLLECTIVE_COUNTING_COLLECTIVE_H_
