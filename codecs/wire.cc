@@ -156,6 +156,16 @@ void WritePayload(const WireHeader& header, absl::string_view params,
   if (!body.empty()) std::memcpy(dst, body.data(), body.size());
 }
 
+Bytes PayloadHead(const WireHeader& header, absl::string_view params,
+                  size_t body_bytes) {
+  Bytes out(kWireHeaderBytes + params.size(), '\0');
+  WriteHeader(header, params.size(), body_bytes, out.data());
+  if (!params.empty()) {
+    std::memcpy(out.data() + kWireHeaderBytes, params.data(), params.size());
+  }
+  return out;
+}
+
 absl::StatusOr<ParsedPayload> PeekPayload(absl::string_view payload) {
   const size_t size = payload.size();
   if (size < kWireHeaderBytes) {

@@ -87,6 +87,12 @@ void WritePayload(const WireHeader& header, absl::string_view params,
 char* BeginPayload(const WireHeader& header, absl::string_view params,
                    size_t body_bytes, Bytes* out);
 
+// The header and parameter block of a payload whose body of `body_bytes` is
+// kept elsewhere: followed by that body, it is the payload WritePayload
+// writes. For senders that send a slice of a body without copying it.
+Bytes PayloadHead(const WireHeader& header, absl::string_view params,
+                  size_t body_bytes);
+
 // Checks magic, version, flags, lengths, and that codec, round and numel are
 // the expected ones. Errors are InvalidArgument and say what was expected.
 absl::StatusOr<ParsedPayload> ParsePayload(absl::string_view payload,

@@ -81,6 +81,13 @@ TEST(WireTest, BeginPayloadReturnsTheBodyStart) {
   EXPECT_EQ(parsed->body, "wxyz");
 }
 
+TEST(WireTest, PayloadHeadPlusBodyIsTheWrittenPayload) {
+  Bytes whole;
+  WritePayload(Header(CodecId::kNone, 1, 9), "p", "bodybytes", &whole);
+  EXPECT_EQ(PayloadHead(Header(CodecId::kNone, 1, 9), "p", 9) + "bodybytes",
+            whole);
+}
+
 TEST(WireTest, RejectsEveryTruncation) {
   const Bytes p = Sample();
   for (size_t len = 0; len < p.size(); ++len) {

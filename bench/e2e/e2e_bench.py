@@ -10,7 +10,8 @@ Three phases on the network of tests/e2e/shaped_net.py, one run:
           topk (ratio 0.01), qsgd (4 bits), ResNet-50 gradient set.
   gloo    torch.distributed gloo, 4 processes, DDP-style 25 MiB buckets.
 Clients run with KEEP_FREED_MEMORY (glibc settings) unless --client_malloc
-default. Step 0 of each codec is warm-up; the median of the remaining steps is
+default, and hand tensors to their daemon through shared memory unless --io
+inline (gRPC inline bytes). Step 0 of each codec is warm-up; the median of the remaining steps is
 reported, a step's time being the slowest rank's. Prints a Markdown table
 and writes results.json to --out.
 """
@@ -97,7 +98,8 @@ def gradcomp_phase(net: shaped_net.ShapedNetwork, work: pathlib.Path, name: str,
                       "--collective_timeout=120s", "--peer_startup_timeout=60s"]
                      if world > 1 else ["--world_size=1"])
             daemons.append(net.popen(i, [binary, *flags, "--listen=127.0.0.1:50051",
-                                         "--metrics_listen=127.0.0.1:9464"],
+                                         "--metrics_listen=127.0.0.1:9464",
+                                         "--allow_client_shm"],
                                      stdout=open(work / f"{name}.gradcompd.{i}.log", "wb"),
                                      stderr=subprocess.STDOUT))
         for i in range(W):
@@ -106,6 +108,7 @@ def gradcomp_phase(net: shaped_net.ShapedNetwork, work: pathlib.Path, name: str,
                 f"--world_size={W}", f"--peers_up={world - 1}",
                 f"--barrier_dir={barriers}", f"--steps={args.steps}",
                 f"--codecs={args.codecs}", "--rpc_timeout=300", "--barrier_timeout=300",
+                f"--io={args.io}", f"--daemon_pid={daemons[i].pid}",
                 f"--out={work / f'{name}.{i}.json'}"], env=env,
                 stdout=open(work / f"{name}.worker.{i}.log", "wb"), stderr=subprocess.STDOUT))
         wait_all(workers, daemons, args.phase_timeout, name)
@@ -165,7 +168,10 @@ def summarize(local: list[dict], shaped: list[dict], gloo: list[dict],
                 for rank in steps) for i in range(len(steps[0])))
         link = statistics.median(max(rank[i]["qdisc_sent"] for rank in steps)
                                  for i in range(len(steps[0])))
-        rows.append({"name": codec, "median_s": statistics.median(t), "steps_s": t,
+        cpu = {what: statistics.median(
+            statistics.mean(rank[i][what] for rank in steps) for i in range(len(steps[0])))
+            for what in ("daemon_cpu_s", "client_cpu_s")}
+        rows.append({"name": codec, "median_s": statistics.median(t), "steps_s": t, **cpu,
                      "payload_bytes_sent": sent, "link_bytes_sent": link,
                      "wire_limit_s": sent * 8 / rate,
                      "local_s": statistics.median(lt), "local_steps_s": lt})
@@ -187,6 +193,10 @@ def table(summary: dict) -> str:
             f"| {r['link_bytes_sent'] / 1e6:.2f} | {r['wire_limit_s']:.3f} "
             f"| {r['local_s']:.2f} | {r['vs_gloo']:.2f}x | {r['vs_wire']:.1f}x "
             f"| {r['vs_wire_plus_local']:.2f}x |")
+    lines += ["", "| codec | daemon CPU s / step / rank | client CPU s / step / rank |",
+              "| --- | ---: | ---: |"]
+    lines += [f"| {r['name']} | {r['daemon_cpu_s']:.2f} | {r['client_cpu_s']:.2f} |"
+              for r in summary["rows"] if "daemon_cpu_s" in r]
     return "\n".join(lines)
 
 
@@ -205,6 +215,8 @@ def main() -> int:
     p.add_argument("--client_malloc", choices=("keep", "default"), default="keep",
                    help="keep: clients run with KEEP_FREED_MEMORY; default: glibc's "
                         "defaults")
+    p.add_argument("--io", choices=("shm", "inline"), default="shm",
+                   help="how workers hand tensors to their daemon (tests/e2e/worker.py)")
     args = p.parse_args()
     out = pathlib.Path(args.out or tempfile.mkdtemp(prefix="gradcomp-e2e-bench-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -225,12 +237,13 @@ def main() -> int:
     summary["runtime_s"] = time.monotonic() - started
     summary["load_average"] = load
     summary["client_malloc"] = args.client_malloc
+    summary["io"] = args.io
     summary["gloo_buckets"] = gloo[0]["buckets"]
     (out / "results.json").write_text(json.dumps(summary, indent=1))
     print(table(summary))
     print(f"\nruntime {summary['runtime_s']:.0f} s; 1-min load average "
           + ", ".join(f"{k} {v:.1f}" for k, v in load.items())
-          + f"; client malloc {args.client_malloc}; results in {out}")
+          + f"; client malloc {args.client_malloc}; io {args.io}; results in {out}")
     return 0
 
 

@@ -91,9 +91,7 @@ absl::StatusOr<ReduceInput> GradcompService::ResolveInput(
 
 absl::StatusOr<MemoryBudget::Reservation> GradcompService::ReserveInline(
     const v1::ReduceRequest& request) {
-  const uint64_t bytes = request.data().size();
-  return engine_->ReserveInput(
-      bytes, absl::StrCat("its ", bytes, "-byte inline input"));
+  return engine_->ReserveInput(request.data().size(), "its inline input");
 }
 
 absl::StatusOr<v1::ReduceResponse> GradcompService::DoReduce(

@@ -131,6 +131,13 @@ absl::StatusOr<std::vector<codecs::Bytes>> BatchingCollective::Allgather(
   return inner_->Allgather(key, std::move(part));
 }
 
+absl::StatusOr<std::vector<codecs::Bytes>>
+BatchingCollective::ExchangeWithNeighbours(const RoundKey& key,
+                                           absl::Span<const int> neighbours,
+                                           std::vector<codecs::Bytes> parts) {
+  return inner_->ExchangeWithNeighbours(key, neighbours, std::move(parts));
+}
+
 bool BatchingCollective::Complete(const StepBatch& batch, int round,
                                   const RoundGroup& group) {
   for (size_t i = 0; i < batch.members.size(); ++i) {

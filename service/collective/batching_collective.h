@@ -72,13 +72,16 @@ class BatchingCollective : public Collective {
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
 
-  // Unbatched rounds and the sharded exchanges pass straight through.
+  // Unbatched rounds and the other exchanges pass straight through.
   absl::StatusOr<codecs::RoundResult> Run(const RoundKey& key,
                                           codecs::Round round) override;
   absl::StatusOr<std::vector<codecs::Bytes>> AllToAll(
       const RoundKey& key, std::vector<codecs::Bytes> parts) override;
   absl::StatusOr<std::vector<codecs::Bytes>> Allgather(
       const RoundKey& key, codecs::Bytes part) override;
+  absl::StatusOr<std::vector<codecs::Bytes>> ExchangeWithNeighbours(
+      const RoundKey& key, absl::Span<const int> neighbours,
+      std::vector<codecs::Bytes> parts) override;
 
   // Round `key.round` of member `key.tensor` of `batch` (a MakeBatchSpec
   // result) at `key.step`. A kGather round passes straight through. Errors:

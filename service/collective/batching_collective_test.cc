@@ -323,5 +323,30 @@ TEST(BatchingCollectiveTest, GatherRoundsPassThrough) {
   EXPECT_EQ(result->payloads[0], sent);
 }
 
+// The plain exchanges reach the inner collective unchanged.
+TEST(BatchingCollectiveTest, OtherExchangesPassThrough) {
+  constexpr int kWorld = 2;
+  Ranks ranks(kWorld, absl::Seconds(60));
+  std::vector<std::vector<codecs::Bytes>> gathered(kWorld), swapped(kWorld);
+  OnThreads(kWorld, 1, [&](int r, int) {
+    const codecs::Bytes mine = absl::StrCat("rank ", r);
+    absl::StatusOr<std::vector<codecs::Bytes>> all =
+        ranks.batching(r).Allgather({"job", "t", 0, 0}, mine);
+    ASSERT_TRUE(all.ok()) << all.status();
+    gathered[r] = *all;
+    const int other[] = {1 - r};
+    absl::StatusOr<std::vector<codecs::Bytes>> theirs =
+        ranks.batching(r).ExchangeWithNeighbours({"job", "g", 0, 0}, other,
+                                                 {mine});
+    ASSERT_TRUE(theirs.ok()) << theirs.status();
+    swapped[r] = *theirs;
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_THAT(gathered[r], ::testing::ElementsAre("rank 0", "rank 1"));
+    EXPECT_THAT(swapped[r],
+                ::testing::ElementsAre(absl::StrCat("rank ", 1 - r)));
+  }
+}
+
 }  // namespace
 }  // namespace gradcomp::service

@@ -33,6 +33,11 @@ class CountingCollective : public Collective {
       const RoundKey& key, codecs::Bytes part) override {
     return inner_->Allgather(key, std::move(part));
   }
+  absl::StatusOr<std::vector<codecs::Bytes>> ExchangeWithNeighbours(
+      const RoundKey& key, absl::Span<const int> neighbours,
+      std::vector<codecs::Bytes> parts) override {
+    return inner_->ExchangeWithNeighbours(key, neighbours, std::move(parts));
+  }
 
   int runs() const { return runs_.load(std::memory_order_relaxed); }
   void Reset() { runs_.store(0, std::memory_order_relaxed); }

@@ -42,6 +42,22 @@ TEST(MailboxTest, CollectWaitsForMessagesThatComeLater) {
   EXPECT_EQ((*got)[1], "late");
 }
 
+TEST(MailboxTest, ADamagedMessageFailsItsCollectBeforeOrDuringTheCall) {
+  Mailbox mailbox(3, {}, nullptr);
+  const absl::Status damaged =
+      absl::DataLossError("the message from rank 2 failed its checksum");
+  mailbox.OnMessage(1, Key(4), "fine");
+  mailbox.OnCorruptMessage(2, Key(4), damaged);
+  auto early = mailbox.Collect(Key(4), {1, 2}, absl::InfiniteFuture(), Name);
+  EXPECT_EQ(early.status(), damaged);
+
+  std::thread sender([&] { mailbox.OnCorruptMessage(1, Key(5), damaged); });
+  auto late = mailbox.Collect(Key(5), {1, 2}, absl::InfiniteFuture(), Name);
+  sender.join();
+  EXPECT_EQ(late.status(), damaged);
+  EXPECT_EQ(mailbox.unclaimed_bytes(), 0u);
+}
+
 TEST(MailboxTest, DeadlineErrorNamesTheMissingRanksAndTheArrivedOnes) {
   PeerMetrics metrics(0, 4);
   Mailbox mailbox(4, {}, &metrics);

@@ -1,7 +1,9 @@
 #include "service/collective/peer_collective.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -96,7 +98,9 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::Run(const RoundKey& key,
       result = payloads.status();
     }
   } else {
-    result = ReduceScatterAllgather(key, round.payload, deadline);
+    result = ReduceScatterAllgather(
+        key, std::make_shared<const codecs::Bytes>(std::move(round.payload)),
+        deadline);
   }
   if (result.ok() && metrics_ != nullptr) {
     metrics_->ObserveCollective(
@@ -160,11 +164,12 @@ absl::StatusOr<std::vector<codecs::Bytes>> PeerCollective::Allgather(
 }
 
 absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(
-    const RoundKey& key, const codecs::Bytes& payload, absl::Time deadline) {
+    const RoundKey& key, std::shared_ptr<const codecs::Bytes> payload,
+    absl::Time deadline) {
   const int w = world_size();
   const int me = rank();
   GC_ASSIGN_OR_RETURN(const codecs::ParsedPayload own,
-                      codecs::PeekPayload(payload));
+                      codecs::PeekPayload(*payload));
   if ((own.header.flags & codecs::kFlagDenseBody) == 0 || own.params.empty()) {
     return absl::InternalError(
         absl::StrCat("round ", key.round,
@@ -184,31 +189,42 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(
   header.flags = codecs::kFlagDenseBody;
   const absl::string_view type_param = own.params.substr(0, 1);
 
-  // Reduce-scatter: slice j of this rank's body goes to rank j, as it is.
+  // Reduce-scatter: slice j of this rank's body goes to rank j, as it is:
+  // a small header of its own, then the body's bytes where they lie.
   const MessageKey scatter = ToMessageKey(key, Phase::kReduceScatter);
-  std::vector<codecs::Bytes> slices(w);
-  for (int j = 0; j < w; ++j) {
-    const Slice s = SliceOf(m, w, j);
-    codecs::WritePayload(header, type_param,
-                         own.body.substr(s.begin * elem, s.size * elem),
-                         &slices[j]);
-  }
   for (int to : others_) {
-    GC_RETURN_IF_ERROR(transport_->Send(
-        to, scatter,
-        std::make_shared<const codecs::Bytes>(std::move(slices[to])),
-        deadline));
+    const Slice s = SliceOf(m, w, to);
+    auto head = std::make_shared<const codecs::Bytes>(
+        codecs::PayloadHead(header, type_param, s.size * elem));
+    OutgoingMessage message;
+    message.parts = {*head, own.body.substr(s.begin * elem, s.size * elem)};
+    message.owner =
+        std::make_shared<std::pair<std::shared_ptr<const codecs::Bytes>,
+                                   std::shared_ptr<const codecs::Bytes>>>(
+            std::move(head), payload);
+    GC_RETURN_IF_ERROR(
+        transport_->SendMessage(to, scatter, std::move(message), deadline));
   }
   GC_ASSIGN_OR_RETURN(std::vector<codecs::Bytes> got,
                       CollectFromOthers(scatter, deadline));
-  got[me] = std::move(slices[me]);
 
   // This rank's slice: the W contributions added in rank order, whatever
-  // order they arrived in, so the sum is the same on every rank.
+  // order they arrived in, so the sum is the same on every rank. It is
+  // summed where the result will hold it.
+  codecs::RoundResult result;
+  result.world_size = w;
+  result.sum.assign(m, 0.0f);
   const Slice mine = SliceOf(m, w, me);
-  std::vector<float> sum(mine.size, 0.0f);
+  const absl::Span<float> sum =
+      absl::MakeSpan(result.sum).subspan(mine.begin, mine.size);
   for (int r = 0; r < w; ++r) {
-    absl::StatusOr<codecs::ParsedPayload> part = codecs::PeekPayload(got[r]);
+    absl::StatusOr<codecs::ParsedPayload> part;
+    if (r == me) {
+      part = own;
+      part->body = own.body.substr(mine.begin * elem, mine.size * elem);
+    } else {
+      part = codecs::PeekPayload(got[r]);
+    }
     absl::Status status = part.status();
     if (status.ok() && (part->header.codec != header.codec ||
                         part->header.round != header.round)) {
@@ -220,29 +236,31 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(
                        " round ", static_cast<int>(header.round),
                        "; expected the same policy on every rank"));
     }
-    if (status.ok())
-      status = codecs::AddDenseBody(*part, 1.0f, absl::MakeSpan(sum));
+    if (status.ok()) status = codecs::AddDenseBody(*part, 1.0f, sum);
     if (!status.ok()) {
       return absl::Status(status.code(), absl::StrCat("reduce-scatter slice ",
                                                       me, " from rank ", r,
                                                       ": ", status.message()));
     }
+    if (r != me) got[r] = codecs::Bytes();  // freed as soon as added
   }
 
   // Allgather of the summed slices; the owner uses the bytes it sends, so
   // every rank decodes exactly the same values.
   const MessageKey gather = ToMessageKey(key, Phase::kAllgather);
   auto reduced = std::make_shared<codecs::Bytes>();
-  codecs::WriteDensePayload(header, SumType(elem_type, sum), sum,
-                            reduced.get());
+  const codecs::ElemType sum_type = SumType(elem_type, sum);
+  codecs::WriteDensePayload(header, sum_type, sum, reduced.get());
   GC_RETURN_IF_ERROR(SendToOthers(gather, reduced, deadline));
+  if (sum_type != codecs::ElemType::kF32) {
+    // What the others decode: the sum rounded to the sent type.
+    GC_ASSIGN_OR_RETURN(const codecs::ParsedPayload sent,
+                        codecs::PeekPayload(*reduced));
+    std::fill(sum.begin(), sum.end(), 0.0f);
+    GC_RETURN_IF_ERROR(codecs::AddDenseBody(sent, 1.0f, sum));
+  }
   GC_ASSIGN_OR_RETURN(got, CollectFromOthers(gather, deadline));
-  got[me] = *reduced;
-
-  codecs::RoundResult result;
-  result.world_size = w;
-  result.sum.assign(m, 0.0f);
-  for (int r = 0; r < w; ++r) {
+  for (int r : others_) {
     const Slice s = SliceOf(m, w, r);
     absl::StatusOr<codecs::ParsedPayload> part = codecs::PeekPayload(got[r]);
     absl::Status status = part.status();

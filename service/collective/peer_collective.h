@@ -12,6 +12,7 @@
 #ifndef GRADCOMP_SERVICE_COLLECTIVE_PEER_COLLECTIVE_H_
 #define GRADCOMP_SERVICE_COLLECTIVE_PEER_COLLECTIVE_H_
 
+#include <memory>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -55,7 +56,8 @@ class PeerCollective : public Collective {
   absl::StatusOr<std::vector<codecs::Bytes>> AllgatherPhase(
       const MessageKey& key, codecs::Bytes payload, absl::Time deadline);
   absl::StatusOr<codecs::RoundResult> ReduceScatterAllgather(
-      const RoundKey& key, const codecs::Bytes& payload, absl::Time deadline);
+      const RoundKey& key, std::shared_ptr<const codecs::Bytes> payload,
+      absl::Time deadline);
 
   // Sends `data` to every other rank, starting after this one so that the
   // ranks do not all write to rank 0 first.

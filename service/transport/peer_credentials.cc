@@ -59,7 +59,7 @@ absl::Status CheckPeerTlsFiles(const PeerTlsFiles& files) {
   };
   const TlsFile* set = nullptr;
   for (const TlsFile& file : all) {
-    if (!file.path->empty()) set = &file;
+    if (set == nullptr && !file.path->empty()) set = &file;
   }
   for (const TlsFile& file : all) {
     if (file.path->empty()) {

@@ -38,6 +38,7 @@ import os
 import pathlib
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -210,7 +211,7 @@ class Chaos:
             "slowest_success_seconds": max((r["seconds"] for r in records if r["ok"]),
                                            default=0.0),
             "wrong_results": len(wrong), "first_wrong": wrong[:5],
-            "hangs": 0,
+            "hangs": 0,  # a hang ends the run (Hang) before any summary
             "recovery_seconds_after_last_fault": round(recovery, 2),
             "final_steps": self.args.final_steps, "final_steps_ok": final_ok,
             "seconds": round(elapsed, 1),
@@ -236,6 +237,9 @@ def main() -> int:
     p.add_argument("--json", help="write the summary here")
     p.add_argument("--keep_logs", help="copy logs here")
     args = p.parse_args()
+    # SIGTERM unwinds like an exception, so that the daemons and clients
+    # this run started are stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.hang_seconds is None:
         args.hang_seconds = 2 * args.collective_timeout + 15
     if "topk" in args.codecs.split(","):

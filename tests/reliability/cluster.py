@@ -57,7 +57,6 @@ class Cluster:
         self.peer_ports = [testing.free_port() for _ in range(world)]
         self.metrics_ports = [testing.free_port() for _ in range(world)]
         self.processes: list[subprocess.Popen | None] = [None] * world
-        self.starts = [0] * world
 
     def target(self, rank: int) -> str:
         return f"unix:{self.work}/rank{rank}.sock"
@@ -81,7 +80,6 @@ class Cluster:
                  f"--collective_timeout={self.collective_timeout}",
                  "--peer_startup_timeout=120s", *self.extra_args],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        self.starts[rank] += 1
 
     def start_all(self) -> "Cluster":
         for rank in range(self.world):
@@ -90,10 +88,6 @@ class Cluster:
 
     def pid(self, rank: int) -> int:
         return self.processes[rank].pid
-
-    def alive(self, rank: int) -> bool:
-        process = self.processes[rank]
-        return process is not None and process.poll() is None
 
     def kill(self, rank: int) -> None:
         """SIGKILL: no shutdown path runs, as when a node or container dies."""

@@ -44,6 +44,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -203,6 +204,9 @@ def main() -> int:
     p.add_argument("--json", help="write the summary here")
     p.add_argument("--keep_logs", help="copy logs here")
     args = p.parse_args()
+    # SIGTERM unwinds like an exception, so that the daemons and clients
+    # this run started are stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = pathlib.Path(tempfile.mkdtemp(prefix="gradcomp-soak-"))
     try:
         summary = run(args, work)

@@ -8,7 +8,6 @@ The long runs and their figures: docs/security.md, "Soak and chaos".
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -28,12 +27,17 @@ WORLD = 4
 def _run(script: str, *args: str, timeout: float) -> tuple[int, str, dict | None]:
     with tempfile.TemporaryDirectory() as tmp:
         out = pathlib.Path(tmp) / "summary.json"
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             ["/usr/bin/python3", str(HERE / script), *args, f"--json={out}"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            timeout=timeout, env=dict(os.environ))
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # the script stops its daemons and clients
+            output, _ = proc.communicate(timeout=60)
+            output += f"\n{script} did not finish within {timeout} s"
         summary = json.loads(out.read_text()) if out.exists() else None
-    return proc.returncode, proc.stdout, summary
+    return proc.returncode, output, summary
 
 
 class ShortSoakTest(unittest.TestCase):

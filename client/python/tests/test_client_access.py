@@ -106,7 +106,8 @@ class UnixSocketTest(unittest.TestCase):
                     ["/usr/bin/python3", "-c",
                      "import socket, sys; socket.socket(socket.AF_UNIX)"
                      ".connect(sys.argv[1])", str(daemon.socket_path)],
-                    user="nobody", capture_output=True, text=True, timeout=30)
+                    user="nobody", group="nogroup", extra_groups=[],
+                    capture_output=True, text=True, timeout=30)
                 self.assertEqual(connect.returncode == 0, allowed, (mode, connect.stderr))
                 if not allowed:
                     self.assertIn("PermissionError", connect.stderr)
