@@ -116,8 +116,12 @@ def write_page(results: dict, out_md: pathlib.Path, out_png: pathlib.Path) -> No
     lines = [
         "# Convergence: compressed training against dense",
         "",
-        "Produced by one command, one run (every row below comes from the same",
-        "invocation, with the same seed, data order, initial model and epochs):",
+        *(["Produced by one command, one run (every row below comes from the same",
+           "invocation, with the same seed, data order, initial model and epochs):"]
+          if not results.get("note") else textwrap.wrap(
+              "Produced by the command below, with the same seed, data order, "
+              "initial model and epochs for every row. " + results["note"],
+              width=76)),
         "",
         "```",
         "examples/fashion_mnist/run_table" + "".join(

@@ -165,14 +165,16 @@ Metrics::Metrics(const codecs::StateStore* state, absl::string_view version)
   resource_exhausted_ =
       &prometheus::BuildCounter()
            .Name("gradcomp_resource_exhausted_total")
-           .Help("Requests refused with RESOURCE_EXHAUSTED by a limit, by "
-                 "resource.")
+           .Help(
+               "Requests refused with RESOURCE_EXHAUSTED by a limit, by "
+               "resource.")
            .Register(*registry_);
   memory_in_use_ =
       &prometheus::BuildGauge()
            .Name("gradcomp_memory_budget_in_use_bytes")
-           .Help("Bytes of the memory budget held by in-flight requests and "
-                 "codec state.")
+           .Help(
+               "Bytes of the memory budget held by in-flight requests and "
+               "codec state.")
            .Register(*registry_)
            .Add({});
   memory_budget_ = &prometheus::BuildGauge()
