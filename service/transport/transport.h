@@ -112,8 +112,7 @@ class Transport {
   absl::Status Send(int to, const MessageKey& key,
                     std::shared_ptr<const codecs::Bytes> data,
                     absl::Time deadline) {
-    return SendMessage(to, key, OutgoingMessage::Of(std::move(data)),
-                       deadline);
+    return SendMessage(to, key, OutgoingMessage::Of(std::move(data)), deadline);
   }
 };
 
