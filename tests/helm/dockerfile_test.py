@@ -37,6 +37,7 @@ NOT_IN_IMAGE = {
     "python3-matplotlib": "benchmark plots",
     "dataset-fashion-mnist": "the convergence example",
     "prometheus": "observability tests",
+    "openssl": "TLS tests make their certificates with it; the daemon reads PEM files",
 }
 
 
