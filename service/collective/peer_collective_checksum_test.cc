@@ -1,10 +1,6 @@
 // PeerCollective over real gRPC transports with a byte changed in transit:
 // the step fails loudly on the rank that received the damaged bytes, and the
 // next step works.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <memory>
@@ -13,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/free_port.h"
 #include "codecs/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -27,18 +24,6 @@ namespace gradcomp::service {
 namespace {
 
 using ::testing::HasSubstr;
-
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 codecs::Round SumRound(const std::vector<float>& values) {
   codecs::WireHeader header;
@@ -55,7 +40,8 @@ TEST(PeerCollectiveChecksumTest, DamagedBytesFailTheStepOnTheReceivingRank) {
   constexpr int kWorld = 2;
   std::vector<std::string> peers;
   for (int r = 0; r < kWorld; ++r) {
-    peers.push_back(absl::StrCat("127.0.0.1:", FreePort()));
+    peers.push_back(
+        absl::StrCat("127.0.0.1:", gradcomp::testing::FreePort().value()));
   }
   // Rank 1 damages one byte of what it sends for step 1 of "fc1.weight".
   std::atomic<int> tampered{0};

@@ -1,16 +1,12 @@
 #include "service/transport/grpc_transport.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/free_port.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "service/metrics/metrics_testing.h"
@@ -21,18 +17,6 @@ namespace gradcomp::service {
 namespace {
 
 using ::testing::HasSubstr;
-
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 // Keeps what arrives; Wait blocks until `n` messages are in.
 class Inbox : public Receiver {
@@ -93,7 +77,8 @@ class Cluster {
  public:
   explicit Cluster(int world_size) : inboxes_(world_size) {
     for (int r = 0; r < world_size; ++r) {
-      addresses_.push_back(absl::StrCat("127.0.0.1:", FreePort()));
+      addresses_.push_back(
+          absl::StrCat("127.0.0.1:", gradcomp::testing::FreePort().value()));
       metrics_.push_back(std::make_unique<PeerMetrics>(r, world_size));
       identities_.push_back(Identity(r, world_size));
     }

@@ -3,10 +3,6 @@
 // certificate from another CA, no certificate, or plaintext is refused at
 // the TLS handshake, before any Hello; a certificate replaced on disk is
 // used by the next connection without a restart.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/free_port.h"
 #include "gmock/gmock.h"
 #include "gradcomp/v1/peer.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -32,18 +29,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 std::string TmpDir() { return std::getenv("TEST_TMPDIR"); }
 
@@ -73,7 +58,8 @@ class Pair {
  public:
   Pair() {
     for (int r = 0; r < 2; ++r) {
-      addresses_.push_back(absl::StrCat("127.0.0.1:", FreePort()));
+      addresses_.push_back(
+          absl::StrCat("127.0.0.1:", gradcomp::testing::FreePort().value()));
     }
   }
   ~Pair() {

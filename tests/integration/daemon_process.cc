@@ -63,23 +63,6 @@ absl::StatusOr<std::string> DaemonBinary() {
   return path;
 }
 
-absl::StatusOr<int> FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return ErrnoError("socket");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    const absl::Status status = ErrnoError("bind 127.0.0.1:0");
-    close(fd);
-    return status;
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
   GC_ASSIGN_OR_RETURN(const int fd, ConnectLocal(port));
   // HTTP/1.0: the server closes the connection after the body.

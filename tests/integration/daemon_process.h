@@ -17,15 +17,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/free_port.h"
 
 namespace gradcomp::testing {
 
 // $GRADCOMPD if set, else gradcompd in the test's runfiles
 // ($TEST_SRCDIR/gradcomp/service/gradcompd).
 absl::StatusOr<std::string> DaemonBinary();
-
-// A TCP port that was free on 127.0.0.1 when asked.
-absl::StatusOr<int> FreePort();
 
 // The body of http://127.0.0.1:<port><path>; error unless the status is 200.
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
