@@ -5,7 +5,7 @@
 // first tensor.
 //
 //   FlagOverrides flags;
-//   flags.listen = "unix:/run/gradcomp.sock";
+//   flags.listen = "unix:/run/gradcomp/gradcomp.sock";
 //   GC_ASSIGN_OR_RETURN(v1::DaemonConfig config,
 //                       LoadConfig("gradcomp.json", flags, BuiltinCodecs()));
 #ifndef GRADCOMP_SERVICE_CONFIG_CONFIG_H_

@@ -1,7 +1,7 @@
 """A PyTorch DDP communication hook that averages gradients through gradcompd.
 
     import gradcomp.torch
-    state = gradcomp.torch.HookState(model, "unix:/run/gradcomp.sock", job="mnist")
+    state = gradcomp.torch.HookState(model, "unix:/run/gradcomp/gradcomp.sock", job="mnist")
     ddp_model.register_comm_hook(state, gradcomp.torch.hook)
 
 Each DDP bucket's gradients go to the local gradcompd over one ReduceStream,
