@@ -35,6 +35,10 @@ void PhiloxStream::Block(uint64_t block, uint64_t out[4]) const {
   for (int i = 0; i < 4; ++i) out[i] = r.v[i];
 }
 
+PhiloxStream::Words PhiloxStream::GetWords() const {
+  return Words{{step_, round_, tensor_id_}, {key_[0], key_[1]}};
+}
+
 uint32_t PhiloxStream::Bits(uint64_t i) const {
   uint64_t words[4];
   Block(i / 8, words);

@@ -34,6 +34,15 @@ class PhiloxStream {
   // out[j] = Uniform(first + j), a block at a time (the fast path).
   void FillUniform(uint64_t first, absl::Span<float> out) const;
 
+  // The words that fix the stream, for backends that evaluate Philox
+  // themselves (codecs/cuda): Block(b) is Philox4x64-10 of the counter
+  // {b, counter_tail[0], counter_tail[1], counter_tail[2]} under `key`.
+  struct Words {
+    uint64_t counter_tail[3];
+    uint64_t key[2];
+  };
+  Words GetWords() const;
+
  private:
   uint64_t key_[2];
   uint64_t tensor_id_;

@@ -15,6 +15,15 @@
 namespace gradcomp::client {
 namespace {
 
+// A float32 result of `n` values (the size ReduceInline checked).
+Float32ReduceResult ToFloat32(ReduceResult raw, size_t n) {
+  Float32ReduceResult result;
+  result.values.resize(n);
+  std::memcpy(result.values.data(), raw.data.data(), raw.data.size());
+  result.stats = std::move(raw.stats);
+  return result;
+}
+
 std::chrono::system_clock::time_point DeadlineAfter(absl::Duration timeout) {
   return std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout);
 }
@@ -113,19 +122,23 @@ absl::StatusOr<ReduceResult> Client::ReduceBytes(
   request.set_step(step);
   request.set_dtype(dtype);
   request.mutable_shape()->Add(shape.begin(), shape.end());
-  const size_t input_bytes = data.size();
   request.set_data(std::move(data));
   if (codec) *request.mutable_codec() = *codec;
   if (batch) *request.mutable_batch() = *batch;
+  return ReduceInline(std::move(request));
+}
 
+absl::StatusOr<ReduceResult> Client::ReduceInline(v1::ReduceRequest request) {
+  const size_t input_bytes = request.data().size();
   v1::ReduceResponse response;
   GC_RETURN_IF_ERROR(
       FromGrpcStatus(stub_->Reduce(NewContext().get(), request, &response),
                      "Reduce", target_));
   if (response.data().size() != input_bytes) {
-    return absl::InternalError(absl::StrCat(
-        "Reduce of '", tensor, "': gradcompd at ", target_, " returned ",
-        response.data().size(), " bytes for a ", input_bytes, "-byte input"));
+    return absl::InternalError(
+        absl::StrCat("Reduce of '", request.tensor(), "': gradcompd at ",
+                     target_, " returned ", response.data().size(),
+                     " bytes for a ", input_bytes, "-byte input"));
   }
   ReduceResult result;
   result.dtype = response.dtype();
@@ -146,11 +159,26 @@ absl::StatusOr<Float32ReduceResult> Client::Reduce(
   GC_ASSIGN_OR_RETURN(ReduceResult raw,
                       ReduceBytes(job, tensor, step, v1::DTYPE_FLOAT32,
                                   std::move(data), shape, codec, batch));
-  Float32ReduceResult result;
-  result.values.resize(values.size());
-  std::memcpy(result.values.data(), raw.data.data(), raw.data.size());
-  result.stats = std::move(raw.stats);
-  return result;
+  return ToFloat32(std::move(raw), values.size());
+}
+
+absl::StatusOr<Float32ReduceResult> Client::Gossip(
+    const std::string& job, const std::string& tensor, int64_t step,
+    absl::Span<const float> values, absl::Span<const int64_t> shape,
+    const v1::GossipSpec& gossip, double consensus_distance) {
+  v1::ReduceRequest request;
+  request.set_job(job);
+  request.set_tensor(tensor);
+  request.set_step(step);
+  request.set_dtype(v1::DTYPE_FLOAT32);
+  request.mutable_shape()->Add(shape.begin(), shape.end());
+  request.set_data(reinterpret_cast<const char*>(values.data()),
+                   values.size() * sizeof(float));
+  request.set_mode(v1::REDUCE_MODE_GOSSIP);
+  *request.mutable_gossip() = gossip;
+  request.set_consensus_distance(consensus_distance);
+  GC_ASSIGN_OR_RETURN(ReduceResult raw, ReduceInline(std::move(request)));
+  return ToFloat32(std::move(raw), values.size());
 }
 
 absl::Status Client::RegisterShm(const std::string& name,

@@ -102,6 +102,15 @@ class Client {
       const std::optional<v1::CodecSpec>& codec = std::nullopt,
       const std::optional<v1::ReduceBatch>& batch = std::nullopt);
 
+  // Gossip mode (docs/gossip.md): returns `values` mixed with the job's
+  // neighbouring workers' on `gossip`'s topology instead of the average.
+  // Every worker of the job must name the same spec. `consensus_distance`
+  // > 0 is exported as gradcomp_gossip_consensus_distance{job}.
+  absl::StatusOr<Float32ReduceResult> Gossip(
+      const std::string& job, const std::string& tensor, int64_t step,
+      absl::Span<const float> values, absl::Span<const int64_t> shape,
+      const v1::GossipSpec& gossip, double consensus_distance = 0);
+
   // Shared memory (the daemon needs --allow_client_shm; the region comes
   // from ShmRegion, shm_region.h). `name` must be unique on the daemon.
   absl::Status RegisterShm(const std::string& name, const std::string& shm_key,
@@ -140,6 +149,8 @@ class Client {
 
   // A context with the RPC deadline set.
   std::unique_ptr<grpc::ClientContext> NewContext() const;
+  // Sends `request` (with inline data) and checks the result's size.
+  absl::StatusOr<ReduceResult> ReduceInline(v1::ReduceRequest request);
 
   std::string target_;
   ClientOptions options_;

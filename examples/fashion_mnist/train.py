@@ -7,7 +7,10 @@ W worker processes on this machine. Each starts its own gradcompd (peered
 with the others: --rank --world_size --peers), sets up DDP on Gloo, and
 hands its gradients to gradcomp.torch.hook. --comm=ddp trains with DDP's own
 Gloo allreduce instead, --comm=torch_powersgd with PyTorch's powerSGD_hook:
-the two baselines of the convergence table (run_table).
+the two baselines of the convergence table (run_table). --gossip=ring trains
+decentralised through the hook's gossip mode (PowerGossip, or exact gossip
+with --gossip_rank=0): the reported accuracy is then that of the workers'
+averaged model (gossip_table.py).
 
 Every worker reads the dataset that Debian's dataset-fashion-mnist package
 installs (gzipped IDX), takes its 1/W share of a per-epoch permutation drawn
@@ -17,6 +20,7 @@ epoch; the counts are summed over Gloo.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import gzip
 import json
@@ -116,6 +120,9 @@ class RunSpec:
       gradients through shared memory instead of inline bytes.
     hook_wrapper: wraps the gradient hook (gradcomp or torch_powersgd), e.g.
       to break it in a test.
+    gossip: comm "gradcomp" only: train decentralised, the hook mixing each
+      worker's parameters with its neighbours' (gradcomp.Gossip); the
+      accuracy reported is the averaged model's.
     """
     comm: str = "gradcomp"
     policy: dict | None = None
@@ -135,6 +142,7 @@ class RunSpec:
     collective_timeout: str = "120s"
     shm: bool = True            # daemons allow shared memory; the hook uses it
     hook_wrapper: Callable | None = None
+    gossip: gradcomp.Gossip | None = None
 
 
 @dataclasses.dataclass
@@ -153,6 +161,13 @@ class RunResult:
     steps: int
     wall_seconds: float
     transport: str               # gradcomp rows: "shm" or "inline"; else ""
+    # Gossip runs (`accuracy` is then the averaged model's): each worker's
+    # own model's test accuracy at the end, and after each epoch the
+    # consensus distance (1/W) sum_i ||x_i - mean||^2 of the parameters and
+    # the same divided by ||mean||^2.
+    worker_accuracy: list[float] = dataclasses.field(default_factory=list)
+    consensus_distance: list[float] = dataclasses.field(default_factory=list)
+    relative_consensus_distance: list[float] = dataclasses.field(default_factory=list)
 
 
 class _LocalDaemon:
@@ -234,17 +249,51 @@ def _count_allreduce_bytes(counter: list[int]) -> None:
     dist.all_reduce = counting
 
 
-def _evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, rank: int,
-              world: int) -> float:
+def _correct(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+    """How many of `x` the model classifies right."""
     model.eval()
     with torch.no_grad():
-        xs, ys = x[rank::world], y[rank::world]
-        correct = sum(int((model(xs[i:i + 1000]).argmax(1) == ys[i:i + 1000]).sum())
-                      for i in range(0, len(xs), 1000))
+        correct = sum(int((model(x[i:i + 1000]).argmax(1) == y[i:i + 1000]).sum())
+                      for i in range(0, len(x), 1000))
     model.train()
-    counts = torch.tensor([correct, len(xs)], dtype=torch.float64)
+    return correct
+
+
+def _evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, rank: int,
+              world: int) -> float:
+    """Test accuracy of `model` (the same on every rank), each rank
+    evaluating its 1/W share."""
+    xs, ys = x[rank::world], y[rank::world]
+    counts = torch.tensor([_correct(model, xs, ys), len(xs)], dtype=torch.float64)
     _UNCOUNTED_ALL_REDUCE(counts)
     return float(counts[0] / counts[1])
+
+
+def _evaluate_gossip(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                     rank: int, world: int) -> tuple[float, float, float]:
+    """Gossip training, where every rank's model differs: (test accuracy of
+    the ranks' averaged model, consensus distance (1/W) sum_i ||x_i -
+    mean||^2, that divided by ||mean||^2), all over Gloo, uncounted."""
+    flat = nn.utils.parameters_to_vector(model.parameters()).detach()
+    mean = flat.clone()
+    _UNCOUNTED_ALL_REDUCE(mean)
+    mean /= world
+    spread = torch.tensor([float(((flat - mean) ** 2).sum())], dtype=torch.float64)
+    _UNCOUNTED_ALL_REDUCE(spread)
+    distance = float(spread[0]) / world
+    averaged = copy.deepcopy(model)
+    nn.utils.vector_to_parameters(mean, averaged.parameters())
+    return (_evaluate(averaged, x, y, rank, world), distance,
+            distance / float((mean.double() ** 2).sum()))
+
+
+def _worker_accuracies(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                       world: int) -> list[float]:
+    """Every rank's own model's accuracy on the whole test set."""
+    own = torch.tensor([_correct(model, x, y) / len(x)], dtype=torch.float64)
+    every = [torch.zeros_like(own) for _ in range(world)]
+    dist.all_gather(every, own)
+    return [float(a[0]) for a in every]
 
 
 def _worker(rank: int, spec: RunSpec, ports: dict, workdir: str) -> None:
@@ -281,7 +330,7 @@ def _train(rank: int, spec: RunSpec, daemon: _LocalDaemon | None) -> RunResult:
     allreduce_bytes = [0]
     if spec.comm == "gradcomp":
         state = gradcomp.torch.HookState(net, daemon.target, job="fashion_mnist",
-                                         timeout=300.0)
+                                         timeout=300.0, gossip=spec.gossip)
         hook = gradcomp.torch.hook
     elif spec.comm == "torch_powersgd":
         state = torch_powersgd.PowerSGDState(
@@ -293,6 +342,8 @@ def _train(rank: int, spec: RunSpec, daemon: _LocalDaemon | None) -> RunResult:
         hook = None
     else:
         raise ValueError(f"comm '{spec.comm}': expected ddp, gradcomp or torch_powersgd")
+    if spec.gossip is not None and spec.comm != "gradcomp":
+        raise ValueError(f"gossip needs comm 'gradcomp', got '{spec.comm}'")
     if hook is not None:
         model.register_comm_hook(state, spec.hook_wrapper(hook) if spec.hook_wrapper
                                  else hook)
@@ -309,6 +360,7 @@ def _train(rank: int, spec: RunSpec, daemon: _LocalDaemon | None) -> RunResult:
         0.5 * (1.0 + math.cos(math.pi * t / total_steps)))
 
     accuracy, step_times = [], []
+    distances, relative_distances = [], []
     sent_before = (0, 0)  # (bytes, steps) at the end of the first epoch
     cpu = 0.0
     daemon_cpu = daemon.cpu_seconds() if daemon else 0.0
@@ -328,10 +380,22 @@ def _train(rank: int, spec: RunSpec, daemon: _LocalDaemon | None) -> RunResult:
             schedule.step()
         if epoch == 0:
             sent_before = _sent(spec, state, allreduce_bytes, raw_bytes, steps_per_epoch)
-        accuracy.append(_evaluate(model.module, x_test, y_test, rank, world))
+        if spec.gossip is None:
+            accuracy.append(_evaluate(model.module, x_test, y_test, rank, world))
+        else:
+            averaged, distance, relative = _evaluate_gossip(
+                model.module, x_test, y_test, rank, world)
+            accuracy.append(averaged)
+            distances.append(distance)
+            relative_distances.append(relative)
+            state.consensus_distance = distance  # reported with every request
         if rank == 0:
-            print(f"epoch {epoch + 1}: test accuracy {accuracy[-1]:.4f}", flush=True)
+            print(f"epoch {epoch + 1}: test accuracy {accuracy[-1]:.4f}"
+                  + (f", consensus distance {distances[-1]:.3g}" if distances else ""),
+                  flush=True)
     wall = time.perf_counter() - start
+    worker_accuracy = (_worker_accuracies(model.module, x_test, y_test, world)
+                       if spec.gossip is not None else [])
     if daemon:
         cpu += daemon.cpu_seconds() - daemon_cpu
     transport = ""
@@ -347,7 +411,9 @@ def _train(rank: int, spec: RunSpec, daemon: _LocalDaemon | None) -> RunResult:
                      bytes_per_step=sent / max(steps, 1),
                      bytes_per_step_after_epoch1=later,
                      raw_bytes_per_step=raw_bytes, steps=total_steps,
-                     wall_seconds=wall, transport=transport)
+                     wall_seconds=wall, transport=transport,
+                     worker_accuracy=worker_accuracy, consensus_distance=distances,
+                     relative_consensus_distance=relative_distances)
 
 
 def _sent(spec: RunSpec, state, allreduce_bytes: list[int], raw_bytes: int,
@@ -400,6 +466,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--train_limit", type=int, default=None)
     p.add_argument("--inline", action="store_true",
                    help="gradcomp: inline bytes instead of shared memory")
+    p.add_argument("--gossip", default=None, metavar="TOPOLOGY",
+                   help="gradcomp: train decentralised, gossiping the "
+                        "parameters on this topology (ring, torus, full, edges:...)")
+    p.add_argument("--gossip_rank", type=int, default=1,
+                   help="PowerGossip rank; 0 = exact gossip")
+    p.add_argument("--gossip_power_steps", type=int, default=1)
+    p.add_argument("--gossip_diffusion", type=float, default=0.0,
+                   help="gossip step size gamma (0: the daemon's default, 1.0)")
     args = p.parse_args(argv)
     params = dict(kv.split("=", 1) for kv in args.param)
     spec = RunSpec(comm=args.comm,
@@ -408,7 +482,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                    powersgd_start_iter=max(args.warmup_steps, 2),
                    codec_momentum=args.dgc, workers=args.workers, epochs=args.epochs,
                    batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                   train_limit=args.train_limit, shm=not args.inline)
+                   train_limit=args.train_limit, shm=not args.inline,
+                   gossip=(gradcomp.Gossip(args.gossip, args.gossip_rank,
+                                           args.gossip_power_steps,
+                                           args.gossip_diffusion)
+                           if args.gossip else None))
     result = run(spec)
     print(json.dumps(dataclasses.asdict(result)))
     return 0

@@ -48,6 +48,21 @@ absl::StatusOr<ReduceInput> ReduceInputFromProto(
         request.batch().id(),
         {request.batch().members().begin(), request.batch().members().end()}};
   }
+  switch (request.mode()) {
+    case v1::REDUCE_MODE_AVERAGE:
+      break;
+    case v1::REDUCE_MODE_GOSSIP:
+      input.mode = ReduceMode::kGossip;
+      input.gossip = GossipSpec{
+          request.gossip().topology(), request.gossip().rank(),
+          request.gossip().power_steps(), request.gossip().diffusion()};
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mode is ", request.mode(),
+          ", expected REDUCE_MODE_AVERAGE (0) or REDUCE_MODE_GOSSIP (1)"));
+  }
+  input.consensus_distance = request.consensus_distance();
   return input;
 }
 

@@ -7,6 +7,29 @@
 namespace gradcomp::service {
 namespace {
 
+TEST(ConvertTest, GossipModeAndSpec) {
+  v1::ReduceRequest request;
+  request.set_mode(v1::REDUCE_MODE_GOSSIP);
+  request.mutable_gossip()->set_topology("torus:2x4");
+  request.mutable_gossip()->set_rank(2);
+  request.mutable_gossip()->set_power_steps(3);
+  request.mutable_gossip()->set_diffusion(1.308);
+  request.set_consensus_distance(0.5);
+  auto input = ReduceInputFromProto(request);
+  ASSERT_TRUE(input.ok()) << input.status();
+  EXPECT_EQ(input->mode, ReduceMode::kGossip);
+  EXPECT_EQ(input->gossip.topology, "torus:2x4");
+  EXPECT_EQ(input->gossip.rank, 2u);
+  EXPECT_EQ(input->gossip.power_steps, 3u);
+  EXPECT_EQ(input->gossip.diffusion, 1.308);
+  EXPECT_EQ(input->consensus_distance, 0.5);
+  EXPECT_EQ(ReduceInputFromProto(v1::ReduceRequest())->mode,
+            ReduceMode::kAverage);
+  request.set_mode(static_cast<v1::ReduceMode>(7));
+  EXPECT_EQ(ReduceInputFromProto(request).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ConvertTest, RequestFieldsReachTheEngineInput) {
   v1::ReduceRequest request;
   request.set_job("j");

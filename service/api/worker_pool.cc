@@ -4,25 +4,33 @@
 
 namespace gradcomp::service {
 
-WorkerPool::WorkerPool(int threads, size_t max_queued)
-    : max_queued_(max_queued) {
-  threads_.reserve(threads);
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
-}
+WorkerPool::WorkerPool(int max_threads, size_t max_queued)
+    : max_threads_(max_threads), max_queued_(max_queued) {}
 
 WorkerPool::~WorkerPool() {
+  std::vector<std::thread> threads;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    threads.swap(threads_);
   }
-  for (std::thread& t : threads_) t.join();
+  for (std::thread& t : threads) t.join();
 }
 
 bool WorkerPool::TrySchedule(std::function<void()> work) {
   absl::MutexLock lock(&mu_);
   if (queue_.size() >= max_queued_) return false;
   queue_.push_back(std::move(work));
+  if (queue_.size() > idle_ &&
+      threads_.size() < static_cast<size_t>(max_threads_)) {
+    threads_.emplace_back([this] { Loop(); });
+  }
   return true;
+}
+
+int WorkerPool::threads() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(threads_.size());
 }
 
 void WorkerPool::Loop() {
@@ -30,11 +38,13 @@ void WorkerPool::Loop() {
     std::function<void()> work;
     {
       absl::MutexLock lock(&mu_);
+      ++idle_;
       mu_.Await(absl::Condition(
           +[](WorkerPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
             return p->stopping_ || !p->queue_.empty();
           },
           this));
+      --idle_;
       if (queue_.empty()) return;  // stopping, and nothing left to run
       work = std::move(queue_.front());
       queue_.pop_front();

@@ -2,6 +2,7 @@
 
 #include <atomic>
 
+#include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -60,6 +61,31 @@ TEST(WorkerPoolTest, FullQueueRefusesAndTakesMoreOnceItDrains) {
   }
   drained.WaitForNotification();
   EXPECT_EQ(ran.load(), 2);
+}
+
+TEST(WorkerPoolTest, StartsThreadsOnDemandUpToTheMaximum) {
+  // Closures held running: each one that finds no idle thread starts one,
+  // until the maximum; the fourth waits in the queue for a thread.
+  WorkerPool pool(3, 10);
+  EXPECT_EQ(pool.threads(), 0);
+  absl::Notification release;
+  absl::BlockingCounter started(3);
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(pool.TrySchedule([&] {
+      if (ran.fetch_add(1) < 3) {
+        started.DecrementCount();
+        release.WaitForNotification();
+      }
+    }));
+    if (i == 0) EXPECT_EQ(pool.threads(), 1);
+  }
+  started.Wait();
+  EXPECT_EQ(pool.threads(), 3);
+  EXPECT_EQ(ran.load(), 3);  // the fourth has no thread until one is free
+  release.Notify();
+  while (ran.load() < 4) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(pool.threads(), 3);
 }
 
 }  // namespace

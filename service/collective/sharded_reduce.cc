@@ -6,28 +6,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/seconds_since.h"
 #include "base/status_macros.h"
 #include "codecs/random.h"
+#include "service/collective/slice.h"
 
 namespace gradcomp::service {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// Slice j of n elements over w ranks: [n*j/w, n*(j+1)/w), the same split as
-// the SUM rounds' reduce-scatter.
-struct Range {
-  size_t begin;
-  size_t size;
-};
-Range SliceOf(size_t n, int w, int j) {
-  const uint64_t begin = uint64_t{n} * j / w;
-  return {begin, uint64_t{n} * (j + 1) / w - begin};
-}
 
 // Every slice has its own Philox streams, so that the W slices of a
 // stochastic codec are not rounded with the same numbers.
@@ -76,7 +63,7 @@ absl::Status DecodeSlices(const codecs::SingleRoundCodec& codec,
   const int w = static_cast<int>(parts.size());
   std::fill(out.begin(), out.end(), 0.0f);
   for (int j = 0; j < w; ++j) {
-    const Range r = SliceOf(out.size(), w, j);
+    const Slice r = SliceOf(out.size(), w, j);
     absl::Status decoded =
         codec.DecodeAdd(parts[j], 1.0f, out.subspan(r.begin, r.size));
     if (!decoded.ok()) {
@@ -108,7 +95,7 @@ absl::StatusOr<ShardedStats> ShardedReduce(
   Clock::time_point t = Clock::now();
   std::vector<codecs::Bytes> parts(w);
   for (int j = 0; j < w; ++j) {
-    const Range r = SliceOf(n, w, j);
+    const Slice r = SliceOf(n, w, j);
     const int64_t shape[] = {static_cast<int64_t>(r.size)};
     codecs::StateStore::Locked slice_state =
         store.Acquire(key.job, SliceStateName(key.tensor, j), shape, 0);
@@ -132,7 +119,7 @@ absl::StatusOr<ShardedStats> ShardedReduce(
   // The owner: the W payloads of its slice, averaged (FinishGather checks
   // each and names its rank), re-encoded with the owner's own state.
   t = Clock::now();
-  const Range mine = SliceOf(n, w, me);
+  const Slice mine = SliceOf(n, w, me);
   const codecs::StepContext owner_ctx = SliceContext(ctx, key, "#shard", me);
   std::vector<float> average(mine.size);
   absl::Status averaged =

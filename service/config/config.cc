@@ -15,6 +15,7 @@
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "service/config/policy_proto.h"
+#include "service/config/utf8.h"
 #include "service/engine/memory_budget.h"
 
 namespace gradcomp::service {
@@ -226,6 +227,7 @@ void ApplyFlags(const FlagOverrides& flags, v1::DaemonConfig* config) {
 
 absl::Status ValidateConfig(const v1::DaemonConfig& config,
                             const codecs::CodecRegistry& registry) {
+  GC_RETURN_IF_ERROR(CheckStringsAreUtf8(config));
   GC_RETURN_IF_ERROR(ValidateAddress("listen", config.listen()));
   if (!config.metrics_listen().empty()) {
     GC_RETURN_IF_ERROR(

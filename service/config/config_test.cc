@@ -249,6 +249,13 @@ TEST(ConfigTest, InvalidFieldsAreNamed) {
          f.peers = {{"h0:1", "unix:/p.sock"}};
        },
        "peers[1] is 'unix:/p.sock', expected host:port"},
+      {[](FlagOverrides& f) {
+         f.world_size = 2;
+         f.peers = {{"h0:1",
+                     "10.0.0.1:500\x86"
+                     "52"}};
+       },
+       "peers[1] is not valid UTF-8: byte 0x86 at offset 12"},
   };
   for (const Case& c : cases) {
     FlagOverrides flags;
@@ -258,6 +265,27 @@ TEST(ConfigTest, InvalidFieldsAreNamed) {
         << c.message;
     EXPECT_THAT(config.status().message(), HasSubstr(c.message));
   }
+}
+
+TEST(ConfigTest, InvalidUtf8InATextFormatFileIsRefusedNamingTheField) {
+  // The text-format parser takes any bytes in a string; the JSON printer of
+  // --check_config could not print them (found by config_fuzzer).
+  const std::string path =
+      WriteFile("bad_utf8.txtpb",
+                "world_size: 2 peers: \"h0:50052\" peers: \"h1:500\x86"
+                "52\"\n"
+                "policy { rules { name_glob: \"fc\xC0\x83\" } }\n");
+  auto config = LoadConfig(path, FlagOverrides(), codecs::BuiltinCodecs());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(config.status().message(),
+              HasSubstr("peers[1] is not valid UTF-8: byte 0x86 at offset 6"));
+
+  const std::string glob = WriteFile(
+      "bad_glob.txtpb", "policy { rules { name_glob: \"fc\xC0\x83\" } }\n");
+  config = LoadConfig(glob, FlagOverrides(), codecs::BuiltinCodecs());
+  EXPECT_THAT(config.status().message(),
+              HasSubstr("policy.rules[0].name_glob is not valid UTF-8: byte "
+                        "0xC0 at offset 2"));
 }
 
 TEST(ConfigTest, JsonOfTheEffectiveConfigLoadsBackTheSame) {

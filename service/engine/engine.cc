@@ -1,5 +1,6 @@
 #include "service/engine/engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/seconds_since.h"
 #include "base/status_macros.h"
 #include "codecs/error_feedback.h"
 #include "codecs/random.h"
@@ -21,10 +23,6 @@ namespace gradcomp::service {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 std::string ShapeString(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
@@ -137,6 +135,38 @@ double NormRatio(absl::Span<const float> x, absl::Span<const float> g) {
                  : std::sqrt(xx / gg);
 }
 
+// The fp32 values of a reduce's result: the caller's output span or the
+// response's data themselves when those are aligned fp32, else scratch that
+// Commit converts into them.
+class ResultFloats {
+ public:
+  ResultFloats(const ReduceInput& in, uint64_t numel, size_t width,
+               std::string* data)
+      : dtype_(in.dtype), bytes_(in.output) {
+    if (bytes_.empty()) {
+      data->resize(numel * width);
+      bytes_ = absl::MakeSpan(data->data(), data->size());
+    }
+    if (IsAlignedFloat32(dtype_, bytes_.data())) {
+      values_ = {reinterpret_cast<float*>(bytes_.data()), numel};
+    } else {
+      scratch_ = UninitializedFloats(numel);
+      values_ = {scratch_.get(), numel};
+    }
+  }
+  absl::Span<float> values() const { return values_; }
+  absl::Status Commit() const {
+    if (scratch_ == nullptr) return absl::OkStatus();
+    return EncodeFromFloatInto(dtype_, values_, bytes_);
+  }
+
+ private:
+  const DType dtype_;
+  absl::Span<char> bytes_;
+  std::unique_ptr<float[]> scratch_;
+  absl::Span<float> values_;
+};
+
 std::string TensorLabel(const ReduceInput& in) {
   return absl::StrCat("tensor '", in.tensor, "' step ", in.step);
 }
@@ -186,6 +216,7 @@ Engine::Engine(const EngineOptions& options,
       codecs_(registry),
       budget_(options.memory_budget_bytes, metrics),
       quotas_(options.quotas, metrics),
+      gossip_(collective, options.seed),
       policy_(std::move(policy)) {}
 
 std::shared_ptr<const Engine::PolicySnapshot> Engine::policy() const {
@@ -352,6 +383,23 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
     return absl::InvalidArgumentError(
         "tensor name holds '#', which the daemon reserves for its own keys");
   }
+  if (in.consensus_distance != 0) {
+    if (!(in.consensus_distance > 0 && std::isfinite(in.consensus_distance))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("consensus_distance is ", in.consensus_distance,
+                       ", expected a finite value >= 0 (0: not reported)"));
+    }
+    metrics_->SetConsensusDistance(in.job, in.consensus_distance);
+  }
+  if (in.mode == ReduceMode::kGossip && in.batch.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch '", in.batch->id,
+        "' in gossip mode: gossip has no SUM rounds to batch, expected no "
+        "batch"));
+  }
+  if (in.mode == ReduceMode::kAverage) {
+    GC_RETURN_IF_ERROR(gossip_.CheckAverage(in.job));
+  }
   // A batched reduce leaves its batch however it ends, from the first round
   // it did not run, so that the other members go on without it.
   GC_ASSIGN_OR_RETURN(const std::optional<BatchSpec> batch, ResolveBatch(in));
@@ -414,6 +462,16 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   const Nonfinite nonfinite = CountNonfinite(grad);
   stats.nonfinite_values = nonfinite.count;
   if (nonfinite.count > 0) metrics_->AddNonfinite(nonfinite.count);
+  if (in.mode == ReduceMode::kGossip) {
+    if (nonfinite.count > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input holds ", nonfinite.count, " NaN/Inf values (first at index ",
+          nonfinite.first, ": ", grad[nonfinite.first],
+          "); gossip would send them to the neighbours and keep them in its "
+          "edge state, expected finite values"));
+    }
+    return GossipReduce(in, grad, width, std::move(out), codec_label);
+  }
 
   PolicyDecision decision;
   if (in.codec.has_value()) {
@@ -500,23 +558,9 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   // The average goes straight into the result when that is aligned fp32
   // (the caller's span, or the response string); otherwise through fp32
   // scratch and a conversion.
-  absl::Span<char> result = in.output;
-  if (result.empty()) {
-    out.data.resize(numel * width);
-    result = absl::MakeSpan(out.data.data(), out.data.size());
-  }
-  std::unique_ptr<float[]> scratch;
-  absl::Span<float> average;
-  if (IsAlignedFloat32(in.dtype, result.data())) {
-    average = {reinterpret_cast<float*>(result.data()), numel};
-  } else {
-    scratch = UninitializedFloats(numel);
-    average = {scratch.get(), numel};
-  }
-  GC_RETURN_IF_ERROR(session->Finish(average));
-  if (scratch != nullptr) {
-    GC_RETURN_IF_ERROR(EncodeFromFloatInto(in.dtype, average, result));
-  }
+  const ResultFloats average(in, numel, width, &out.data);
+  GC_RETURN_IF_ERROR(session->Finish(average.values()));
+  GC_RETURN_IF_ERROR(average.Commit());
   stats.decode_seconds += SecondsSince(t);
   if (sharded != nullptr) {
     stats.wire_bytes = sharded->stats().wire_bytes;
@@ -538,6 +582,43 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
         std::isfinite(stats.relative_error)) {
       metrics_->ObserveResidualNorm(stats.codec, NormRatio(*residual, grad));
     }
+  }
+  return out;
+}
+
+absl::StatusOr<ReduceOutput> Engine::GossipReduce(const ReduceInput& in,
+                                                  absl::Span<const float> grad,
+                                                  size_t width,
+                                                  ReduceOutput out,
+                                                  std::string* codec_label) {
+  GC_ASSIGN_OR_RETURN(GossipNode * node, gossip_.Node(in.job, in.gossip));
+  const bool exact = node->options().mode == GossipOptions::Mode::kExact;
+  ReduceStats& stats = out.stats;
+  *codec_label = exact ? "gossip" : "powergossip";
+  stats.codec = *codec_label;
+  stats.raw_bytes = grad.size() * sizeof(float);
+  stats.relative_error = std::numeric_limits<double>::quiet_NaN();
+
+  // The edges' factors live in the tensor's codec state, so that they are
+  // exported, imported, counted and reset with it.
+  codecs::StateStore::Locked state =
+      store_->Acquire(in.job, in.tensor, in.shape, static_cast<int>(in.dtype));
+  absl::Cleanup record_state = [&] {
+    budget_.AddState(quotas_.RecordState(in.job, in.tensor, state->ByteSize()));
+  };
+  const ResultFloats mixed(in, grad.size(), width, &out.data);
+  std::copy(grad.begin(), grad.end(), mixed.values().begin());
+  const Clock::time_point t = Clock::now();
+  GC_ASSIGN_OR_RETURN(GossipStats gossip,
+                      node->Round(*collective_, {in.job, in.tensor, in.step, 0},
+                                  in.shape, mixed.values(), *state));
+  stats.collective_seconds = SecondsSince(t);
+  GC_RETURN_IF_ERROR(mixed.Commit());
+  stats.wire_bytes = gossip.bytes_sent;
+  const absl::Span<const Neighbour> neighbours =
+      node->topology().neighbours(collective_->rank());
+  for (size_t e = 0; e < neighbours.size(); ++e) {
+    metrics_->AddGossipBytes(neighbours[e].rank, gossip.bytes_to_neighbour[e]);
   }
   return out;
 }

@@ -32,6 +32,7 @@
 #include "service/collective/collective.h"
 #include "service/engine/codec_cache.h"
 #include "service/engine/dtype.h"
+#include "service/engine/gossip_jobs.h"
 #include "service/engine/job_quotas.h"
 #include "service/engine/memory_budget.h"
 #include "service/engine/policy.h"
@@ -88,6 +89,13 @@ struct ReduceInput {
   // (its inline input, reserved when it arrived); the engine grows it by
   // the reduce's own working memory. Null: the engine reserves on its own.
   MemoryBudget::Reservation* reservation = nullptr;
+  // kGossip: the result is this worker's tensor mixed with its neighbours'
+  // on `gossip`'s topology (gossip_jobs.h) instead of the average; `codec`
+  // and the policy are not used, and `batch` is refused.
+  ReduceMode mode = ReduceMode::kAverage;
+  GossipSpec gossip;
+  // Client-reported consensus distance, exported per job; 0: not reported.
+  double consensus_distance = 0;
 };
 
 struct ReduceStats {
@@ -179,6 +187,11 @@ class Engine {
   absl::Status ReserveWorkingMemory(const ReduceInput& in, uint64_t numel,
                                     size_t width,
                                     MemoryBudget::Reservation* own);
+  // ReduceImpl's gossip mode, from the input as fp32 (`grad`) on.
+  absl::StatusOr<ReduceOutput> GossipReduce(const ReduceInput& in,
+                                            absl::Span<const float> grad,
+                                            size_t width, ReduceOutput out,
+                                            std::string* codec_label);
   void RecordSuccess(const ReduceStats& stats);
   bool SampleError();
 
@@ -192,6 +205,7 @@ class Engine {
   DeclaredTensors declared_;
   MemoryBudget budget_;
   JobQuotas quotas_;
+  GossipJobs gossip_;
   std::atomic<uint64_t> reduces_{0};
 
   mutable absl::Mutex mu_;

@@ -32,6 +32,16 @@ codecs::PhiloxStream EdgeStream(uint64_t seed, const std::string& tensor,
       (static_cast<uint32_t>(lo) << 16) | static_cast<uint32_t>(hi));
 }
 
+// The state buffer of the edge with `neighbour` (power_gossip.h).
+std::string EdgeBuffer(int neighbour, absl::string_view what) {
+  return absl::StrCat("gossip.", neighbour, ".", what);
+}
+
+// An edge's scalars as exact floats: the power step count in 24-bit
+// halves, the next step's side and r_eff.
+constexpr size_t kMetaSize = 4;
+constexpr uint64_t kMetaHalf = uint64_t{1} << 24;
+
 }  // namespace
 
 absl::Status ValidateGossipOptions(const GossipOptions& options) {
@@ -86,6 +96,111 @@ absl::StatusOr<GossipStats> GossipNode::Round(Collective& collective,
                                               const RoundKey& key,
                                               absl::Span<const int64_t> shape,
                                               absl::Span<float> x) {
+  GC_ASSIGN_OR_RETURN(TensorGossip * t, Tensor(key.tensor));
+  absl::MutexLock lock(&t->mu);
+  return RoundOn(*t, collective, key, shape, x);
+}
+
+absl::StatusOr<GossipStats> GossipNode::Round(Collective& collective,
+                                              const RoundKey& key,
+                                              absl::Span<const int64_t> shape,
+                                              absl::Span<float> x,
+                                              codecs::TensorState& state) {
+  TensorGossip t;
+  absl::MutexLock lock(&t.mu);
+  absl::Status loaded = LoadEdges(state, shape, t);
+  if (!loaded.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("gossip state of tensor '", key.tensor,
+                     "' does not fit this round: ", loaded.message()));
+  }
+  GC_ASSIGN_OR_RETURN(GossipStats stats, RoundOn(t, collective, key, shape, x));
+  SaveEdges(t, state);
+  return stats;
+}
+
+absl::Status GossipNode::LoadEdges(const codecs::TensorState& state,
+                                   absl::Span<const int64_t> shape,
+                                   TensorGossip& t) const {
+  t.shape.assign(shape.begin(), shape.end());
+  const absl::Span<const Neighbour> neighbours = topology_.neighbours(rank_);
+  const auto& buffers = state.buffers();
+  auto find = [&](int j, absl::string_view what) -> const std::vector<float>* {
+    auto it = buffers.find(EdgeBuffer(j, what));
+    return it == buffers.end() ? nullptr : &it->second;
+  };
+  size_t present = 0;
+  for (const Neighbour& n : neighbours)
+    present += find(n.rank, "meta") != nullptr;
+  if (present == 0) return absl::OkStatus();
+  if (present != neighbours.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "it holds edges for ", present, " of this rank's ", neighbours.size(),
+        " neighbours in topology '", topology_.name(), "'"));
+  }
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  const int64_t rows = shape.empty() ? numel : shape[0];
+  const int64_t cols = rows == 0 ? 0 : numel / rows;
+  t.edges.resize(neighbours.size());
+  for (size_t e = 0; e < neighbours.size(); ++e) {
+    const int j = neighbours[e].rank;
+    const std::vector<float>& meta = *find(j, "meta");
+    const std::vector<float>* p = find(j, "p");
+    const std::vector<float>* q = find(j, "q");
+    if (meta.size() != kMetaSize || q == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the edge with rank ", j, " lacks its q factor or scalars"));
+    }
+    const int r = static_cast<int>(meta[3]);
+    const size_t want_p = static_cast<size_t>(rows) * r;
+    const size_t want_q = static_cast<size_t>(cols) * r;
+    if (r < 1 || q->size() != want_q ||
+        (p != nullptr && !p->empty() && p->size() != want_p)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the edge with rank ", j, " holds rank ", r,
+                       " factors of ", p == nullptr ? 0 : p->size(), " and ",
+                       q->size(), " values, expected ", want_p, " and ", want_q,
+                       " for shape [", absl::StrJoin(shape, ","), "]"));
+    }
+    TensorGossip::Edge& edge = t.edges[e];
+    edge.factors.rows = rows;
+    edge.factors.cols = cols;
+    edge.factors.rank = r;
+    edge.factors.power_steps = static_cast<uint64_t>(meta[0]) +
+                               static_cast<uint64_t>(meta[1]) * kMetaHalf;
+    edge.next_uses_q = meta[2] != 0;
+    if (p != nullptr) edge.factors.p = *p;
+    edge.factors.q = *q;
+  }
+  return absl::OkStatus();
+}
+
+void GossipNode::SaveEdges(const TensorGossip& t,
+                           codecs::TensorState& state) const {
+  const absl::Span<const Neighbour> neighbours = topology_.neighbours(rank_);
+  for (size_t e = 0; e < t.edges.size(); ++e) {
+    const int j = neighbours[e].rank;
+    const TensorGossip::Edge& edge = t.edges[e];
+    const EdgeFactors& f = edge.factors;
+    absl::Span<float> meta = state.Buffer(EdgeBuffer(j, "meta"), kMetaSize);
+    meta[0] = static_cast<float>(f.power_steps % kMetaHalf);
+    meta[1] = static_cast<float>(f.power_steps / kMetaHalf);
+    meta[2] = edge.next_uses_q ? 1.0f : 0.0f;
+    meta[3] = static_cast<float>(f.rank);
+    absl::Span<float> p = state.Buffer(EdgeBuffer(j, "p"), f.p.size());
+    std::copy(f.p.begin(), f.p.end(), p.begin());
+    absl::Span<float> q = state.Buffer(EdgeBuffer(j, "q"), f.q.size());
+    std::copy(f.q.begin(), f.q.end(), q.begin());
+  }
+}
+
+absl::StatusOr<GossipStats> GossipNode::RoundOn(TensorGossip& tensor,
+                                                Collective& collective,
+                                                const RoundKey& key,
+                                                absl::Span<const int64_t> shape,
+                                                absl::Span<float> x) {
+  TensorGossip* t = &tensor;
   GC_RETURN_IF_ERROR(ValidateGossipOptions(options_));
   if (collective.rank() != rank_ ||
       collective.world_size() != topology_.world_size()) {
@@ -106,8 +221,6 @@ absl::StatusOr<GossipStats> GossipNode::Round(Collective& collective,
   stats.bytes_to_neighbour.assign(neighbours.size(), 0);
   if (neighbours.empty() || numel == 0) return stats;
 
-  GC_ASSIGN_OR_RETURN(TensorGossip * t, Tensor(key.tensor));
-  absl::MutexLock lock(&t->mu);
   const bool low_rank = options_.mode == GossipOptions::Mode::kPowerGossip &&
                         shape.size() >= 2 && shape[0] > 0;
   const int64_t rows = low_rank ? shape[0] : numel;

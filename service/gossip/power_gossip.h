@@ -42,6 +42,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "codecs/state.h"
 #include "service/collective/collective.h"
 #include "service/gossip/topology.h"
 
@@ -97,6 +98,16 @@ class GossipNode {
                                     absl::Span<float> x)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The same round with the tensor's edges kept in `state` (the daemon's
+  // per-job codec state, so that they are exported, imported and freed
+  // with it) instead of in this node: buffers "gossip.<neighbour>.p", ".q"
+  // and ".meta" per edge. FailedPrecondition when `state` holds edges that
+  // do not fit the shape, rank or topology (an import from another job).
+  absl::StatusOr<GossipStats> Round(Collective& collective, const RoundKey& key,
+                                    absl::Span<const int64_t> shape,
+                                    absl::Span<float> x,
+                                    codecs::TensorState& state);
+
   // A copy of the factors of (tensor, neighbour); NotFound before the
   // tensor's first low-rank round.
   absl::StatusOr<EdgeFactors> Factors(const std::string& tensor,
@@ -111,6 +122,15 @@ class GossipNode {
 
   absl::StatusOr<TensorGossip*> Tensor(const std::string& name)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The round itself, on `t` (whose lock the caller holds).
+  absl::StatusOr<GossipStats> RoundOn(TensorGossip& t, Collective& collective,
+                                      const RoundKey& key,
+                                      absl::Span<const int64_t> shape,
+                                      absl::Span<float> x);
+  absl::Status LoadEdges(const codecs::TensorState& state,
+                         absl::Span<const int64_t> shape,
+                         TensorGossip& t) const;
+  void SaveEdges(const TensorGossip& t, codecs::TensorState& state) const;
 
   const Topology topology_;
   const int rank_;

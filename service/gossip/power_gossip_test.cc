@@ -371,5 +371,84 @@ TEST(PowerGossipTest, RefusesACollectiveOfAnotherRankOrSize) {
   EXPECT_EQ(y, (std::vector<float>{1, 2, 3}));
 }
 
+// Rounds of `tensor` on every rank of `net_nodes` with each rank's edges in
+// its own TensorState (the daemon's path).
+std::vector<absl::Status> StateRounds(InProcessGroup& group,
+                                      std::vector<GossipNode*> nodes,
+                                      std::vector<codecs::TensorState>& states,
+                                      const std::vector<int64_t>& shape,
+                                      std::vector<std::vector<float>>& xs,
+                                      int64_t first, int count) {
+  std::vector<absl::Status> status(nodes.size());
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < nodes.size(); ++r) {
+    threads.emplace_back([&, r] {
+      for (int64_t s = first; s < first + count; ++s) {
+        absl::StatusOr<GossipStats> stats =
+            nodes[r]->Round(group.collective(r), {"job", "w", s, 0}, shape,
+                            absl::MakeSpan(xs[r]), states[r]);
+        if (!stats.ok()) {
+          status[r] = stats.status();
+          return;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return status;
+}
+
+TEST(PowerGossipTest, EdgesKeptInTensorStateGiveTheSameRoundsAndSurviveACopy) {
+  GossipOptions options;
+  options.rank = 2;
+  options.iterations = 2;
+  const Topology torus = Make("torus", 6);
+  const std::vector<int64_t> shape = {6, 5};
+  std::vector<std::vector<float>> in_node = RandomTensors(6, 30, 21);
+  std::vector<std::vector<float>> in_state = in_node;
+  Network net(torus, options);
+  ExpectAllOk(net.Rounds("w", shape, in_node, 0, 5));
+
+  // The first 3 rounds with one set of nodes, the last 2 with fresh nodes
+  // that only get the states (as ImportState gives a restarted daemon).
+  InProcessGroup group(6, absl::Seconds(60));
+  std::vector<std::unique_ptr<GossipNode>> first, second;
+  std::vector<GossipNode*> first_ptrs, second_ptrs;
+  for (int r = 0; r < 6; ++r) {
+    first.push_back(std::make_unique<GossipNode>(torus, r, options, kSeed));
+    second.push_back(std::make_unique<GossipNode>(torus, r, options, kSeed));
+    first_ptrs.push_back(first.back().get());
+    second_ptrs.push_back(second.back().get());
+  }
+  std::vector<codecs::TensorState> states(6);
+  ExpectAllOk(StateRounds(group, first_ptrs, states, shape, in_state, 0, 3));
+  std::vector<codecs::TensorState> copies = states;
+  ExpectAllOk(StateRounds(group, second_ptrs, copies, shape, in_state, 3, 2));
+  for (int r = 0; r < 6; ++r) {
+    EXPECT_EQ(0, std::memcmp(in_node[r].data(), in_state[r].data(),
+                             30 * sizeof(float)))
+        << "rank " << r;
+    ASSERT_TRUE(copies[r]
+                    .Find("gossip." +
+                          std::to_string(torus.neighbours(r)[0].rank) + ".q")
+                    .has_value());
+  }
+}
+
+TEST(PowerGossipTest, RefusesTensorStateThatDoesNotFitTheTopology) {
+  GossipNode node(Make("ring", 4), 1, {}, kSeed);
+  codecs::TensorState state;
+  state.Buffer("gossip.0.meta", 4)[3] = 1;  // rank 2's edge is missing
+  InProcessGroup group(4, absl::Seconds(1));
+  std::vector<float> x(30);
+  absl::StatusOr<GossipStats> got =
+      node.Round(group.collective(1), {"job", "w", 0, 0}, {6, 5},
+                 absl::MakeSpan(x), state);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(got.status().message(),
+              HasSubstr("gossip state of tensor 'w' does not fit this round: "
+                        "it holds edges for 1 of this rank's 2 neighbours"));
+}
+
 }  // namespace
 }  // namespace gradcomp::service

@@ -162,6 +162,17 @@ Metrics::Metrics(const codecs::StateStore* state, absl::string_view version)
                "away.")
            .Register(*registry_)
            .Add({});
+  gossip_bytes_ = &prometheus::BuildCounter()
+                       .Name("gradcomp_gossip_bytes_total")
+                       .Help("Gossip message bytes sent, by neighbour rank.")
+                       .Register(*registry_);
+  consensus_distance_ =
+      &prometheus::BuildGauge()
+           .Name("gradcomp_gossip_consensus_distance")
+           .Help(
+               "The consensus distance a gossip job's client last reported, "
+               "by job.")
+           .Register(*registry_);
   resource_exhausted_ =
       &prometheus::BuildCounter()
            .Name("gradcomp_resource_exhausted_total")
@@ -261,6 +272,15 @@ void Metrics::CountResourceExhausted(absl::string_view resource) {
 void Metrics::SetMemoryBudget(uint64_t in_use, uint64_t total) {
   memory_in_use_->Set(static_cast<double>(in_use));
   memory_budget_->Set(static_cast<double>(total));
+}
+
+void Metrics::AddGossipBytes(int peer, uint64_t bytes) {
+  gossip_bytes_->Add({{"peer", std::to_string(peer)}})
+      .Increment(static_cast<double>(bytes));
+}
+
+void Metrics::SetConsensusDistance(absl::string_view job, double distance) {
+  consensus_distance_->Add({{"job", std::string(job)}}).Set(distance);
 }
 
 }  // namespace gradcomp::service

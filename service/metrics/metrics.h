@@ -68,6 +68,10 @@ class Metrics {
   void CountResourceExhausted(absl::string_view resource);
   // The memory budget's bytes in use (requests and codec state) and total.
   void SetMemoryBudget(uint64_t in_use, uint64_t total);
+  // Gossip mode (docs/gossip.md): message bytes sent to neighbour rank
+  // `peer`, and the consensus distance a client of `job` reported.
+  void AddGossipBytes(int peer, uint64_t bytes);
+  void SetConsensusDistance(absl::string_view job, double distance);
 
   std::shared_ptr<prometheus::Collectable> collectable() const {
     return collector_;
@@ -101,6 +105,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* resource_exhausted_;
   prometheus::Gauge* memory_in_use_;
   prometheus::Gauge* memory_budget_;
+  prometheus::Family<prometheus::Counter>* gossip_bytes_;
+  prometheus::Family<prometheus::Gauge>* consensus_distance_;
   std::array<prometheus::Histogram*, 4> stages_;
 
   absl::Mutex mu_;

@@ -38,6 +38,7 @@
 #include "gtest/gtest.h"
 #include "service/collective/in_process_group.h"
 #include "service/collective/sharded_reduce.h"
+#include "tests/integration/cluster.h"
 #include "tests/integration/daemon_process.h"
 #include "tests/integration/peer_workload.h"
 
@@ -64,82 +65,6 @@ std::string ReadFile(const std::string& path) {
   contents << in.rdbuf();
   return contents.str();
 }
-
-// The value of an unlabelled sample, or of `name{labels}` spelled exactly.
-double Sample(const std::string& page, const std::string& series) {
-  for (absl::string_view line : absl::StrSplit(page, '\n')) {
-    if (absl::ConsumePrefix(&line, series + " ")) {
-      double value = 0;
-      if (absl::SimpleAtod(line, &value)) return value;
-    }
-  }
-  return -1;
-}
-
-// The daemons of one job, rank r at peers[r].
-class Cluster {
- public:
-  // `extra_args` go to every daemon (e.g. a --config).
-  explicit Cluster(absl::Duration collective_timeout,
-                   std::vector<std::string> extra_args = {})
-      : timeout_(collective_timeout), extra_args_(std::move(extra_args)) {
-    std::vector<std::string> peers;
-    for (int r = 0; r < kWorld; ++r) {
-      peers.push_back(absl::StrCat("127.0.0.1:", *FreePort()));
-    }
-    peers_ = absl::StrJoin(peers, ",");
-    daemons_.resize(kWorld);
-  }
-
-  absl::Status Start(int rank) {
-    auto binary = DaemonBinary();
-    if (!binary.ok()) return binary.status();
-    std::vector<std::string> args = {
-        absl::StrCat("--world_size=", kWorld), absl::StrCat("--rank=", rank),
-        absl::StrCat("--peers=", peers_), absl::StrCat("--seed=", kSeed),
-        absl::StrCat("--collective_timeout=", absl::FormatDuration(timeout_))};
-    args.insert(args.end(), extra_args_.begin(), extra_args_.end());
-    auto daemon = DaemonProcess::Start(*binary, args);
-    if (!daemon.ok()) return daemon.status();
-    daemons_[rank] = std::move(*daemon);
-    return absl::OkStatus();
-  }
-
-  // Starts every rank and waits until the mesh is up.
-  absl::Status StartAll() {
-    for (int r = 0; r < kWorld; ++r) {
-      if (absl::Status started = Start(r); !started.ok()) return started;
-    }
-    return WaitMeshUp();
-  }
-
-  // Until every daemon reports all its peers connected both ways.
-  absl::Status WaitMeshUp() {
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    for (int r = 0; r < kWorld; ++r) {
-      while (true) {
-        auto page = HttpGet(daemons_[r]->metrics_port(), "/metrics");
-        if (page.ok() && Sample(*page, "gradcomp_peers_up") == kWorld - 1)
-          break;
-        if (absl::Now() > deadline) {
-          return absl::DeadlineExceededError(
-              absl::StrCat("rank ", r, " never saw all its peers; log:\n",
-                           daemons_[r]->Log()));
-        }
-        absl::SleepFor(absl::Milliseconds(50));
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  DaemonProcess& daemon(int rank) { return *daemons_[rank]; }
-
- private:
-  absl::Duration timeout_;
-  std::vector<std::string> extra_args_;
-  std::string peers_;
-  std::vector<std::unique_ptr<DaemonProcess>> daemons_;
-};
 
 struct WorkerRun {
   int rank;
@@ -201,7 +126,7 @@ struct CodecCase {
 class PeersTest : public ::testing::TestWithParam<CodecCase> {
  protected:
   static void SetUpTestSuite() {
-    cluster_ = new Cluster(absl::Seconds(60));
+    cluster_ = new Cluster(kWorld, absl::Seconds(60));
     const absl::Status up = cluster_->StartAll();
     ASSERT_TRUE(up.ok()) << up;
   }
@@ -369,7 +294,7 @@ class PeersShardedTest : public ::testing::TestWithParam<CodecCase> {
   static void SetUpTestSuite() {
     const std::string config = TmpPath("sharded.textproto");
     std::ofstream(config) << "policy { aggregation: AGGREGATION_SHARDED }\n";
-    cluster_ = new Cluster(absl::Seconds(60), {"--config=" + config});
+    cluster_ = new Cluster(kWorld, absl::Seconds(60), {"--config=" + config});
     const absl::Status up = cluster_->StartAll();
     ASSERT_TRUE(up.ok()) << up;
   }
@@ -520,7 +445,7 @@ v1::DeclareTensorsRequest Declaration(int64_t generation, int64_t cols) {
 }
 
 TEST(PeersDeclareTest, ADifferentTensorListIsRefusedNamingBothRanks) {
-  Cluster cluster(absl::Seconds(20));
+  Cluster cluster(kWorld, absl::Seconds(20));
   ASSERT_TRUE(cluster.StartAll().ok());
   auto declare_all = [&](int64_t generation, int64_t rank3_cols) {
     std::vector<absl::StatusOr<v1::DeclareTensorsResponse>> got(
@@ -558,7 +483,7 @@ TEST(PeersDeclareTest, ADifferentTensorListIsRefusedNamingBothRanks) {
 }
 
 TEST(PeersFaultTest, AKilledDaemonIsNamedAndTheNextStepWorksAfterRestart) {
-  Cluster cluster(absl::Seconds(5));
+  Cluster cluster(kWorld, absl::Seconds(5));
   ASSERT_TRUE(cluster.StartAll().ok());
   constexpr int kFew = 5;
   auto runs_for = [&](int64_t step, int ranks) {
@@ -649,7 +574,7 @@ double CollectivesRun(DaemonProcess& daemon) {
 TEST(PeersBatchTest, TwentySameShapeMatricesBatchedMatchUnbatched) {
   constexpr int kMatrices = 20, kBatchSteps = 3;
   constexpr int64_t kRows = 64, kCols = 32;
-  Cluster cluster(absl::Seconds(30));
+  Cluster cluster(kWorld, absl::Seconds(30));
   ASSERT_TRUE(cluster.StartAll().ok());
   std::vector<std::string> names;
   for (int m = 0; m < kMatrices; ++m) {

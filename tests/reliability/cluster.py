@@ -30,12 +30,17 @@ def write_atomic(path: pathlib.Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def read_status_field(pid: int, field: str) -> int:
+    """The first number of a /proc/PID/status line, e.g. VmRSS (in kB)."""
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/{pid}/status has no {field} line")
+
+
 def read_rss_bytes(pid: int) -> int:
     """VmRSS of a process, from /proc/PID/status."""
-    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/{pid}/status has no VmRSS line")
+    return read_status_field(pid, "VmRSS") * 1024
 
 
 def count_fds(pid: int) -> int:
@@ -129,6 +134,9 @@ class Cluster:
 
     def open_fds(self, rank: int) -> int:
         return count_fds(self.pid(rank))
+
+    def threads(self, rank: int) -> int:
+        return read_status_field(self.pid(rank), "Threads")
 
     def logs_tail(self, chars: int = 1500) -> str:
         return "\n".join(

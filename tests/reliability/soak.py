@@ -92,7 +92,8 @@ def progress(work: pathlib.Path) -> list[int]:
 def sample(cluster: cluster_lib.Cluster, step: int, t0: float) -> dict:
     return {"step": step, "seconds": round(time.monotonic() - t0, 1),
             "rss": [cluster.rss_bytes(r) for r in range(WORLD)],
-            "fds": [cluster.open_fds(r) for r in range(WORLD)]}
+            "fds": [cluster.open_fds(r) for r in range(WORLD)],
+            "threads": [cluster.threads(r) for r in range(WORLD)]}
 
 
 def run(args: argparse.Namespace, work: pathlib.Path) -> dict:
@@ -120,7 +121,8 @@ def run(args: argparse.Namespace, work: pathlib.Path) -> dict:
                     samples.append(sample(cluster, done, t0))
                     print(f"step {done}: RSS MB "
                           f"{[round(x / 2**20, 1) for x in samples[-1]['rss']]}, fds "
-                          f"{samples[-1]['fds']}, {samples[-1]['seconds']} s", flush=True)
+                          f"{samples[-1]['fds']}, threads {samples[-1]['threads']}, "
+                          f"{samples[-1]['seconds']} s", flush=True)
                     next_sample = (done // every + 1) * every
                 if stopped_at is None and time.monotonic() - t0 > args.time_limit:
                     stopped_at = max(progress(work)) + 20

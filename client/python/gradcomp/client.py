@@ -98,6 +98,52 @@ def codec_spec(codec: str | None,
     return spec
 
 
+@dataclasses.dataclass(frozen=True)
+class Gossip:
+    """Gossip mode (the daemon's GossipSpec): instead of the average over
+    every worker, a reduce returns this worker's tensor mixed with its
+    neighbours' on `topology` ("ring", "torus", "torus:RxC", "full" or
+    "edges:0-1,1-2:0.25,..."). `rank` 0 mixes exactly (plain gossip);
+    rank r > 0 sends PowerGossip's rank-r factors of the differences on
+    each edge for matrices (1-D tensors always gossip plainly), with
+    `power_steps` power steps per reduce (0 = 1). `diffusion` is the step
+    size gamma (0 = 1.0; the PowerGossip paper's default is 1.308).
+    Every worker of a job must name the same spec."""
+    topology: str = "ring"
+    rank: int = 1
+    power_steps: int = 1
+    diffusion: float = 0.0
+
+    def __post_init__(self):
+        if not self.topology:
+            raise ValueError("Gossip: empty topology; expected ring, torus, "
+                             "torus:RxC, full or edges:...")
+        if self.rank < 0 or self.power_steps < 0 or self.diffusion < 0:
+            raise ValueError(f"Gossip: rank, power_steps and diffusion must be "
+                             f">= 0, got {self.rank}, {self.power_steps}, "
+                             f"{self.diffusion}")
+
+
+def _set_mode(request: gradcomp_pb2.ReduceRequest, gossip: Gossip | None,
+              consensus_distance: float | None) -> None:
+    """Sets a ReduceRequest's mode, gossip spec and client-reported
+    consensus distance (all unset: the global average)."""
+    if gossip is None and consensus_distance is None:
+        return
+    if not hasattr(gradcomp_pb2, "GossipSpec"):
+        raise GradcompError("Reduce", "", grpc.StatusCode.UNIMPLEMENTED,
+                            "these protobuf stubs have no gossip mode: rerun "
+                            "client/python/generate_protos.sh against a proto "
+                            "with ReduceRequest.mode and GossipSpec")
+    if gossip is not None:
+        request.mode = gradcomp_pb2.REDUCE_MODE_GOSSIP
+        request.gossip.CopyFrom(gradcomp_pb2.GossipSpec(
+            topology=gossip.topology, rank=gossip.rank,
+            power_steps=gossip.power_steps, diffusion=gossip.diffusion))
+    if consensus_distance is not None:
+        request.consensus_distance = consensus_distance
+
+
 def _batch_requests(batches: Mapping[str, Sequence[str]] | None,
                     names: Sequence[str]) -> dict[str, gradcomp_pb2.ReduceBatch]:
     """{tensor name: its ReduceBatch} for the tensors of one stream. Every
@@ -235,7 +281,9 @@ class Client:
     @staticmethod
     def _request(array: np.ndarray, name: str, step: int, job: str,
                  spec: gradcomp_pb2.CodecSpec | None, request_id: int = 0,
-                 batch: gradcomp_pb2.ReduceBatch | None = None) -> bytes:
+                 batch: gradcomp_pb2.ReduceBatch | None = None,
+                 gossip: Gossip | None = None,
+                 consensus_distance: float | None = None) -> bytes:
         """A serialized ReduceRequest with `array` inline."""
         header = gradcomp_pb2.ReduceRequest(
             job=job, tensor=name, step=step, dtype=_PB_DTYPE[array.dtype],
@@ -244,6 +292,7 @@ class Client:
             header.codec.CopyFrom(spec)
         if batch is not None:
             header.batch.CopyFrom(batch)
+        _set_mode(header, gossip, consensus_distance)
         return inline_wire.encode_request(header, array)
 
     def _result(self, response: gradcomp_pb2.ReduceResponse, data: memoryview,
@@ -267,14 +316,23 @@ class Client:
     def reduce(self, array: np.ndarray, name: str, step: int,
                codec: str | None = None,
                params: Mapping[str, object] | None = None,
-               job: str = "default") -> tuple[np.ndarray, ReduceStats]:
+               job: str = "default", gossip: Gossip | None = None,
+               consensus_distance: float | None = None
+               ) -> tuple[np.ndarray, ReduceStats]:
         """Averages `array` over the job's workers, compressed with `codec`.
 
         `codec` None lets the daemon's policy choose. Returns the average in
         the input's dtype and shape, and the stats of this reduce.
+
+        With `gossip` (a Gossip spec, the same on every worker) the result is
+        instead `array` mixed with the topology's neighbours' (gossip mode).
+        `consensus_distance`, if given, is reported to the daemon for its
+        metrics (the trainer's own measure of how far the workers' models
+        are apart).
         """
         array = _as_wire_array(array)
-        request = self._request(array, name, step, job, codec_spec(codec, params))
+        request = self._request(array, name, step, job, codec_spec(codec, params),
+                                gossip=gossip, consensus_distance=consensus_distance)
         try:
             response, data = self._reduce(request, timeout=self.timeout)
         except grpc.RpcError as error:
@@ -285,13 +343,16 @@ class Client:
                     step: int, codec: str | None = None,
                     params: Mapping[str, object] | None = None,
                     job: str = "default",
-                    batches: Mapping[str, Sequence[str]] | None = None
+                    batches: Mapping[str, Sequence[str]] | None = None,
+                    gossip: Gossip | None = None,
+                    consensus_distance: float | None = None
                     ) -> dict[str, tuple[np.ndarray, ReduceStats]]:
         """Reduces a bucket of tensors over one ReduceStream.
 
         `batches` {batch id: member names} (members among `tensors`, the same
         on every worker) sends each batch's SUM rounds as one collective
-        (PowerSGD's P and Q of same-shape matrices).
+        (PowerSGD's P and Q of same-shape matrices). `gossip` and
+        `consensus_distance` as in reduce.
 
         Returns {name: (average, stats)} in the order given. If any tensor
         fails, the stream is still drained and GradcompError is raised with
@@ -309,7 +370,8 @@ class Client:
         def requests() -> Iterator[bytes]:
             for i, (name, array) in enumerate(zip(names, arrays)):
                 yield self._request(array, name, step, job, spec, request_id=i,
-                                    batch=batch_of.get(name))
+                                    batch=batch_of.get(name), gossip=gossip,
+                                    consensus_distance=consensus_distance)
 
         results: dict[int, tuple[np.ndarray, ReduceStats]] = {}
         failures: dict[str, tuple[grpc.StatusCode, str]] = {}
@@ -437,7 +499,9 @@ class Client:
     def _shm_request(name: str, step: int, job: str, source: ShmTensor,
                      target: ShmTensor, spec: gradcomp_pb2.CodecSpec | None,
                      request_id: int = 0,
-                     batch: gradcomp_pb2.ReduceBatch | None = None
+                     batch: gradcomp_pb2.ReduceBatch | None = None,
+                     gossip: Gossip | None = None,
+                     consensus_distance: float | None = None
                      ) -> gradcomp_pb2.ReduceRequest:
         if source.shape != target.shape or source.dtype != target.dtype:
             raise ValueError(f"tensor '{name}': output {target.shape} {target.dtype} "
@@ -459,31 +523,40 @@ class Client:
             request.codec.CopyFrom(spec)
         if batch is not None:
             request.batch.CopyFrom(batch)
+        _set_mode(request, gossip, consensus_distance)
         return request
 
     def reduce_shm(self, name: str, step: int, source: ShmTensor,
                    target: ShmTensor, codec: str | None = None,
                    params: Mapping[str, object] | None = None,
-                   job: str = "default") -> ReduceStats:
+                   job: str = "default", gossip: Gossip | None = None,
+                   consensus_distance: float | None = None) -> ReduceStats:
         """Averages the tensor at `source` over the job's workers into
-        `target` (both from ShmRegion.tensor, not overlapping)."""
+        `target` (both from ShmRegion.tensor, not overlapping); `gossip` and
+        `consensus_distance` as in reduce."""
         response = self._shm_call("Reduce", self._shm_request(
-            name, step, job, source, target, codec_spec(codec, params)))
+            name, step, job, source, target, codec_spec(codec, params),
+            gossip=gossip, consensus_distance=consensus_distance))
         return ReduceStats.from_proto(response.stats)
 
     def reduce_many_shm(self, tensors: Mapping[str, tuple[ShmTensor, ShmTensor]],
                         step: int, codec: str | None = None,
                         params: Mapping[str, object] | None = None,
                         job: str = "default",
-                        batches: Mapping[str, Sequence[str]] | None = None
+                        batches: Mapping[str, Sequence[str]] | None = None,
+                        gossip: Gossip | None = None,
+                        consensus_distance: float | None = None
                         ) -> dict[str, ReduceStats]:
         """reduce_shm for a bucket {name: (source, target)} over one
-        ReduceStream; `batches` and failures as in reduce_many."""
+        ReduceStream; `batches`, `gossip`, `consensus_distance` and failures
+        as in reduce_many."""
         names = list(tensors)
         spec = codec_spec(codec, params)
         batch_of = _batch_requests(batches, names)
         requests = [self._shm_request(name, step, job, *tensors[name], spec,
-                                      request_id=i, batch=batch_of.get(name))
+                                      request_id=i, batch=batch_of.get(name),
+                                      gossip=gossip,
+                                      consensus_distance=consensus_distance)
                     for i, name in enumerate(names)]
         stats: dict[str, ReduceStats] = {}
         failures: dict[str, tuple[grpc.StatusCode, str]] = {}

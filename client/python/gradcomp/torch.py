@@ -22,6 +22,14 @@ bucket of each iteration. state_dict()/load_state_dict() carry it together
 with the daemon's codec state (error-feedback residuals, DGC momenta,
 PowerSGD warm starts) through ExportState/ImportState, so a checkpoint
 resumes exactly where training stopped.
+
+Gossip mode (HookState(..., gossip=gradcomp.Gossip("ring", rank=1))) trains
+decentralised, as D-PSGD and PowerGossip do: the hook sends each bucket's
+PARAMETERS, not its gradients, through the daemons' gossip, writes the
+mixed parameters back in place, and hands DDP the bucket's local gradient
+unchanged. The optimizer then applies the local gradient to the mixed
+model: x_i <- sum_j w_ij x_j - lr g_i(x_i). No worker ever holds the
+average; docs/gossip.md ("Training through the hook") says why this way.
 """
 # No `from __future__ import annotations`: DDP checks the hook's annotations
 # against dist.GradBucket and torch.futures.Future by value, not as strings.
@@ -33,7 +41,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import torch
 
-from gradcomp.client import Client
+from gradcomp.client import Client, Gossip
 from gradcomp.errors import GradcompError
 from gradcomp.shm import ShmRegion
 
@@ -61,7 +69,8 @@ class StepStats:
 @dataclasses.dataclass
 class _Tensor:
     name: str
-    grad: np.ndarray   # a view of the bucket's buffer
+    grad: np.ndarray   # a view of the bucket's buffer (gossip: of its copy
+                       # of the parameters, laid out as the buffer)
     offset: int        # its byte offset in the buffer
 
 
@@ -150,6 +159,13 @@ class HookState:
         and Q rounds in one collective per batch instead of one per tensor.
         A tensor counts as PowerSGD when its codec here is "powersgd" or,
         left to the policy, when the daemon used powersgd for it last step.
+      gossip: train decentralised (see the module docstring): each bucket's
+        parameters are mixed with the topology's neighbours' in place and
+        its gradient stays local. None: gradients are averaged.
+
+    In gossip mode, set `consensus_distance` (e.g. after an evaluation) to
+    have every later request report it to the daemon, which exports it as
+    gradcomp_gossip_consensus_distance.
     """
 
     # A batch's members each hold a daemon thread while they wait for each
@@ -159,7 +175,7 @@ class HookState:
     def __init__(self, model: torch.nn.Module, target: str, job: str = "default",
                  codecs: Mapping[str, Codec] | None = None, timeout: float = 120.0,
                  shm: bool | None = None, client: Client | None = None,
-                 batch_same_shape: bool = False):
+                 batch_same_shape: bool = False, gossip: Gossip | None = None):
         module = getattr(model, "module", model)
         self.names = {id(p): name for name, p in module.named_parameters()}
         unknown = sorted(set(codecs or {}) - set(self.names.values()))
@@ -168,6 +184,8 @@ class HookState:
         self.codecs = dict(codecs or {})
         self.job = job
         self.batch_same_shape = batch_same_shape
+        self.gossip = gossip
+        self.consensus_distance: float | None = None
         self.client = client or Client(target, timeout=timeout)
         self.step = 0
         self.stats = StepStats()
@@ -288,7 +306,9 @@ class HookState:
                 batched += sum(map(len, batches.values()))
                 stats.update(self.client.reduce_many_shm(
                     slices, step=step, job=self.job, codec=codec and codec.name,
-                    params=codec and codec.params, batches=batches))
+                    params=codec and codec.params, batches=batches,
+                    gossip=self.gossip,
+                    consensus_distance=self.consensus_distance))
             buffer[...] = out
             del out
         else:
@@ -298,7 +318,8 @@ class HookState:
                 results = self.client.reduce_many(
                     [(t.name, t.grad) for t in group], step=step, job=self.job,
                     codec=codec and codec.name, params=codec and codec.params,
-                    batches=batches)
+                    batches=batches, gossip=self.gossip,
+                    consensus_distance=self.consensus_distance)
                 for t in group:
                     average, stats[t.name] = results[t.name]
                     t.grad[...] = average  # the view writes through to the bucket
@@ -310,10 +331,28 @@ class HookState:
             self.stats.batched += batched
             self.last_codecs.update({name: s.codec for name, s in stats.items()})
 
+    def _mix(self, index: int, buffer: np.ndarray, params: list[torch.Tensor],
+             tensors: list[_Tensor], step: int, last: bool) -> None:
+        """Gossip mode: the bucket's parameters, copied into an array laid
+        out as its gradient buffer, go through the daemon's gossip, and the
+        mixed values are written back into the parameters."""
+        packed = np.empty_like(buffer)
+        views = []
+        for t, param in zip(tensors, params):
+            start = t.offset // packed.itemsize
+            view = packed[start:start + t.grad.size].reshape(t.grad.shape)
+            view[...] = param.numpy()
+            views.append(_Tensor(t.name, view, t.offset))
+        self._reduce(index, packed, views, step, last)
+        for view, param in zip(views, params):
+            param.numpy()[...] = view.grad
+
 
 def hook(state: HookState, bucket: torch.distributed.GradBucket
          ) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook: the bucket averaged over every rank by gradcompd."""
+    """DDP communication hook: the bucket averaged over every rank by
+    gradcompd, or in gossip mode the bucket's parameters mixed with the
+    neighbours' and its local gradient returned unchanged."""
     buffer = bucket.buffer()
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     try:
@@ -324,10 +363,17 @@ def hook(state: HookState, bucket: torch.distributed.GradBucket
     step, last, index = state.step, bucket.is_last(), bucket.index()
     if last:
         state.step += 1
+    # Every gradient of the bucket is computed, so backward no longer reads
+    # these parameters; DDP waits for this future before optimizer.step().
+    params = ([p.detach() for p in bucket.parameters()]
+              if state.gossip is not None else [])
 
     def run() -> None:
         try:
-            state._reduce(index, buffer.numpy(), tensors, step, last)
+            if state.gossip is None:
+                state._reduce(index, buffer.numpy(), tensors, step, last)
+            else:
+                state._mix(index, buffer.numpy(), params, tensors, step, last)
         except Exception as error:  # handed to DDP, which raises it in backward
             future.set_exception(error)
             return

@@ -1,0 +1,145 @@
+// GPU encode throughput of the CUDA kernels (codecs/cuda/kernels.h) on 25M
+// and 100M floats, as a fraction of the device's measured copy bandwidth.
+// Device memory to device memory: the payload's copy to the host is not
+// timed. One JSON object per line on stdout (bench/cuda_torch_reference.py
+// writes the PyTorch formulations in the same form; tools/gpu_test runs both).
+//
+//   cuda_codec_benchmark [n ...]    (default: 25000000 100000000)
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "codecs/cuda/device.h"
+#include "codecs/cuda/kernels.h"
+
+namespace gradcomp::codecs::cuda {
+namespace {
+
+constexpr int kWarmup = 3;
+constexpr int kReps = 20;
+
+void Check(cudaError_t error, const char* what) {
+  if (error != cudaSuccess) {
+    std::fprintf(stderr, "cuda_codec_benchmark: %s: %s\n", what,
+                 cudaGetErrorString(error));
+    std::exit(1);
+  }
+}
+
+// Mean milliseconds of `launch` over kReps, timed with CUDA events.
+double TimeMs(const std::function<cudaError_t()>& launch) {
+  for (int i = 0; i < kWarmup; ++i) Check(launch(), "warm-up launch");
+  cudaEvent_t start, stop;
+  Check(cudaEventCreate(&start), "cudaEventCreate");
+  Check(cudaEventCreate(&stop), "cudaEventCreate");
+  Check(cudaEventRecord(start), "cudaEventRecord");
+  for (int i = 0; i < kReps; ++i) Check(launch(), "launch");
+  Check(cudaEventRecord(stop), "cudaEventRecord");
+  Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+  float ms = 0;
+  Check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms / kReps;
+}
+
+void Report(const char* op, size_t n, double ms, double bytes_moved,
+            double copy_gbps) {
+  const double gbps = bytes_moved / (ms * 1e6);
+  std::printf(
+      "{\"impl\": \"gradcomp-cuda\", \"op\": \"%s\", \"n\": %zu, \"ms\": %.4f, "
+      "\"bytes_moved\": %.0f, \"gbps\": %.1f, \"fraction_of_copy\": %.3f}\n",
+      op, n, ms, bytes_moved, gbps, copy_gbps > 0 ? gbps / copy_gbps : 1.0);
+  std::fflush(stdout);
+}
+
+void Run(size_t n) {
+  std::vector<float> host(n);
+  std::mt19937 gen(42);
+  std::normal_distribution<float> dist(0.0f, 0.01f);
+  for (float& x : host) x = dist(gen);
+  // Large enough for every body: the fp32 copy (4n) is the largest.
+  absl::StatusOr<DeviceBuffer> input = DeviceBuffer::Create(4 * n);
+  absl::StatusOr<DeviceBuffer> output = DeviceBuffer::Create(4 * n + 4096);
+  absl::StatusOr<DeviceBuffer> nonfinite = DeviceBuffer::Create(sizeof(int));
+  if (!input.ok() || !output.ok() || !nonfinite.ok()) {
+    std::fprintf(stderr, "cuda_codec_benchmark: cannot allocate %zu floats\n",
+                 n);
+    std::exit(1);
+  }
+  float* x = input->as<float>();
+  void* out = output->data();
+  int* flag = nonfinite->as<int>();
+  Check(cudaMemcpy(x, host.data(), 4 * n, cudaMemcpyHostToDevice), "upload");
+
+  const double in_bytes = 4.0 * n;
+  const double copy_ms = TimeMs([&] {
+    return cudaMemcpyAsync(out, x, 4 * n, cudaMemcpyDeviceToDevice, nullptr);
+  });
+  const double copy_gbps = 2 * in_bytes / (copy_ms * 1e6);
+  Report("copy", n, copy_ms, 2 * in_bytes, copy_gbps);
+
+  Report("fp16_encode", n,
+         TimeMs([&] { return LaunchFloatToHalf(x, n, 1.0f, out, nullptr); }),
+         in_bytes + 2.0 * n, copy_gbps);
+  Report("bf16_encode", n,
+         TimeMs([&] { return LaunchFloatToBf16(x, n, 1.0f, out, nullptr); }),
+         in_bytes + 2.0 * n, copy_gbps);
+
+  const size_t bucket = 1024;
+  const size_t buckets = (n + bucket - 1) / bucket;
+  const PhiloxWords rng{{5, 0, 77}, {1234, 99}};
+  uint8_t* int8_codes = static_cast<uint8_t*>(out) + 8 * buckets;
+  Report("int8_encode", n, TimeMs([&] {
+           return LaunchInt8Encode(x, n, bucket, nullptr, out, int8_codes, flag,
+                                   nullptr);
+         }),
+         in_bytes + 8.0 * buckets + n, copy_gbps);
+  Report("int8_stochastic_encode", n, TimeMs([&] {
+           return LaunchInt8Encode(x, n, bucket, &rng, out, int8_codes, flag,
+                                   nullptr);
+         }),
+         in_bytes + 8.0 * buckets + n, copy_gbps);
+
+  for (int bits : {2, 4, 8}) {
+    const size_t qbucket = 512;
+    const size_t qbuckets = (n + qbucket - 1) / qbucket;
+    uint8_t* codes = static_cast<uint8_t*>(out) + 4 * qbuckets;
+    const std::string op = "qsgd" + std::to_string(bits) + "_encode";
+    // The input is read twice (norms, then codes).
+    Report(op.c_str(), n, TimeMs([&] {
+             return LaunchQsgdEncode(x, n, qbucket, bits, rng, out, codes, flag,
+                                     nullptr);
+           }),
+           2 * in_bytes + 4.0 * qbuckets + (n * bits + 7) / 8.0, copy_gbps);
+  }
+}
+
+}  // namespace
+}  // namespace gradcomp::codecs::cuda
+
+int main(int argc, char** argv) {
+  const absl::Status gpu = gradcomp::codecs::cuda::CudaDeviceAvailable();
+  if (!gpu.ok()) {
+    std::fprintf(stderr, "cuda_codec_benchmark: %s\n",
+                 std::string(gpu.message()).c_str());
+    return 2;
+  }
+  std::vector<size_t> sizes;
+  for (int i = 1; i < argc; ++i)
+    sizes.push_back(std::strtoull(argv[i], nullptr, 10));
+  if (sizes.empty()) sizes = {25000000, 100000000};
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
+    std::printf("{\"impl\": \"gradcomp-cuda\", \"device\": \"%s\"}\n",
+                prop.name);
+  }
+  for (size_t n : sizes) gradcomp::codecs::cuda::Run(n);
+  return 0;
+}

@@ -1,0 +1,93 @@
+"""PyTorch's own GPU formulations of the codecs, timed like
+bench/cuda_codec_benchmark.cc (CUDA events, 3 warm-up runs, mean of 20), on
+the same sizes and device. One JSON object per line on stdout.
+
+    /usr/bin/python3 bench/cuda_torch_reference.py [n ...]
+
+tools/gpu_test runs it on the GPU machine. Exits 2 when torch sees no GPU.
+"""
+
+import json
+import sys
+from typing import Callable
+
+import torch
+
+WARMUP = 3
+REPS = 20
+
+
+def time_ms(fn: Callable[[], object]) -> float:
+    for _ in range(WARMUP):
+        fn()
+    start = torch.cuda.Event(enable_timing=True)
+    stop = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(REPS):
+        fn()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / REPS
+
+
+def report(op: str, n: int, ms: float, bytes_moved: float, copy_gbps: float) -> None:
+    gbps = bytes_moved / (ms * 1e6)
+    print(json.dumps({"impl": "torch", "op": op, "n": n, "ms": round(ms, 4),
+                      "bytes_moved": bytes_moved, "gbps": round(gbps, 1),
+                      "fraction_of_copy": round(gbps / copy_gbps, 3)}), flush=True)
+
+
+def int8_encode(x: torch.Tensor, bucket: int) -> torch.Tensor:
+    b = x.view(-1, bucket)
+    lo = b.amin(dim=1, keepdim=True)
+    hi = b.amax(dim=1, keepdim=True)
+    inverse = 255.0 / (hi - lo).clamp_min(1e-30)
+    return ((b - lo) * inverse + 0.5).floor().clamp_(0, 255).to(torch.uint8)
+
+
+def qsgd_encode(x: torch.Tensor, bucket: int, bits: int) -> torch.Tensor:
+    levels = (1 << (bits - 1)) - 1
+    b = x.view(-1, bucket)
+    norms = b.norm(dim=1, keepdim=True)
+    level = (b.abs() * (levels / norms) + torch.rand_like(b)).floor_().clamp_(max=levels)
+    # One byte per code: PyTorch has no bit packing; this flatters torch.
+    return (level.to(torch.uint8) | (b < 0).to(torch.uint8) << (bits - 1))
+
+
+def run(n: int) -> None:
+    x = torch.randn(n, device="cuda") * 0.01
+    y = torch.empty_like(x)
+    in_bytes = 4.0 * n
+    copy_ms = time_ms(lambda: y.copy_(x))
+    copy_gbps = 2 * in_bytes / (copy_ms * 1e6)
+    report("copy", n, copy_ms, 2 * in_bytes, copy_gbps)
+    report("fp16_encode", n, time_ms(lambda: x.half()), in_bytes + 2.0 * n, copy_gbps)
+    report("bf16_encode", n, time_ms(lambda: x.bfloat16()), in_bytes + 2.0 * n, copy_gbps)
+    usable = n - n % 1024
+    xb = x[:usable]
+    report("int8_encode", usable, time_ms(lambda: int8_encode(xb, 1024)),
+           4.0 * usable + 8.0 * usable / 1024 + usable, copy_gbps)
+    usable = n - n % 512
+    xq = x[:usable]
+    for bits in (2, 4, 8):
+        report(f"qsgd{bits}_encode", usable, time_ms(lambda: qsgd_encode(xq, 512, bits)),
+               2 * 4.0 * usable + 4.0 * usable / 512 + usable * bits / 8.0, copy_gbps)
+    k = max(1, n // 1000)
+    report("topk_0.001", n, time_ms(lambda: torch.topk(x.abs(), k, sorted=False)),
+           in_bytes + 8.0 * k, copy_gbps)
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("cuda_torch_reference: torch sees no CUDA device", file=sys.stderr)
+        return 2
+    sizes = [int(a) for a in sys.argv[1:]] or [25_000_000, 100_000_000]
+    print(json.dumps({"impl": "torch", "device": torch.cuda.get_device_name(0),
+                      "torch": torch.__version__}), flush=True)
+    for n in sizes:
+        run(n)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+// fp32 -> fp16 / bf16 / scaled fp32 bodies of the dense codecs.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "codecs/cuda/kernels.h"
+
+namespace gradcomp::codecs::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// The NaN rules of codecs/cpu/half.cc: fp16 keeps the top ten payload bits
+// and sets the quiet bit; bf16 sets the quiet bit and truncates. Finite
+// values and infinities round to nearest even, as the hardware does.
+__device__ uint16_t HalfBits(float f) {
+  const uint32_t x = __float_as_uint(f);
+  const uint32_t abs = x & 0x7FFFFFFFu;
+  if (abs > 0x7F800000u) {
+    return static_cast<uint16_t>(((x >> 16) & 0x8000u) | 0x7E00u |
+                                 ((abs >> 13) & 0x3FFu));
+  }
+  return __half_as_ushort(__float2half_rn(f));
+}
+
+__device__ uint16_t Bf16Bits(float f) {
+  const uint32_t x = __float_as_uint(f);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) {
+    return static_cast<uint16_t>((x | 0x00400000u) >> 16);
+  }
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+template <uint16_t (*kConvert)(float)>
+__global__ void To16Kernel(const float* __restrict__ in, size_t n, float scale,
+                           uint16_t* __restrict__ out) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < n; i += stride) {
+    out[i] = kConvert(__fmul_rn(in[i], scale));
+  }
+}
+
+__global__ void ScaleKernel(const float* __restrict__ in, size_t n, float scale,
+                            float* __restrict__ out) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < n; i += stride) {
+    out[i] = __fmul_rn(in[i], scale);
+  }
+}
+
+// Enough blocks to fill the device several times over; the kernels stride.
+unsigned BlocksFor(size_t n) {
+  const size_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 65536 ? (blocks > 0 ? blocks : 1)
+                                              : 65536);
+}
+
+}  // namespace
+
+// `out` is a cudaMalloc'd body buffer (256-byte aligned), not the host
+// payload (whose body follows a 40-byte head), so 16-bit stores are aligned.
+cudaError_t LaunchFloatToHalf(const float* in, size_t n, float scale, void* out,
+                              cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  To16Kernel<HalfBits><<<BlocksFor(n), kThreads, 0, stream>>>(
+      in, n, scale, static_cast<uint16_t*>(out));
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFloatToBf16(const float* in, size_t n, float scale, void* out,
+                              cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  To16Kernel<Bf16Bits><<<BlocksFor(n), kThreads, 0, stream>>>(
+      in, n, scale, static_cast<uint16_t*>(out));
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchScaleFloat(const float* in, size_t n, float scale, void* out,
+                             cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  ScaleKernel<<<BlocksFor(n), kThreads, 0, stream>>>(in, n, scale,
+                                                     static_cast<float*>(out));
+  return cudaGetLastError();
+}
+
+}  // namespace gradcomp::codecs::cuda

@@ -1,0 +1,143 @@
+// The int8 codec's body: per bucket the fp32 (min, max) and one level byte
+// per value, as codecs/cpu/int8.cc computes them.
+#include <cfloat>
+#include <cstddef>
+#include <cstdint>
+
+#include "codecs/cuda/kernels.h"
+#include "codecs/cuda/philox.cuh"
+
+namespace gradcomp::codecs::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+// The CPU scans a bucket in order and keeps the first of equal values, which
+// matters for -0 and +0: ties go to the lower index here too, so the min and
+// max bytes match whatever order the threads meet in.
+struct Extremes {
+  float lo;
+  uint32_t lo_at;
+  float hi;
+  uint32_t hi_at;
+  int bad;  // NaN or Inf seen
+};
+
+__device__ Extremes Combine(Extremes a, Extremes b) {
+  Extremes r = a;
+  if (b.lo < a.lo || (b.lo == a.lo && b.lo_at < a.lo_at)) {
+    r.lo = b.lo;
+    r.lo_at = b.lo_at;
+  }
+  if (b.hi > a.hi || (b.hi == a.hi && b.hi_at < a.hi_at)) {
+    r.hi = b.hi;
+    r.hi_at = b.hi_at;
+  }
+  r.bad = a.bad | b.bad;
+  return r;
+}
+
+__device__ Extremes Shuffled(const Extremes& e, int offset) {
+  constexpr unsigned kAll = 0xFFFFFFFFu;
+  return Extremes{__shfl_down_sync(kAll, e.lo, offset),
+                  __shfl_down_sync(kAll, e.lo_at, offset),
+                  __shfl_down_sync(kAll, e.hi, offset),
+                  __shfl_down_sync(kAll, e.hi_at, offset),
+                  __shfl_down_sync(kAll, e.bad, offset)};
+}
+
+// The block's (min, max, bad) of x[0, len); every thread gets the result.
+__device__ Extremes BlockExtremes(const float* x, size_t len) {
+  __shared__ Extremes warp_results[kWarps];
+  Extremes e{FLT_MAX, UINT32_MAX, -FLT_MAX, UINT32_MAX, 0};
+  for (size_t i = threadIdx.x; i < len; i += blockDim.x) {
+    const float v = x[i];
+    if (!isfinite(v)) {
+      e.bad = 1;
+      continue;
+    }
+    const uint32_t at = static_cast<uint32_t>(i);
+    e = Combine(e, Extremes{v, at, v, at, 0});
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    e = Combine(e, Shuffled(e, offset));
+  }
+  if (threadIdx.x % 32 == 0) warp_results[threadIdx.x / 32] = e;
+  __syncthreads();
+  Extremes all = warp_results[0];
+  for (int w = 1; w < kWarps; ++w) all = Combine(all, warp_results[w]);
+  __syncthreads();  // warp_results is reused by the next bucket
+  return all;
+}
+
+// codecs/cpu/int8.cc ScaleOf: the range in double.
+struct BucketScale {
+  float inverse;
+};
+
+__device__ BucketScale ScaleOf(float lo, float hi) {
+  const double range = static_cast<double>(hi) - static_cast<double>(lo);
+  float inverse = range > 0 ? static_cast<float>(255.0 / range) : 0.0f;
+  if (!isfinite(inverse)) inverse = 0;
+  return BucketScale{inverse};
+}
+
+__global__ void Int8EncodeKernel(const float* __restrict__ x, size_t n,
+                                 size_t bucket, PhiloxWords rng,
+                                 bool stochastic, float* __restrict__ ranges,
+                                 uint8_t* __restrict__ codes, int* nonfinite) {
+  const size_t buckets = (n + bucket - 1) / bucket;
+  for (size_t b = blockIdx.x; b < buckets; b += gridDim.x) {
+    const size_t b0 = b * bucket;
+    const size_t b1 = b0 + bucket < n ? b0 + bucket : n;
+    Extremes e = BlockExtremes(x + b0, b1 - b0);
+    if (e.bad) {
+      e.lo = e.hi = 0;
+      if (threadIdx.x == 0) atomicOr(nonfinite, 1);
+    }
+    if (threadIdx.x == 0) {
+      ranges[2 * b] = e.lo;
+      ranges[2 * b + 1] = e.hi;
+    }
+    const float inverse = ScaleOf(e.lo, e.hi).inverse;
+    const float offset = __fmul_rn(e.lo, inverse);
+    // One thread per group of 8 elements that shares a Philox block.
+    const size_t g0 = b0 / 8;
+    const size_t g1 = (b1 + 7) / 8;
+    for (size_t g = g0 + threadIdx.x; g < g1; g += blockDim.x) {
+      uint32_t words[8];
+      if (stochastic && inverse != 0) PhiloxBlock(rng, g, words);
+      const size_t i0 = 8 * g > b0 ? 8 * g : b0;
+      const size_t i1 = 8 * g + 8 < b1 ? 8 * g + 8 : b1;
+      for (size_t i = i0; i < i1; ++i) {
+        if (inverse == 0) {
+          codes[i] = 0;
+          continue;
+        }
+        const float add = stochastic ? ToUniform(words[i % 8]) : 0.5f;
+        const float level = __fadd_rn(
+            fmaxf(__fsub_rn(__fmul_rn(x[i], inverse), offset), 0.0f), add);
+        codes[i] = static_cast<uint8_t>(fminf(level, 255.0f));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchInt8Encode(const float* x, size_t n, size_t bucket,
+                             const PhiloxWords* rng, void* ranges,
+                             uint8_t* codes, int* nonfinite,
+                             cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const size_t buckets = (n + bucket - 1) / bucket;
+  const unsigned blocks =
+      static_cast<unsigned>(buckets < 65536 ? buckets : 65536);
+  Int8EncodeKernel<<<blocks, kThreads, 0, stream>>>(
+      x, n, bucket, rng != nullptr ? *rng : PhiloxWords{}, rng != nullptr,
+      static_cast<float*>(ranges), codes, nonfinite);
+  return cudaGetLastError();
+}
+
+}  // namespace gradcomp::codecs::cuda

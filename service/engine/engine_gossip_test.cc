@@ -1,0 +1,215 @@
+// The engine's gossip mode: W engines over one in-process group, each
+// reducing on its own thread as W daemons would.
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "codecs/builtin.h"
+#include "codecs/state.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "service/collective/in_process_group.h"
+#include "service/engine/engine.h"
+#include "service/metrics/metrics.h"
+#include "service/metrics/metrics_testing.h"
+
+namespace gradcomp::service {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kWorld = 4;
+
+std::vector<float> Random(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(gen);
+  return v;
+}
+
+std::string Bytes(const std::vector<float>& v) {
+  std::string out(v.size() * sizeof(float), '\0');
+  std::memcpy(out.data(), v.data(), out.size());
+  return out;
+}
+
+std::vector<float> Floats(const std::string& bytes) {
+  std::vector<float> out(bytes.size() / sizeof(float));
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
+class EngineGossipTest : public ::testing::Test {
+ protected:
+  EngineGossipTest() { Restart(); }
+
+  // Every rank's daemon starts again: fresh group, stores and engines.
+  void Restart() {
+    engines_.clear();
+    metrics_.clear();
+    stores_.clear();
+    group_ = std::make_unique<InProcessGroup>(kWorld, absl::Seconds(30));
+    for (int r = 0; r < kWorld; ++r) {
+      stores_.push_back(std::make_unique<codecs::StateStore>());
+      metrics_.push_back(
+          std::make_unique<Metrics>(stores_.back().get(), "test"));
+      engines_.push_back(MakeEngine(r));
+    }
+  }
+
+  std::unique_ptr<Engine> MakeEngine(int r) {
+    EngineOptions options;
+    options.seed = 5;
+    auto engine =
+        Engine::Create(options, codecs::BuiltinCodecs(), stores_[r].get(),
+                       &group_->collective(r), metrics_[r].get(), Policy());
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    return std::move(*engine);
+  }
+
+  ReduceInput Input(const std::string& data, std::vector<int64_t> shape,
+                    int64_t step, const GossipSpec& spec) {
+    ReduceInput in;
+    in.job = "job";
+    in.tensor = "w";
+    in.step = step;
+    in.shape = std::move(shape);
+    in.data = data;
+    in.mode = ReduceMode::kGossip;
+    in.gossip = spec;
+    in.consensus_distance = reported_distance_;
+    return in;
+  }
+
+  // `rounds` gossip reduces of xs[r] on every rank, in place.
+  void Rounds(std::vector<std::vector<float>>& xs, std::vector<int64_t> shape,
+              const GossipSpec& spec, int64_t first, int rounds) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kWorld; ++r) {
+      threads.emplace_back([&, r] {
+        for (int64_t s = first; s < first + rounds; ++s) {
+          const std::string data = Bytes(xs[r]);
+          absl::StatusOr<ReduceOutput> out =
+              engines_[r]->Reduce(Input(data, shape, s, spec));
+          ASSERT_TRUE(out.ok()) << "rank " << r << ": " << out.status();
+          xs[r] = Floats(out->data);
+          last_stats_[r] = out->stats;
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+
+  std::unique_ptr<InProcessGroup> group_;
+  std::vector<std::unique_ptr<codecs::StateStore>> stores_;
+  std::vector<std::unique_ptr<Metrics>> metrics_;
+  std::vector<std::unique_ptr<Engine>> engines_;
+  ReduceStats last_stats_[kWorld];
+  double reported_distance_ = 0;
+};
+
+TEST_F(EngineGossipTest, ExactGossipMixesWithTheRingNeighbours) {
+  std::vector<std::vector<float>> xs;
+  for (int r = 0; r < kWorld; ++r) xs.push_back(Random(12, r));
+  const std::vector<std::vector<float>> before = xs;
+  Rounds(xs, {3, 4}, {"ring"}, 0, 1);
+  for (int r = 0; r < kWorld; ++r) {
+    const int left = (r + kWorld - 1) % kWorld, right = (r + 1) % kWorld;
+    for (size_t i = 0; i < 12; ++i) {
+      const double want =
+          (before[left][i] + before[r][i] + before[right][i]) / 3.0;
+      EXPECT_NEAR(xs[r][i], want, 1e-6) << "rank " << r << " index " << i;
+    }
+    EXPECT_EQ(last_stats_[r].codec, "gossip");
+    // One plain message (32-byte header + 12 floats) to each of 2 neighbours.
+    EXPECT_EQ(last_stats_[r].wire_bytes, 2u * (32 + 12 * 4));
+    EXPECT_EQ(
+        MetricValue(*metrics_[r]->collectable(), "gradcomp_gossip_bytes_total",
+                    {{"peer", std::to_string(right)}}),
+        32 + 12 * 4);
+  }
+}
+
+TEST_F(EngineGossipTest, PowerGossipKeepsTheMeanAndItsEdgesInTheJobState) {
+  const GossipSpec spec{"ring", 2, 2, 1.308};
+  std::vector<std::vector<float>> xs;
+  for (int r = 0; r < kWorld; ++r) xs.push_back(Random(8 * 6, 10 + r));
+  std::vector<double> sum(48, 0.0);
+  for (const auto& x : xs) {
+    for (size_t i = 0; i < x.size(); ++i) sum[i] += x[i];
+  }
+  const double start = ConsensusDistance(xs);
+  Rounds(xs, {8, 6}, spec, 0, 3);
+  EXPECT_EQ(last_stats_[0].codec, "powergossip");
+  for (size_t i = 0; i < 48; ++i) {
+    double s = 0;
+    for (const auto& x : xs) s += x[i];
+    EXPECT_NEAR(s, sum[i], 1e-5) << "index " << i;
+  }
+  EXPECT_LT(ConsensusDistance(xs), 0.9 * start);
+
+  // Every daemon restarts with its exported state: the next rounds are
+  // the ones an uninterrupted run gives, bit for bit.
+  std::vector<std::string> states;
+  for (int r = 0; r < kWorld; ++r) {
+    absl::StatusOr<std::string> state = engines_[r]->ExportState("job");
+    ASSERT_TRUE(state.ok()) << state.status();
+    states.push_back(*state);
+  }
+  EXPECT_THAT(states[2], HasSubstr("gossip.1.q"));
+  std::vector<std::vector<float>> restarted = xs;
+  Rounds(xs, {8, 6}, spec, 3, 2);
+  Restart();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(engines_[r]->ImportState("job", states[r]).ok());
+  }
+  Rounds(restarted, {8, 6}, spec, 3, 2);
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(0, std::memcmp(xs[r].data(), restarted[r].data(),
+                             xs[r].size() * sizeof(float)))
+        << "rank " << r;
+  }
+}
+
+TEST_F(EngineGossipTest, EqualInputsComeBackUnchanged) {
+  const std::vector<float> same = Random(5 * 7, 3);
+  std::vector<std::vector<float>> xs(kWorld, same);
+  Rounds(xs, {5, 7}, {"full", 1, 2}, 0, 2);
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(xs[r], same) << "rank " << r;
+}
+
+TEST_F(EngineGossipTest, ExportsTheReportedConsensusDistance) {
+  std::vector<std::vector<float>> xs(kWorld, Random(6, 1));
+  reported_distance_ = 0.25;
+  Rounds(xs, {6}, {"ring"}, 0, 1);
+  EXPECT_EQ(MetricValue(*metrics_[0]->collectable(),
+                        "gradcomp_gossip_consensus_distance", {{"job", "job"}}),
+            0.25);
+}
+
+TEST_F(EngineGossipTest, RefusesMixedModesBatchesAndBadDistances) {
+  std::vector<std::vector<float>> xs;
+  for (int r = 0; r < kWorld; ++r) xs.push_back(Random(6, r));
+  Rounds(xs, {6}, {"ring"}, 0, 1);
+  const std::string data = Bytes(xs[0]);
+  ReduceInput average = Input(data, {6}, 1, {});
+  average.mode = ReduceMode::kAverage;
+  EXPECT_THAT(engines_[0]->Reduce(average).status().message(),
+              HasSubstr("job 'job' reduces in gossip mode on this daemon"));
+  ReduceInput batched = Input(data, {6}, 1, {"ring"});
+  batched.batch = BatchRequest{"b", {"w"}};
+  EXPECT_THAT(engines_[0]->Reduce(batched).status().message(),
+              HasSubstr("gossip has no SUM rounds to batch"));
+  ReduceInput nan = Input(data, {6}, 1, {"ring"});
+  nan.consensus_distance = -1;
+  EXPECT_THAT(engines_[0]->Reduce(nan).status().message(),
+              HasSubstr("consensus_distance is -1, expected a finite value"));
+}
+
+}  // namespace
+}  // namespace gradcomp::service

@@ -1,0 +1,134 @@
+#include "service/engine/gossip_jobs.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "service/gossip/topology.h"
+
+namespace gradcomp::service {
+
+struct GossipJobs::Job {
+  ReduceMode mode = ReduceMode::kAverage;  // guarded by GossipJobs::mu_
+  absl::Mutex mu;                          // held through the spec check
+  std::string spec ABSL_GUARDED_BY(mu);    // DescribeGossipSpec, once checked
+  std::unique_ptr<GossipNode> node ABSL_GUARDED_BY(mu);
+  int64_t checks ABSL_GUARDED_BY(mu) = 0;  // the check's rendezvous step
+};
+
+std::string DescribeGossipSpec(const GossipSpec& spec) {
+  return absl::StrCat("topology '", spec.topology, "', rank ", spec.rank,
+                      spec.rank == 0 ? " (exact gossip)" : "", ", ",
+                      spec.power_steps == 0 ? 1 : spec.power_steps,
+                      " power step(s), diffusion ",
+                      spec.diffusion == 0 ? 1.0 : spec.diffusion);
+}
+
+absl::StatusOr<GossipOptions> GossipOptionsFromSpec(const GossipSpec& spec) {
+  if (spec.topology.empty()) {
+    return absl::InvalidArgumentError(
+        "gossip mode needs gossip.topology: 'ring', 'torus', 'torus:RxC', "
+        "'full' or 'edges:a-b[:w],...'");
+  }
+  GossipOptions options;
+  options.mode = spec.rank == 0 ? GossipOptions::Mode::kExact
+                                : GossipOptions::Mode::kPowerGossip;
+  if (spec.rank > 0) options.rank = static_cast<int>(spec.rank);
+  if (spec.power_steps > 0) {
+    options.iterations = static_cast<int>(spec.power_steps);
+  }
+  const double diffusion = spec.diffusion == 0 ? 1.0 : spec.diffusion;
+  options.gamma = diffusion;
+  options.exact_gamma = diffusion;
+  if (spec.rank > 1024 || spec.power_steps > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gossip.rank is ", spec.rank, " and gossip.power_steps ",
+                     spec.power_steps,
+                     ", expected rank in [0, 1024] and power_steps in "
+                     "[0, 64]"));
+  }
+  absl::Status valid = ValidateGossipOptions(options);
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gossip.diffusion is ", diffusion,
+                     ", expected a step size in (0, 2]: ", valid.message()));
+  }
+  return options;
+}
+
+GossipJobs::GossipJobs(Collective* collective, uint64_t seed)
+    : collective_(collective), seed_(seed) {}
+
+GossipJobs::~GossipJobs() = default;
+
+absl::Status GossipJobs::CheckAverage(absl::string_view job) {
+  absl::MutexLock lock(&mu_);
+  std::shared_ptr<Job>& entry = jobs_[job];
+  if (entry == nullptr) entry = std::make_shared<Job>();
+  if (entry->mode == ReduceMode::kGossip) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job '", job,
+        "' reduces in gossip mode on this daemon; a request in average mode "
+        "was refused (a job's mode must be the same in every request)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GossipNode*> GossipJobs::Node(absl::string_view job,
+                                             const GossipSpec& spec) {
+  GC_ASSIGN_OR_RETURN(const GossipOptions options, GossipOptionsFromSpec(spec));
+  const std::string described = DescribeGossipSpec(spec);
+  std::shared_ptr<Job> entry;
+  {
+    absl::MutexLock lock(&mu_);
+    std::shared_ptr<Job>& slot = jobs_[job];
+    if (slot == nullptr) {
+      slot = std::make_shared<Job>();
+      slot->mode = ReduceMode::kGossip;
+    }
+    if (slot->mode != ReduceMode::kGossip) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job '", job,
+          "' reduces in average mode on this daemon; a request in gossip mode "
+          "was refused (a job's mode must be the same in every request)"));
+    }
+    entry = slot;
+  }
+  absl::MutexLock lock(&entry->mu);
+  if (entry->node != nullptr) {
+    if (entry->spec != described) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job '", job, "' gossips with ", entry->spec,
+          " on this daemon, but this request names ", described,
+          " (a job's gossip spec must be the same in every request)"));
+    }
+    return entry->node.get();
+  }
+  GC_ASSIGN_OR_RETURN(
+      std::vector<codecs::Bytes> specs,
+      collective_->Allgather(
+          {std::string(job), std::string(kGossipSpecKey), entry->checks++, 0},
+          described));
+  const int me = collective_->rank();
+  for (size_t r = 0; r < specs.size(); ++r) {
+    if (specs[r] != described) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job '", job, "': ranks disagree on the gossip spec: rank ", me,
+          " has ", described, ", rank ", r, " has ", specs[r]));
+    }
+  }
+  absl::StatusOr<Topology> topology =
+      Topology::Parse(spec.topology, collective_->world_size());
+  if (!topology.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job '", job, "': gossip topology '", spec.topology, "' for ",
+        collective_->world_size(), " workers: ", topology.status().message()));
+  }
+  entry->node =
+      std::make_unique<GossipNode>(*std::move(topology), me, options, seed_);
+  entry->spec = described;
+  return entry->node.get();
+}
+
+}  // namespace gradcomp::service

@@ -1,0 +1,84 @@
+// The gossip reduce mode's per-job settings: which jobs gossip, on which
+// topology and with which PowerGossip options, and the GossipNode that runs
+// their rounds. A job's first gossip request on each rank meets the other
+// ranks (an allgather of the spec, key '#gossip-spec') so that a rank that
+// names another topology or rank is refused, naming both, before any tensor
+// is mixed; a job's mode and spec must then stay the same on this rank.
+//
+//   GossipJobs jobs(&collective, seed);
+//   GC_ASSIGN_OR_RETURN(GossipNode* node, jobs.Node("job", spec));
+//   GC_RETURN_IF_ERROR(jobs.CheckAverage("other-job"));
+#ifndef GRADCOMP_SERVICE_ENGINE_GOSSIP_JOBS_H_
+#define GRADCOMP_SERVICE_ENGINE_GOSSIP_JOBS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "service/collective/collective.h"
+#include "service/gossip/power_gossip.h"
+
+namespace gradcomp::service {
+
+// The rendezvous name of the spec check; '#' cannot appear in a client's
+// tensor names.
+inline constexpr absl::string_view kGossipSpecKey = "#gossip-spec";
+
+enum class ReduceMode { kAverage, kGossip };
+
+// gradcomp.proto GossipSpec, zeros meaning the defaults.
+struct GossipSpec {
+  std::string topology;      // Topology::Parse's spec
+  uint32_t rank = 0;         // 0: plain (exact) gossip
+  uint32_t power_steps = 0;  // 0: 1
+  double diffusion = 0;      // 0: 1.0
+};
+
+// "topology 'ring', rank 1, 1 power step(s), diffusion 1" with defaults
+// filled in: what errors name and ranks compare.
+std::string DescribeGossipSpec(const GossipSpec& spec);
+
+// The GossipOptions `spec` asks for; InvalidArgument naming the field out
+// of range.
+absl::StatusOr<GossipOptions> GossipOptionsFromSpec(const GossipSpec& spec);
+
+class GossipJobs {
+ public:
+  // `collective` must outlive this; `seed` keys the edges' Philox streams
+  // and must be the same on every rank.
+  GossipJobs(Collective* collective, uint64_t seed);
+  ~GossipJobs();
+
+  // The node of gossip job `job`. The job's first call checks `spec` with
+  // every rank (the collective's errors and deadline apply; a failed check
+  // is tried again by the next call) and builds its topology for the
+  // collective's world size; later calls must name the same spec.
+  // InvalidArgument when ranks or requests disagree, when the job reduces
+  // in average mode on this rank, or when the topology does not fit.
+  absl::StatusOr<GossipNode*> Node(absl::string_view job,
+                                   const GossipSpec& spec)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Records that `job` reduces in average mode; InvalidArgument when it
+  // gossips on this rank.
+  absl::Status CheckAverage(absl::string_view job) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Job;
+
+  Collective* const collective_;
+  const uint64_t seed_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gradcomp::service
+
+#endif  // GRADCOMP_SERVICE_ENGINE_GOSSIP_JOBS_H_

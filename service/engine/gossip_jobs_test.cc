@@ -1,0 +1,123 @@
+#include "service/engine/gossip_jobs.h"
+
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "service/collective/in_process_group.h"
+
+namespace gradcomp::service {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Node(job, specs[r]) on every rank r of an in-process group at once.
+std::vector<absl::StatusOr<GossipNode*>> NodeOnEveryRank(
+    std::vector<std::unique_ptr<GossipJobs>>& jobs, const std::string& job,
+    const std::vector<GossipSpec>& specs) {
+  std::vector<absl::StatusOr<GossipNode*>> got(jobs.size(),
+                                               absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < jobs.size(); ++r) {
+    threads.emplace_back([&, r] { got[r] = jobs[r]->Node(job, specs[r]); });
+  }
+  for (std::thread& t : threads) t.join();
+  return got;
+}
+
+class GossipJobsTest : public ::testing::Test {
+ protected:
+  explicit GossipJobsTest(int world = 4) : group_(world, absl::Seconds(10)) {
+    for (int r = 0; r < world; ++r) {
+      jobs_.push_back(std::make_unique<GossipJobs>(&group_.collective(r), 7));
+    }
+  }
+  InProcessGroup group_;
+  std::vector<std::unique_ptr<GossipJobs>> jobs_;
+};
+
+TEST(GossipSpecTest, DefaultsAndRanges) {
+  absl::StatusOr<GossipOptions> exact = GossipOptionsFromSpec({"ring"});
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  EXPECT_EQ(exact->mode, GossipOptions::Mode::kExact);
+  EXPECT_EQ(exact->iterations, 1);
+  EXPECT_EQ(exact->exact_gamma, 1.0);
+  absl::StatusOr<GossipOptions> power =
+      GossipOptionsFromSpec({"torus", 2, 3, 1.308});
+  ASSERT_TRUE(power.ok()) << power.status();
+  EXPECT_EQ(power->mode, GossipOptions::Mode::kPowerGossip);
+  EXPECT_EQ(power->rank, 2);
+  EXPECT_EQ(power->iterations, 3);
+  EXPECT_EQ(power->gamma, 1.308);
+  EXPECT_EQ(DescribeGossipSpec({"ring"}),
+            "topology 'ring', rank 0 (exact gossip), 1 power step(s), "
+            "diffusion 1");
+  EXPECT_THAT(GossipOptionsFromSpec({}).status().message(),
+              HasSubstr("gossip mode needs gossip.topology"));
+  EXPECT_THAT(GossipOptionsFromSpec({"ring", 1, 1, 2.5}).status().message(),
+              HasSubstr("gossip.diffusion is 2.5, expected a step size in "
+                        "(0, 2]"));
+  EXPECT_THAT(GossipOptionsFromSpec({"ring", 2000}).status().message(),
+              HasSubstr("gossip.rank is 2000"));
+}
+
+TEST_F(GossipJobsTest, RanksThatAgreeGetOneNodePerJob) {
+  const GossipSpec ring{"ring", 1};
+  auto got = NodeOnEveryRank(jobs_, "job", std::vector<GossipSpec>(4, ring));
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(got[r].ok()) << got[r].status();
+    EXPECT_EQ((*got[r])->topology().neighbours(r).size(), 2u);
+  }
+  // Later calls return the same node without meeting the other ranks.
+  absl::StatusOr<GossipNode*> again = jobs_[2]->Node("job", ring);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *got[2]);
+}
+
+TEST_F(GossipJobsTest, RanksThatDisagreeAreRefusedNamingBoth) {
+  std::vector<GossipSpec> specs(4, GossipSpec{"ring", 1});
+  specs[3].topology = "full";
+  auto got = NodeOnEveryRank(jobs_, "job", specs);
+  EXPECT_EQ(got[0].status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(got[0].status().message(),
+              HasSubstr("job 'job': ranks disagree on the gossip spec: rank 0 "
+                        "has topology 'ring', rank 1, 1 power step(s), "
+                        "diffusion 1, rank 3 has topology 'full'"));
+  EXPECT_THAT(got[3].status().message(),
+              HasSubstr("rank 3 has topology 'full', rank 1, 1 power step(s), "
+                        "diffusion 1, rank 0 has topology 'ring'"));
+  // Once all agree, the next check passes.
+  got = NodeOnEveryRank(jobs_, "job",
+                        std::vector<GossipSpec>(4, GossipSpec{"full", 1}));
+  for (int r = 0; r < 4; ++r) EXPECT_TRUE(got[r].ok()) << got[r].status();
+}
+
+TEST_F(GossipJobsTest, ATopologyThatDoesNotFitTheWorldIsRefused) {
+  auto got =
+      NodeOnEveryRank(jobs_, "job", std::vector<GossipSpec>(4, {"torus:3x3"}));
+  EXPECT_EQ(got[1].status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(got[1].status().message(),
+              HasSubstr("job 'job': gossip topology 'torus:3x3' for 4 "
+                        "workers: "));
+}
+
+TEST_F(GossipJobsTest, AJobKeepsItsModeAndSpec) {
+  auto got =
+      NodeOnEveryRank(jobs_, "job", std::vector<GossipSpec>(4, {"ring", 1}));
+  ASSERT_TRUE(got[0].ok()) << got[0].status();
+  EXPECT_THAT(jobs_[0]->Node("job", {"ring", 2}).status().message(),
+              HasSubstr("job 'job' gossips with topology 'ring', rank 1, 1 "
+                        "power step(s), diffusion 1 on this daemon, but this "
+                        "request names topology 'ring', rank 2"));
+  EXPECT_THAT(jobs_[0]->CheckAverage("job").message(),
+              HasSubstr("job 'job' reduces in gossip mode on this daemon; a "
+                        "request in average mode was refused"));
+  EXPECT_TRUE(jobs_[0]->CheckAverage("other").ok());
+  EXPECT_THAT(jobs_[0]->Node("other", {"ring"}).status().message(),
+              HasSubstr("job 'other' reduces in average mode on this daemon"));
+}
+
+}  // namespace
+}  // namespace gradcomp::service
