@@ -82,6 +82,7 @@ class CudaDense : public CudaCodec {
                header, absl::string_view(params, sizeof(params)),
                n * ElemTypeBytes(type),
                [&](void* body, int*) {
+                 if (n == 0) return cudaSuccess;
                  switch (type) {
                    case ElemType::kF16:
                      return LaunchFloatToHalf(grad, n, scale, body, nullptr);
@@ -89,6 +90,12 @@ class CudaDense : public CudaCodec {
                      return LaunchFloatToBf16(grad, n, scale, body, nullptr);
                    case ElemType::kF32:
                      break;
+                 }
+                 // The CPU copies an unscaled fp32 body (NaN payloads and
+                 // all) rather than multiplying it by 1.
+                 if (divisor == 1) {
+                   return cudaMemcpyAsync(body, grad, 4 * n,
+                                          cudaMemcpyDeviceToDevice, nullptr);
                  }
                  return LaunchScaleFloat(grad, n, scale, body, nullptr);
                },

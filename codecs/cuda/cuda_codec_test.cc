@@ -146,8 +146,11 @@ TEST_F(CudaCodecTest, HalfSpecialValuesMatchCpu) {
     v.push_back(f);
     v.push_back(-f);
   }
-  for (const char* name : {"fp16", "bf16"}) {
-    ExpectSameBytes(name, CodecParams(), v, Context(0));
+  for (const char* name : {"none", "fp16", "bf16"}) {
+    for (const char* prescale : {"false", "true"}) {
+      ExpectSameBytes(name, CodecParams({{"prescale", prescale}}), v,
+                      Context(0));
+    }
   }
 }
 

@@ -29,7 +29,7 @@ absl::Status CudaDeviceAvailable() {
     if (error != cudaSuccess) {
       return new absl::Status(absl::UnavailableError(absl::StrFormat(
           "no usable CUDA device: cudaGetDeviceCount failed: %s (%s); "
-          "expected a GPU and a driver, running on CPU",
+          "expected a GPU and its driver",
           cudaGetErrorString(error), cudaGetErrorName(error))));
     }
     if (count < 1) {

@@ -33,13 +33,21 @@ __device__ uint16_t Bf16Bits(float f) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
 
+// in * scale as the x86 build computes it: the GPU returns its canonical
+// NaN for NaN * scale, x86 returns the NaN operand with the quiet bit set,
+// and the payload bits reach the 16-bit result.
+__device__ float ScaleLikeX86(float in, float scale) {
+  if (isnan(in)) return __uint_as_float(__float_as_uint(in) | 0x00400000u);
+  return __fmul_rn(in, scale);
+}
+
 template <uint16_t (*kConvert)(float)>
 __global__ void To16Kernel(const float* __restrict__ in, size_t n, float scale,
                            uint16_t* __restrict__ out) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        i < n; i += stride) {
-    out[i] = kConvert(__fmul_rn(in[i], scale));
+    out[i] = kConvert(ScaleLikeX86(in[i], scale));
   }
 }
 
@@ -48,7 +56,7 @@ __global__ void ScaleKernel(const float* __restrict__ in, size_t n, float scale,
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        i < n; i += stride) {
-    out[i] = __fmul_rn(in[i], scale);
+    out[i] = ScaleLikeX86(in[i], scale);
   }
 }
 

@@ -29,7 +29,8 @@ cudaError_t LaunchFloatToHalf(const float* in, size_t n, float scale, void* out,
                               cudaStream_t stream);
 cudaError_t LaunchFloatToBf16(const float* in, size_t n, float scale, void* out,
                               cudaStream_t stream);
-// out[i] = in[i] * scale in fp32; out holds 4 * n bytes.
+// out[i] = in[i] * scale in fp32; out holds 4 * n bytes. (With scale 1 the
+// CPU copies, keeping signalling NaNs as they are: copy instead.)
 cudaError_t LaunchScaleFloat(const float* in, size_t n, float scale, void* out,
                              cudaStream_t stream);
 

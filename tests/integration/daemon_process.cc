@@ -103,6 +103,10 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
     GC_ASSIGN_OR_RETURN(const int metrics_port, FreePort());
     const std::string log_path = absl::StrCat(tmp != nullptr ? tmp : "/tmp",
                                               "/gradcompd-", port, ".log");
+    std::string target = absl::StrCat("127.0.0.1:", port);
+    for (const std::string& arg : extra_args) {
+      if (absl::StartsWith(arg, "--listen=")) target = arg.substr(9);
+    }
     std::vector<std::string> args = {
         binary, absl::StrCat("--listen=127.0.0.1:", port),
         absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port),
@@ -126,7 +130,7 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
       _exit(127);
     }
     std::unique_ptr<DaemonProcess> daemon(
-        new DaemonProcess(pid, port, metrics_port, log_path));
+        new DaemonProcess(pid, target, metrics_port, log_path));
     last = daemon->WaitServing(timeout);
     if (last.ok()) return daemon;
     if (daemon->Running()) return last;  // up but not answering: no retry

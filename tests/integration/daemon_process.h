@@ -33,6 +33,9 @@ class DaemonProcess {
   // Starts `binary` with --listen, --metrics_listen and --world_size=1 on
   // free ports, then `extra_args`; returns once GetInfo answers. Retries
   // with new ports if the process exits early (a port taken meanwhile).
+  // A --listen in `extra_args` (e.g. unix:/path) replaces the TCP one and
+  // becomes target(). The readiness check's client sends $GRADCOMP_TOKEN
+  // if set (for a daemon started with --client_token_file).
   static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(
       const std::string& binary, const std::vector<std::string>& extra_args,
       absl::Duration timeout = absl::Seconds(30));
@@ -41,7 +44,7 @@ class DaemonProcess {
   DaemonProcess(const DaemonProcess&) = delete;
   DaemonProcess& operator=(const DaemonProcess&) = delete;
 
-  std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::string target() const { return target_; }
   int metrics_port() const { return metrics_port_; }
   pid_t pid() const { return pid_; }
   // False once the process has exited (reaping it).
@@ -55,16 +58,17 @@ class DaemonProcess {
   void Kill();
 
  private:
-  DaemonProcess(pid_t pid, int port, int metrics_port, std::string log_path)
+  DaemonProcess(pid_t pid, std::string target, int metrics_port,
+                std::string log_path)
       : pid_(pid),
-        port_(port),
+        target_(std::move(target)),
         metrics_port_(metrics_port),
         log_path_(std::move(log_path)) {}
 
   absl::Status WaitServing(absl::Duration timeout);
 
   pid_t pid_;
-  int port_;
+  std::string target_;
   int metrics_port_;
   std::string log_path_;
   int exit_status_ = 0;

@@ -13,17 +13,13 @@ Skipped without torch (table.py imports the training module), matplotlib
 or scipy.
 """
 import argparse
+import importlib.util
 import pathlib
 import sys
 import tempfile
 import unittest
 
-try:
-    import matplotlib  # noqa: F401
-    import scipy  # noqa: F401
-    import torch  # noqa: F401
-except ImportError:
-    torch = None
+_HAVE_DEPS = all(importlib.util.find_spec(m) for m in ("matplotlib", "scipy", "torch"))
 
 _EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "examples" / "fashion_mnist"
 
@@ -52,7 +48,7 @@ def _document(finals: dict[str, list[float]], seeds: list[int]) -> dict:
     }
 
 
-@unittest.skipIf(torch is None, "needs torch, matplotlib and scipy")
+@unittest.skipUnless(_HAVE_DEPS, "needs torch, matplotlib and scipy")
 class ConvergencePageTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
