@@ -8,7 +8,7 @@
 // (ReduceStats.wire_bytes: the gossip messages each daemon sent). The
 // Choco top-k baseline exists only in bench/gossip_consensus.cc.
 //
-//   bazel build -c opt //service:gradcompd //bench:gossip_consensus_daemons
+//   bazel build //service:gradcompd //bench:gossip_consensus_daemons
 //   GRADCOMPD=$PWD/bazel-bin/service/gradcompd \
 //       bazel-bin/bench/gossip_consensus_daemons /tmp/consensus_daemons.csv
 #include <algorithm>

@@ -1,9 +1,11 @@
 """Plots bench/gossip_consensus.cc's CSV: consensus distance against bytes
 sent per worker, one panel per topology, and prints the bytes each method
-needs to reach a few distances (the table in docs/gossip.md).
+needs to reach a few distances (the table in docs/gossip.md). A third
+argument, bench/gossip_consensus_daemons.cc's CSV (the same runs through 8
+real daemons), adds those runs as markers and rows marked "(8 daemons)".
 
     /usr/bin/python3 bench/plot_gossip_consensus.py consensus.csv \
-        docs/gossip_consensus.png
+        docs/gossip_consensus.png [consensus_daemons.csv]
 """
 import csv
 import sys
@@ -37,11 +39,18 @@ def bytes_to(points: List[Tuple[float, float]], level: float) -> float:
 
 def main(argv: List[str]) -> int:
     runs = load(argv[1])
+    if len(argv) > 3:
+        for topology, methods in load(argv[3]).items():
+            for method, points in methods.items():
+                runs[topology][f"{method} (8 daemons)"] = points
     fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4.2))
     for ax, (topology, methods) in zip(axes, sorted(runs.items())):
         for method, points in sorted(methods.items()):
+            daemons = method.endswith("(8 daemons)")
             ax.loglog([max(b, 1.0) for b, _ in points],
-                      [d for _, d in points], label=method)
+                      [d for _, d in points], label=method,
+                      linestyle="none" if daemons else "-",
+                      marker="." if daemons else None, markersize=3)
         ax.set_title(f"W = 8, {topology}, 64 x 64 random matrices")
         ax.set_xlabel("bytes sent per worker")
         ax.set_ylabel("consensus distance / initial")

@@ -28,6 +28,7 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
@@ -76,6 +77,9 @@ ABSL_FLAG(std::string, health_listen, "",
 ABSL_FLAG(std::string, shm_prefix, gradcomp::service::kDefaultShmPrefix,
           "Shared-memory objects a client may register must be named with "
           "this prefix (the gradcomp helpers use /gradcomp.).");
+ABSL_FLAG(std::vector<std::string>, shm_owner_uids, {},
+          "Uids, besides the daemon's own, whose shared-memory objects a "
+          "client may register (comma-separated); others are refused.");
 ABSL_FLAG(std::string, metrics_listen, gradcomp::service::kDefaultMetricsListen,
           "Prometheus /metrics address (host:port); empty turns metrics off.");
 ABSL_FLAG(std::string, config, "",
@@ -350,7 +354,8 @@ absl::Status Run(const std::set<std::string>& named_flags) {
   // A stream's tensors each hold a worker while their collective waits for
   // the other ranks, which may reach them in another order: with peers the
   // pool must hold a whole bucket, or ranks wait on each other until the
-  // deadline.
+  // deadline. Threads start on demand (WorkerPool), so this is a cap: a
+  // daemon runs as many as its peak of concurrent tensors.
   const int workers =
       world_size > 1
           ? 256
@@ -360,6 +365,14 @@ absl::Status Run(const std::set<std::string>& named_flags) {
   if (config->allow_client_shm()) {
     SharedMemoryOptions shm_options;
     shm_options.key_prefix = absl::GetFlag(FLAGS_shm_prefix);
+    for (const std::string& uid : absl::GetFlag(FLAGS_shm_owner_uids)) {
+      uint32_t parsed = 0;
+      if (!absl::SimpleAtoi(uid, &parsed)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--shm_owner_uids has '", uid, "', expected numeric uids"));
+      }
+      shm_options.owner_uids.push_back(parsed);
+    }
     shm = std::make_unique<SharedMemoryRegistry>(shm_options, &metrics);
   }
   GradcompService service(engine.get(), &metrics, workers, Settings(*config),

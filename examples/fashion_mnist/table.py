@@ -97,9 +97,9 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def _points(values: list[float]) -> str:
-    """Accuracies as points, mean ± std."""
+    """Accuracies as points, mean ± std (no std for one value)."""
     mean, std = _mean_std([100 * v for v in values])
-    return f"{mean:.2f} ± {std:.2f}"
+    return f"{mean:.2f} ± {std:.2f}" if len(values) > 1 else f"{mean:.2f}"
 
 
 def _finals(run: dict) -> list[float]:
@@ -134,8 +134,8 @@ def _powersgd_verdict(runs: dict) -> list[str]:
     pairs = [(seed, ours, theirs_by_seed[seed])
              for seed, ours in zip(ours_run["seeds"], _finals(ours_run))
              if seed in theirs_by_seed]
-    ours_mean, ours_std = _mean_std([100 * o for _, o, _ in pairs])
-    theirs_mean, theirs_std = _mean_std([100 * t for _, _, t in pairs])
+    ours_std = _mean_std([100 * o for _, o, _ in pairs])[1]
+    theirs_std = _mean_std([100 * t for _, _, t in pairs])[1]
     diffs = [100 * (o - t) for _, o, t in pairs]
     diff_mean, diff_std = _mean_std(diffs)
     spread = max(ours_std, theirs_std)
@@ -167,8 +167,8 @@ def _powersgd_verdict(runs: dict) -> list[str]:
                    f"{size}: below 0, so gradcomp is worse beyond the noise "
                    f"of {n} seeds, target missed")
     text = (f"PowerSGD rank 2 over {len(pairs)} seed(s): gradcomp "
-            f"{ours_mean:.2f} ± {ours_std:.2f} % against PyTorch's "
-            f"powerSGD_hook {theirs_mean:.2f} ± {theirs_std:.2f} %; "
+            f"{_points([o for _, o, _ in pairs])} % against PyTorch's "
+            f"powerSGD_hook {_points([t for _, _, t in pairs])} %; "
             f"gradcomp minus PyTorch, seed by seed: "
             f"{', '.join(f'{d:+.2f}' for d in diffs)} "
             f"(mean {diff_mean:+.2f} ± {diff_std:.2f}): {verdict}.")
@@ -194,6 +194,11 @@ def _same_seeds(results: dict) -> tuple[list[dict], list[int], str]:
     note = (f"Left out so that every row has the same seeds (the run ended "
             f"before the other rows of that seed): {', '.join(extra)}."
             if extra else "")
+    unfinished = [str(s) for s in results["seeds"] if s not in seeds]
+    if unfinished:
+        note = (f"The run ended before every row had seed(s) "
+                f"{', '.join(unfinished)}: this page reports seed(s) "
+                f"{', '.join(map(str, seeds))} only. " + note)
     return kept, seeds, note
 
 
@@ -218,8 +223,9 @@ def write_page(results: dict, out_md: pathlib.Path, out_png: pathlib.Path) -> No
                             color=line.get_color(), alpha=0.12, linewidth=0)
     ax.set_xlabel("epoch")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"Fashion-MNIST, W = {results['workers']}: mean over "
-                 f"{len(seeds)} seed(s) (band: lowest to highest seed)")
+    ax.set_title(f"Fashion-MNIST, W = {results['workers']}: " + (
+        f"mean over {len(seeds)} seeds (band: lowest to highest)"
+        if len(seeds) > 1 else f"seed {seeds[0]}"))
     ax.set_xticks(range(1, epochs + 1))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -315,15 +321,14 @@ def write_page(results: dict, out_md: pathlib.Path, out_png: pathlib.Path) -> No
         "",
         *_powersgd_verdict(by_label),
         "",
-        *textwrap.wrap(
+        *(textwrap.wrap(
             f"The scale of the noise: dense DDP's final accuracy has a "
             f"standard deviation of "
             f"{_mean_std([100 * f for f in dense_finals.values()])[1]:.2f} "
             f"points over the seeds"
             + (f", gradcomp none's (the same average as dense up to the "
                f"order of fp32 additions) {none_std:.2f}" if none_std is not None
-               else "") + ".", width=76),
-        "",
+               else "") + ".", width=76) + [""] if len(seeds) > 1 else []),
         "![test accuracy against epoch, every row: mean over the seeds](convergence.png)",
         "",
         "## Each row's settings",
@@ -431,25 +436,33 @@ def main() -> int:
     p.add_argument("--png", default=str(REPO / "docs/convergence.png"))
     p.add_argument("--plot_only", action="store_true",
                    help="redraw the page from --json without training")
+    p.add_argument("--rows", default="",
+                   help="train only the rows whose label holds one of these "
+                        "comma-separated words (e.g. 'powersgd,powerSGD'); "
+                        "writes --json and prints the PowerSGD comparison, "
+                        "not the page, which needs every row")
     args = p.parse_args()
+    words = [w for w in args.rows.split(",") if w]
     json_path = pathlib.Path(args.json)
     if not args.plot_only:
         x_train, _ = train.load_split("train")
         base = train.RunSpec(workers=args.workers, epochs=args.epochs)
         steps_per_epoch = len(x_train) // (base.batch_size * args.workers)
         start = time.monotonic()
+        selected = [row for row in rows(steps_per_epoch)
+                    if not words or any(w in row[0] for w in words)]
         runs = [{"label": label, "settings": settings,
                  "spec": {k: v for k, v in dataclasses.asdict(
                      dataclasses.replace(spec, workers=args.workers,
                                          epochs=args.epochs)).items()
                           if k not in ("hook_wrapper", "seed")},
                  "seeds": [], "results": []}
-                for label, spec, settings in rows(steps_per_epoch)]
+                for label, spec, settings in selected]
         json_path.parent.mkdir(parents=True, exist_ok=True)
         # Seed by seed, every row within a seed: a run cut short leaves whole
         # seeds, every row with the same number of them.
         for seed in args.seeds:
-            for run, (label, spec, _) in zip(runs, rows(steps_per_epoch)):
+            for run, (label, spec, _) in zip(runs, selected):
                 spec = dataclasses.replace(spec, workers=args.workers,
                                            epochs=args.epochs, seed=seed)
                 print(f"== {label}, seed {seed}", flush=True)
@@ -469,6 +482,12 @@ def main() -> int:
                         "%Y-%m-%d %H:%M UTC"),
                     "wall_minutes": (time.monotonic() - start) / 60,
                 }, indent=1))
+    if words:
+        results = json.loads(json_path.read_text())
+        print("\n".join(_powersgd_verdict(
+            {run["label"]: run for run in results["rows"]})))
+        print(f"wrote {args.json}")
+        return 0
     write_page(json.loads(json_path.read_text()), pathlib.Path(args.md),
                pathlib.Path(args.png))
     print(f"wrote {args.md} and {args.png}")

@@ -108,6 +108,15 @@ MappedRegion::~MappedRegion() {
   close(fd_);
 }
 
+absl::StatusOr<uid_t> MappedRegion::OwnerUid() const {
+  struct stat st;
+  if (fstat(fd_, &st) != 0) {
+    return absl::InternalError(
+        absl::StrCat("fstat of shared memory '", key_, "': ", Errno(errno)));
+  }
+  return st.st_uid;
+}
+
 absl::StatusOr<bool> MappedRegion::CreatorAlive() const {
   // A shared lock held by anyone else makes an exclusive try fail; once it
   // succeeds nobody holds one, and it is released at once.

@@ -13,6 +13,8 @@
 #ifndef GRADCOMP_SERVICE_MEMORY_MAPPED_REGION_H_
 #define GRADCOMP_SERVICE_MEMORY_MAPPED_REGION_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -42,6 +44,10 @@ class MappedRegion {
   // The registered range [offset, offset + byte_size) of the object.
   absl::Span<char> bytes() const { return bytes_; }
   const std::string& key() const { return key_; }
+
+  // The uid that owns the object (fstat of the mapped descriptor, so the
+  // object checked is the one mapped, whatever the name points at now).
+  absl::StatusOr<uid_t> OwnerUid() const;
 
   // True while some process other than this daemon holds a flock on the
   // object: its creator is still there.

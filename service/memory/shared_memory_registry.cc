@@ -1,7 +1,10 @@
 #include "service/memory/shared_memory_registry.h"
 
+#include <unistd.h>
+
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -23,7 +26,9 @@ SharedMemorySlice::~SharedMemorySlice() {
 
 SharedMemoryRegistry::SharedMemoryRegistry(const SharedMemoryOptions& options,
                                            Metrics* metrics)
-    : metrics_(metrics), key_prefix_(options.key_prefix) {
+    : metrics_(metrics),
+      key_prefix_(options.key_prefix),
+      owner_uids_(options.owner_uids) {
   if (options.reclaim_interval > absl::ZeroDuration()) {
     reclaimer_ = std::thread(
         [this, interval = options.reclaim_interval] { ReclaimLoop(interval); });
@@ -73,6 +78,19 @@ absl::Status SharedMemoryRegistry::RegisterSystem(absl::string_view client,
   absl::StatusOr<std::unique_ptr<MappedRegion>> mapping =
       MappedRegion::Map(key, offset, byte_size);
   if (!mapping.ok()) return mapping.status();
+  absl::StatusOr<uid_t> owner = (*mapping)->OwnerUid();
+  if (!owner.ok()) return owner.status();
+  const uid_t self = geteuid();
+  if (*owner != self && !absl::c_linear_search(owner_uids_, *owner)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "shared memory '", key, "' is owned by uid ", *owner,
+        ", not by this daemon's uid ", self,
+        ": gradcompd cannot tell which uid calls it, so it maps only objects "
+        "of its own uid or of --shm_owner_uids (",
+        owner_uids_.empty() ? "none" : absl::StrJoin(owner_uids_, ","),
+        "); create the object as uid ", self, " or add ", *owner,
+        " to --shm_owner_uids"));
+  }
   absl::StatusOr<bool> alive = (*mapping)->CreatorAlive();
   if (!alive.ok()) return alive.status();
   if (!*alive) {

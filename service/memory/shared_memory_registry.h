@@ -19,6 +19,8 @@
 #ifndef GRADCOMP_SERVICE_MEMORY_SHARED_MEMORY_REGISTRY_H_
 #define GRADCOMP_SERVICE_MEMORY_SHARED_MEMORY_REGISTRY_H_
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -49,6 +51,11 @@ struct SharedMemoryOptions {
   // start with this, so that a client cannot map the daemon's or another
   // program's objects in /dev/shm. Empty: any name.
   std::string key_prefix = kDefaultShmPrefix;
+  // Besides the daemon's own uid, the uids whose objects may be mapped.
+  // The daemon cannot learn a caller's uid (gRPC 1.51 does not expose a
+  // unix socket's peer credentials), so an object of any other owner is
+  // refused: a client cannot make the daemon map another user's memory.
+  std::vector<uid_t> owner_uids;
   // How often regions whose creator is gone are looked for; zero: never in
   // the background (call ReclaimAbandoned yourself).
   absl::Duration reclaim_interval = absl::Seconds(1);
@@ -97,7 +104,9 @@ class SharedMemoryRegistry {
 
   // Maps [offset, offset + byte_size) of the POSIX object `key` as region
   // `name` of `client`. PermissionDenied, naming the prefix, unless `key`
-  // starts with the options' key_prefix. The creator must hold a shared
+  // starts with the options' key_prefix; PermissionDenied, naming both
+  // uids, unless the object is owned by the daemon's uid or one of the
+  // options' owner_uids. The creator must hold a shared
   // flock on the object (the gradcomp helpers do), else FailedPrecondition:
   // without it the region could never be reclaimed.
   absl::Status RegisterSystem(absl::string_view client, absl::string_view name,
@@ -140,6 +149,7 @@ class SharedMemoryRegistry {
 
   Metrics* const metrics_;
   const std::string key_prefix_;
+  const std::vector<uid_t> owner_uids_;
   mutable absl::Mutex mu_;
   Regions regions_ ABSL_GUARDED_BY(mu_);
   absl::Notification stop_;

@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -170,6 +172,44 @@ TEST_F(SharedMemoryRegistryTest, AnObjectOutsideThePrefixIsRefused) {
   EXPECT_EQ(other.RegisterSystem("c", "ours", ours->key(), 0, 64).code(),
             absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(other.Unregister("c", "r").ok());
+  close(fd);
+  shm_unlink(key.c_str());
+}
+
+TEST_F(SharedMemoryRegistryTest, AnObjectOfAnotherUidIsRefusedNamingBoth) {
+  // A real, locked object under the prefix whose owner is `nobody`: only
+  // root can give an object away (fchown), so the case needs root.
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to chown an object";
+  constexpr uid_t kNobody = 65534;
+  const std::string key = "/gradcomp.other-uid." + std::to_string(getpid());
+  const int fd = shm_open(key.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 64), 0);
+  ASSERT_EQ(flock(fd, LOCK_SH), 0);
+  if (fchown(fd, kNobody, kNobody) != 0) {
+    const int error = errno;
+    close(fd);
+    shm_unlink(key.c_str());
+    // Bazel's sandbox is a user namespace that maps uid 0 only;
+    // client/python/tests/test_client_access.py runs the case outside it.
+    if (error == EINVAL) GTEST_SKIP() << "uid 65534 is not mapped here";
+    FAIL() << "fchown: " << std::strerror(error);
+  }
+  const absl::Status status = registry_.RegisterSystem("c", "r", key, 0, 64);
+  EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(status.message(),
+              HasSubstr("is owned by uid 65534, not by this daemon's uid 0"));
+  EXPECT_THAT(status.message(), HasSubstr("--shm_owner_uids (none)"));
+  // The daemon's own objects are taken, as every other test here shows;
+  // a daemon told to accept that uid takes this one too.
+  SharedMemoryOptions options = NoBackgroundReclaim();
+  options.owner_uids = {kNobody};
+  SharedMemoryRegistry other(options, &metrics_);
+  EXPECT_TRUE(other.RegisterSystem("c", "r", key, 0, 64).ok());
+  std::unique_ptr<ShmRegion> ours = NewRegion(64);
+  ASSERT_NE(ours, nullptr);
+  EXPECT_TRUE(other.RegisterSystem("c", "ours", ours->key(), 0, 64).ok());
+  EXPECT_TRUE(other.Unregister("c", "").ok());
   close(fd);
   shm_unlink(key.c_str());
 }

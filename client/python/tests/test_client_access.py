@@ -155,6 +155,33 @@ class ShmPrefixTest(unittest.TestCase):
         finally:
             daemon.stop()
 
+    def test_a_region_of_another_uid_is_refused_naming_both(self):
+        if os.geteuid() != 0:
+            self.skipTest("giving an object to another user needs root")
+        nobody = 65534
+        daemon = Daemon(["--allow_client_shm"]).start()
+        trusting = Daemon(["--allow_client_shm", f"--shm_owner_uids={nobody}"]).start()
+        try:
+            with ShmRegion(4096, tag="otheruid") as region, ShmRegion(4096, tag="own") as own:
+                # As if `nobody` had created it: the daemon checks the owner of
+                # the object it mapped (fstat).
+                os.fchown(region._fd, nobody, nobody)
+                with gradcomp.Client(daemon.target, timeout=10.0) as client:
+                    with self.assertRaises(gradcomp.GradcompError) as raised:
+                        client.register_shm("grads", region)
+                    self.assertEqual(raised.exception.code,
+                                     grpc.StatusCode.PERMISSION_DENIED)
+                    self.assertIn("owned by uid 65534, not by this daemon's uid 0",
+                                  str(raised.exception))
+                    client.register_shm("own", own)
+                    client.unregister_shm("own")
+                with gradcomp.Client(trusting.target, timeout=10.0) as client:
+                    client.register_shm("grads", region)
+                    client.unregister_shm("grads")
+        finally:
+            daemon.stop()
+            trusting.stop()
+
 
 if __name__ == "__main__":
     unittest.main()

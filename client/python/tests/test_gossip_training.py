@@ -19,7 +19,6 @@ import unittest
 
 try:
     import torch
-    import torch.distributed as dist
 except ImportError:
     torch = None
 
@@ -28,15 +27,16 @@ import gradcomp
 _EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "examples" / "fashion_mnist"
 
 # The gossip run below (W = 4, 2 epochs of 38 steps on 9,728 images, seed 0)
-# ends at 0.71 for the averaged model; a model that does not learn stays near
+# ends at 0.72 for the averaged model; a model that does not learn stays near
 # chance (0.10). The bound sits between.
 _ACCURACY_BOUND = 0.55
 
 
 def _never_mixes(hook):
     """A broken mixer: the parameters are never sent, each worker keeps its
-    own model and its local gradient."""
-    def broken(state, bucket: "dist.GradBucket") -> "torch.futures.Future[torch.Tensor]":
+    own model and its local gradient. (Unannotated: DDP checks a hook's
+    annotations by value, and torch may be missing at import.)"""
+    def broken(state, bucket):
         future = torch.futures.Future()
         future.set_result(bucket.buffer())
         return future
