@@ -119,6 +119,13 @@ class DockerfileTest(unittest.TestCase):
         values = (REPO / "helm" / "gradcomp" / "values.yaml").read_text()
         self.assertIn("runAsUser: 65532", values)
 
+    def test_image_sets_the_malloc_tunables_the_soak_runs_with(self):
+        # tests/reliability/soak.py asserts flat memory with these.
+        soak = (REPO / "tests" / "reliability" / "soak.py").read_text()
+        deployed = re.findall(r'(?m)^DEPLOYED_TUNABLES = "([^"]+)"$', soak)
+        self.assertEqual(re.findall(r"(?m)^ENV GLIBC_TUNABLES=(\S+)$",
+                                    DOCKERFILE.read_text()), deployed)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -103,6 +103,15 @@ class ConvergencePageTest(unittest.TestCase):
         self.assertIn(f"| {DENSE} | 90.50 ± 0.71 | 90.00 / 91.00 | +0.00 |", page)
         self.assertIn("dense DDP (Gloo allreduce) (seed 2)", page.replace("\n", " "))
 
+    def test_unfinished_seed(self):
+        # Seed 1 is missing from the PowerSGD rows: one seed, no std, no
+        # verdict.
+        page = self._page(self._all_rows([0.899], [0.90]), [0, 1])
+        flat = page.replace("\n", " ")
+        self.assertIn(f"| {OURS} | 89.90 | 89.90 | -0.10 |", page)
+        self.assertIn("this page reports seed(s) 0 only", flat)
+        self.assertIn("on one seed, which cannot tell this from noise", flat)
+
     def test_other_sections_kept(self):
         existing = ("# Convergence\n\nold table\n\n## How to read it\n\nold\n\n"
                     "## Gossip\n\nGossip's own text.\n")
