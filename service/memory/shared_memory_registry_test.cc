@@ -182,6 +182,7 @@ TEST_F(SharedMemoryRegistryTest, AnObjectOfAnotherUidIsRefusedNamingBoth) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to chown an object";
   constexpr uid_t kNobody = 65534;
   const std::string key = "/gradcomp.other-uid." + std::to_string(getpid());
+  shm_unlink(key.c_str());  // left by an earlier run (the sandbox reuses pids)
   const int fd = shm_open(key.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(ftruncate(fd, 64), 0);
