@@ -16,12 +16,12 @@
 #include <cstdio>
 #include <memory>
 #include <numeric>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/gossip_consensus_setup.h"
 #include "service/collective/in_process_group.h"
 #include "service/gossip/power_gossip.h"
 #include "service/gossip/topology.h"
@@ -29,33 +29,20 @@
 namespace gradcomp::service {
 namespace {
 
-constexpr int kW = 8;
-constexpr int kRows = 64;
-constexpr int kCols = 64;
-constexpr size_t kN = kRows * kCols;
-// Stop at this relative distance or this many bytes per worker.
-constexpr double kTarget = 1e-6;
-constexpr double kMaxBytes = 8e6;
+using bench::kCols;
+using bench::kMaxBytes;
+using bench::kN;
+using bench::kRows;
+using bench::kTarget;
+using bench::kW;
+using bench::Logged;
+using bench::Start;
 
 struct Point {
   int64_t step;
   double bytes;     // per worker, cumulative
   double distance;  // relative to the start
 };
-
-std::vector<std::vector<float>> Start() {
-  std::mt19937 rng(1);
-  std::normal_distribution<float> normal;
-  std::vector<std::vector<float>> xs(kW, std::vector<float>(kN));
-  for (auto& x : xs) {
-    for (float& v : x) v = normal(rng);
-  }
-  return xs;
-}
-
-bool Logged(int64_t step) {
-  return step < 50 || step % std::max<int64_t>(1, step / 50) == 0;
-}
 
 std::vector<Point> RunGossip(const Topology& topology, GossipOptions options) {
   std::vector<std::vector<float>> xs = Start();

@@ -16,56 +16,28 @@
 #include <cstdio>
 #include <memory>
 #include <numeric>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/gossip_consensus_setup.h"
 #include "client/cpp/client.h"
+#include "service/gossip/power_gossip.h"
 #include "tests/integration/cluster.h"
 
 namespace gradcomp::testing {
 namespace {
 
-constexpr int kW = 8;
-constexpr int kRows = 64;
-constexpr int kCols = 64;
-constexpr size_t kN = kRows * kCols;
-constexpr double kTarget = 1e-6;
-constexpr double kMaxBytes = 8e6;
-
+using bench::kCols;
+using bench::kMaxBytes;
+using bench::kRows;
+using bench::kTarget;
+using bench::kW;
+using bench::Logged;
+using bench::Start;
+using service::ConsensusDistance;
 using Tensors = std::vector<std::vector<float>>;
-
-// bench/gossip_consensus.cc's start.
-Tensors Start() {
-  std::mt19937 rng(1);
-  std::normal_distribution<float> normal;
-  Tensors xs(kW, std::vector<float>(kN));
-  for (auto& x : xs) {
-    for (float& v : x) v = normal(rng);
-  }
-  return xs;
-}
-
-double Distance(const Tensors& xs) {
-  std::vector<double> mean(kN, 0.0);
-  for (const auto& x : xs) {
-    for (size_t i = 0; i < kN; ++i) mean[i] += x[i];
-  }
-  double sum = 0;
-  for (const auto& x : xs) {
-    for (size_t i = 0; i < kN; ++i) {
-      const double d = x[i] - mean[i] / kW;
-      sum += d * d;
-    }
-  }
-  return sum / kW;
-}
-
-bool Logged(int64_t step) {
-  return step < 50 || step % std::max<int64_t>(1, step / 50) == 0;
-}
 
 // Gossips job `job` until the relative distance reaches kTarget; writes a
 // CSV row per logged step. False on an error (printed).
@@ -73,7 +45,7 @@ bool Run(std::vector<std::unique_ptr<client::Client>>& clients,
          const std::string& job, const std::string& topology,
          const std::string& method, const v1::GossipSpec& spec, FILE* out) {
   Tensors xs = Start();
-  const double d0 = Distance(xs);
+  const double d0 = ConsensusDistance(xs);
   std::vector<double> bytes(kW, 0);
   std::vector<std::string> errors(kW);
   std::fprintf(out, "%s,%s,0,0,1\n", topology.c_str(), method.c_str());
@@ -107,7 +79,7 @@ bool Run(std::vector<std::unique_ptr<client::Client>>& clients,
     }
     step = next;
     mean_bytes = std::accumulate(bytes.begin(), bytes.end(), 0.0) / kW;
-    d = Distance(xs) / d0;
+    d = ConsensusDistance(xs) / d0;
     std::fprintf(out, "%s,%s,%lld,%.0f,%.6e\n", topology.c_str(),
                  method.c_str(), static_cast<long long>(step), mean_bytes, d);
   }
