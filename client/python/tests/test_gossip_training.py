@@ -13,8 +13,6 @@ rank 1, two epochs on a subset (the CI version of docs/convergence.md's
 Skipped without torch or Debian's dataset-fashion-mnist. Needs the daemon:
 `bazel build //service:gradcompd` or $GRADCOMPD.
 """
-import pathlib
-import sys
 import unittest
 
 try:
@@ -23,8 +21,8 @@ except ImportError:
     torch = None
 
 import gradcomp
+from tests import example_trainer
 
-_EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "examples" / "fashion_mnist"
 
 # The gossip run below (W = 4, 2 epochs of 38 steps on 9,728 images, seed 0)
 # ends at 0.72 for the averaged model, with consensus distances 4.3 and 1.0
@@ -49,13 +47,7 @@ class GossipTrainingTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        sys.path.insert(0, str(_EXAMPLE))
-        import train
-        cls.train = train
-        try:
-            train.load_split("t10k", limit=1)
-        except FileNotFoundError as error:
-            raise unittest.SkipTest(str(error))
+        cls.train = example_trainer.import_train()
 
     def _run(self, **overrides):
         spec = self.train.RunSpec(

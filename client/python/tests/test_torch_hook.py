@@ -18,8 +18,6 @@ or $GRADCOMPD.
 """
 import copy
 import os
-import pathlib
-import sys
 import tempfile
 import unittest
 
@@ -33,8 +31,8 @@ except ImportError:
     torch = None
 
 from gradcomp.testing import Daemon, free_port
+from tests import example_trainer
 
-_EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "examples" / "fashion_mnist"
 
 # ShortTrainingTest's run (W = 2, 93 steps on 12,000 images, seed 0) reaches
 # 0.75 with dense DDP and 0.77 with qsgd 4-bit; a model that never learns
@@ -221,13 +219,7 @@ class ShortTrainingTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        sys.path.insert(0, str(_EXAMPLE))
-        import train
-        cls.train = train
-        try:
-            train.load_split("t10k", limit=1)
-        except FileNotFoundError as error:
-            raise unittest.SkipTest(str(error))
+        cls.train = example_trainer.import_train()
 
     def _accuracy(self, **overrides) -> float:
         spec = self.train.RunSpec(workers=2, epochs=1, train_limit=12000,
