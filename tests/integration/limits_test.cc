@@ -14,16 +14,17 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
-#include "absl/time/clock.h"
+#include "absl/strings/strip.h"
+#include "absl/time/time.h"
 #include "client/cpp/client.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/integration/cluster.h"
 #include "tests/integration/daemon_process.h"
 
 namespace gradcomp::testing {
@@ -34,19 +35,9 @@ using ::testing::HasSubstr;
 constexpr int kWorld = 4;
 constexpr uint64_t kBudget = 8 << 20;
 constexpr int kQueue = 4;
-// With peers the daemon runs stream tensors on 256 workers (main.cc).
+// With peers the daemon runs stream tensors on up to 256 workers, started
+// as needed (main.cc, service/api/worker_pool.h).
 constexpr int kStreamWorkers = 256;
-
-// The value of `series` (a name with its labels, spelled as exposed).
-double Sample(const std::string& page, const std::string& series) {
-  for (absl::string_view line : absl::StrSplit(page, '\n')) {
-    if (absl::ConsumePrefix(&line, series + " ")) {
-      double value = 0;
-      if (absl::SimpleAtod(line, &value)) return value;
-    }
-  }
-  return -1;
-}
 
 // VmRSS of `pid` in bytes.
 uint64_t ResidentBytes(pid_t pid) {
@@ -66,10 +57,10 @@ uint64_t ResidentBytes(pid_t pid) {
   return 0;
 }
 
-// The four daemons of the suite, rank r at index r.
-std::vector<std::unique_ptr<DaemonProcess>>* daemons = nullptr;
+// The four daemons of the suite.
+Cluster* cluster = nullptr;
 
-DaemonProcess& Daemon(int rank) { return *(*daemons)[rank]; }
+DaemonProcess& Daemon(int rank) { return cluster->daemon(rank); }
 
 double Metric(int rank, const std::string& series) {
   auto page = HttpGet(Daemon(rank).metrics_port(), "/metrics");
@@ -80,44 +71,16 @@ double Metric(int rank, const std::string& series) {
 class LimitsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    auto binary = DaemonBinary();
-    ASSERT_TRUE(binary.ok()) << binary.status();
-    std::vector<std::string> peers;
-    for (int r = 0; r < kWorld; ++r) {
-      auto port = FreePort();
-      ASSERT_TRUE(port.ok());
-      peers.push_back(absl::StrCat("127.0.0.1:", *port));
-    }
-    daemons = new std::vector<std::unique_ptr<DaemonProcess>>();
-    for (int r = 0; r < kWorld; ++r) {
-      auto daemon = DaemonProcess::Start(
-          *binary,
-          {absl::StrCat("--world_size=", kWorld), absl::StrCat("--rank=", r),
-           absl::StrCat("--peers=", absl::StrJoin(peers, ",")),
-           "--collective_timeout=3s",
-           absl::StrCat("--memory_budget_bytes=", kBudget),
-           "--memory_wait=200ms",
-           absl::StrCat("--max_queued_requests=", kQueue)});
-      ASSERT_TRUE(daemon.ok()) << daemon.status();
-      daemons->push_back(std::move(*daemon));
-    }
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    for (int r = 0; r < kWorld; ++r) {
-      while (true) {
-        auto page = HttpGet(Daemon(r).metrics_port(), "/metrics");
-        if (page.ok() && Sample(*page, "gradcomp_peers_up") == kWorld - 1) {
-          break;
-        }
-        ASSERT_LT(absl::Now(), deadline)
-            << "rank " << r << " never saw its peers:\n"
-            << Daemon(r).Log();
-        absl::SleepFor(absl::Milliseconds(50));
-      }
-    }
+    cluster = new Cluster(
+        kWorld, absl::Seconds(3),
+        {absl::StrCat("--memory_budget_bytes=", kBudget), "--memory_wait=200ms",
+         absl::StrCat("--max_queued_requests=", kQueue)});
+    const absl::Status started = cluster->StartAll();
+    ASSERT_TRUE(started.ok()) << started;
   }
   static void TearDownTestSuite() {
-    delete daemons;
-    daemons = nullptr;
+    delete cluster;
+    cluster = nullptr;
   }
 };
 
