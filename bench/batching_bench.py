@@ -113,7 +113,7 @@ def main() -> None:
                   f"{plain[1] / batched[1]:8.2f}   (plain / batched)")
     finally:
         for daemon in daemons:
-            daemon.stop()
+            daemon.close()
 
 
 if __name__ == "__main__":

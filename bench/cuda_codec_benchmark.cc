@@ -1,8 +1,10 @@
-// GPU encode throughput of the CUDA kernels (codecs/cuda/kernels.h) on 25M
-// and 100M floats, as a fraction of the device's measured copy bandwidth.
-// Device memory to device memory: the payload's copy to the host is not
-// timed. One JSON object per line on stdout (bench/cuda_torch_reference.py
-// writes the PyTorch formulations in the same form; tools/gpu_test runs both).
+// GPU encode and decode throughput of the CUDA kernels (codecs/cuda/
+// kernels.h, decode.h) on 25M and 100M floats, as a fraction of the device's
+// measured copy bandwidth. Device memory to device memory: the payload's
+// copies between host and device are not timed. A decode reads the body and
+// the accumulator and writes the accumulator. One JSON object per line on
+// stdout (bench/cuda_torch_reference.py writes the PyTorch formulations in the
+// same form; tools/gpu_test runs both).
 //
 //   cuda_codec_benchmark [n ...]    (default: 25000000 100000000)
 #include <cuda_runtime_api.h>
@@ -15,8 +17,11 @@
 #include <string>
 #include <vector>
 
+#include "codecs/cuda/decode.h"
 #include "codecs/cuda/device.h"
 #include "codecs/cuda/kernels.h"
+#include "codecs/cuda/select.h"
+#include "codecs/random.h"
 
 namespace gradcomp::codecs::cuda {
 namespace {
@@ -68,7 +73,8 @@ void Run(size_t n) {
   absl::StatusOr<DeviceBuffer> input = DeviceBuffer::Create(4 * n);
   absl::StatusOr<DeviceBuffer> output = DeviceBuffer::Create(4 * n + 4096);
   absl::StatusOr<DeviceBuffer> nonfinite = DeviceBuffer::Create(sizeof(int));
-  if (!input.ok() || !output.ok() || !nonfinite.ok()) {
+  absl::StatusOr<DeviceBuffer> accumulator = DeviceBuffer::Create(4 * n);
+  if (!input.ok() || !output.ok() || !nonfinite.ok() || !accumulator.ok()) {
     std::fprintf(stderr, "cuda_codec_benchmark: cannot allocate %zu floats\n",
                  n);
     std::exit(1);
@@ -76,7 +82,11 @@ void Run(size_t n) {
   float* x = input->as<float>();
   void* out = output->data();
   int* flag = nonfinite->as<int>();
+  float* acc = accumulator->as<float>();
   Check(cudaMemcpy(x, host.data(), 4 * n, cudaMemcpyHostToDevice), "upload");
+  Check(cudaMemset(acc, 0, 4 * n), "cudaMemset");
+  // Bytes a decode moves besides its body: the accumulator, read and written.
+  const double acc_bytes = 8.0 * n;
 
   const double in_bytes = 4.0 * n;
   const double copy_ms = TimeMs([&] {
@@ -88,9 +98,18 @@ void Run(size_t n) {
   Report("fp16_encode", n,
          TimeMs([&] { return LaunchFloatToHalf(x, n, 1.0f, out, nullptr); }),
          in_bytes + 2.0 * n, copy_gbps);
+  Report("fp16_decode", n,
+         TimeMs([&] { return LaunchAddHalf(out, n, 0.25f, acc, nullptr); }),
+         2.0 * n + acc_bytes, copy_gbps);
   Report("bf16_encode", n,
          TimeMs([&] { return LaunchFloatToBf16(x, n, 1.0f, out, nullptr); }),
          in_bytes + 2.0 * n, copy_gbps);
+  Report("bf16_decode", n,
+         TimeMs([&] { return LaunchAddBf16(out, n, 0.25f, acc, nullptr); }),
+         2.0 * n + acc_bytes, copy_gbps);
+  Report("none_decode", n,
+         TimeMs([&] { return LaunchAddFloat(x, n, 0.25f, acc, nullptr); }),
+         in_bytes + acc_bytes, copy_gbps);
 
   const size_t bucket = 1024;
   const size_t buckets = (n + bucket - 1) / bucket;
@@ -106,6 +125,11 @@ void Run(size_t n) {
                                    nullptr);
          }),
          in_bytes + 8.0 * buckets + n, copy_gbps);
+  Report("int8_decode", n, TimeMs([&] {
+           return LaunchInt8DecodeAdd(out, int8_codes, n, bucket, 0.25f, acc,
+                                      nullptr);
+         }),
+         8.0 * buckets + n + acc_bytes, copy_gbps);
 
   for (int bits : {2, 4, 8}) {
     const size_t qbucket = 512;
@@ -118,7 +142,25 @@ void Run(size_t n) {
                                      nullptr);
            }),
            2 * in_bytes + 4.0 * qbuckets + (n * bits + 7) / 8.0, copy_gbps);
+    const std::string decode_op = "qsgd" + std::to_string(bits) + "_decode";
+    Report(decode_op.c_str(), n, TimeMs([&] {
+             return LaunchQsgdDecodeAdd(out, codes, n, qbucket, bits, 0.25f,
+                                        acc, nullptr);
+           }),
+           4.0 * qbuckets + (n * bits + 7) / 8.0 + acc_bytes, copy_gbps);
   }
+
+  // DGC top-k selection (codecs/cuda/select.h) at the codec's defaults
+  // (ratio 0.001, sample 0.01), indices copied to the host included; beside
+  // torch.topk(x.abs(), k) in bench/cuda_torch_reference.py.
+  const size_t k = n / 1000 > 0 ? n / 1000 : 1;
+  const PhiloxStream stream(1234, 77, 5, /*round=*/0);
+  Report("topk_0.001", n, TimeMs([&] {
+           return SelectTopKDevice(x, n, k, 0.01, stream).ok()
+                      ? cudaSuccess
+                      : cudaErrorUnknown;
+         }),
+         in_bytes + 8.0 * k, copy_gbps);
 }
 
 }  // namespace

@@ -54,6 +54,19 @@ def qsgd_encode(x: torch.Tensor, bucket: int, bits: int) -> torch.Tensor:
     return (level.to(torch.uint8) | (b < 0).to(torch.uint8) << (bits - 1))
 
 
+def int8_decode_add(q: torch.Tensor, lo: torch.Tensor, step: torch.Tensor,
+                    alpha: float, acc: torch.Tensor) -> None:
+    acc.view(q.shape).add_((lo + q.float() * step) * alpha)
+
+
+def qsgd_decode_add(codes: torch.Tensor, norms: torch.Tensor, bits: int,
+                    alpha: float, acc: torch.Tensor) -> None:
+    levels = (1 << (bits - 1)) - 1
+    value = (codes & levels).float() * (norms * (alpha / levels))
+    negative = (codes >> (bits - 1)).bool()
+    acc.view(codes.shape).add_(torch.where(negative, -value, value))
+
+
 def run(n: int) -> None:
     x = torch.randn(n, device="cuda") * 0.01
     y = torch.empty_like(x)
@@ -63,15 +76,38 @@ def run(n: int) -> None:
     report("copy", n, copy_ms, 2 * in_bytes, copy_gbps)
     report("fp16_encode", n, time_ms(lambda: x.half()), in_bytes + 2.0 * n, copy_gbps)
     report("bf16_encode", n, time_ms(lambda: x.bfloat16()), in_bytes + 2.0 * n, copy_gbps)
+    # Decodes: acc += alpha * body; the accumulator is read and written.
+    acc = torch.zeros_like(x)
+    acc_bytes = 8.0 * n
+    h = x.half()
+    report("fp16_decode", n, time_ms(lambda: acc.add_(h, alpha=0.25)), 2.0 * n + acc_bytes,
+           copy_gbps)
+    bf = x.bfloat16()
+    report("bf16_decode", n, time_ms(lambda: acc.add_(bf, alpha=0.25)), 2.0 * n + acc_bytes,
+           copy_gbps)
+    report("none_decode", n, time_ms(lambda: acc.add_(x, alpha=0.25)), in_bytes + acc_bytes,
+           copy_gbps)
     usable = n - n % 1024
     xb = x[:usable]
     report("int8_encode", usable, time_ms(lambda: int8_encode(xb, 1024)),
            4.0 * usable + 8.0 * usable / 1024 + usable, copy_gbps)
+    q8 = int8_encode(xb, 1024)
+    lo = xb.view(-1, 1024).amin(dim=1, keepdim=True)
+    step = (xb.view(-1, 1024).amax(dim=1, keepdim=True) - lo) / 255.0
+    acc8 = acc[:usable]
+    report("int8_decode", usable, time_ms(lambda: int8_decode_add(q8, lo, step, 0.25, acc8)),
+           8.0 * usable / 1024 + usable + 8.0 * usable, copy_gbps)
     usable = n - n % 512
     xq = x[:usable]
     for bits in (2, 4, 8):
         report(f"qsgd{bits}_encode", usable, time_ms(lambda: qsgd_encode(xq, 512, bits)),
                2 * 4.0 * usable + 4.0 * usable / 512 + usable * bits / 8.0, copy_gbps)
+        codes = qsgd_encode(xq, 512, bits)
+        norms = xq.view(-1, 512).norm(dim=1, keepdim=True)
+        accq = acc[:usable]
+        report(f"qsgd{bits}_decode", usable,
+               time_ms(lambda: qsgd_decode_add(codes, norms, bits, 0.25, accq)),
+               4.0 * usable / 512 + usable * bits / 8.0 + 8.0 * usable, copy_gbps)
     k = max(1, n // 1000)
     report("topk_0.001", n, time_ms(lambda: torch.topk(x.abs(), k, sorted=False)),
            in_bytes + 8.0 * k, copy_gbps)

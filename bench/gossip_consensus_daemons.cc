@@ -1,26 +1,33 @@
 // The consensus experiment of PowerGossip (issue 10) through eight real
 // gradcompd processes on loopback (tests/integration/cluster.h), one client
 // thread per daemon sending Reduce requests in gossip mode: plain (exact)
-// gossip and PowerGossip rank 1 and 2 on a ring and on a 2 x 4 torus, from
-// the same random 64 x 64 matrices, seed, tensor name and options as
+// gossip, PowerGossip rank 1 and 2 and Choco-Gossip top-k (k matched to
+// rank 1 and 2, and 5 %) on a ring and on a 2 x 4 torus, for both data
+// types, from the same matrices, seed, tensor name and options as
 // bench/gossip_consensus.cc, so the curves should match the in-process ones
-// step for step. Bytes per worker are the daemons' own counts
-// (ReduceStats.wire_bytes: the gossip messages each daemon sent). The
-// Choco top-k baseline exists only in bench/gossip_consensus.cc.
+// step for step. Choco runs at the step sizes that run tuned, read from its
+// CSV (the first argument). Bytes per worker are the daemons' own counts
+// (ReduceStats.wire_bytes: the gossip messages each daemon sent).
 //
-//   bazel build //service:gradcompd //bench:gossip_consensus_daemons
+//   bazel build -c opt //service:gradcompd //bench:gossip_consensus_daemons
 //   GRADCOMPD=$PWD/bazel-bin/service/gradcompd \
-//       bazel-bin/bench/gossip_consensus_daemons /tmp/consensus_daemons.csv
+//       bazel-bin/bench/gossip_consensus_daemons /tmp/consensus.csv \
+//       /tmp/consensus_daemons.csv
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "bench/gossip_consensus_setup.h"
 #include "client/cpp/client.h"
 #include "service/gossip/power_gossip.h"
@@ -29,29 +36,35 @@
 namespace gradcomp::testing {
 namespace {
 
+using bench::Data;
 using bench::kCols;
+using bench::kDiverged;
 using bench::kMaxBytes;
+using bench::kN;
 using bench::kRows;
 using bench::kTarget;
 using bench::kW;
 using bench::Logged;
-using bench::Start;
 using service::ConsensusDistance;
 using Tensors = std::vector<std::vector<float>>;
 
 // Gossips job `job` until the relative distance reaches kTarget; writes a
 // CSV row per logged step. False on an error (printed).
 bool Run(std::vector<std::unique_ptr<client::Client>>& clients,
-         const std::string& job, const std::string& topology,
-         const std::string& method, const v1::GossipSpec& spec, FILE* out) {
-  Tensors xs = Start();
+         const Tensors& start, const std::string& job, const std::string& data,
+         const std::string& topology, const std::string& method,
+         const v1::GossipSpec& spec, FILE* out) {
+  Tensors xs = start;
   const double d0 = ConsensusDistance(xs);
   std::vector<double> bytes(kW, 0);
   std::vector<std::string> errors(kW);
-  std::fprintf(out, "%s,%s,0,0,1\n", topology.c_str(), method.c_str());
+  const double gamma = spec.diffusion() == 0 ? 1.0 : spec.diffusion();
+  const std::string prefix =
+      absl::StrCat(data, ",", topology, ",", method, ",");
+  std::fprintf(out, "%s%.17g,0,0,1\n", prefix.c_str(), gamma);
   int64_t step = 0;
   double d = 1, mean_bytes = 0;
-  while (d >= kTarget && mean_bytes <= kMaxBytes) {
+  while (d >= kTarget && mean_bytes <= kMaxBytes && d < kDiverged) {
     int64_t next = step + 1;
     while (!Logged(next)) ++next;
     std::vector<std::thread> threads;
@@ -80,19 +93,58 @@ bool Run(std::vector<std::unique_ptr<client::Client>>& clients,
     step = next;
     mean_bytes = std::accumulate(bytes.begin(), bytes.end(), 0.0) / kW;
     d = ConsensusDistance(xs) / d0;
-    std::fprintf(out, "%s,%s,%lld,%.0f,%.6e\n", topology.c_str(),
-                 method.c_str(), static_cast<long long>(step), mean_bytes, d);
+    std::fprintf(out, "%s%.17g,%lld,%.0f,%.6e\n", prefix.c_str(), gamma,
+                 static_cast<long long>(step), mean_bytes, d);
   }
-  std::fprintf(stderr, "%s %s: %lld steps, %.0f bytes/worker, distance %.3e\n",
-               topology.c_str(), method.c_str(), static_cast<long long>(step),
-               mean_bytes, d);
+  std::fprintf(stderr,
+               "%s %s %s: %lld steps, %.0f bytes/worker, distance %.3e\n",
+               data.c_str(), topology.c_str(), method.c_str(),
+               static_cast<long long>(step), mean_bytes, d);
   return true;
 }
 
+// (data, topology, method) -> gamma of bench/gossip_consensus.cc's CSV
+// rows; an empty map when the file cannot be read or parsed (printed).
+using Gammas =
+    std::map<std::tuple<std::string, std::string, std::string>, double>;
+Gammas ReadGammas(const char* path) {
+  Gammas gammas;
+  std::ifstream in(path);
+  std::string line;
+  if (!std::getline(in, line) ||
+      line != "data,topology,method,gamma,step,bytes_per_worker,distance") {
+    std::fprintf(stderr,
+                 "%s: expected bench/gossip_consensus.cc's CSV, with the "
+                 "header data,topology,method,gamma,...\n",
+                 path);
+    return {};
+  }
+  while (std::getline(in, line)) {
+    std::vector<std::string> cells = absl::StrSplit(line, ',');
+    double gamma = 0;
+    if (cells.size() != 7 || !absl::SimpleAtod(cells[3], &gamma)) {
+      std::fprintf(stderr, "%s: cannot parse the row '%s'\n", path,
+                   line.c_str());
+      return {};
+    }
+    gammas[{cells[0], cells[1], cells[2]}] = gamma;
+  }
+  return gammas;
+}
+
 int Main(int argc, char** argv) {
-  FILE* out = argc > 1 ? std::fopen(argv[1], "w") : stdout;
+  if (argc != 3) {
+    std::fprintf(stderr,
+                 "usage: %s IN_PROCESS_CSV OUT_CSV (the first from "
+                 "bench/gossip_consensus.cc, for Choco's tuned steps)\n",
+                 argv[0]);
+    return 2;
+  }
+  const Gammas gammas = ReadGammas(argv[1]);
+  if (gammas.empty()) return 1;
+  FILE* out = std::fopen(argv[2], "w");
   if (out == nullptr) {
-    std::perror(argv[1]);
+    std::perror(argv[2]);
     return 1;
   }
   Cluster cluster(kW, absl::Seconds(60));
@@ -106,25 +158,50 @@ int Main(int argc, char** argv) {
     if (!client.ok()) return 1;
     clients.push_back(std::move(*client));
   }
-  std::fprintf(out, "topology,method,step,bytes_per_worker,distance\n");
-  for (const std::string topology : {"ring", "torus"}) {
-    v1::GossipSpec exact;
-    exact.set_topology(topology);
-    if (!Run(clients, topology + "-exact", topology, "exact", exact, out)) {
+  std::fprintf(out,
+               "data,topology,method,gamma,step,bytes_per_worker,distance\n");
+  for (Data data : bench::kData) {
+    absl::StatusOr<Tensors> start = bench::Start(data);
+    if (!start.ok()) {
+      std::fprintf(stderr, "%s\n", start.status().ToString().c_str());
       return 1;
     }
-    for (uint32_t rank : {1u, 2u}) {
-      v1::GossipSpec pg = exact;
-      pg.set_rank(rank);
-      pg.set_power_steps(1);
-      pg.set_diffusion(1.308);  // GossipOptions' default, as in-process
-      const std::string method = absl::StrCat("powergossip-r", rank);
-      if (!Run(clients, topology + "-" + method, topology, method, pg, out)) {
-        return 1;
+    const std::string name = bench::DataName(data);
+    for (const std::string topology : {"ring", "torus"}) {
+      std::vector<std::pair<std::string, v1::GossipSpec>> runs;
+      v1::GossipSpec exact;
+      exact.set_topology(topology);
+      runs.push_back({"exact", exact});
+      for (uint32_t rank : {1u, 2u}) {
+        v1::GossipSpec pg = exact;
+        pg.set_rank(rank);
+        pg.set_power_steps(1);
+        pg.set_diffusion(1.308);  // GossipOptions' default, as in-process
+        runs.push_back({absl::StrCat("powergossip-r", rank), pg});
+      }
+      for (int k : {(kRows + kCols) / 4, (kRows + kCols) / 2,
+                    static_cast<int>(std::ceil(0.05 * kN))}) {
+        const std::string method = absl::StrCat("choco-k", k);
+        auto gamma = gammas.find({name, topology, method});
+        if (gamma == gammas.end()) {
+          std::fprintf(stderr, "%s has no %s %s %s run\n", argv[1],
+                       name.c_str(), topology.c_str(), method.c_str());
+          return 1;
+        }
+        v1::GossipSpec choco = exact;
+        choco.set_choco_topk_fraction(static_cast<double>(k) / kN);
+        choco.set_diffusion(gamma->second);
+        runs.push_back({method, choco});
+      }
+      for (const auto& [method, spec] : runs) {
+        const std::string job = absl::StrCat(name, "-", topology, "-", method);
+        if (!Run(clients, *start, job, name, topology, method, spec, out)) {
+          return 1;
+        }
       }
     }
   }
-  if (out != stdout) std::fclose(out);
+  std::fclose(out);
   return 0;
 }
 

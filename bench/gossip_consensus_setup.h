@@ -2,35 +2,48 @@
 // (bench/gossip_consensus.cc in process, bench/gossip_consensus_daemons.cc
 // through real daemons), so that their curves compare step for step: the
 // same world, matrices, starting values, stopping rule and logged steps.
+// Two kinds of data, as in the paper's consensus experiment: independent
+// standard normal matrices (full rank, a flat spectrum) and images (a
+// decaying spectrum, like the paper's faces): Fashion-MNIST, a 2 x 2 tile of
+// four 28 x 28 images per worker.
 #ifndef GRADCOMP_BENCH_GOSSIP_CONSENSUS_SETUP_H_
 #define GRADCOMP_BENCH_GOSSIP_CONSENSUS_SETUP_H_
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <random>
+#include <string>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 namespace gradcomp::bench {
 
 inline constexpr int kW = 8;
-inline constexpr int kRows = 64;
-inline constexpr int kCols = 64;
+inline constexpr int kRows = 56;
+inline constexpr int kCols = 56;
 inline constexpr size_t kN = kRows * kCols;
 // Stop at this relative distance or this many bytes per worker.
 inline constexpr double kTarget = 1e-6;
 inline constexpr double kMaxBytes = 8e6;
+// A run whose relative distance passes this has diverged: it stops.
+inline constexpr double kDiverged = 1e3;
 
-// Every rank's starting kRows x kCols matrix, standard normal, fixed seed.
-inline std::vector<std::vector<float>> Start() {
-  std::mt19937 rng(1);
-  std::normal_distribution<float> normal;
-  std::vector<std::vector<float>> xs(kW, std::vector<float>(kN));
-  for (auto& x : xs) {
-    for (float& v : x) v = normal(rng);
-  }
-  return xs;
-}
+// The Debian package dataset-fashion-mnist's training images.
+inline constexpr char kFashionMnistImages[] =
+    "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
+
+enum class Data { kRandom, kFashionMnist };
+inline constexpr Data kData[] = {Data::kRandom, Data::kFashionMnist};
+
+// "random" or "fashion-mnist", the CSV's data column.
+std::string DataName(Data data);
+
+// Every rank's starting kRows x kCols matrix, row-major: standard normal
+// with a fixed seed, or rank i's tile of Fashion-MNIST training images
+// 4i..4i+3 (pixels / 255). NotFound naming the file and the package when
+// the images are missing; DataLoss when the file is not an IDX image file.
+absl::StatusOr<std::vector<std::vector<float>>> Start(Data data);
 
 // Every step of the first 50, then about 50 steps per decade.
 inline bool Logged(int64_t step) {

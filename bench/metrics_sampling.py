@@ -86,7 +86,7 @@ def main() -> None:
             client.close()
     finally:
         for daemon in daemons:
-            daemon.stop()
+            daemon.close()
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """Plots bench/gossip_consensus.cc's CSV: consensus distance against bytes
-sent per worker, one panel per topology, and prints the bytes each method
-needs to reach a few distances (the table in docs/gossip.md). A third
+sent per worker, one panel per data type and topology, and prints the
+bytes each method needs to reach a few distances and PowerGossip's bytes as
+a ratio to the best baseline's (the tables in docs/gossip.md). A third
 argument, bench/gossip_consensus_daemons.cc's CSV (the same runs through 8
-real daemons), adds those runs as markers and rows marked "(8 daemons)".
+real daemons), adds those runs as markers and prints, per run, whether its
+logged points equal the in-process ones.
 
-    /usr/bin/python3 bench/plot_gossip_consensus.py consensus.csv \
+    /usr/bin/python3 bench/plot_gossip_consensus.py consensus.csv \\
         docs/gossip_consensus.png [consensus_daemons.csv]
 """
 import csv
@@ -18,57 +20,111 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 LEVELS = (1e-2, 1e-4, 1e-6)
+SIZE = "56 x 56"
+Points = List[Tuple[int, float, float]]  # step, bytes per worker, distance
+Runs = Dict[Tuple[str, str], Dict[str, Points]]
 
 
-def load(path: str) -> Dict[str, Dict[str, List[Tuple[float, float]]]]:
-    runs: Dict[str, Dict[str, List[Tuple[float, float]]]] = defaultdict(
-        lambda: defaultdict(list))
+def load(path: str) -> Tuple[Runs, Dict[Tuple[str, str, str], float]]:
+    runs: Runs = defaultdict(lambda: defaultdict(list))
+    gammas: Dict[Tuple[str, str, str], float] = {}
     with open(path) as f:
         for row in csv.DictReader(f):
-            runs[row["topology"]][row["method"]].append(
-                (float(row["bytes_per_worker"]), float(row["distance"])))
-    return runs
+            key = (row["data"], row["topology"])
+            runs[key][row["method"]].append(
+                (int(row["step"]), float(row["bytes_per_worker"]),
+                 float(row["distance"])))
+            gammas[key + (row["method"],)] = float(row["gamma"])
+    return runs, gammas
 
 
-def bytes_to(points: List[Tuple[float, float]], level: float) -> float:
-    for b, d in points:
+def bytes_to(points: Points, level: float) -> float:
+    for _, b, d in points:
         if d <= level:
             return b
     return float("inf")
 
 
+def label(method: str, gamma: float) -> str:
+    if method.startswith("choco-k"):
+        k = int(method[len("choco-k"):])
+        side = int(SIZE.split()[0])
+        match = {side // 2: " (= r1 bytes)", side: " (= r2 bytes)"}
+        return (f"Choco top-{k}{match.get(k, ' (5 %)')}, "
+                f"gamma {gamma:.3g}")
+    if method.startswith("powergossip-r"):
+        return f"PowerGossip r = {method[-1]}"
+    return "exact gossip"
+
+
+def kb(b: float) -> str:
+    return "not reached" if b == float("inf") else f"{b / 1024:.1f}"
+
+
 def main(argv: List[str]) -> int:
-    runs = load(argv[1])
-    if len(argv) > 3:
-        for topology, methods in load(argv[3]).items():
-            for method, points in methods.items():
-                runs[topology][f"{method} (8 daemons)"] = points
-    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4.2))
-    for ax, (topology, methods) in zip(axes, sorted(runs.items())):
-        for method, points in sorted(methods.items()):
-            daemons = method.endswith("(8 daemons)")
-            ax.loglog([max(b, 1.0) for b, _ in points],
-                      [d for _, d in points], label=method,
-                      linestyle="none" if daemons else "-",
-                      marker="." if daemons else None, markersize=3)
-        ax.set_title(f"W = 8, {topology}, 64 x 64 random matrices")
+    runs, gammas = load(argv[1])
+    daemons: Runs = load(argv[3])[0] if len(argv) > 3 else {}
+    keys = sorted(runs)
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    for ax, key in zip(axes.flat, keys):
+        for method, points in sorted(runs[key].items()):
+            line, = ax.loglog([max(b, 1.0) for _, b, _ in points],
+                              [d for _, _, d in points],
+                              label=label(method, gammas[key + (method,)]))
+            dpoints = daemons.get(key, {}).get(method)
+            if dpoints:
+                ax.loglog([max(b, 1.0) for _, b, _ in dpoints],
+                          [d for _, _, d in dpoints], linestyle="none",
+                          marker=".", markersize=3, color=line.get_color())
+        data, topology = key
+        ax.set_title(f"W = 8, {topology}, {data} {SIZE}"
+                     + (" (dots: 8 daemons)" if daemons else ""))
         ax.set_xlabel("bytes sent per worker")
         ax.set_ylabel("consensus distance / initial")
         ax.set_ylim(1e-7, 2)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(argv[2], dpi=110)
-    print("| topology | method | " +
+    fig.savefig(argv[2], dpi=100)
+
+    print("| data | topology | method | " +
           " | ".join(f"KB to {lv:g}" for lv in LEVELS) + " |")
-    print("| --- | --- |" + " ---: |" * len(LEVELS))
-    for topology, methods in sorted(runs.items()):
-        for method, points in sorted(methods.items()):
+    print("| --- | --- | --- |" + " ---: |" * len(LEVELS))
+    for key in keys:
+        for method, points in sorted(runs[key].items()):
+            cells = [kb(bytes_to(points, lv)) for lv in LEVELS]
+            print(f"| {key[0]} | {key[1]} | "
+                  f"{label(method, gammas[key + (method,)])} | "
+                  + " | ".join(cells) + " |")
+    print()
+    print("PowerGossip's bytes / the best baseline's (exact gossip or any "
+          "Choco run), < 1: PowerGossip needs fewer")
+    print("| data | topology | method | " +
+          " | ".join(f"to {lv:g}" for lv in LEVELS) + " |")
+    print("| --- | --- | --- |" + " ---: |" * len(LEVELS))
+    for key in keys:
+        methods = runs[key]
+        for pg in ("powergossip-r1", "powergossip-r2"):
             cells = []
             for lv in LEVELS:
-                b = bytes_to(points, lv)
-                cells.append("-" if b == float("inf") else f"{b / 1024:.1f}")
-            print(f"| {topology} | {method} | " + " | ".join(cells) + " |")
+                base = min(bytes_to(p, lv) for m, p in methods.items()
+                           if not m.startswith("powergossip"))
+                mine = bytes_to(methods[pg], lv)
+                cells.append("-" if mine == float("inf") else
+                             "inf (no baseline)" if base == float("inf")
+                             else f"{mine / base:.2f}")
+            print(f"| {key[0]} | {key[1]} | {label(pg, 0)} | "
+                  + " | ".join(cells) + " |")
+    if daemons:
+        print()
+        for key in sorted(daemons):
+            for method, dpoints in sorted(daemons[key].items()):
+                mine = runs.get(key, {}).get(method)
+                same = mine == dpoints
+                print(f"{key[0]} {key[1]} {method}: {len(dpoints)} logged "
+                      f"points through daemons, "
+                      + ("identical to in-process" if same else
+                         "DIFFERENT from in-process"))
     return 0
 
 

@@ -115,10 +115,11 @@ ABSL_FLAG(uint64_t, peer_buffer_bytes, uint64_t{1} << 30,
           "yet; beyond it they are dropped and their reduce fails.");
 ABSL_FLAG(uint64_t, seed, 0,
           "Job seed of the codecs' random streams; the same on every rank.");
-ABSL_FLAG(double, error_sample_rate, 1.0,
+ABSL_FLAG(double, error_sample_rate, 0.1,
           "Fraction of reduces whose relative compression error (and "
           "error-feedback residual norm) is measured for the metrics: one "
-          "extra decode of this worker's own payload each; in [0, 1].");
+          "extra decode of this worker's own payload each; in [0, 1]. The "
+          "first reduce is always measured.");
 ABSL_FLAG(bool, allow_client_shm, false,
           "Accept client shared-memory regions (RegisterSystemSharedMemory "
           "and Reduce slices). Needs /dev/shm shared with the clients.");

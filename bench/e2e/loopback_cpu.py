@@ -1,7 +1,8 @@
 """CPU seconds per step of 4 gradcompd (world size 4) on loopback.
 
     PYTHONPATH=client/python /usr/bin/python3 bench/e2e/loopback_cpu.py \\
-        [--codecs none,qsgd] [--steps 4] [--io shm|inline] [--base_port 47100]
+        [--codecs none,qsgd] [--steps 4] [--io shm|inline] [--base_port 47100] \\
+        [--daemon_arg=--error_sample_rate=1 ...]
 
 Starts 4 daemons peered over 127.0.0.1 and 4 tests/e2e/worker.py clients,
 each reducing the ResNet-50 gradient set over one ReduceStream per step
@@ -10,7 +11,8 @@ Prints, per codec, the median over the timed steps (step 0 is warm-up) of
 the CPU seconds each daemon and each client spent in the step, averaged
 over the 4 ranks, and the slowest rank's wall time. On a shared machine
 compare the CPU seconds, not the wall time: the wall time moves with
-whatever else runs.
+whatever else runs. $GRADCOMPD picks another daemon binary and --daemon_arg
+adds flags to every daemon, for A/B runs of two builds or settings.
 """
 from __future__ import annotations
 
@@ -39,6 +41,8 @@ def main() -> int:
     p.add_argument("--base_port", type=int, default=47100)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--out", default=None, help="keep logs and results here")
+    p.add_argument("--daemon_arg", action="append", default=[],
+                   help="one more gradcompd flag (repeatable)")
     args = p.parse_args()
 
     binary = os.environ.get("GRADCOMPD") or str(REPO / "bazel-bin/service/gradcompd")
@@ -60,7 +64,7 @@ def main() -> int:
                 [binary, f"--rank={i}", f"--world_size={W}", f"--peers={peers}",
                  f"--listen=127.0.0.1:{api[i]}", f"--metrics_listen=127.0.0.1:{mon[i]}",
                  "--collective_timeout=120s", "--peer_startup_timeout=60s",
-                 "--allow_client_shm"],
+                 "--allow_client_shm", *args.daemon_arg],
                 stdout=open(work / f"gradcompd.{i}.log", "wb"), stderr=subprocess.STDOUT))
         for i in range(W):
             workers.append(subprocess.Popen(
@@ -81,6 +85,7 @@ def main() -> int:
         e2e_bench.stop(daemons)
     results = [json.loads((work / f"worker.{i}.json").read_text()) for i in range(W)]
     load_after = e2e_bench.load_average()
+    print(f"daemon {binary} {' '.join(args.daemon_arg)}")
     print(f"io {args.io}; 1-minute load {load_before:.1f} before, {load_after:.1f} after; "
           f"logs in {work}")
     print("| codec | daemon CPU s / step | client CPU s / step | step wall s |")
@@ -99,7 +104,8 @@ def main() -> int:
         summary[codec] = {"daemon_cpu_s": daemon, "client_cpu_s": client, "wall_s": wall}
         print(f"| {codec} | {daemon:.2f} | {client:.2f} | {wall:.2f} |")
     (work / "summary.json").write_text(json.dumps(
-        {"io": args.io, "load_before": load_before, "load_after": load_after,
+        {"io": args.io, "daemon": binary, "daemon_args": args.daemon_arg,
+         "load_before": load_before, "load_after": load_after,
          "codecs": summary}, indent=1))
     return 0
 

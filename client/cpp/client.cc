@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -26,6 +27,31 @@ Float32ReduceResult ToFloat32(ReduceResult raw, size_t n) {
 
 std::chrono::system_clock::time_point DeadlineAfter(absl::Duration timeout) {
   return std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout);
+}
+
+// What the client can tell of a gossip request before it is sent; the
+// daemon checks the rest (the topology's syntax, the world size, ranks
+// agreeing), and names it in its error.
+absl::Status CheckGossip(const std::string& tensor,
+                         const v1::GossipSpec& gossip,
+                         double consensus_distance) {
+  if (gossip.topology().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Gossip of '", tensor,
+        "': empty topology; expected ring, torus, torus:RxC, full or "
+        "edges:A-B[:W],..."));
+  }
+  if (!std::isfinite(gossip.diffusion()) || gossip.diffusion() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Gossip of '", tensor, "': diffusion ", gossip.diffusion(),
+                     "; expected a finite value >= 0 (0 = 1.0)"));
+  }
+  if (!std::isfinite(consensus_distance) || consensus_distance < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Gossip of '", tensor, "': consensus distance ", consensus_distance,
+        "; expected a finite value >= 0 (0 = none reported)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -166,6 +192,7 @@ absl::StatusOr<Float32ReduceResult> Client::Gossip(
     const std::string& job, const std::string& tensor, int64_t step,
     absl::Span<const float> values, absl::Span<const int64_t> shape,
     const v1::GossipSpec& gossip, double consensus_distance) {
+  GC_RETURN_IF_ERROR(CheckGossip(tensor, gossip, consensus_distance));
   v1::ReduceRequest request;
   request.set_job(job);
   request.set_tensor(tensor);

@@ -105,7 +105,9 @@ class Client {
   // Gossip mode (docs/gossip.md): returns `values` mixed with the job's
   // neighbouring workers' on `gossip`'s topology instead of the average.
   // Every worker of the job must name the same spec. `consensus_distance`
-  // > 0 is exported as gradcomp_gossip_consensus_distance{job}.
+  // > 0 is exported as gradcomp_gossip_consensus_distance{job}. An empty
+  // topology, or a negative or non-finite diffusion or distance, is an
+  // InvalidArgument before anything is sent.
   absl::StatusOr<Float32ReduceResult> Gossip(
       const std::string& job, const std::string& tensor, int64_t step,
       absl::Span<const float> values, absl::Span<const int64_t> shape,

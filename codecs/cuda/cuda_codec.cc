@@ -1,19 +1,30 @@
 #include "codecs/cuda/cuda_codec.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "codecs/cpu/dense.h"
+#include "codecs/cpu/index_coding.h"
 #include "codecs/cpu/int8.h"
 #include "codecs/cpu/kernels.h"
+#include "codecs/cpu/momentum.h"
 #include "codecs/cpu/qsgd.h"
+#include "codecs/cpu/select.h"
+#include "codecs/cpu/topk.h"
+#include "codecs/cuda/decode.h"
 #include "codecs/cuda/device.h"
 #include "codecs/cuda/kernels.h"
+#include "codecs/cuda/philox_words.h"
+#include "codecs/cuda/select.h"
 #include "codecs/random.h"
 #include "codecs/registry.h"
 #include "codecs/wire.h"
@@ -47,13 +58,30 @@ absl::StatusOr<bool> EncodeWith(
   return nonfinite != 0;
 }
 
-PhiloxWords WordsOf(const PhiloxStream& stream) {
-  const PhiloxStream::Words w = stream.GetWords();
-  PhiloxWords out;
-  std::memcpy(out.counter_tail, w.counter_tail, sizeof(out.counter_tail));
-  std::memcpy(out.key, w.key, sizeof(out.key));
-  return out;
+// Copies a checked payload body to the device, runs `launch` on the copy
+// and waits for it, so that a kernel's error is this call's.
+absl::Status DecodeWith(
+    absl::string_view body,
+    const std::function<cudaError_t(const char* device_body)>& launch) {
+  GC_RETURN_IF_ERROR(CudaDeviceAvailable());
+  GC_ASSIGN_OR_RETURN(DeviceBuffer device, DeviceBuffer::Create(body.size()));
+  if (!body.empty()) {
+    GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(device.data(), body.data(), body.size(),
+                                       cudaMemcpyHostToDevice));
+  }
+  GC_CUDA_RETURN_IF_ERROR(launch(device.as<const char>()));
+  GC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(nullptr));
+  return absl::OkStatus();
 }
+
+// The topk parameter block (codecs/cpu/topk.cc): the index encoding
+// (index_coding.h delta-packed), three zero bytes, the u32 count.
+constexpr size_t kTopKParamBytes = 8;
+constexpr uint8_t kIndexDeltaPacked = 1;
+
+// The dense codecs' parameter block (codecs/cpu/dense.cc): the element
+// type, three zero bytes, the u32 prescale divisor (>= 1).
+constexpr size_t kDenseParamBytes = 8;
 
 // none / fp16 / bf16 (codecs/cpu/dense.cc).
 class CudaDense : public CudaCodec {
@@ -61,7 +89,8 @@ class CudaDense : public CudaCodec {
   CudaDense(std::unique_ptr<SingleRoundCodec> cpu, ElemType type, bool prescale)
       : CudaCodec(std::move(cpu)), type_(type), prescale_(prescale) {}
 
-  absl::Status EncodeDevice(const float* grad, size_t n, const StepContext& ctx,
+  absl::Status EncodeDevice(const float* grad, size_t n, TensorState& /*state*/,
+                            const StepContext& ctx,
                             Bytes* payload) const override {
     if (ctx.world_size < 1) {
       return absl::InvalidArgumentError(
@@ -70,7 +99,7 @@ class CudaDense : public CudaCodec {
     }
     const uint32_t divisor =
         prescale_ ? static_cast<uint32_t>(ctx.world_size) : 1;
-    char params[8] = {static_cast<char>(type_)};
+    char params[kDenseParamBytes] = {static_cast<char>(type_)};
     std::memcpy(params + 4, &divisor, sizeof(divisor));
     WireHeader header;
     header.codec = info().id;
@@ -103,44 +132,181 @@ class CudaDense : public CudaCodec {
         .status();
   }
 
+  absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
+                               float* acc, size_t n) const override {
+    GC_ASSIGN_OR_RETURN(const ParsedPayload parsed,
+                        ParsePayload(payload, info().id, /*round=*/0, n));
+    GC_ASSIGN_OR_RETURN(const uint32_t divisor, ParseDivisor(parsed));
+    GC_ASSIGN_OR_RETURN(const size_t elements, DenseBodyElements(parsed));
+    if (elements != n) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s payload: expected a dense body of %d elements, got %d bytes",
+          info().name, n, parsed.body.size()));
+    }
+    // The CPU's scale: alpha * divisor, rounded to fp32 on the host.
+    const float scale = alpha * static_cast<float>(divisor);
+    const ElemType type = type_;
+    return DecodeWith(parsed.body, [&](const char* body) {
+      switch (type) {
+        case ElemType::kF16:
+          return LaunchAddHalf(body, n, scale, acc, nullptr);
+        case ElemType::kBF16:
+          return LaunchAddBf16(body, n, scale, acc, nullptr);
+        case ElemType::kF32:
+          break;
+      }
+      return LaunchAddFloat(body, n, scale, acc, nullptr);
+    });
+  }
+
  private:
+  absl::StatusOr<uint32_t> ParseDivisor(const ParsedPayload& parsed) const {
+    const absl::string_view p = parsed.params;
+    if (p.size() != kDenseParamBytes ||
+        static_cast<uint8_t>(p[0]) != static_cast<uint8_t>(type_) ||
+        p[1] != 0 || p[2] != 0 || p[3] != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s payload: expected %d parameter bytes: element type %d, three "
+          "zero bytes, the divisor",
+          info().name, kDenseParamBytes, static_cast<int>(type_)));
+    }
+    uint32_t divisor;
+    std::memcpy(&divisor, p.data() + 4, sizeof(divisor));
+    if (divisor == 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s payload: expected a prescale divisor >= 1, got 0", info().name));
+    }
+    return divisor;
+  }
+
   const ElemType type_;
   const bool prescale_;
 };
+
+// int8 and qsgd payloads: header flags 0 and an 8-byte parameter block of
+// the u32 bucket, one option byte (int8: rounding, qsgd: bits) and three
+// zero bytes; the body is a per-bucket table, then the codes.
+constexpr uint32_t kMaxBucket = uint32_t{1} << 20;  // as codecs/cpu
+constexpr size_t kBucketedParamBytes = 8;
+
+struct BucketedPayload {
+  size_t bucket;
+  uint8_t option;
+  absl::string_view body;
+};
+
+// The checks the CPU decoders make of a bucketed payload's head.
+absl::StatusOr<BucketedPayload> ParseBucketed(absl::string_view payload,
+                                              CodecId id, const char* name,
+                                              size_t n) {
+  GC_ASSIGN_OR_RETURN(const ParsedPayload parsed,
+                      ParsePayload(payload, id, /*round=*/0, n));
+  if (parsed.header.flags != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: expected header flags 0 (not a dense body), got 0x%02x", name,
+        parsed.header.flags));
+  }
+  if (parsed.params.size() != kBucketedParamBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: expected %d parameter bytes, got %d", name,
+                        kBucketedParamBytes, parsed.params.size()));
+  }
+  const char* p = parsed.params.data();
+  uint32_t bucket;
+  std::memcpy(&bucket, p, sizeof(bucket));
+  if (bucket < 1 || bucket > kMaxBucket) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: payload bucket must be in [1, %d]; got %d", name,
+                        kMaxBucket, bucket));
+  }
+  if (p[5] != 0 || p[6] != 0 || p[7] != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: expected parameter bytes 5..7 to be zero", name));
+  }
+  return BucketedPayload{bucket, static_cast<uint8_t>(p[4]), parsed.body};
+}
+
+// Encodes n values of `grad` into the bucketed layout: `launch` gets the
+// worker's Philox stream, the device table, the codes after it and the
+// non-finite flag.
+absl::Status EncodeBucketed(
+    CodecId id, size_t bucket, uint8_t option, size_t n, size_t table_bytes,
+    size_t code_bytes, const StepContext& ctx, absl::string_view nonfinite,
+    const std::function<cudaError_t(const PhiloxWords& rng, void* table,
+                                    uint8_t* codes, int* flag)>& launch,
+    Bytes* payload) {
+  char params[kBucketedParamBytes] = {};
+  const uint32_t bucket32 = static_cast<uint32_t>(bucket);
+  std::memcpy(params, &bucket32, sizeof(bucket32));
+  params[4] = static_cast<char>(option);
+  WireHeader header;
+  header.codec = id;
+  header.numel = n;
+  const PhiloxWords rng = ToPhiloxWords(WorkerStream(ctx, /*round=*/0));
+  GC_ASSIGN_OR_RETURN(
+      const bool bad,
+      EncodeWith(
+          header, absl::string_view(params, sizeof(params)),
+          table_bytes + code_bytes,
+          [&](void* body, int* flag) {
+            return launch(rng, body, static_cast<uint8_t*>(body) + table_bytes,
+                          flag);
+          },
+          payload));
+  if (bad) return absl::InvalidArgumentError(nonfinite);
+  return absl::OkStatus();
+}
 
 class CudaInt8 : public CudaCodec {
  public:
   CudaInt8(std::unique_ptr<SingleRoundCodec> cpu, Int8Options options)
       : CudaCodec(std::move(cpu)), options_(options) {}
 
-  absl::Status EncodeDevice(const float* grad, size_t n, const StepContext& ctx,
+  absl::Status EncodeDevice(const float* grad, size_t n, TensorState& /*state*/,
+                            const StepContext& ctx,
                             Bytes* payload) const override {
     const size_t bucket = static_cast<size_t>(options_.bucket);
-    const size_t buckets = (n + bucket - 1) / bucket;
-    char params[8] = {};
-    const uint32_t bucket32 = static_cast<uint32_t>(bucket);
-    std::memcpy(params, &bucket32, sizeof(bucket32));
-    params[4] = options_.stochastic ? 1 : 0;
-    WireHeader header;
-    header.codec = CodecId::kInt8;
-    header.numel = n;
-    const PhiloxWords rng = WordsOf(WorkerStream(ctx, /*round=*/0));
-    const PhiloxWords* rng_or_null = options_.stochastic ? &rng : nullptr;
-    GC_ASSIGN_OR_RETURN(
-        const bool nonfinite,
-        EncodeWith(
-            header, absl::string_view(params, sizeof(params)), 8 * buckets + n,
-            [&](void* body, int* flag) {
-              return LaunchInt8Encode(grad, n, bucket, rng_or_null, body,
-                                      static_cast<uint8_t*>(body) + 8 * buckets,
-                                      flag, nullptr);
-            },
-            payload));
-    if (nonfinite) {
+    const bool stochastic = options_.stochastic;
+    return EncodeBucketed(
+        CodecId::kInt8, bucket, stochastic ? 1 : 0, n,
+        8 * ((n + bucket - 1) / bucket), n, ctx,
+        "int8: the gradient holds NaN or Inf; expected finite values",
+        [&](const PhiloxWords& rng, void* ranges, uint8_t* codes, int* flag) {
+          return LaunchInt8Encode(grad, n, bucket, stochastic ? &rng : nullptr,
+                                  ranges, codes, flag, nullptr);
+        },
+        payload);
+  }
+
+  absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
+                               float* acc, size_t n) const override {
+    GC_ASSIGN_OR_RETURN(const BucketedPayload p,
+                        ParseBucketed(payload, CodecId::kInt8, "int8", n));
+    if (p.option > 1) {
       return absl::InvalidArgumentError(
-          "int8: the gradient holds NaN or Inf; expected finite values");
+          absl::StrFormat("int8: expected rounding 0 or 1, got %d", p.option));
     }
-    return absl::OkStatus();
+    const size_t buckets = (n + p.bucket - 1) / p.bucket;
+    if (p.body.size() != 8 * buckets + n) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "int8: %d elements in buckets of %d need a body of %d bytes, got %d",
+          n, p.bucket, 8 * buckets + n, p.body.size()));
+    }
+    for (size_t b = 0; b < buckets; ++b) {
+      float lo, hi;
+      std::memcpy(&lo, p.body.data() + 8 * b, 4);
+      std::memcpy(&hi, p.body.data() + 8 * b + 4, 4);
+      if (!std::isfinite(lo) || !std::isfinite(hi) || !(lo <= hi)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "int8: bucket %d has min %g and max %g; expected finite min <= max",
+            b, lo, hi));
+      }
+    }
+    return DecodeWith(p.body, [&](const char* body) {
+      return LaunchInt8DecodeAdd(
+          body, reinterpret_cast<const uint8_t*>(body) + 8 * buckets, n,
+          p.bucket, alpha, acc, nullptr);
+    });
   }
 
  private:
@@ -152,41 +318,200 @@ class CudaQsgd : public CudaCodec {
   CudaQsgd(std::unique_ptr<SingleRoundCodec> cpu, QsgdOptions options)
       : CudaCodec(std::move(cpu)), options_(options) {}
 
-  absl::Status EncodeDevice(const float* grad, size_t n, const StepContext& ctx,
+  absl::Status EncodeDevice(const float* grad, size_t n, TensorState& /*state*/,
+                            const StepContext& ctx,
                             Bytes* payload) const override {
     const size_t bucket = static_cast<size_t>(options_.bucket);
     const int bits = options_.bits;
-    const size_t buckets = (n + bucket - 1) / bucket;
-    const size_t code_bytes = (n * bits + 7) / 8;
-    char params[8] = {};
-    const uint32_t bucket32 = static_cast<uint32_t>(bucket);
-    std::memcpy(params, &bucket32, sizeof(bucket32));
-    params[4] = static_cast<char>(bits);
-    WireHeader header;
-    header.codec = CodecId::kQsgd;
-    header.numel = n;
-    const PhiloxWords rng = WordsOf(WorkerStream(ctx, /*round=*/0));
-    GC_ASSIGN_OR_RETURN(const bool nonfinite,
-                        EncodeWith(
-                            header, absl::string_view(params, sizeof(params)),
-                            4 * buckets + code_bytes,
-                            [&](void* body, int* flag) {
-                              return LaunchQsgdEncode(
-                                  grad, n, bucket, bits, rng, body,
-                                  static_cast<uint8_t*>(body) + 4 * buckets,
+    return EncodeBucketed(
+        CodecId::kQsgd, bucket, static_cast<uint8_t>(bits), n,
+        4 * ((n + bucket - 1) / bucket), (n * bits + 7) / 8, ctx,
+        "qsgd: the gradient holds NaN or Inf (a bucket's norm is not "
+        "finite); expected finite values",
+        [&](const PhiloxWords& rng, void* norms, uint8_t* codes, int* flag) {
+          return LaunchQsgdEncode(grad, n, bucket, bits, rng, norms, codes,
                                   flag, nullptr);
-                            },
-                            payload));
-    if (nonfinite) {
-      return absl::InvalidArgumentError(
-          "qsgd: the gradient holds NaN or Inf (a bucket's norm is not "
-          "finite); expected finite values");
+        },
+        payload);
+  }
+
+  absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
+                               float* acc, size_t n) const override {
+    GC_ASSIGN_OR_RETURN(const BucketedPayload p,
+                        ParseBucketed(payload, CodecId::kQsgd, "qsgd", n));
+    const int bits = p.option;
+    if (bits < 2 || bits > 8) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "qsgd: payload bits must be in [2, 8]; got %d", bits));
     }
-    return absl::OkStatus();
+    const size_t buckets = (n + p.bucket - 1) / p.bucket;
+    const size_t code_bytes = (n * bits + 7) / 8;
+    if (p.body.size() != 4 * buckets + code_bytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "qsgd: %d elements in buckets of %d at %d bits need a body of %d "
+          "bytes, got %d",
+          n, p.bucket, bits, 4 * buckets + code_bytes, p.body.size()));
+    }
+    for (size_t b = 0; b < buckets; ++b) {
+      float norm;
+      std::memcpy(&norm, p.body.data() + 4 * b, sizeof(norm));
+      if (!(norm >= 0) || !std::isfinite(norm)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "qsgd: bucket %d has norm %g; expected a finite value >= 0", b,
+            norm));
+      }
+    }
+    const uint8_t* codes =
+        reinterpret_cast<const uint8_t*>(p.body.data()) + 4 * buckets;
+    const int tail_bits = static_cast<int>((n * bits) % 8);
+    if (tail_bits != 0 && (codes[code_bytes - 1] >> tail_bits) != 0) {
+      return absl::InvalidArgumentError(
+          "qsgd: expected the padding bits of the last code byte to be zero");
+    }
+    return DecodeWith(p.body, [&](const char* body) {
+      return LaunchQsgdDecodeAdd(
+          body, reinterpret_cast<const uint8_t*>(body) + 4 * buckets, n,
+          p.bucket, bits, alpha, acc, nullptr);
+    });
   }
 
  private:
   const QsgdOptions options_;
+};
+
+// DGC top-k (codecs/cpu/topk.cc). Clipping, momentum correction and the
+// state stay on the host, computed by the CPU's own MomentumCorrection; the
+// selection, the pass over the whole tensor, runs on the GPU (select.h).
+// The payload is the CPU's byte for byte. Keeping u and v on the device is
+// the next step (docs/gpu.md).
+class CudaTopK : public CudaCodec {
+ public:
+  // `twin` is `cpu`, kept typed for its k schedule.
+  CudaTopK(std::unique_ptr<TopKCodec> cpu, const TopKCodec* twin)
+      : CudaCodec(std::move(cpu)),
+        options_(twin->options()),
+        momentum_(
+            MomentumCorrection::Options{options_.momentum, options_.nesterov}),
+        twin_(twin) {}
+
+  absl::Status Encode(const TensorView& grad, TensorState& state,
+                      const StepContext& ctx, Bytes* payload) const override {
+    const size_t n = grad.numel();
+    if (n > std::numeric_limits<uint32_t>::max()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "topk: tensor has %d elements; uint32 indices allow at most %d", n,
+          std::numeric_limits<uint32_t>::max()));
+    }
+    // Asked before the state changes: without a GPU it stays as it was.
+    GC_RETURN_IF_ERROR(CudaDeviceAvailable());
+    const float scale = ClipScale(grad.values, options_.clip_norm);
+    absl::Span<float> v = momentum_.Accumulate(grad.values, scale, state);
+    GC_ASSIGN_OR_RETURN(DeviceBuffer device,
+                        DeviceBuffer::Create(n * sizeof(float)));
+    if (n > 0) {
+      GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(
+          device.data(), v.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    const PhiloxStream rng(ctx.seed, ctx.tensor_id, ctx.step, /*round=*/0);
+    GC_ASSIGN_OR_RETURN(
+        const TopKSelection selection,
+        SelectTopKDevice(device.as<float>(), n, twin_->KAt(n, ctx.step),
+                         options_.sample, rng));
+    const std::vector<uint32_t>& indices = selection.indices;
+    const uint32_t count = static_cast<uint32_t>(indices.size());
+    const IndexPlan plan = PlanIndices(indices);
+    char params[kTopKParamBytes] = {static_cast<char>(kIndexDeltaPacked)};
+    std::memcpy(params + 4, &count, sizeof(count));
+    WireHeader header;
+    header.codec = CodecId::kTopK;
+    header.numel = n;
+    char* body = BeginPayload(header, absl::string_view(params, sizeof(params)),
+                              plan.bytes + size_t{4} * count, payload);
+    EncodeIndices(indices, plan, body);
+    char* values = body + plan.bytes;
+    for (uint32_t j = 0; j < count; ++j) {
+      std::memcpy(values + size_t{4} * j, &v[indices[j]], sizeof(float));
+    }
+    momentum_.Sent(indices, options_.masking, state);
+    return absl::OkStatus();
+  }
+
+  // The state is on the host, so the gradient goes there first.
+  absl::Status EncodeDevice(const float* grad, size_t n, TensorState& state,
+                            const StepContext& ctx,
+                            Bytes* payload) const override {
+    GC_RETURN_IF_ERROR(CudaDeviceAvailable());
+    std::vector<float> host(n);
+    if (n > 0) {
+      GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(host.data(), grad, n * sizeof(float),
+                                         cudaMemcpyDeviceToHost));
+    }
+    const std::vector<int64_t> shape = {static_cast<int64_t>(n)};
+    return Encode(TensorView{host, shape}, state, ctx, payload);
+  }
+
+  // The CPU decoder's checks, the indices decoded on the host, the
+  // scatter-add on the GPU.
+  absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
+                               float* acc, size_t n) const override {
+    GC_ASSIGN_OR_RETURN(const ParsedPayload parsed,
+                        ParsePayload(payload, CodecId::kTopK, 0, n));
+    if (parsed.header.flags != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "topk: expected header flags 0 (not a dense body), got 0x%02x",
+          parsed.header.flags));
+    }
+    const absl::string_view p = parsed.params;
+    if (p.size() != kTopKParamBytes ||
+        static_cast<uint8_t>(p[0]) != kIndexDeltaPacked || p[1] != 0 ||
+        p[2] != 0 || p[3] != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "topk: expected %d parameter bytes: index encoding %d, three zero "
+          "bytes, the count",
+          kTopKParamBytes, kIndexDeltaPacked));
+    }
+    uint32_t count32;
+    std::memcpy(&count32, p.data() + 4, sizeof(count32));
+    const size_t count = count32;
+    if (count > n) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "topk: payload holds %d pairs, more than the tensor's %d elements",
+          count, n));
+    }
+    std::vector<uint32_t> indices;
+    GC_ASSIGN_OR_RETURN(const size_t index_bytes,
+                        DecodeIndices(parsed.body, count, n, &indices));
+    if (parsed.body.size() - index_bytes != 4 * count) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "topk: %d values need %d bytes after the indices, got %d", count,
+          4 * count, parsed.body.size() - index_bytes));
+    }
+    for (size_t j = 1; j < count; ++j) {
+      if (indices[j] <= indices[j - 1]) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "topk: expected strictly ascending indices; index %d is %d after "
+            "%d",
+            j, indices[j], indices[j - 1]));
+      }
+    }
+    // Indices, then values, as one block for the device.
+    std::string staged(8 * count, '\0');
+    if (count > 0) {
+      std::memcpy(staged.data(), indices.data(), 4 * count);
+      std::memcpy(staged.data() + 4 * count, parsed.body.data() + index_bytes,
+                  4 * count);
+    }
+    return DecodeWith(staged, [&](const char* block) {
+      return LaunchScatterAdd(reinterpret_cast<const uint32_t*>(block),
+                              reinterpret_cast<const float*>(block + 4 * count),
+                              count, alpha, acc, nullptr);
+    });
+  }
+
+ private:
+  const TopKOptions options_;
+  const MomentumCorrection momentum_;
+  const TopKCodec* twin_;  // owned by CudaCodec
 };
 
 absl::StatusOr<std::unique_ptr<SingleRoundCodec>> AsSingleRound(
@@ -218,7 +543,7 @@ absl::StatusOr<std::unique_ptr<CudaCodec>> CreateDense(
 CudaCodec::CudaCodec(std::unique_ptr<SingleRoundCodec> cpu)
     : cpu_(std::move(cpu)) {}
 
-absl::Status CudaCodec::Encode(const TensorView& grad, TensorState& /*state*/,
+absl::Status CudaCodec::Encode(const TensorView& grad, TensorState& state,
                                const StepContext& ctx, Bytes* payload) const {
   GC_RETURN_IF_ERROR(CudaDeviceAvailable());
   const size_t bytes = grad.numel() * sizeof(float);
@@ -227,7 +552,7 @@ absl::Status CudaCodec::Encode(const TensorView& grad, TensorState& /*state*/,
     GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(device.data(), grad.values.data(), bytes,
                                        cudaMemcpyHostToDevice));
   }
-  return EncodeDevice(device.as<float>(), grad.numel(), ctx, payload);
+  return EncodeDevice(device.as<float>(), grad.numel(), state, ctx, payload);
 }
 
 absl::Status CudaCodec::DecodeAdd(absl::string_view payload, float alpha,
@@ -248,7 +573,7 @@ absl::Status CudaCodec::FinishGather(absl::Span<const Bytes> payloads,
 }
 
 std::vector<std::string> CudaCodecNames() {
-  return {"none", "fp16", "bf16", "int8", "qsgd"};
+  return {"none", "fp16", "bf16", "int8", "qsgd", "topk"};
 }
 
 absl::StatusOr<std::unique_ptr<CudaCodec>> CreateCudaCodec(
@@ -267,6 +592,12 @@ absl::StatusOr<std::unique_ptr<CudaCodec>> CreateCudaCodec(
                         QsgdCodec::Create(params));
     const QsgdOptions options = cpu->options();
     return std::unique_ptr<CudaCodec>(new CudaQsgd(std::move(cpu), options));
+  }
+  if (name == "topk") {
+    GC_ASSIGN_OR_RETURN(std::unique_ptr<TopKCodec> cpu,
+                        TopKCodec::Create(params));
+    const TopKCodec* twin = cpu.get();
+    return std::unique_ptr<CudaCodec>(new CudaTopK(std::move(cpu), twin));
   }
   return absl::NotFoundError(
       absl::StrFormat("no GPU encoder for codec '%s'; expected one of: %s",

@@ -6,11 +6,12 @@
 //
 //   GC_ASSIGN_OR_RETURN(std::unique_ptr<CudaCodec> codec,
 //                       CreateCudaCodec("qsgd", CodecParams({{"bits", "4"}})));
-//   GC_RETURN_IF_ERROR(codec->EncodeDevice(d_grad, n, ctx, &payload));
+//   GC_RETURN_IF_ERROR(codec->EncodeDevice(d_grad, n, state, ctx, &payload));
+//   GC_RETURN_IF_ERROR(codec->DecodeAddDevice(payload, 1.0f, d_acc, n));
 //
-// Encoding runs on the GPU; decoding is still the CPU twin's (a GPU decoder is
-// the next step, docs/gpu.md). Without a usable GPU, Encode and EncodeDevice
-// return Unavailable and the caller encodes with the CPU codec.
+// Encode, EncodeDevice and DecodeAddDevice (into device memory) run on the
+// GPU; DecodeAdd into host memory is the CPU twin's. Without a usable GPU
+// they return Unavailable and the caller uses the CPU codec.
 #ifndef GRADCOMP_CODECS_CUDA_CUDA_CODEC_H_
 #define GRADCOMP_CODECS_CUDA_CUDA_CODEC_H_
 
@@ -32,18 +33,30 @@ class CudaCodec : public SingleRoundCodec {
  public:
   const CodecInfo& info() const override { return cpu_->info(); }
 
-  // Encodes n fp32 values in device memory into a host payload.
-  // Unavailable without a GPU; InvalidArgument where the CPU codec rejects
-  // the input (NaN or Inf for int8 and qsgd).
+  // Encodes n fp32 values in device memory into a host payload; `state` is
+  // the tensor's state as the CPU twin keeps it (top-k's momentum and
+  // residual, host memory). Unavailable without a GPU, and then the state
+  // is untouched; InvalidArgument where the CPU codec rejects the input
+  // (NaN or Inf for int8 and qsgd).
   virtual absl::Status EncodeDevice(const float* grad, size_t n,
-                                    const StepContext& ctx,
+                                    TensorState& state, const StepContext& ctx,
                                     Bytes* payload) const = 0;
 
-  // Copies `grad` to the device and calls EncodeDevice.
-  absl::Status Encode(const TensorView& grad, TensorState& state,
-                      const StepContext& ctx, Bytes* payload) const final;
+  // acc (n fp32 values in device memory) += alpha * the decoded payload
+  // (host bytes), computed on the GPU with the CPU twin's arithmetic: the
+  // same bits as the CPU twin's DecodeAdd for payloads without NaN (a NaN
+  // stays NaN; its payload bits may differ). The payload is checked first,
+  // as the CPU twin checks it (InvalidArgument); then Unavailable without a
+  // GPU. Returns once the sum is written.
+  virtual absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
+                                       float* acc, size_t n) const = 0;
 
-  // The CPU twin's decoders.
+  // Copies `grad` to the device and calls EncodeDevice (top-k, whose state
+  // is on the host, selects on the GPU from there).
+  absl::Status Encode(const TensorView& grad, TensorState& state,
+                      const StepContext& ctx, Bytes* payload) const override;
+
+  // The CPU twin's decoders (into host memory).
   absl::Status DecodeAdd(absl::string_view payload, float alpha,
                          absl::Span<float> acc) const final;
   absl::Status FinishSum(absl::Span<const float> sum, int world_size,
@@ -60,7 +73,8 @@ class CudaCodec : public SingleRoundCodec {
   std::unique_ptr<SingleRoundCodec> cpu_;
 };
 
-// The registry names that have a GPU encoder: none, fp16, bf16, int8, qsgd.
+// The registry names that have a GPU encoder: none, fp16, bf16, int8, qsgd,
+// topk.
 std::vector<std::string> CudaCodecNames();
 
 // The GPU twin of the CPU codec `name` with `params` (checked as the CPU

@@ -1,6 +1,10 @@
-// GPU encoders against the CPU codecs: the same payload bytes for the same
-// input, seed, rank and step. Needs a GPU; skips (never passes) without one.
+// GPU encoders and decoders against the CPU codecs: the same payload bytes
+// for the same input, seed, rank and step, and the same sums, bit for bit,
+// whichever side encoded and whichever decodes. Needs a GPU; skips (never
+// passes) without one.
 #include "codecs/cuda/cuda_codec.h"
+
+#include <cuda_runtime_api.h>
 
 #include <cmath>
 #include <cstdint>
@@ -11,7 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
+#include "absl/types/span.h"
 #include "codecs/codec.h"
 #include "codecs/cpu/dense.h"
 #include "codecs/cpu/int8.h"
@@ -50,6 +57,54 @@ std::string Diff(const Bytes& cpu, const Bytes& gpu) {
   return "identical";
 }
 
+// The first element whose bits differ, for a readable failure.
+std::string FloatDiff(const std::vector<float>& cpu,
+                      const std::vector<float>& gpu) {
+  if (cpu.size() != gpu.size()) {
+    return absl::StrFormat("sizes differ: CPU %d, GPU %d", cpu.size(),
+                           gpu.size());
+  }
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    uint32_t a, b;
+    std::memcpy(&a, &cpu[i], 4);
+    std::memcpy(&b, &gpu[i], 4);
+    if (a != b) {
+      return absl::StrFormat(
+          "first difference at element %d of %d: CPU %.9g (0x%08x), GPU %.9g "
+          "(0x%08x)",
+          i, cpu.size(), cpu[i], a, gpu[i], b);
+    }
+  }
+  return "identical";
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), 4 * a.size()) == 0);
+}
+
+// acc + alpha * payload decoded on the GPU into device memory.
+absl::StatusOr<std::vector<float>> GpuDecodeAdd(const CudaCodec& codec,
+                                                const Bytes& payload,
+                                                float alpha,
+                                                std::vector<float> acc) {
+  const size_t bytes = acc.size() * sizeof(float);
+  absl::StatusOr<DeviceBuffer> device = DeviceBuffer::Create(bytes);
+  if (!device.ok()) return device.status();
+  if (bytes > 0 && cudaMemcpy(device->data(), acc.data(), bytes,
+                              cudaMemcpyHostToDevice) != cudaSuccess) {
+    return absl::InternalError("cudaMemcpy to the device failed");
+  }
+  const absl::Status s =
+      codec.DecodeAddDevice(payload, alpha, device->as<float>(), acc.size());
+  if (!s.ok()) return s;
+  if (bytes > 0 && cudaMemcpy(acc.data(), device->data(), bytes,
+                              cudaMemcpyDeviceToHost) != cudaSuccess) {
+    return absl::InternalError("cudaMemcpy from the device failed");
+  }
+  return acc;
+}
+
 std::unique_ptr<SingleRoundCodec> CpuCodec(const std::string& name,
                                            const CodecParams& params) {
   if (name == "int8") return Int8Codec::Create(params).value();
@@ -59,6 +114,18 @@ std::unique_ptr<SingleRoundCodec> CpuCodec(const std::string& name,
   std::unique_ptr<Codec> codec = registry.Create(name, params).value();
   return std::unique_ptr<SingleRoundCodec>(
       dynamic_cast<SingleRoundCodec*>(codec.release()));
+}
+
+const size_t kSizes[] = {0, 1, 7, 8, 9, 1000, 4099, (size_t{1} << 20) + 3};
+
+StepContext Context(int rank) {
+  StepContext ctx;
+  ctx.seed = 1234;
+  ctx.tensor_id = 77;
+  ctx.step = 5;
+  ctx.rank = rank;
+  ctx.world_size = 4;
+  return ctx;
 }
 
 class CudaCodecTest : public ::testing::Test {
@@ -89,19 +156,40 @@ class CudaCodecTest : public ::testing::Test {
         << name << " n=" << values.size() << ": "
         << Diff(cpu_payload, gpu_payload);
   }
+
+  // Encodes `values` on `encoder_on_gpu`'s side, then decodes the payload
+  // on both sides into the same nonzero accumulator with `alpha`, and
+  // expects the same bits.
+  void ExpectSameSums(const std::string& name, const CodecParams& params,
+                      const std::vector<float>& values, bool encode_on_gpu,
+                      float alpha) {
+    const std::vector<int64_t> shape = {static_cast<int64_t>(values.size())};
+    const TensorView view{values, shape};
+    const StepContext ctx = Context(1);
+    std::unique_ptr<SingleRoundCodec> cpu = CpuCodec(name, params);
+    absl::StatusOr<std::unique_ptr<CudaCodec>> gpu =
+        CreateCudaCodec(name, params);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    TensorState state;
+    Bytes payload;
+    const absl::Status encoded =
+        encode_on_gpu ? (*gpu)->Encode(view, state, ctx, &payload)
+                      : cpu->Encode(view, state, ctx, &payload);
+    ASSERT_TRUE(encoded.ok()) << encoded;
+    const std::vector<float> acc = Normal(values.size(), 99, 0.5f);
+    std::vector<float> cpu_sum = acc;
+    const absl::Status decoded =
+        cpu->DecodeAdd(payload, alpha, absl::MakeSpan(cpu_sum));
+    ASSERT_TRUE(decoded.ok()) << decoded;
+    absl::StatusOr<std::vector<float>> gpu_sum =
+        GpuDecodeAdd(**gpu, payload, alpha, acc);
+    ASSERT_TRUE(gpu_sum.ok()) << gpu_sum.status();
+    EXPECT_TRUE(SameBits(cpu_sum, *gpu_sum))
+        << name << " n=" << values.size() << " alpha=" << alpha
+        << (encode_on_gpu ? " (GPU" : " (CPU")
+        << " payload): " << FloatDiff(cpu_sum, *gpu_sum);
+  }
 };
-
-const size_t kSizes[] = {0, 1, 7, 8, 9, 1000, 4099, (size_t{1} << 20) + 3};
-
-StepContext Context(int rank) {
-  StepContext ctx;
-  ctx.seed = 1234;
-  ctx.tensor_id = 77;
-  ctx.step = 5;
-  ctx.rank = rank;
-  ctx.world_size = 4;
-  return ctx;
-}
 
 TEST_F(CudaCodecTest, DenseCastsMatchCpu) {
   for (const char* name : {"none", "fp16", "bf16"}) {
@@ -230,6 +318,110 @@ TEST_F(CudaCodecTest, GpuPayloadDecodesOnCpu) {
   for (size_t i = 0; i < v.size(); ++i) {
     // fp16 keeps 11 significant bits: relative error <= 2^-11.
     EXPECT_NEAR(decoded[i], v[i], std::fabs(v[i]) * (1.0f / 2048) + 1e-7f) << i;
+  }
+}
+
+// The cross-decoding matrix: CPU and GPU payloads, each decoded by the CPU
+// and the GPU; alpha 1, a power of two, and one that rounds.
+const float kAlphas[] = {1.0f, 0.25f, 0.3f};
+
+TEST_F(CudaCodecTest, DenseDecodeMatchesCpu) {
+  for (const char* name : {"none", "fp16", "bf16"}) {
+    for (const char* prescale : {"false", "true"}) {
+      for (size_t n : kSizes) {
+        for (bool on_gpu : {false, true}) {
+          for (float alpha : kAlphas) {
+            ExpectSameSums(name, CodecParams({{"prescale", prescale}}),
+                           Normal(n, 12, 1.0f), on_gpu, alpha);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaCodecTest, DenseDecodeOfSpecialValuesMatchesCpu) {
+  // Infinities, the fp16 overflow edge, subnormals of every format, signed
+  // zeros: every 16-bit exponent, without NaN (whose payload bits after
+  // arithmetic are the hardware's own).
+  std::vector<float> v = {0.0f,
+                          -0.0f,
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          65504.0f,
+                          65520.0f,
+                          5.960464477539063e-8f,
+                          -2.98e-8f,
+                          6.1e-5f,
+                          1e-40f,
+                          std::numeric_limits<float>::denorm_min(),
+                          std::numeric_limits<float>::max()};
+  for (uint32_t bits = 0x33000000u; bits < 0x47800000u; bits += 0x10000u - 1) {
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    v.push_back(f);
+    v.push_back(-f);
+  }
+  for (const char* name : {"none", "fp16", "bf16"}) {
+    for (bool on_gpu : {false, true}) {
+      for (float alpha : kAlphas) {
+        ExpectSameSums(name, CodecParams(), v, on_gpu, alpha);
+      }
+    }
+  }
+}
+
+TEST_F(CudaCodecTest, Int8DecodeMatchesCpu) {
+  for (const char* stochastic : {"false", "true"}) {
+    for (const char* bucket : {"1", "7", "1024", "5000"}) {
+      for (size_t n : kSizes) {
+        for (bool on_gpu : {false, true}) {
+          for (float alpha : kAlphas) {
+            ExpectSameSums(
+                "int8",
+                CodecParams({{"bucket", bucket}, {"stochastic", stochastic}}),
+                Normal(n, 22, 0.01f), on_gpu, alpha);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaCodecTest, Int8DecodeOfHugeAndConstantBucketsMatchesCpu) {
+  // A range over FLT_MAX (decoded with unit 2), a constant bucket, a
+  // subnormal range, and signed zeros.
+  const float big = 3e38f;
+  std::vector<float> v = {-big, big,    1.0f,   -big / 3, 2.5f,  2.5f, 2.5f,
+                          2.5f, 1e-42f, 2e-42f, 0.0f,     -0.0f, 0.0f, -0.0f};
+  for (bool on_gpu : {false, true}) {
+    for (float alpha : kAlphas) {
+      ExpectSameSums("int8", CodecParams({{"bucket", "4"}}), v, on_gpu, alpha);
+    }
+  }
+}
+
+TEST_F(CudaCodecTest, QsgdDecodeMatchesCpu) {
+  for (const char* bits : {"2", "3", "5", "8"}) {
+    for (const char* bucket : {"1", "7", "512", "3000"}) {
+      for (size_t n : kSizes) {
+        for (bool on_gpu : {false, true}) {
+          for (float alpha : kAlphas) {
+            ExpectSameSums("qsgd",
+                           CodecParams({{"bits", bits}, {"bucket", bucket}}),
+                           Normal(n, 32, 0.01f), on_gpu, alpha);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaCodecTest, QsgdDecodeOfZeroBucketsMatchesCpu) {
+  std::vector<float> v(4096, 0.0f);
+  for (size_t i = 2048; i < v.size(); ++i) v[i] = (i % 3 == 0) ? -0.5f : 0.25f;
+  for (bool on_gpu : {false, true}) {
+    ExpectSameSums("qsgd", CodecParams({{"bucket", "512"}}), v, on_gpu, 0.3f);
   }
 }
 

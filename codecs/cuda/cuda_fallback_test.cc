@@ -2,12 +2,18 @@
 // here): say so with Unavailable, never crash, and check parameters exactly
 // as the CPU codecs do.
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "codecs/codec.h"
+#include "codecs/cpu/dense.h"
+#include "codecs/cpu/int8.h"
+#include "codecs/cpu/qsgd.h"
 #include "codecs/cuda/cuda_codec.h"
 #include "codecs/cuda/device.h"
 #include "codecs/params.h"
+#include "codecs/registry.h"
 #include "codecs/state.h"
 #include "gtest/gtest.h"
 
@@ -32,6 +38,100 @@ TEST(CudaFallbackTest, EncodeIsUnavailableWithoutAGpu) {
     const absl::Status s = (*codec)->Encode(TensorView{values, shape}, state,
                                             StepContext{}, &payload);
     EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << name << ": " << s;
+  }
+}
+
+std::unique_ptr<SingleRoundCodec> CpuCodec(const std::string& name) {
+  CodecRegistry registry;
+  EXPECT_TRUE(RegisterDenseCodecs(registry).ok());
+  EXPECT_TRUE(RegisterInt8(registry).ok());
+  EXPECT_TRUE(RegisterQsgd(registry).ok());
+  std::unique_ptr<Codec> codec = registry.Create(name, CodecParams()).value();
+  return std::unique_ptr<SingleRoundCodec>(
+      dynamic_cast<SingleRoundCodec*>(codec.release()));
+}
+
+Bytes CpuPayload(const std::string& name, const std::vector<float>& values) {
+  const std::vector<int64_t> shape = {static_cast<int64_t>(values.size())};
+  TensorState state;
+  StepContext ctx;
+  ctx.world_size = 2;
+  Bytes payload;
+  EXPECT_TRUE(CpuCodec(name)
+                  ->Encode(TensorView{values, shape}, state, ctx, &payload)
+                  .ok());
+  return payload;
+}
+
+TEST(CudaFallbackTest, DecodeIsUnavailableWithoutAGpu) {
+  if (CudaDeviceAvailable().ok()) GTEST_SKIP() << "a GPU answered";
+  const std::vector<float> values(100, 1.0f);
+  for (const std::string& name : CudaCodecNames()) {
+    std::unique_ptr<CudaCodec> codec =
+        CreateCudaCodec(name, CodecParams()).value();
+    // No GPU: the accumulator is never touched, so none is needed.
+    const absl::Status s = codec->DecodeAddDevice(CpuPayload(name, values),
+                                                  1.0f, nullptr, values.size());
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << name << ": " << s;
+  }
+}
+
+// `payload` with bytes [at, at + size) set to `value` (the header is 32
+// bytes, the 8-byte parameter block follows, then the body).
+Bytes With(Bytes payload, size_t at, size_t size, char value) {
+  for (size_t i = at; i < at + size; ++i) payload[i] = value;
+  return payload;
+}
+
+// Payloads each CPU decoder rejects, one fault each.
+std::vector<Bytes> BadPayloads(const std::string& name, const Bytes& good) {
+  std::vector<Bytes> bad = {
+      Bytes(good.begin(), good.end() - 1),        // truncated
+      With(good, 5, 1, static_cast<char>(0x7F)),  // another codec id
+      With(good, 7, 1, good[7] == 0 ? 1 : 0),     // dense flag flipped
+  };
+  if (name == "int8" || name == "qsgd") {
+    bad.push_back(With(good, 32, 4, 0));  // bucket 0
+    bad.push_back(With(good, 35, 1, 1));  // bucket over 2^20
+    bad.push_back(With(good, 36, 1, 9));  // rounding 9 / 9 bits
+    bad.push_back(With(good, 37, 1, 1));  // reserved parameter byte
+    bad.push_back(With(good, 40, 4, static_cast<char>(0xFF)));  // NaN table
+  } else {
+    bad.push_back(With(good, 32, 1, 9));  // element type
+    bad.push_back(With(good, 33, 1, 1));  // reserved parameter byte
+    bad.push_back(With(good, 36, 4, 0));  // divisor 0
+  }
+  if (name == "qsgd") bad.push_back(With(good, 36, 1, 1));  // 1 bit
+  return bad;
+}
+
+// Checked before the GPU is asked for, so with or without one: every
+// payload the CPU decoder rejects, the GPU decoder rejects too, and the
+// accumulator is never touched (it is null here).
+TEST(CudaFallbackTest, DecodeRejectsWhatTheCpuRejects) {
+  const std::vector<float> values(1000, 0.5f);
+  for (const std::string& name : CudaCodecNames()) {
+    const Bytes good = CpuPayload(name, values);
+    const std::vector<Bytes> bad = BadPayloads(name, good);
+    std::unique_ptr<CudaCodec> gpu =
+        CreateCudaCodec(name, CodecParams()).value();
+    std::unique_ptr<SingleRoundCodec> cpu = CpuCodec(name);
+    for (size_t i = 0; i < bad.size(); ++i) {
+      std::vector<float> acc(values.size(), 0.0f);
+      const absl::Status on_cpu =
+          cpu->DecodeAdd(bad[i], 1.0f, absl::MakeSpan(acc));
+      const absl::Status on_gpu =
+          gpu->DecodeAddDevice(bad[i], 1.0f, nullptr, values.size());
+      EXPECT_EQ(on_cpu.code(), absl::StatusCode::kInvalidArgument)
+          << name << " case " << i << ": " << on_cpu;
+      EXPECT_EQ(on_gpu.code(), absl::StatusCode::kInvalidArgument)
+          << name << " case " << i << ": " << on_gpu;
+    }
+    // A payload for another tensor size.
+    EXPECT_EQ(
+        gpu->DecodeAddDevice(good, 1.0f, nullptr, values.size() + 1).code(),
+        absl::StatusCode::kInvalidArgument)
+        << name;
   }
 }
 

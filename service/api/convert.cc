@@ -55,7 +55,8 @@ absl::StatusOr<ReduceInput> ReduceInputFromProto(
       input.mode = ReduceMode::kGossip;
       input.gossip = GossipSpec{
           request.gossip().topology(), request.gossip().rank(),
-          request.gossip().power_steps(), request.gossip().diffusion()};
+          request.gossip().power_steps(), request.gossip().diffusion(),
+          request.gossip().choco_topk_fraction()};
       break;
     default:
       return absl::InvalidArgumentError(absl::StrCat(

@@ -89,8 +89,10 @@ PeerCollective::PeerCollective(Transport* transport, Mailbox* mailbox,
 absl::Status PeerCollective::SendToOthers(
     const MessageKey& key, std::shared_ptr<const codecs::Bytes> data,
     absl::Time deadline) {
+  // One message, copied for each peer: the copies share its chunk checksums.
+  const OutgoingMessage message = OutgoingMessage::Of(std::move(data));
   for (int to : others_) {
-    GC_RETURN_IF_ERROR(transport_->Send(to, key, data, deadline));
+    GC_RETURN_IF_ERROR(transport_->SendMessage(to, key, message, deadline));
   }
   return absl::OkStatus();
 }

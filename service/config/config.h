@@ -56,7 +56,7 @@ struct FlagOverrides {
 };
 
 // Every field at its default: the listen addresses above, world size 1,
-// error_sample_rate 1, max_tensor_bytes 4 GiB, and the limits'
+// error_sample_rate 0.1, max_tensor_bytes 4 GiB, and the limits'
 // (DefaultMemoryBudgetBytes() for the memory budget).
 v1::DaemonConfig DefaultConfig();
 

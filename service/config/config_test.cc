@@ -27,7 +27,7 @@ TEST(ConfigTest, DefaultsWithoutAFile) {
   EXPECT_EQ(config->listen(), "unix:/run/gradcomp/gradcomp.sock");
   EXPECT_EQ(config->metrics_listen(), "127.0.0.1:9464");
   EXPECT_EQ(config->world_size(), 1u);
-  EXPECT_EQ(config->error_sample_rate(), 1.0);
+  EXPECT_EQ(config->error_sample_rate(), 0.1);
   EXPECT_EQ(config->max_tensor_bytes(), uint64_t{4} << 30);
   // The policy's defaults are written out, so --check_config shows them.
   EXPECT_EQ(config->policy().dense_below_numel(), 1024u);

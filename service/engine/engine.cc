@@ -280,11 +280,12 @@ absl::Status Engine::ImportState(absl::string_view job,
 }
 
 bool Engine::SampleError() {
-  // Deterministic: the n-th reduce is measured when floor(n * rate) steps
-  // up, which measures exactly the configured fraction, evenly spread.
+  // Deterministic: the n-th reduce (from 0) is measured when ceil(n * rate)
+  // steps up, which measures exactly the configured fraction, evenly spread,
+  // starting with the first reduce (a user's first call shows its error).
   const double rate = options_.error_sample_rate;
   const uint64_t n = reduces_.fetch_add(1, std::memory_order_relaxed);
-  return std::floor((n + 1) * rate) > std::floor(n * rate);
+  return std::ceil((n + 1) * rate) > std::ceil(n * rate);
 }
 
 absl::StatusOr<ReduceOutput> Engine::Reduce(const ReduceInput& input) {
@@ -592,9 +593,11 @@ absl::StatusOr<ReduceOutput> Engine::GossipReduce(const ReduceInput& in,
                                                   ReduceOutput out,
                                                   std::string* codec_label) {
   GC_ASSIGN_OR_RETURN(GossipNode * node, gossip_.Node(in.job, in.gossip));
-  const bool exact = node->options().mode == GossipOptions::Mode::kExact;
+  const GossipOptions::Mode mode = node->options().mode;
   ReduceStats& stats = out.stats;
-  *codec_label = exact ? "gossip" : "powergossip";
+  *codec_label = mode == GossipOptions::Mode::kExact   ? "gossip"
+                 : mode == GossipOptions::Mode::kChoco ? "choco-topk"
+                                                       : "powergossip";
   stats.codec = *codec_label;
   stats.raw_bytes = grad.size() * sizeof(float);
   stats.relative_error = std::numeric_limits<double>::quiet_NaN();

@@ -48,7 +48,9 @@ inline constexpr absl::string_view kTensorListKey = "#tensor-list";
 struct EngineOptions {
   uint64_t seed = 0;  // job seed for the codecs' Philox streams
   // Fraction of reduces whose relative error is measured (one extra decode
-  // of the worker's own payload); in [0, 1].
+  // of the worker's own payload); in [0, 1]. Every reduce here, for the
+  // in-process engine of tests and benches; the daemon's default is 0.1
+  // (service/config DefaultConfig, docs/daemon.md).
   double error_sample_rate = 1.0;
   // Largest input accepted, in bytes (of the request's dtype).
   uint64_t max_tensor_bytes = uint64_t{4} << 30;

@@ -176,6 +176,47 @@ TEST_F(EngineGossipTest, PowerGossipKeepsTheMeanAndItsEdgesInTheJobState) {
   }
 }
 
+TEST_F(EngineGossipTest, ChocoKeepsTheMeanSendsTopKAndResumesFromItsState) {
+  // 10 % of 60 entries: 6 (index, value) pairs per neighbour and round.
+  const GossipSpec spec{"ring", 0, 1, 0.2, 0.1};
+  std::vector<std::vector<float>> xs;
+  for (int r = 0; r < kWorld; ++r) xs.push_back(Random(60, 20 + r));
+  std::vector<double> sum(60, 0.0);
+  for (const auto& x : xs) {
+    for (size_t i = 0; i < x.size(); ++i) sum[i] += x[i];
+  }
+  const double start = ConsensusDistance(xs);
+  Rounds(xs, {6, 10}, spec, 0, 20);
+  EXPECT_EQ(last_stats_[0].codec, "choco-topk");
+  EXPECT_EQ(last_stats_[0].wire_bytes, 2u * (32 + 6 * 8));
+  for (size_t i = 0; i < 60; ++i) {
+    double s = 0;
+    for (const auto& x : xs) s += x[i];
+    EXPECT_NEAR(s, sum[i], 1e-5) << "index " << i;
+  }
+  EXPECT_LT(ConsensusDistance(xs), 0.5 * start);
+
+  std::vector<std::string> states;
+  for (int r = 0; r < kWorld; ++r) {
+    absl::StatusOr<std::string> state = engines_[r]->ExportState("job");
+    ASSERT_TRUE(state.ok()) << state.status();
+    states.push_back(*state);
+  }
+  EXPECT_THAT(states[2], HasSubstr("gossip.1.hat"));
+  std::vector<std::vector<float>> restarted = xs;
+  Rounds(xs, {6, 10}, spec, 20, 3);
+  Restart();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(engines_[r]->ImportState("job", states[r]).ok());
+  }
+  Rounds(restarted, {6, 10}, spec, 20, 3);
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(0, std::memcmp(xs[r].data(), restarted[r].data(),
+                             xs[r].size() * sizeof(float)))
+        << "rank " << r;
+  }
+}
+
 TEST_F(EngineGossipTest, EqualInputsComeBackUnchanged) {
   const std::vector<float> same = Random(5 * 7, 3);
   std::vector<std::vector<float>> xs(kWorld, same);

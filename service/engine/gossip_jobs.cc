@@ -18,6 +18,13 @@ struct GossipJobs::Job {
 };
 
 std::string DescribeGossipSpec(const GossipSpec& spec) {
+  if (spec.choco_topk_fraction != 0) {
+    return absl::StrCat("topology '", spec.topology, "', Choco-Gossip top-k ",
+                        spec.choco_topk_fraction, ", ",
+                        spec.power_steps == 0 ? 1 : spec.power_steps,
+                        " step(s), diffusion ",
+                        spec.diffusion == 0 ? 1.0 : spec.diffusion);
+  }
   return absl::StrCat("topology '", spec.topology, "', rank ", spec.rank,
                       spec.rank == 0 ? " (exact gossip)" : "", ", ",
                       spec.power_steps == 0 ? 1 : spec.power_steps,
@@ -31,9 +38,26 @@ absl::StatusOr<GossipOptions> GossipOptionsFromSpec(const GossipSpec& spec) {
         "gossip mode needs gossip.topology: 'ring', 'torus', 'torus:RxC', "
         "'full' or 'edges:a-b[:w],...'");
   }
+  const bool choco = spec.choco_topk_fraction != 0;
+  if (choco &&
+      !(spec.choco_topk_fraction > 0 && spec.choco_topk_fraction <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gossip.choco_topk_fraction is ", spec.choco_topk_fraction,
+                     ", expected 0 (no Choco-Gossip) or the share of each "
+                     "tensor's entries sent per round, in (0, 1]"));
+  }
+  if (choco && spec.rank != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gossip.choco_topk_fraction is ", spec.choco_topk_fraction,
+        " and gossip.rank ", spec.rank,
+        ": Choco-Gossip and PowerGossip exclude each other, expected rank 0 "
+        "with a Choco fraction"));
+  }
   GossipOptions options;
-  options.mode = spec.rank == 0 ? GossipOptions::Mode::kExact
-                                : GossipOptions::Mode::kPowerGossip;
+  options.mode = choco            ? GossipOptions::Mode::kChoco
+                 : spec.rank == 0 ? GossipOptions::Mode::kExact
+                                  : GossipOptions::Mode::kPowerGossip;
+  if (choco) options.choco_fraction = spec.choco_topk_fraction;
   if (spec.rank > 0) options.rank = static_cast<int>(spec.rank);
   if (spec.power_steps > 0) {
     options.iterations = static_cast<int>(spec.power_steps);

@@ -38,6 +38,9 @@ struct GossipSpec {
   uint32_t rank = 0;         // 0: plain (exact) gossip
   uint32_t power_steps = 0;  // 0: 1
   double diffusion = 0;      // 0: 1.0
+  // > 0: Choco-Gossip sending this fraction of each tensor's entries per
+  // round (rank must be 0).
+  double choco_topk_fraction = 0;
 };
 
 // "topology 'ring', rank 1, 1 power step(s), diffusion 1" with defaults

@@ -54,6 +54,24 @@ TEST(GossipSpecTest, DefaultsAndRanges) {
   EXPECT_EQ(DescribeGossipSpec({"ring"}),
             "topology 'ring', rank 0 (exact gossip), 1 power step(s), "
             "diffusion 1");
+  absl::StatusOr<GossipOptions> choco =
+      GossipOptionsFromSpec({"ring", 0, 0, 0.05, 0.02});
+  ASSERT_TRUE(choco.ok()) << choco.status();
+  EXPECT_EQ(choco->mode, GossipOptions::Mode::kChoco);
+  EXPECT_EQ(choco->choco_fraction, 0.02);
+  EXPECT_EQ(choco->gamma, 0.05);
+  EXPECT_EQ(DescribeGossipSpec({"ring", 0, 0, 0.05, 0.02}),
+            "topology 'ring', Choco-Gossip top-k 0.02, 1 step(s), diffusion "
+            "0.05");
+  EXPECT_THAT(
+      GossipOptionsFromSpec({"ring", 1, 0, 0.05, 0.02}).status().message(),
+      HasSubstr("gossip.choco_topk_fraction is 0.02 and gossip.rank 1: "
+                "Choco-Gossip and PowerGossip exclude each other"));
+  EXPECT_THAT(
+      GossipOptionsFromSpec({"ring", 0, 0, 0.05, 1.5}).status().message(),
+      HasSubstr("gossip.choco_topk_fraction is 1.5, expected 0 (no "
+                "Choco-Gossip) or the share of each tensor's entries sent per "
+                "round, in (0, 1]"));
   EXPECT_THAT(GossipOptionsFromSpec({}).status().message(),
               HasSubstr("gossip mode needs gossip.topology"));
   EXPECT_THAT(GossipOptionsFromSpec({"ring", 1, 1, 2.5}).status().message(),

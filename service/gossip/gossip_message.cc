@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace gradcomp::service {
 namespace {
@@ -29,32 +30,30 @@ const char* KindName(uint64_t kind) {
       return "X input (rows x r)";
     case static_cast<uint64_t>(GossipKind::kRight):
       return "X^T input (cols x r)";
+    case static_cast<uint64_t>(GossipKind::kSparse):
+      return "sparse (top-k)";
     default:
       return "unknown";
   }
 }
 
-}  // namespace
-
-void WriteGossipMessage(const GossipMessageHeader& header,
-                        absl::Span<const float> values, codecs::Bytes* out) {
-  out->assign(kGossipHeaderBytes + values.size() * sizeof(float), '\0');
+void WriteHeader(const GossipMessageHeader& header, uint64_t count,
+                 size_t body_bytes, codecs::Bytes* out) {
+  out->assign(kGossipHeaderBytes + body_bytes, '\0');
   char* p = out->data();
   Store(kMagic, 4, p);
   Store(kVersion, 1, p + 4);
   Store(static_cast<uint8_t>(header.kind), 1, p + 5);
   Store(header.rank, 4, p + 8);
   Store(header.power_step, 8, p + 16);
-  Store(values.size(), 8, p + 24);
-  if (!values.empty()) {
-    std::memcpy(p + kGossipHeaderBytes, values.data(),
-                values.size() * sizeof(float));
-  }
+  Store(count, 8, p + 24);
 }
 
-absl::Status ReadGossipMessage(absl::string_view bytes,
-                               const GossipMessageHeader& expected,
-                               absl::Span<float> out) {
+// Checks everything but the body's contents: `entry_bytes` per counted
+// value (4, or 8 for an index and a value).
+absl::Status CheckHeader(absl::string_view bytes,
+                         const GossipMessageHeader& expected,
+                         size_t entry_bytes) {
   if (bytes.size() < kGossipHeaderBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "gossip message of ", bytes.size(), " bytes is shorter than its ",
@@ -89,17 +88,86 @@ absl::Status ReadGossipMessage(absl::string_view bytes,
         "; expected the same gossip options on "
         "both ends of an edge"));
   }
-  if (count != expected.count || count != out.size() ||
-      (bytes.size() - kGossipHeaderBytes) / sizeof(float) != count ||
-      (bytes.size() - kGossipHeaderBytes) % sizeof(float) != 0) {
+  const size_t body = bytes.size() - kGossipHeaderBytes;
+  if (count != expected.count || body / entry_bytes != count ||
+      body % entry_bytes != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "gossip message of ", bytes.size(), " bytes says ", count,
         " values; expected ", expected.count, " values (",
-        kGossipHeaderBytes + expected.count * sizeof(float),
+        kGossipHeaderBytes + expected.count * entry_bytes,
         " bytes): does the neighbour's tensor have the same shape?"));
   }
-  if (count > 0) {
-    std::memcpy(out.data(), p + kGossipHeaderBytes, count * sizeof(float));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void WriteGossipMessage(const GossipMessageHeader& header,
+                        absl::Span<const float> values, codecs::Bytes* out) {
+  WriteHeader(header, values.size(), values.size() * sizeof(float), out);
+  if (!values.empty()) {
+    std::memcpy(out->data() + kGossipHeaderBytes, values.data(),
+                values.size() * sizeof(float));
+  }
+}
+
+void WriteSparseGossipMessage(const GossipMessageHeader& header,
+                              absl::Span<const uint32_t> indices,
+                              absl::Span<const float> values,
+                              codecs::Bytes* out) {
+  const size_t n = indices.size();
+  WriteHeader(header, n, n * (sizeof(uint32_t) + sizeof(float)), out);
+  if (n > 0) {
+    char* body = out->data() + kGossipHeaderBytes;
+    std::memcpy(body, indices.data(), n * sizeof(uint32_t));
+    std::memcpy(body + n * sizeof(uint32_t), values.data(), n * sizeof(float));
+  }
+}
+
+absl::Status ReadGossipMessage(absl::string_view bytes,
+                               const GossipMessageHeader& expected,
+                               absl::Span<float> out) {
+  if (expected.count != out.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gossip message expected with ", expected.count,
+                     " values into ", out.size()));
+  }
+  GC_RETURN_IF_ERROR(CheckHeader(bytes, expected, sizeof(float)));
+  if (expected.count > 0) {
+    std::memcpy(out.data(), bytes.data() + kGossipHeaderBytes,
+                expected.count * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadSparseGossipMessage(absl::string_view bytes,
+                                     const GossipMessageHeader& expected,
+                                     uint64_t size,
+                                     absl::Span<uint32_t> indices,
+                                     absl::Span<float> values) {
+  const size_t n = expected.count;
+  if (n != indices.size() || n != values.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sparse gossip message expected with ", n, " entries into ",
+        indices.size(), " indices and ", values.size(), " values"));
+  }
+  GC_RETURN_IF_ERROR(
+      CheckHeader(bytes, expected, sizeof(uint32_t) + sizeof(float)));
+  const char* body = bytes.data() + kGossipHeaderBytes;
+  uint64_t previous = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t index = Load(body + i * sizeof(uint32_t), 4);
+    if (index >= size || (i > 0 && index <= previous)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sparse gossip message entry ", i, " has index ", index,
+          ", expected indices strictly increasing and below the tensor's ",
+          size, " elements"));
+    }
+    previous = index;
+  }
+  if (n > 0) {
+    std::memcpy(indices.data(), body, n * sizeof(uint32_t));
+    std::memcpy(values.data(), body + n * sizeof(uint32_t), n * sizeof(float));
   }
   return absl::OkStatus();
 }

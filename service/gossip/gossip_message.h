@@ -8,13 +8,17 @@
 //        0     4  magic "GOSP"
 //        4     1  version (1)
 //        5     1  kind: 1 plain (the whole tensor), 2 X input (rows x r),
-//                 3 X^T input (cols x r)
+//                 3 X^T input (cols x r), 4 sparse (Choco-Gossip's top-k)
 //        6     2  reserved, 0
 //        8     4  r (0 for plain)
 //       12     4  reserved, 0
 //       16     8  power step on this edge (1-based; 0 for plain)
 //       24     8  value count n
 //       32    4n  fp32 values
+//
+// A sparse message (kind 4, r 0, the edge's Choco step) holds n uint32
+// indices, strictly increasing and below the tensor's size, then their n
+// fp32 values: 32 + 8n bytes.
 //
 //   WriteGossipMessage(header, values, &bytes);
 //   GC_RETURN_IF_ERROR(ReadGossipMessage(bytes, expected, absl::MakeSpan(v)));
@@ -32,7 +36,12 @@ namespace gradcomp::service {
 
 inline constexpr size_t kGossipHeaderBytes = 32;
 
-enum class GossipKind : uint8_t { kPlain = 1, kLeft = 2, kRight = 3 };
+enum class GossipKind : uint8_t {
+  kPlain = 1,
+  kLeft = 2,
+  kRight = 3,
+  kSparse = 4
+};
 
 struct GossipMessageHeader {
   GossipKind kind = GossipKind::kPlain;
@@ -50,6 +59,23 @@ void WriteGossipMessage(const GossipMessageHeader& header,
 absl::Status ReadGossipMessage(absl::string_view bytes,
                                const GossipMessageHeader& expected,
                                absl::Span<float> out);
+
+// A sparse message: header.kind must be kSparse; `indices` and `values` have
+// the same length, which the header's count is set to.
+void WriteSparseGossipMessage(const GossipMessageHeader& header,
+                              absl::Span<const uint32_t> indices,
+                              absl::Span<const float> values,
+                              codecs::Bytes* out);
+
+// Checks a sparse message completely against `expected` (kind, step and
+// count) and its indices against `size` (strictly increasing, below it),
+// then copies them into `indices` and `values` (expected.count each).
+// InvalidArgument otherwise; the outputs are then untouched.
+absl::Status ReadSparseGossipMessage(absl::string_view bytes,
+                                     const GossipMessageHeader& expected,
+                                     uint64_t size,
+                                     absl::Span<uint32_t> indices,
+                                     absl::Span<float> values);
 
 }  // namespace gradcomp::service
 

@@ -70,5 +70,48 @@ TEST(GossipMessageTest, RefusesWhatTheOtherEndDoesNotExpect) {
   EXPECT_EQ(out, std::vector<float>(4, -1.0f));
 }
 
+TEST(GossipMessageTest, SparseRoundTripsAndRefusesBadIndices) {
+  const std::vector<uint32_t> indices = {2, 5, 9};
+  const std::vector<float> values = {1.5f, -2.0f, 3.25f};
+  const GossipMessageHeader header{GossipKind::kSparse, 0, 4, 3};
+  codecs::Bytes bytes;
+  WriteSparseGossipMessage(header, indices, values, &bytes);
+  EXPECT_EQ(bytes.size(), kGossipHeaderBytes + 24);
+  std::vector<uint32_t> got_indices(3);
+  std::vector<float> got_values(3);
+  ASSERT_TRUE(ReadSparseGossipMessage(bytes, header, 10,
+                                      absl::MakeSpan(got_indices),
+                                      absl::MakeSpan(got_values))
+                  .ok());
+  EXPECT_EQ(got_indices, indices);
+  EXPECT_EQ(got_values, values);
+
+  std::vector<uint32_t> untouched(3, 77);
+  EXPECT_THAT(
+      ReadSparseGossipMessage(bytes, header, 9, absl::MakeSpan(untouched),
+                              absl::MakeSpan(got_values))
+          .message(),
+      HasSubstr("entry 2 has index 9, expected indices strictly "
+                "increasing and below the tensor's 9 elements"));
+  EXPECT_EQ(untouched, std::vector<uint32_t>(3, 77));
+  WriteSparseGossipMessage(header, {2, 2, 9}, values, &bytes);
+  EXPECT_THAT(
+      ReadSparseGossipMessage(bytes, header, 10, absl::MakeSpan(got_indices),
+                              absl::MakeSpan(got_values))
+          .message(),
+      HasSubstr("entry 1 has index 2"));
+  EXPECT_THAT(ReadSparseGossipMessage(bytes, {GossipKind::kSparse, 0, 5, 3}, 10,
+                                      absl::MakeSpan(got_indices),
+                                      absl::MakeSpan(got_values))
+                  .message(),
+              HasSubstr("neighbour is at power step 4"));
+  bytes.resize(bytes.size() - 4);
+  EXPECT_THAT(
+      ReadSparseGossipMessage(bytes, header, 10, absl::MakeSpan(got_indices),
+                              absl::MakeSpan(got_values))
+          .message(),
+      HasSubstr("expected 3 values (56 bytes)"));
+}
+
 }  // namespace
 }  // namespace gradcomp::service

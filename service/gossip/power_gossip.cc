@@ -10,6 +10,7 @@
 #include "base/status_macros.h"
 #include "codecs/cpu/linalg.h"
 #include "codecs/random.h"
+#include "service/gossip/choco_gossip.h"
 #include "service/gossip/gossip_message.h"
 
 namespace gradcomp::service {
@@ -32,10 +33,15 @@ codecs::PhiloxStream EdgeStream(uint64_t seed, const std::string& tensor,
       (static_cast<uint32_t>(lo) << 16) | static_cast<uint32_t>(hi));
 }
 
-// The state buffer of the edge with `neighbour` (power_gossip.h).
+// The state buffer of the edge with `neighbour` (power_gossip.h); -1 names
+// this rank's own Choco copy, "gossip.self.hat".
 std::string EdgeBuffer(int neighbour, absl::string_view what) {
+  if (neighbour < 0) return absl::StrCat("gossip.self.", what);
   return absl::StrCat("gossip.", neighbour, ".", what);
 }
+
+// Choco's step count, in 24-bit halves like an edge's power steps.
+constexpr absl::string_view kChocoMeta = "gossip.choco";
 
 // An edge's scalars as exact floats: the power step count in 24-bit
 // halves, the next step's side and r_eff.
@@ -60,6 +66,9 @@ absl::Status ValidateGossipOptions(const GossipOptions& options) {
           absl::StrCat("gossip ", name, " ", value, " is not in (0, 2]"));
     }
   }
+  if (options.mode == GossipOptions::Mode::kChoco) {
+    return ValidateChocoFraction(options.choco_fraction);
+  }
   return absl::OkStatus();
 }
 
@@ -73,6 +82,11 @@ struct GossipNode::TensorGossip {
   // Indexed like the topology's neighbours of this rank; empty until the
   // first low-rank round.
   std::vector<Edge> edges ABSL_GUARDED_BY(mu);
+  // Choco: x_hat_i, and x_hat_j indexed like the neighbours; empty until
+  // the first Choco round.
+  std::vector<float> own_hat ABSL_GUARDED_BY(mu);
+  std::vector<std::vector<float>> hats ABSL_GUARDED_BY(mu);
+  uint64_t choco_steps ABSL_GUARDED_BY(mu) = 0;
 };
 
 GossipNode::GossipNode(Topology topology, int rank, GossipOptions options,
@@ -123,6 +137,11 @@ absl::Status GossipNode::LoadEdges(const codecs::TensorState& state,
                                    absl::Span<const int64_t> shape,
                                    TensorGossip& t) const {
   t.shape.assign(shape.begin(), shape.end());
+  if (options_.mode == GossipOptions::Mode::kChoco) {
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    return LoadChoco(state, numel, t);
+  }
   const absl::Span<const Neighbour> neighbours = topology_.neighbours(rank_);
   const auto& buffers = state.buffers();
   auto find = [&](int j, absl::string_view what) -> const std::vector<float>* {
@@ -176,9 +195,54 @@ absl::Status GossipNode::LoadEdges(const codecs::TensorState& state,
   return absl::OkStatus();
 }
 
+absl::Status GossipNode::LoadChoco(const codecs::TensorState& state,
+                                   int64_t numel, TensorGossip& t) const {
+  const absl::Span<const Neighbour> neighbours = topology_.neighbours(rank_);
+  const auto& buffers = state.buffers();
+  auto meta = buffers.find(kChocoMeta);
+  if (meta == buffers.end()) return absl::OkStatus();
+  if (meta->second.size() != 2) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("its Choco step count has ", meta->second.size(),
+                     " values, expected 2"));
+  }
+  t.choco_steps = static_cast<uint64_t>(meta->second[0]) +
+                  static_cast<uint64_t>(meta->second[1]) * kMetaHalf;
+  t.hats.resize(neighbours.size());
+  for (size_t e = 0; e <= neighbours.size(); ++e) {
+    const std::string name = e == neighbours.size()
+                                 ? EdgeBuffer(-1, "hat")
+                                 : EdgeBuffer(neighbours[e].rank, "hat");
+    auto it = buffers.find(name);
+    if (it == buffers.end() ||
+        it->second.size() != static_cast<size_t>(numel)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Choco copy '", name, "' has ",
+          it == buffers.end() ? 0 : it->second.size(), " values, expected ",
+          numel, " (one per element, for each neighbour in topology '",
+          topology_.name(), "')"));
+    }
+    (e == neighbours.size() ? t.own_hat : t.hats[e]) = it->second;
+  }
+  return absl::OkStatus();
+}
+
 void GossipNode::SaveEdges(const TensorGossip& t,
                            codecs::TensorState& state) const {
   const absl::Span<const Neighbour> neighbours = topology_.neighbours(rank_);
+  if (!t.own_hat.empty()) {
+    absl::Span<float> meta = state.Buffer(std::string(kChocoMeta), 2);
+    meta[0] = static_cast<float>(t.choco_steps % kMetaHalf);
+    meta[1] = static_cast<float>(t.choco_steps / kMetaHalf);
+    for (size_t e = 0; e <= neighbours.size(); ++e) {
+      const std::vector<float>& hat =
+          e == neighbours.size() ? t.own_hat : t.hats[e];
+      absl::Span<float> out = state.Buffer(
+          EdgeBuffer(e == neighbours.size() ? -1 : neighbours[e].rank, "hat"),
+          hat.size());
+      std::copy(hat.begin(), hat.end(), out.begin());
+    }
+  }
   for (size_t e = 0; e < t.edges.size(); ++e) {
     const int j = neighbours[e].rank;
     const TensorGossip::Edge& edge = t.edges[e];
@@ -221,17 +285,23 @@ absl::StatusOr<GossipStats> GossipNode::RoundOn(TensorGossip& tensor,
   stats.bytes_to_neighbour.assign(neighbours.size(), 0);
   if (neighbours.empty() || numel == 0) return stats;
 
+  if (!std::equal(shape.begin(), shape.end(), t->shape.begin(),
+                  t->shape.end())) {
+    t->shape.assign(shape.begin(), shape.end());
+    t->edges.clear();
+    t->own_hat.clear();
+    t->hats.clear();
+    t->choco_steps = 0;
+  }
+  if (options_.mode == GossipOptions::Mode::kChoco) {
+    return ChocoRoundOn(*t, collective, key, x);
+  }
   const bool low_rank = options_.mode == GossipOptions::Mode::kPowerGossip &&
                         shape.size() >= 2 && shape[0] > 0;
   const int64_t rows = low_rank ? shape[0] : numel;
   const int64_t cols = low_rank ? numel / rows : 1;
   const int r =
       static_cast<int>(std::min<int64_t>({options_.rank, rows, cols}));
-  if (!std::equal(shape.begin(), shape.end(), t->shape.begin(),
-                  t->shape.end())) {
-    t->shape.assign(shape.begin(), shape.end());
-    t->edges.clear();
-  }
   if (low_rank && (t->edges.empty() || !options_.warm_start)) {
     // The first round (or, without warm start, every round) starts from
     // fresh Gaussian q, the same at both ends of each edge.
@@ -371,6 +441,112 @@ absl::StatusOr<GossipStats> GossipNode::RoundOn(TensorGossip& tensor,
     }
   }
   return stats;
+}
+
+absl::StatusOr<GossipStats> GossipNode::ChocoRoundOn(TensorGossip& t,
+                                                     Collective& collective,
+                                                     const RoundKey& key,
+                                                     absl::Span<float> x) {
+  const int64_t numel = static_cast<int64_t>(x.size());
+  if (numel > int64_t{UINT32_MAX}) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", key.tensor, "' has ", numel,
+        " elements; Choco-Gossip's 32-bit indices allow at most ", UINT32_MAX));
+  }
+  const absl::Span<const Neighbour> neighbours = topology_.neighbours(rank_);
+  if (t.own_hat.empty()) {
+    t.own_hat.assign(x.size(), 0.0f);
+    t.hats.assign(neighbours.size(), std::vector<float>(x.size(), 0.0f));
+    t.choco_steps = 0;
+  }
+  const int64_t k = ChocoK(options_.choco_fraction, numel);
+  GossipStats stats;
+  stats.bytes_to_neighbour.assign(neighbours.size(), 0);
+  std::vector<int> ranks(neighbours.size());
+  for (size_t e = 0; e < neighbours.size(); ++e) ranks[e] = neighbours[e].rank;
+  std::vector<float> diff(x.size());
+  std::vector<uint32_t> indices;
+  std::vector<float> values(k);
+  std::vector<uint32_t> their_indices(k);
+  std::vector<float> their_values(k);
+  const float gamma = static_cast<float>(options_.gamma);
+  for (int it = 0; it < options_.iterations; ++it) {
+    RoundKey step_key = key;
+    step_key.round = it;
+    for (int64_t i = 0; i < numel; ++i) diff[i] = x[i] - t.own_hat[i];
+    TopKIndices(diff, k, &indices);
+    for (int64_t i = 0; i < k; ++i) {
+      values[i] = diff[indices[i]];
+      t.own_hat[indices[i]] += values[i];
+    }
+    const GossipMessageHeader header{GossipKind::kSparse, 0, t.choco_steps + 1,
+                                     static_cast<uint64_t>(k)};
+    std::vector<codecs::Bytes> parts(neighbours.size());
+    for (size_t e = 0; e < neighbours.size(); ++e) {
+      WriteSparseGossipMessage(header, indices, values, &parts[e]);
+      stats.bytes_to_neighbour[e] += parts[e].size();
+      stats.bytes_sent += parts[e].size();
+    }
+    absl::StatusOr<std::vector<codecs::Bytes>> got =
+        collective.ExchangeWithNeighbours(step_key, ranks, std::move(parts));
+    if (!got.ok()) {
+      return absl::Status(
+          got.status().code(),
+          absl::StrCat("gossip of tensor '", key.tensor, "' step ", key.step,
+                       ": ", got.status().message()));
+    }
+    for (size_t e = 0; e < neighbours.size(); ++e) {
+      absl::Status read = ReadSparseGossipMessage(
+          (*got)[e], header, static_cast<uint64_t>(numel),
+          absl::MakeSpan(their_indices), absl::MakeSpan(their_values));
+      if (!read.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "gossip of tensor '", key.tensor, "' step ", key.step,
+            " with rank ", neighbours[e].rank, ": ", read.message()));
+      }
+      std::vector<float>& hat = t.hats[e];
+      for (int64_t i = 0; i < k; ++i) {
+        hat[their_indices[i]] += their_values[i];
+      }
+    }
+    ++t.choco_steps;
+    for (int64_t i = 0; i < numel; ++i) {
+      float mix = 0;
+      for (size_t e = 0; e < neighbours.size(); ++e) {
+        mix += static_cast<float>(neighbours[e].weight) *
+               (t.hats[e][i] - t.own_hat[i]);
+      }
+      x[i] += gamma * mix;
+    }
+  }
+  return stats;
+}
+
+absl::StatusOr<std::vector<float>> GossipNode::ChocoCopy(
+    const std::string& tensor, int owner) const {
+  TensorGossip* t = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tensors_.find(tensor);
+    if (it != tensors_.end()) t = it->second.get();
+  }
+  if (t == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("no gossip state for tensor '", tensor, "'"));
+  }
+  absl::MutexLock lock(&t->mu);
+  if (t->own_hat.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("tensor '", tensor, "' has had no Choco round"));
+  }
+  if (owner == rank_) return t->own_hat;
+  const absl::Span<const Neighbour> neighbours = topology_.neighbours(rank_);
+  for (size_t e = 0; e < neighbours.size(); ++e) {
+    if (neighbours[e].rank == owner) return t->hats[e];
+  }
+  return absl::NotFoundError(absl::StrCat("rank ", owner,
+                                          " is not a neighbour of rank ", rank_,
+                                          " in '", topology_.name(), "'"));
 }
 
 absl::StatusOr<EdgeFactors> GossipNode::Factors(const std::string& tensor,

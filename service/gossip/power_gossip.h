@@ -27,6 +27,15 @@
 // Every edge's update in a power step uses the X from the start of that
 // step, so a step is one exchange with all neighbours at once.
 //
+// Choco-Gossip (Koloskova, Stich, Jaggi, ICML 2019; the top-k baseline of
+// the PowerGossip paper), in Mode::kChoco, on every tensor seen flat: rank
+// i keeps x_hat_i (its public copy) and x_hat_j of each neighbour, all
+// starting at 0. A step sends q_i = topk(x_i - x_hat_i) (k =
+// ChocoK(choco_fraction, n) indices and values, choco_gossip.h) to every
+// neighbour, adds q_i to x_hat_i and each received q_j to x_hat_j (the
+// same float additions on the same values as at j, so the copies agree bit
+// for bit), then x_i += gamma sum_j w_ij (x_hat_j - x_hat_i).
+//
 // Thread-safe: many tensors may run at once (one at a time per tensor).
 #ifndef GRADCOMP_SERVICE_GOSSIP_POWER_GOSSIP_H_
 #define GRADCOMP_SERVICE_GOSSIP_POWER_GOSSIP_H_
@@ -49,7 +58,7 @@
 namespace gradcomp::service {
 
 struct GossipOptions {
-  enum class Mode { kExact, kPowerGossip };
+  enum class Mode { kExact, kPowerGossip, kChoco };
   Mode mode = Mode::kPowerGossip;
   int rank = 1;        // r, in [1, 1024]; r_eff = min(r, rows, cols)
   int iterations = 1;  // power steps per round, in [1, 64]
@@ -61,6 +70,9 @@ struct GossipOptions {
   // Diffusion rate of plain gossip, which removes the whole difference: 1
   // is the mixing matrix itself. In (0, 2].
   double exact_gamma = 1.0;
+  // Mode::kChoco: the share of a tensor's entries sent per neighbour and
+  // step, in (0, 1]; `gamma` is Choco's consensus step size.
+  double choco_fraction = 0.01;
 };
 
 absl::Status ValidateGossipOptions(const GossipOptions& options);
@@ -101,7 +113,8 @@ class GossipNode {
   // The same round with the tensor's edges kept in `state` (the daemon's
   // per-job codec state, so that they are exported, imported and freed
   // with it) instead of in this node: buffers "gossip.<neighbour>.p", ".q"
-  // and ".meta" per edge. FailedPrecondition when `state` holds edges that
+  // and ".meta" per edge (Choco: "gossip.self.hat", "gossip.<neighbour>.hat"
+  // and "gossip.choco"). FailedPrecondition when `state` holds edges that
   // do not fit the shape, rank or topology (an import from another job).
   absl::StatusOr<GossipStats> Round(Collective& collective, const RoundKey& key,
                                     absl::Span<const int64_t> shape,
@@ -112,6 +125,13 @@ class GossipNode {
   // tensor's first low-rank round.
   absl::StatusOr<EdgeFactors> Factors(const std::string& tensor,
                                       int neighbour) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Choco: a copy of the public copy x_hat of `owner` (this rank or a
+  // neighbour) that this rank holds for `tensor`; NotFound before the
+  // tensor's first Choco round or for a rank that is not a neighbour.
+  absl::StatusOr<std::vector<float>> ChocoCopy(const std::string& tensor,
+                                               int owner) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
   const Topology& topology() const { return topology_; }
@@ -127,6 +147,13 @@ class GossipNode {
                                       const RoundKey& key,
                                       absl::Span<const int64_t> shape,
                                       absl::Span<float> x);
+  // Mode::kChoco's round, called by RoundOn once the arguments are checked.
+  absl::StatusOr<GossipStats> ChocoRoundOn(TensorGossip& t,
+                                           Collective& collective,
+                                           const RoundKey& key,
+                                           absl::Span<float> x);
+  absl::Status LoadChoco(const codecs::TensorState& state, int64_t numel,
+                         TensorGossip& t) const;
   absl::Status LoadEdges(const codecs::TensorState& state,
                          absl::Span<const int64_t> shape,
                          TensorGossip& t) const;

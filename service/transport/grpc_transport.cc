@@ -57,9 +57,14 @@ absl::Status FromGrpc(const grpc::Status& status) {
 grpc::ChannelArguments ChannelArgs() {
   grpc::ChannelArguments args;
   // A peer that vanishes without closing its socket (host down, network
-  // split) is noticed by keepalive pings within ~15 s.
+  // split) is noticed by keepalive pings within ~30 s. The timeout is gRPC's
+  // default, 20 s, not shorter: a ping's ack waits behind the data in flight
+  // on the same connection and behind the peer's event loop, and a busy peer
+  // on a loaded host must not have its stream closed mid-step (with 5 s
+  // that happened under load; docs/peers.md). The collective deadline, not
+  // keepalive, is what bounds a step.
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // Reconnect to a restarted peer quickly; gRPC's default starts at 1 s.
@@ -551,7 +556,8 @@ class GrpcTransport::Impl final : public grpc::Service {
   }
 
   // Writes `queued` as chunks of at most chunk_bytes, each with its
-  // CRC-32C; the chunks are slices of the message's own parts, not copies.
+  // CRC-32C (computed once for all the peers the message goes to); the
+  // chunks are slices of the message's own parts, not copies.
   bool WriteMessage(int to, const Queued& queued, ClientStream* stream) {
     const OutgoingMessage& message = queued.message;
     v1::MessageHeader header;
@@ -564,18 +570,15 @@ class GrpcTransport::Impl final : public grpc::Service {
     size_t part = 0;
     size_t offset = 0;  // into parts[part]
     uint64_t sent = 0;
+    size_t chunk = 0;
     std::vector<absl::string_view> pieces;
     do {
       pieces.clear();
       uint64_t n = 0;
-      uint32_t crc = 0;
       while (n < options_.chunk_bytes && part < message.parts.size()) {
         const absl::string_view piece =
             message.parts[part].substr(offset, options_.chunk_bytes - n);
-        if (!piece.empty()) {
-          pieces.push_back(piece);
-          crc = Crc32cExtend(crc, piece.data(), piece.size());
-        }
+        if (!piece.empty()) pieces.push_back(piece);
         n += piece.size();
         offset += piece.size();
         if (offset == message.parts[part].size()) {
@@ -583,6 +586,7 @@ class GrpcTransport::Impl final : public grpc::Service {
           offset = 0;
         }
       }
+      const uint32_t crc = message.checksums->Of(chunk++, pieces);
       const v1::MessageHeader* first = sent == 0 ? &header : nullptr;
       grpc::ByteBuffer frame;
       if (options_.tamper_for_test) {

@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "codecs/tensor.h"
+#include "service/transport/chunk_checksums.h"
 
 namespace gradcomp::service {
 
@@ -71,9 +72,13 @@ class Receiver {
 // The bytes of one outgoing message: `parts` in order, pointing into memory
 // that `owner` keeps alive until the transport has written them, so that a
 // message can be a slice of a payload plus a small header without a copy.
+// Copies share `checksums`: send one message to several peers by copying
+// it, and its chunks are checksummed once.
 struct OutgoingMessage {
   std::shared_ptr<const void> owner;
   std::vector<absl::string_view> parts;
+  std::shared_ptr<ChunkChecksums> checksums =
+      std::make_shared<ChunkChecksums>();
 
   uint64_t size() const {
     uint64_t n = 0;

@@ -213,7 +213,7 @@ class DashboardAndAlertsTest(unittest.TestCase):
         if self.prometheus is not None:
             self.prometheus.stop()
         for daemon in self.daemons:
-            daemon.__exit__(None, None, None)
+            daemon.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def start_daemons(self) -> None:

@@ -108,11 +108,15 @@ class Gossip:
     each edge for matrices (1-D tensors always gossip plainly), with
     `power_steps` power steps per reduce (0 = 1). `diffusion` is the step
     size gamma (0 = 1.0; the PowerGossip paper's default is 1.308).
+    `choco_topk_fraction` > 0 (with rank 0) runs Choco-Gossip instead,
+    sending the top fraction of each tensor's entries per round, with
+    `diffusion` as its consensus step size.
     Every worker of a job must name the same spec."""
     topology: str = "ring"
     rank: int = 1
     power_steps: int = 1
     diffusion: float = 0.0
+    choco_topk_fraction: float = 0.0
 
     def __post_init__(self):
         if not self.topology:
@@ -122,6 +126,14 @@ class Gossip:
             raise ValueError(f"Gossip: rank, power_steps and diffusion must be "
                              f">= 0, got {self.rank}, {self.power_steps}, "
                              f"{self.diffusion}")
+        if not 0 <= self.choco_topk_fraction <= 1:
+            raise ValueError(f"Gossip: choco_topk_fraction must be in [0, 1] "
+                             f"(0: no Choco-Gossip), got "
+                             f"{self.choco_topk_fraction}")
+        if self.choco_topk_fraction > 0 and self.rank != 0:
+            raise ValueError(f"Gossip: Choco-Gossip (choco_topk_fraction "
+                             f"{self.choco_topk_fraction}) needs rank 0, got "
+                             f"rank {self.rank}")
 
 
 def _set_mode(request: gradcomp_pb2.ReduceRequest, gossip: Gossip | None,
@@ -139,7 +151,8 @@ def _set_mode(request: gradcomp_pb2.ReduceRequest, gossip: Gossip | None,
         request.mode = gradcomp_pb2.REDUCE_MODE_GOSSIP
         request.gossip.CopyFrom(gradcomp_pb2.GossipSpec(
             topology=gossip.topology, rank=gossip.rank,
-            power_steps=gossip.power_steps, diffusion=gossip.diffusion))
+            power_steps=gossip.power_steps, diffusion=gossip.diffusion,
+            choco_topk_fraction=gossip.choco_topk_fraction))
     if consensus_distance is not None:
         request.consensus_distance = consensus_distance
 

@@ -4,6 +4,13 @@
         client = gradcomp.Client(daemon.target)
         scrape(daemon.metrics_url)
 
+A Daemon owns a temporary directory holding its log (`log_path`, read with
+`log()`), and its unix socket and token file when it has them. `stop()`
+ends the process and keeps the directory, so the log can still be read;
+`close()` (or leaving the `with` block) stops the process and removes the
+directory. A Daemon that is never closed has its directory removed when it
+is garbage-collected or at interpreter exit.
+
 The binary is $GRADCOMPD, else bazel-bin/service/gradcompd of this checkout
 (build it with `bazel build //service:gradcompd`).
 """
@@ -112,8 +119,10 @@ class Daemon:
             # bind; try again with new ones.
             if attempt == attempts - 1:
                 break
-        raise RuntimeError(f"gradcompd did not start ({self.binary}); "
-                           f"its log:\n{self.log()[-4000:]}")
+        message = (f"gradcompd did not start ({self.binary}); "
+                   f"its log:\n{self.log()[-4000:]}")
+        self.close()
+        raise RuntimeError(message)
 
     def _wait_serving(self) -> bool:
         """True once GetInfo answers; False if the process exits first."""
@@ -133,19 +142,27 @@ class Daemon:
                         raise
             time.sleep(0.05)
         self.stop()
-        raise RuntimeError(f"gradcompd did not answer GetInfo within "
-                           f"{self.start_timeout} s; its log:\n{self.log()[-4000:]}")
+        message = (f"gradcompd did not answer GetInfo within "
+                   f"{self.start_timeout} s; its log:\n{self.log()[-4000:]}")
+        self.close()
+        raise RuntimeError(message)
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
     def stop(self) -> None:
+        """Ends the process (SIGTERM, then SIGKILL); the log stays readable."""
         if self.process is not None:
             stop_process(self.process)
+
+    def close(self) -> None:
+        """Stops the process and removes the temporary directory, log
+        included. Safe to call more than once."""
+        self.stop()
+        self._dir.cleanup()
 
     def __enter__(self) -> "Daemon":
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-        self._dir.cleanup()
+        self.close()

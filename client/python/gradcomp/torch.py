@@ -30,6 +30,9 @@ mixed parameters back in place, and hands DDP the bucket's local gradient
 unchanged. The optimizer then applies the local gradient to the mixed
 model: x_i <- sum_j w_ij x_j - lr g_i(x_i). No worker ever holds the
 average; docs/gossip.md ("Training through the hook") says why this way.
+To resume in gossip mode, load each worker's own model checkpoint AFTER
+wrapping the model in DDP: DDP's constructor copies rank 0's parameters to
+every rank, which would replace the workers' differing models.
 """
 # No `from __future__ import annotations`: DDP checks the hook's annotations
 # against dist.GradBucket and torch.futures.Future by value, not as strings.

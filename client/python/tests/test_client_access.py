@@ -35,7 +35,7 @@ class TokenTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        cls.daemon.stop()
+        cls.daemon.close()
 
     def _info_code(self, token: str) -> grpc.StatusCode:
         with gradcomp.Client(self.daemon.target, timeout=10.0, token=token) as client:
@@ -84,14 +84,14 @@ class UnixSocketTest(unittest.TestCase):
             with gradcomp.Client(daemon.target, timeout=10.0, token="") as client:
                 self.assertTrue(client.info().version)
         finally:
-            daemon.stop()
+            daemon.close()
 
     def test_socket_mode_flag(self):
         daemon = Daemon(["--socket_mode=0600"], unix_socket=True).start()
         try:
             self.assertEqual(stat.S_IMODE(os.stat(daemon.socket_path).st_mode), 0o600)
         finally:
-            daemon.stop()
+            daemon.close()
 
     def test_the_mode_decides_who_may_connect(self):
         if os.geteuid() != 0:
@@ -112,7 +112,7 @@ class UnixSocketTest(unittest.TestCase):
                 if not allowed:
                     self.assertIn("PermissionError", connect.stderr)
             finally:
-                daemon.stop()
+                daemon.close()
 
 
 class StartCheckTest(unittest.TestCase):
@@ -153,7 +153,7 @@ class ShmPrefixTest(unittest.TestCase):
                     client.register_shm("grads", allowed)
                     client.unregister_shm("grads")
         finally:
-            daemon.stop()
+            daemon.close()
 
     def test_a_region_of_another_uid_is_refused_naming_both(self):
         if os.geteuid() != 0:
@@ -179,8 +179,8 @@ class ShmPrefixTest(unittest.TestCase):
                     client.register_shm("grads", region)
                     client.unregister_shm("grads")
         finally:
-            daemon.stop()
-            trusting.stop()
+            daemon.close()
+            trusting.close()
 
 
 if __name__ == "__main__":

@@ -39,6 +39,17 @@ class GossipSpecTest(unittest.TestCase):
                          ("torus:2x2", 2, 3, 1.308))
         self.assertEqual(request.consensus_distance, 0.25)
 
+    def test_choco_spec_sets_the_fraction_and_needs_rank_0(self):
+        request = gradcomp_pb2.ReduceRequest()
+        _set_mode(request, Gossip("ring", rank=0, diffusion=0.1,
+                                  choco_topk_fraction=0.02), None)
+        self.assertEqual((request.gossip.rank,
+                          request.gossip.choco_topk_fraction), (0, 0.02))
+        with self.assertRaisesRegex(ValueError, "needs rank 0"):
+            Gossip("ring", rank=1, choco_topk_fraction=0.02)
+        with self.assertRaisesRegex(ValueError, "must be in"):
+            Gossip("ring", rank=0, choco_topk_fraction=1.5)
+
     def test_no_spec_leaves_the_average(self):
         request = gradcomp_pb2.ReduceRequest()
         _set_mode(request, None, None)
@@ -86,7 +97,7 @@ class GossipRingTest(unittest.TestCase):
         for client in getattr(cls, "clients", []):
             client.close()
         for daemon in cls.daemons:
-            daemon.__exit__(None, None, None)
+            daemon.close()
 
     @classmethod
     def _probe(cls) -> str:

@@ -81,7 +81,7 @@ class ShmDaemonTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        cls.daemon.stop()
+        cls.daemon.close()
 
     def setUp(self):
         self.client = gradcomp.Client(self.daemon.target)

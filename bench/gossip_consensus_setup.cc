@@ -1,0 +1,76 @@
+#include "bench/gossip_consensus_setup.h"
+
+#include <zlib.h>
+
+#include <random>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace gradcomp::bench {
+namespace {
+
+constexpr int kSide = 28;  // Fashion-MNIST images are 28 x 28
+constexpr int kTile = 2;   // a kTile x kTile tile of images per rank
+static_assert(kRows == kSide * kTile && kCols == kSide * kTile);
+
+uint32_t BigEndian(const unsigned char* p) {
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) |
+         (uint32_t{p[2]} << 8) | uint32_t{p[3]};
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> FashionMnist() {
+  gzFile file = gzopen(kFashionMnistImages, "rb");
+  if (file == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        "Fashion-MNIST images not found at ", kFashionMnistImages,
+        ": expected the Debian package dataset-fashion-mnist (tools/setup "
+        "installs it)"));
+  }
+  const int images = kW * kTile * kTile;
+  std::vector<unsigned char> bytes(16 + images * kSide * kSide);
+  const int got = gzread(file, bytes.data(), bytes.size());
+  gzclose(file);
+  if (got != static_cast<int>(bytes.size()) ||
+      BigEndian(bytes.data()) != 0x803 ||
+      BigEndian(bytes.data() + 4) < static_cast<uint32_t>(images) ||
+      BigEndian(bytes.data() + 8) != kSide ||
+      BigEndian(bytes.data() + 12) != kSide) {
+    return absl::DataLossError(absl::StrCat(
+        kFashionMnistImages, " is not an IDX file of at least ", images, " ",
+        kSide, " x ", kSide, " images (read ", got, " bytes)"));
+  }
+  std::vector<std::vector<float>> xs(kW, std::vector<float>(kN));
+  for (int r = 0; r < kW; ++r) {
+    for (int t = 0; t < kTile * kTile; ++t) {
+      const unsigned char* image =
+          bytes.data() + 16 + (r * kTile * kTile + t) * kSide * kSide;
+      const int row0 = (t / kTile) * kSide, col0 = (t % kTile) * kSide;
+      for (int i = 0; i < kSide; ++i) {
+        for (int j = 0; j < kSide; ++j) {
+          xs[r][(row0 + i) * kCols + col0 + j] = image[i * kSide + j] / 255.0f;
+        }
+      }
+    }
+  }
+  return xs;
+}
+
+}  // namespace
+
+std::string DataName(Data data) {
+  return data == Data::kRandom ? "random" : "fashion-mnist";
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> Start(Data data) {
+  if (data == Data::kFashionMnist) return FashionMnist();
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  std::vector<std::vector<float>> xs(kW, std::vector<float>(kN));
+  for (auto& x : xs) {
+    for (float& v : x) v = normal(rng);
+  }
+  return xs;
+}
+
+}  // namespace gradcomp::bench

@@ -1,0 +1,31 @@
+// Top-k selection by a sampled threshold on the GPU: codecs/cpu/select.h
+// SelectTopK for a tensor in device memory, with the same result (indices,
+// threshold, passes, sample size) for the same x, k, sample fraction and
+// stream, so a GPU top-k payload is the CPU's byte for byte (docs/gpu.md).
+//
+//   GC_ASSIGN_OR_RETURN(TopKSelection sel,
+//                       SelectTopKDevice(d_v, n, k, 0.01, rng));
+//
+// The sample, its sort, the filter passes and the keys of the candidates run
+// on the GPU; the trim of more than k candidates to exactly k runs on the
+// host over those keys. Device buffers are allocated per call.
+#ifndef GRADCOMP_CODECS_CUDA_SELECT_H_
+#define GRADCOMP_CODECS_CUDA_SELECT_H_
+
+#include <cstddef>
+
+#include "absl/status/statusor.h"
+#include "codecs/cpu/select.h"
+#include "codecs/random.h"
+
+namespace gradcomp::codecs::cuda {
+
+// `x` holds n fp32 values in device memory (n < 2^32). Unavailable without
+// a GPU; InvalidArgument for n >= 2^32.
+absl::StatusOr<TopKSelection> SelectTopKDevice(const float* x, size_t n,
+                                               size_t k, double sample_fraction,
+                                               const PhiloxStream& rng);
+
+}  // namespace gradcomp::codecs::cuda
+
+#endif  // GRADCOMP_CODECS_CUDA_SELECT_H_
