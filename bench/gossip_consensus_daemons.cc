@@ -142,6 +142,15 @@ int Main(int argc, char** argv) {
   }
   const Gammas gammas = ReadGammas(argv[1]);
   if (gammas.empty()) return 1;
+  std::vector<Tensors> starts;
+  for (Data data : bench::kData) {
+    absl::StatusOr<Tensors> start = bench::Start(data);
+    if (!start.ok()) {
+      std::fprintf(stderr, "%s\n", start.status().ToString().c_str());
+      return 1;
+    }
+    starts.push_back(*std::move(start));
+  }
   FILE* out = std::fopen(argv[2], "w");
   if (out == nullptr) {
     std::perror(argv[2]);
@@ -160,12 +169,9 @@ int Main(int argc, char** argv) {
   }
   std::fprintf(out,
                "data,topology,method,gamma,step,bytes_per_worker,distance\n");
-  for (Data data : bench::kData) {
-    absl::StatusOr<Tensors> start = bench::Start(data);
-    if (!start.ok()) {
-      std::fprintf(stderr, "%s\n", start.status().ToString().c_str());
-      return 1;
-    }
+  for (size_t d = 0; d < starts.size(); ++d) {
+    const Data data = bench::kData[d];
+    const Tensors* start = &starts[d];
     const std::string name = bench::DataName(data);
     for (const std::string topology : {"ring", "torus"}) {
       std::vector<std::pair<std::string, v1::GossipSpec>> runs;

@@ -23,6 +23,7 @@
 #include "codecs/cpu/dense.h"
 #include "codecs/cpu/int8.h"
 #include "codecs/cpu/qsgd.h"
+#include "codecs/cpu/topk.h"
 #include "codecs/cuda/device.h"
 #include "codecs/params.h"
 #include "codecs/registry.h"
@@ -109,6 +110,7 @@ std::unique_ptr<SingleRoundCodec> CpuCodec(const std::string& name,
                                            const CodecParams& params) {
   if (name == "int8") return Int8Codec::Create(params).value();
   if (name == "qsgd") return QsgdCodec::Create(params).value();
+  if (name == "topk") return TopKCodec::Create(params).value();
   CodecRegistry registry;
   EXPECT_TRUE(RegisterDenseCodecs(registry).ok());
   std::unique_ptr<Codec> codec = registry.Create(name, params).value();
@@ -422,6 +424,58 @@ TEST_F(CudaCodecTest, QsgdDecodeOfZeroBucketsMatchesCpu) {
   for (size_t i = 2048; i < v.size(); ++i) v[i] = (i % 3 == 0) ? -0.5f : 0.25f;
   for (bool on_gpu : {false, true}) {
     ExpectSameSums("qsgd", CodecParams({{"bucket", "512"}}), v, on_gpu, 0.3f);
+  }
+}
+
+TEST_F(CudaCodecTest, TopKMatchesCpuOverSteps) {
+  // The state (momentum u, velocity v) is carried from step to step on each
+  // side; every step's payload must be the same bytes.
+  const std::vector<CodecParams> configs = {
+      CodecParams(),
+      CodecParams({{"ratio", "0.01"}, {"sample", "0.001"}}),
+      CodecParams({{"ratio", "0.1"}, {"momentum", "0"}, {"masking", "false"}}),
+      CodecParams(
+          {{"ratio", "0.05"}, {"nesterov", "true"}, {"clip_norm", "1.0"}}),
+      CodecParams({{"ratio", "1"}}),
+      CodecParams({{"warmup_steps_per_stage", "1"}}),
+  };
+  for (size_t c = 0; c < configs.size(); ++c) {
+    for (size_t n : {size_t{1}, size_t{7}, size_t{1000}, size_t{4099},
+                     size_t{100003}, (size_t{1} << 20) + 3}) {
+      std::unique_ptr<SingleRoundCodec> cpu = CpuCodec("topk", configs[c]);
+      std::unique_ptr<CudaCodec> gpu =
+          CreateCudaCodec("topk", configs[c]).value();
+      TensorState cpu_state, gpu_state;
+      const std::vector<int64_t> shape = {static_cast<int64_t>(n)};
+      for (int64_t step = 0; step < 5; ++step) {
+        const std::vector<float> grad = Normal(n, 50 + step, 1.0f);
+        StepContext ctx = Context(0);
+        ctx.step = step;
+        Bytes cpu_payload, gpu_payload;
+        ASSERT_TRUE(
+            cpu->Encode(TensorView{grad, shape}, cpu_state, ctx, &cpu_payload)
+                .ok());
+        const absl::Status s =
+            gpu->Encode(TensorView{grad, shape}, gpu_state, ctx, &gpu_payload);
+        ASSERT_TRUE(s.ok()) << s;
+        EXPECT_TRUE(cpu_payload == gpu_payload)
+            << "config " << c << " n=" << n << " step " << step << ": "
+            << Diff(cpu_payload, gpu_payload);
+      }
+    }
+  }
+}
+
+TEST_F(CudaCodecTest, TopKDecodeMatchesCpu) {
+  for (const char* ratio : {"0.001", "0.1", "1"}) {
+    for (size_t n : kSizes) {
+      for (bool on_gpu : {false, true}) {
+        for (float alpha : kAlphas) {
+          ExpectSameSums("topk", CodecParams({{"ratio", ratio}}),
+                         Normal(n, 60, 1.0f), on_gpu, alpha);
+        }
+      }
+    }
   }
 }
 

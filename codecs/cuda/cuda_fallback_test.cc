@@ -10,6 +10,7 @@
 #include "codecs/cpu/dense.h"
 #include "codecs/cpu/int8.h"
 #include "codecs/cpu/qsgd.h"
+#include "codecs/cpu/topk.h"
 #include "codecs/cuda/cuda_codec.h"
 #include "codecs/cuda/device.h"
 #include "codecs/params.h"
@@ -38,6 +39,8 @@ TEST(CudaFallbackTest, EncodeIsUnavailableWithoutAGpu) {
     const absl::Status s = (*codec)->Encode(TensorView{values, shape}, state,
                                             StepContext{}, &payload);
     EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << name << ": " << s;
+    // Top-k's momentum and velocity are not touched by a failed encode.
+    EXPECT_EQ(state.ByteSize(), 0u) << name;
   }
 }
 
@@ -46,6 +49,7 @@ std::unique_ptr<SingleRoundCodec> CpuCodec(const std::string& name) {
   EXPECT_TRUE(RegisterDenseCodecs(registry).ok());
   EXPECT_TRUE(RegisterInt8(registry).ok());
   EXPECT_TRUE(RegisterQsgd(registry).ok());
+  EXPECT_TRUE(RegisterTopK(registry).ok());
   std::unique_ptr<Codec> codec = registry.Create(name, CodecParams()).value();
   return std::unique_ptr<SingleRoundCodec>(
       dynamic_cast<SingleRoundCodec*>(codec.release()));
@@ -96,6 +100,10 @@ std::vector<Bytes> BadPayloads(const std::string& name, const Bytes& good) {
     bad.push_back(With(good, 36, 1, 9));  // rounding 9 / 9 bits
     bad.push_back(With(good, 37, 1, 1));  // reserved parameter byte
     bad.push_back(With(good, 40, 4, static_cast<char>(0xFF)));  // NaN table
+  } else if (name == "topk") {
+    bad.push_back(With(good, 32, 1, 9));  // index encoding
+    bad.push_back(With(good, 33, 1, 1));  // padding
+    bad.push_back(With(good, 36, 4, static_cast<char>(0xFF)));  // count > n
   } else {
     bad.push_back(With(good, 32, 1, 9));  // element type
     bad.push_back(With(good, 33, 1, 1));  // reserved parameter byte
@@ -153,10 +161,13 @@ TEST(CudaFallbackTest, BadParametersAreRejectedAsOnCpu) {
   EXPECT_EQ(
       CreateCudaCodec("fp16", CodecParams({{"colour", "red"}})).status().code(),
       absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      CreateCudaCodec("topk", CodecParams({{"ratio", "0"}})).status().code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CudaFallbackTest, CodecsWithoutAGpuEncoderAreNotFound) {
-  const absl::Status s = CreateCudaCodec("topk", CodecParams()).status();
+  const absl::Status s = CreateCudaCodec("terngrad", CodecParams()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_NE(s.message().find("qsgd"), absl::string_view::npos) << s.message();
 }

@@ -186,6 +186,23 @@ class GossipRingTest(unittest.TestCase):
         for r in range(W):
             np.testing.assert_array_equal(via_shm[r], inline[r])
 
+    def test_choco_gossip_keeps_the_mean_and_sends_top_k(self):
+        rng = np.random.default_rng(4)
+        xs = [rng.standard_normal((16, 12), dtype=np.float32) for _ in range(W)]
+        mean = np.mean(xs, axis=0)
+        start = _distance(xs)
+        spec = Gossip("ring", rank=0, diffusion=0.2, choco_topk_fraction=0.1)
+        for step in range(15):
+            out = self._on_every_rank(lambda r, c: c.reduce(
+                xs[r], "m", step, job="choco", gossip=spec))
+            xs = [o[0] for o in out]
+        np.testing.assert_allclose(np.mean(xs, axis=0), mean, atol=1e-5)
+        self.assertLess(_distance(xs), 0.5 * start)
+        # k = 20 of 192 entries: a 32-byte header and 20 (index, value)
+        # pairs to each of the two neighbours.
+        self.assertEqual(out[0][1].codec, "choco-topk")
+        self.assertEqual(out[0][1].wire_bytes, 2 * (32 + 8 * 20))
+
     def test_power_gossip_keeps_the_mean_and_shrinks_the_distance(self):
         rng = np.random.default_rng(3)
         xs = [rng.standard_normal((16, 12), dtype=np.float32) for _ in range(W)]
