@@ -41,12 +41,6 @@ inline constexpr char kClientShmOff[] =
     "--allow_client_shm (and share /dev/shm with it), or send tensors inline "
     "(ReduceRequest.data)";
 
-// The message of RegisterCudaSharedMemory until the daemon has a GPU build.
-inline constexpr char kCudaShmUnimplemented[] =
-    "CUDA shared memory needs a GPU build of gradcompd, which does not exist "
-    "yet; register system shared memory (RegisterSystemSharedMemory) or send "
-    "tensors inline";
-
 }  // namespace gradcomp::service
 
 #endif  // GRADCOMP_SERVICE_API_CONVERT_H_

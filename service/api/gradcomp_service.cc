@@ -68,22 +68,41 @@ absl::StatusOr<SharedMemorySlice> GradcompService::AcquireSlice(
   return acquired;
 }
 
+absl::StatusOr<absl::Span<char>> GradcompService::HostBytes(
+    const SharedMemorySlice& slice, bool copy_in, std::vector<char>* host,
+    HostStaging* staging) {
+  if (!slice.on_device()) return slice.bytes();
+  GC_ASSIGN_OR_RETURN(
+      MemoryBudget::Reservation reserved,
+      engine_->ReserveInput(slice.byte_size(), "its CUDA slice's host copy"));
+  staging->reservations.push_back(std::move(reserved));
+  host->resize(slice.byte_size());
+  if (copy_in) GC_RETURN_IF_ERROR(slice.CopyToHost(absl::MakeSpan(*host)));
+  return absl::MakeSpan(*host);
+}
+
 absl::StatusOr<ReduceInput> GradcompService::ResolveInput(
     const v1::ReduceRequest& request, absl::string_view client,
     std::optional<SharedMemorySlice>* input_slice,
-    std::optional<SharedMemorySlice>* output_slice) {
+    std::optional<SharedMemorySlice>* output_slice, HostStaging* staging) {
   MappedSlices slices;
   if (request.has_input_shm()) {
     GC_ASSIGN_OR_RETURN(SharedMemorySlice slice,
                         AcquireSlice(client, request.input_shm(), "input_shm"));
-    slices.input = slice.bytes();
+    absl::StatusOr<absl::Span<char>> bytes =
+        HostBytes(slice, /*copy_in=*/true, &staging->input, staging);
+    if (!bytes.ok()) return Prefixed(bytes.status(), "input_shm");
+    slices.input = *bytes;
     input_slice->emplace(std::move(slice));
   }
   if (request.has_output_shm()) {
     GC_ASSIGN_OR_RETURN(
         SharedMemorySlice slice,
         AcquireSlice(client, request.output_shm(), "output_shm"));
-    slices.output = slice.bytes();
+    absl::StatusOr<absl::Span<char>> bytes =
+        HostBytes(slice, /*copy_in=*/false, &staging->output, staging);
+    if (!bytes.ok()) return Prefixed(bytes.status(), "output_shm");
+    slices.output = *bytes;
     output_slice->emplace(std::move(slice));
   }
   return ReduceInputFromProto(request, slices);
@@ -106,9 +125,11 @@ absl::StatusOr<v1::ReduceResponse> GradcompService::DoReduce(
   // Held until the reduce returns: the regions stay mapped and count as in
   // flight, so Unregister refuses them meanwhile.
   std::optional<SharedMemorySlice> input_slice, output_slice;
+  HostStaging staging;
   absl::StatusOr<ReduceInput> input =
-      own.ok() ? ResolveInput(request, client, &input_slice, &output_slice)
-               : own.status();
+      own.ok()
+          ? ResolveInput(request, client, &input_slice, &output_slice, &staging)
+          : own.status();
   if (!input.ok()) {
     // Refused before the engine saw it; counted here so that every request
     // shows in gradcomp_reduce_total.
@@ -117,6 +138,12 @@ absl::StatusOr<v1::ReduceResponse> GradcompService::DoReduce(
   }
   input->reservation = held;
   GC_ASSIGN_OR_RETURN(ReduceOutput output, engine_->Reduce(*input));
+  if (output_slice.has_value() && output_slice->on_device()) {
+    absl::Status written = output_slice->CopyFromHost(staging.output);
+    if (!written.ok()) {
+      return Prefixed(Prefixed(written, "output_shm"), TensorLabel(request));
+    }
+  }
   metrics_->SetStep(request.step());
   return ReduceResponseToProto(request, std::move(output));
 }
@@ -276,10 +303,15 @@ grpc::Status GradcompService::RegisterSystemSharedMemory(
 }
 
 grpc::Status GradcompService::RegisterCudaSharedMemory(
-    grpc::ServerContext* /*context*/,
-    const v1::RegisterCudaSharedMemoryRequest* /*request*/,
+    grpc::ServerContext* context,
+    const v1::RegisterCudaSharedMemoryRequest* request,
     v1::RegisterCudaSharedMemoryResponse* /*response*/) {
-  return ToGrpcStatus(absl::UnimplementedError(kCudaShmUnimplemented));
+  if (shm_ == nullptr) {
+    return ToGrpcStatus(absl::FailedPreconditionError(kClientShmOff));
+  }
+  return ToGrpcStatus(shm_->RegisterCuda(
+      ClientId(*context), request->name(), request->raw_handle(),
+      request->device_id(), request->byte_size()));
 }
 
 grpc::Status GradcompService::UnregisterSharedMemory(

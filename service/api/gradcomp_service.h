@@ -105,10 +105,26 @@ class GradcompService final : public v1::Gradcomp::Service {
   // The engine input of `request`, with its shared-memory slices acquired
   // into `input_slice` / `output_slice`, which the caller holds until the
   // reduce returns.
+  // Host copies of a request's slices of CUDA regions: the engine runs on
+  // the CPU, so a CUDA input is copied to the host before the reduce and a
+  // CUDA output back after it (docs/gpu.md, "CUDA IPC"). Counted against
+  // the memory budget while the request runs.
+  struct HostStaging {
+    std::vector<char> input;
+    std::vector<char> output;
+    std::vector<MemoryBudget::Reservation> reservations;
+  };
+
   absl::StatusOr<ReduceInput> ResolveInput(
       const v1::ReduceRequest& request, absl::string_view client,
       std::optional<SharedMemorySlice>* input_slice,
-      std::optional<SharedMemorySlice>* output_slice);
+      std::optional<SharedMemorySlice>* output_slice, HostStaging* staging);
+  // `slice`'s bytes: a system slice's own, a CUDA slice's in `host`,
+  // reserved in the memory budget (and copied from the device if `copy_in`).
+  absl::StatusOr<absl::Span<char>> HostBytes(const SharedMemorySlice& slice,
+                                             bool copy_in,
+                                             std::vector<char>* host,
+                                             HostStaging* staging);
   absl::StatusOr<SharedMemorySlice> AcquireSlice(
       absl::string_view client, const v1::SharedMemorySlice& slice,
       absl::string_view field);

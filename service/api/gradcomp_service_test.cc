@@ -25,6 +25,7 @@
 #include "service/api/server.h"
 #include "service/collective/local_collective.h"
 #include "service/engine/dtype.h"
+#include "service/memory/cuda_ipc_region.h"
 #include "service/memory/shared_memory_registry.h"
 #include "service/metrics/metrics.h"
 #include "service/metrics/metrics_testing.h"
@@ -690,11 +691,32 @@ TEST_F(GradcompShmTest, BadSlicesUnknownRegionsAndOtherClients) {
   // Nothing failed was left in flight.
   EXPECT_TRUE(Unregister("c1", "grads").ok());
 
+  // CUDA regions: a malformed request is refused saying what was expected;
+  // a well-formed one needs a usable GPU (a zero handle is then refused by
+  // CUDA, cuda_ipc_gpu_test opens a real one). The system region still works.
   v1::RegisterCudaSharedMemoryResponse cuda;
-  const grpc::Status status = stub_->RegisterCudaSharedMemory(
-      As("c1").get(), v1::RegisterCudaSharedMemoryRequest(), &cuda);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
-  EXPECT_THAT(status.error_message(), HasSubstr("GPU build"));
+  v1::RegisterCudaSharedMemoryRequest cuda_request;
+  cuda_request.set_name("dev");
+  cuda_request.set_byte_size(64);
+  const grpc::Status malformed =
+      stub_->RegisterCudaSharedMemory(As("c1").get(), cuda_request, &cuda);
+  EXPECT_EQ(malformed.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(malformed.error_message(), HasSubstr("expected the 64 bytes"));
+  cuda_request.set_raw_handle(std::string(64, '\0'));
+  const grpc::Status status =
+      stub_->RegisterCudaSharedMemory(As("c1").get(), cuda_request, &cuda);
+  if (CudaIpcRegion::DeviceAvailable().ok()) {
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  } else {
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(status.error_message(),
+                HasSubstr("this gradcompd has no usable CUDA device: "));
+  }
+  EXPECT_EQ(
+      Reduce("c1", ShmRequest("dev", n, 0, n * 4), &response).error_code(),
+      grpc::StatusCode::NOT_FOUND);
+  ASSERT_TRUE(Register("c1", "grads", other->key(), 0, 64).ok());
+  EXPECT_TRUE(Unregister("c1", "grads").ok());
 }
 
 TEST_F(GradcompShmTest, UnregisterIsRefusedWhileARequestIsInFlight) {

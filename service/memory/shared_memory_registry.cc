@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <utility>
 
 #include "absl/algorithm/container.h"
@@ -12,13 +13,35 @@
 namespace gradcomp::service {
 
 SharedMemorySlice::SharedMemorySlice(std::shared_ptr<SharedMemoryRegion> region,
-                                     absl::Span<char> bytes)
-    : region_(std::move(region)), bytes_(bytes) {
+                                     absl::Span<char> bytes, uint64_t offset)
+    : region_(std::move(region)), bytes_(bytes), offset_(offset) {
   region_->in_flight.fetch_add(1);
 }
 
 SharedMemorySlice::SharedMemorySlice(SharedMemorySlice&& other) noexcept
-    : region_(std::move(other.region_)), bytes_(other.bytes_) {}
+    : region_(std::move(other.region_)),
+      bytes_(other.bytes_),
+      offset_(other.offset_) {}
+
+absl::Status SharedMemorySlice::CopyToHost(absl::Span<char> out) const {
+  if (!on_device() || out.size() != bytes_.size()) {
+    return absl::InternalError(absl::StrCat(
+        "CopyToHost of shared-memory region '", region_->name,
+        "': expected a CUDA region and ", bytes_.size(), " bytes, got ",
+        on_device() ? "a CUDA" : "a system", " region and ", out.size()));
+  }
+  return region_->cuda->CopyToHost(offset_, out);
+}
+
+absl::Status SharedMemorySlice::CopyFromHost(absl::Span<const char> in) const {
+  if (!on_device() || in.size() != bytes_.size()) {
+    return absl::InternalError(absl::StrCat(
+        "CopyFromHost of shared-memory region '", region_->name,
+        "': expected a CUDA region and ", bytes_.size(), " bytes, got ",
+        on_device() ? "a CUDA" : "a system", " region and ", in.size()));
+  }
+  return region_->cuda->CopyFromHost(offset_, in);
+}
 
 SharedMemorySlice::~SharedMemorySlice() {
   if (region_ != nullptr) region_->in_flight.fetch_sub(1);
@@ -44,15 +67,49 @@ void SharedMemoryRegistry::ReclaimLoop(absl::Duration interval) {
   while (!stop_.WaitForNotificationWithTimeout(interval)) ReclaimAbandoned();
 }
 
+absl::Status SharedMemoryRegistry::CheckNewName(absl::string_view client,
+                                                absl::string_view name) const {
+  if (name.empty()) {
+    return absl::InvalidArgumentError(
+        "shared-memory region name is empty, expected a name unique on this "
+        "daemon (e.g. '<job>.rank<r>.grads')");
+  }
+  // Checked before mapping too, so a name clash says so rather than
+  // whatever is wrong with the second client's object.
+  absl::ReaderMutexLock lock(&mu_);
+  if (auto it = regions_.find(name); it != regions_.end()) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "shared-memory region '", name, "' is already registered by ",
+        it->second->owner == client
+            ? "this client"
+            : absl::StrCat("another client ('", it->second->owner, "')"),
+        "; region names are unique per daemon: unregister it first or "
+        "choose another name (prefix it with your job and rank)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SharedMemoryRegistry::Insert(
+    std::shared_ptr<SharedMemoryRegion> region) {
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = regions_.try_emplace(region->name, region);
+  if (!inserted) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "shared-memory region '", region->name,
+        "' was registered by another request meanwhile; region names are "
+        "unique per daemon"));
+  }
+  PublishLocked();
+  return absl::OkStatus();
+}
+
 absl::Status SharedMemoryRegistry::RegisterSystem(absl::string_view client,
                                                   absl::string_view name,
                                                   const std::string& key,
                                                   uint64_t offset,
                                                   uint64_t byte_size) {
-  if (name.empty()) {
-    return absl::InvalidArgumentError(
-        "shared-memory region name is empty, expected a name unique on this "
-        "daemon (e.g. '<job>.rank<r>.grads')");
+  if (absl::Status fresh = CheckNewName(client, name); !fresh.ok()) {
+    return fresh;
   }
   if (!absl::StartsWith(key, key_prefix_)) {
     return absl::PermissionDeniedError(absl::StrCat(
@@ -60,20 +117,6 @@ absl::Status SharedMemoryRegistry::RegisterSystem(absl::string_view client,
         "': this daemon maps only shared-memory objects named '", key_prefix_,
         "...' (gradcompd --shm_prefix; gradcomp's shm helpers name theirs "
         "so)"));
-  }
-  {
-    // Checked before mapping too, so a name clash says so rather than
-    // whatever is wrong with the second client's object.
-    absl::ReaderMutexLock lock(&mu_);
-    if (auto it = regions_.find(name); it != regions_.end()) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "shared-memory region '", name, "' is already registered by ",
-          it->second->owner == client
-              ? "this client"
-              : absl::StrCat("another client ('", it->second->owner, "')"),
-          "; region names are unique per daemon: unregister it first or "
-          "choose another name (prefix it with your job and rank)"));
-    }
   }
   absl::StatusOr<std::unique_ptr<MappedRegion>> mapping =
       MappedRegion::Map(key, offset, byte_size);
@@ -104,16 +147,41 @@ absl::Status SharedMemoryRegistry::RegisterSystem(absl::string_view client,
   region->name = std::string(name);
   region->owner = std::string(client);
   region->mapping = std::move(*mapping);
-  absl::MutexLock lock(&mu_);
-  auto [it, inserted] = regions_.try_emplace(region->name, region);
-  if (!inserted) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "shared-memory region '", name,
-        "' was registered by another request meanwhile; region names are "
-        "unique per daemon"));
+  return Insert(std::move(region));
+}
+
+absl::Status SharedMemoryRegistry::RegisterCuda(absl::string_view client,
+                                                absl::string_view name,
+                                                absl::string_view raw_handle,
+                                                int device_id,
+                                                uint64_t byte_size) {
+  if (absl::Status fresh = CheckNewName(client, name); !fresh.ok()) {
+    return fresh;
   }
-  PublishLocked();
-  return absl::OkStatus();
+  if (absl::Status valid =
+          ValidateCudaIpcRequest(raw_handle, device_id, byte_size);
+      !valid.ok()) {
+    return valid;
+  }
+  if (absl::Status available = CudaIpcRegion::DeviceAvailable();
+      !available.ok()) {
+    absl::call_once(gpu_unavailable_once_, [&] {
+      std::fprintf(stderr,
+                   "gradcompd: %s; CUDA shared memory is refused, tensors "
+                   "run on CPU\n",
+                   std::string(available.message()).c_str());
+      metrics_->CountGpuUnavailable();
+    });
+    return available;
+  }
+  absl::StatusOr<std::unique_ptr<CudaIpcRegion>> cuda =
+      CudaIpcRegion::Open(raw_handle, device_id, byte_size);
+  if (!cuda.ok()) return cuda.status();
+  auto region = std::make_shared<SharedMemoryRegion>();
+  region->name = std::string(name);
+  region->owner = std::string(client);
+  region->cuda = std::move(*cuda);
+  return Insert(std::move(region));
 }
 
 absl::StatusOr<std::shared_ptr<SharedMemoryRegion>>
@@ -124,7 +192,7 @@ SharedMemoryRegistry::FindLocked(absl::string_view client,
     return absl::NotFoundError(
         absl::StrCat("no shared-memory region '", name,
                      "' is registered; expected a name given to "
-                     "RegisterSystemSharedMemory by this client"));
+                     "Register{System,Cuda}SharedMemory by this client"));
   }
   if (it->second->owner != client) {
     return absl::PermissionDeniedError(absl::StrCat(
@@ -185,8 +253,14 @@ SharedMemoryRegistry::Status(absl::string_view client,
   }
   std::vector<SharedMemoryRegionInfo> infos;
   for (const auto& region : found) {
-    infos.push_back({region->name, "system", region->mapping->bytes().size(),
-                     region->mapping->key(), region->in_flight.load()});
+    if (region->cuda != nullptr) {
+      infos.push_back({region->name, "cuda", region->cuda->byte_size(),
+                       absl::StrCat("cuda:", region->cuda->device_id()),
+                       region->in_flight.load()});
+    } else {
+      infos.push_back({region->name, "system", region->mapping->bytes().size(),
+                       region->mapping->key(), region->in_flight.load()});
+    }
   }
   return infos;
 }
@@ -198,18 +272,24 @@ absl::StatusOr<SharedMemorySlice> SharedMemoryRegistry::Acquire(
   absl::StatusOr<std::shared_ptr<SharedMemoryRegion>> region =
       FindLocked(client, name);
   if (!region.ok()) return region.status();
-  const absl::Span<char> bytes = (*region)->mapping->bytes();
-  if (offset > bytes.size() || byte_size > bytes.size() - offset) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "slice offset ", offset, " byte_size ", byte_size,
-        " of shared-memory region '", name, "' ends past its ", bytes.size(),
-        " bytes, expected offset + byte_size <= ", bytes.size()));
+  const uint64_t size = (*region)->byte_size();
+  if (offset > size || byte_size > size - offset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slice offset ", offset, " byte_size ", byte_size,
+                     " of shared-memory region '", name, "' ends past its ",
+                     size, " bytes, expected offset + byte_size <= ", size));
   }
+  if ((*region)->cuda != nullptr) {
+    // No host address: the span only carries the slice's size.
+    return SharedMemorySlice(*region, absl::Span<char>(nullptr, byte_size),
+                             offset);
+  }
+  const absl::Span<char> bytes = (*region)->mapping->bytes();
   if (absl::Status backed = (*region)->mapping->CheckStillBacked();
       !backed.ok()) {
     return backed;
   }
-  return SharedMemorySlice(*region, bytes.subspan(offset, byte_size));
+  return SharedMemorySlice(*region, bytes.subspan(offset, byte_size), offset);
 }
 
 int SharedMemoryRegistry::ReclaimAbandoned() {
@@ -221,6 +301,7 @@ int SharedMemoryRegistry::ReclaimAbandoned() {
   // flock() outside the lock: requests keep acquiring slices meanwhile.
   std::vector<std::shared_ptr<SharedMemoryRegion>> abandoned;
   for (auto& region : candidates) {
+    if (region->mapping == nullptr) continue;  // CUDA: unregistered by hand
     absl::StatusOr<bool> alive = region->mapping->CreatorAlive();
     if (alive.ok() && !*alive) abandoned.push_back(std::move(region));
   }
@@ -243,7 +324,7 @@ int SharedMemoryRegistry::ReclaimAbandoned() {
 void SharedMemoryRegistry::PublishLocked() {
   uint64_t bytes = 0;
   for (const auto& [name, region] : regions_) {
-    bytes += region->mapping->bytes().size();
+    bytes += region->byte_size();
   }
   metrics_->SetSharedMemory(regions_.size(), bytes);
 }

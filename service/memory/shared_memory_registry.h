@@ -1,7 +1,7 @@
 // The daemon's registry of client shared-memory regions (system shared
-// memory, POSIX shm): registered by name, owned by the client that
-// registered them, handed to requests as reference-counted slices, and
-// reclaimed once their creator process is gone.
+// memory, POSIX shm, and CUDA IPC device memory): registered by name, owned by
+// the client that registered them, handed to requests as reference-counted
+// slices, and reclaimed once their creator process is gone.
 //
 // Names are unique within a daemon: a second client asking for a name in
 // use gets AlreadyExists naming the owner, never the other client's memory.
@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/call_once.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
 #include "absl/status/status.h"
@@ -37,6 +38,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "service/memory/cuda_ipc_region.h"
 #include "service/memory/mapped_region.h"
 #include "service/metrics/metrics.h"
 
@@ -63,7 +65,7 @@ struct SharedMemoryOptions {
 
 struct SharedMemoryRegionInfo {
   std::string name;
-  std::string kind;  // "system"
+  std::string kind;  // "system" or "cuda"
   uint64_t byte_size = 0;
   std::string key;
   int in_flight = 0;  // slices held by requests right now
@@ -74,26 +76,45 @@ struct SharedMemoryRegionInfo {
 struct SharedMemoryRegion {
   std::string name;
   std::string owner;
+  // Exactly one of these: a system region's mapping or a CUDA region.
   std::unique_ptr<MappedRegion> mapping;
+  std::unique_ptr<CudaIpcRegion> cuda;
   std::atomic<int> in_flight{0};
+
+  uint64_t byte_size() const {
+    return cuda != nullptr ? cuda->byte_size() : mapping->bytes().size();
+  }
 };
 
 // One request's use of a region: the region stays mapped, and counted as in
 // flight, until this is destroyed.
 class SharedMemorySlice {
  public:
+  // [offset, offset + bytes.size()) of a region: `bytes` is host memory
+  // for a system region; for a CUDA region only its offset and size count.
   SharedMemorySlice(std::shared_ptr<SharedMemoryRegion> region,
-                    absl::Span<char> bytes);
+                    absl::Span<char> bytes, uint64_t offset);
   SharedMemorySlice(SharedMemorySlice&& other) noexcept;
   SharedMemorySlice& operator=(SharedMemorySlice&&) = delete;
   SharedMemorySlice(const SharedMemorySlice&) = delete;
   ~SharedMemorySlice();
 
-  absl::Span<char> bytes() const { return bytes_; }
+  // A system slice's bytes. Empty for a slice of a CUDA region, whose
+  // bytes live on a GPU: use CopyToHost / CopyFromHost.
+  absl::Span<char> bytes() const {
+    return on_device() ? absl::Span<char>() : bytes_;
+  }
+  bool on_device() const { return region_->cuda != nullptr; }
+  uint64_t byte_size() const { return bytes_.size(); }
+
+  // A CUDA slice's bytes to `out` (byte_size() bytes) / from `in`.
+  absl::Status CopyToHost(absl::Span<char> out) const;
+  absl::Status CopyFromHost(absl::Span<const char> in) const;
 
  private:
   std::shared_ptr<SharedMemoryRegion> region_;
   absl::Span<char> bytes_;
+  uint64_t offset_;
 };
 
 class SharedMemoryRegistry {
@@ -112,6 +133,19 @@ class SharedMemoryRegistry {
   absl::Status RegisterSystem(absl::string_view client, absl::string_view name,
                               const std::string& key, uint64_t offset,
                               uint64_t byte_size) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Opens the CUDA IPC handle `raw_handle` (device memory another process
+  // exported) on `device_id` as region `name` of `client`, with the same
+  // name, ownership, bounds and in-flight rules as RegisterSystem.
+  // InvalidArgument for a malformed or refused handle; FailedPrecondition
+  // "this gradcompd has no usable CUDA device: ..." in a CPU-only build or
+  // without a GPU, which is logged and counted
+  // (gradcomp_gpu_unavailable_total) the first time only. CUDA regions are
+  // not reclaimed by ReclaimAbandoned (no flock to watch): the client
+  // unregisters them.
+  absl::Status RegisterCuda(absl::string_view client, absl::string_view name,
+                            absl::string_view raw_handle, int device_id,
+                            uint64_t byte_size) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Unregisters `name`, or every region of `client` when `name` is empty
   // (all or none: nothing is unregistered if one of them is in use).
@@ -140,6 +174,14 @@ class SharedMemoryRegistry {
   using Regions =
       absl::btree_map<std::string, std::shared_ptr<SharedMemoryRegion>>;
 
+  // InvalidArgument for an empty name, AlreadyExists for a name in use.
+  absl::Status CheckNewName(absl::string_view client,
+                            absl::string_view name) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Adds `region`; AlreadyExists if its name was taken meanwhile.
+  absl::Status Insert(std::shared_ptr<SharedMemoryRegion> region)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Looks `name` up for `client`: NotFound or PermissionDenied otherwise.
   absl::StatusOr<std::shared_ptr<SharedMemoryRegion>> FindLocked(
       absl::string_view client, absl::string_view name) const
@@ -152,6 +194,7 @@ class SharedMemoryRegistry {
   const std::vector<uid_t> owner_uids_;
   mutable absl::Mutex mu_;
   Regions regions_ ABSL_GUARDED_BY(mu_);
+  absl::once_flag gpu_unavailable_once_;
   absl::Notification stop_;
   std::thread reclaimer_;
 };

@@ -162,6 +162,14 @@ Metrics::Metrics(const codecs::StateStore* state, absl::string_view version)
                "away.")
            .Register(*registry_)
            .Add({});
+  gpu_unavailable_ =
+      &prometheus::BuildCounter()
+           .Name("gradcomp_gpu_unavailable_total")
+           .Help(
+               "1 once a client asked this daemon for a CUDA device and "
+               "none was usable (CPU-only build, no driver or no GPU).")
+           .Register(*registry_)
+           .Add({});
   gossip_bytes_ = &prometheus::BuildCounter()
                        .Name("gradcomp_gossip_bytes_total")
                        .Help("Gossip message bytes sent, by neighbour rank.")
@@ -264,6 +272,8 @@ void Metrics::SetSharedMemory(uint64_t regions, uint64_t bytes) {
 void Metrics::CountSharedMemoryReclaimed(int regions) {
   shm_reclaimed_->Increment(regions);
 }
+
+void Metrics::CountGpuUnavailable() { gpu_unavailable_->Increment(); }
 
 void Metrics::CountResourceExhausted(absl::string_view resource) {
   resource_exhausted_->Add({{"resource", std::string(resource)}}).Increment();

@@ -63,6 +63,9 @@ class Metrics {
   void SetSharedMemory(uint64_t regions, uint64_t bytes);
   // Regions dropped because the client that registered them went away.
   void CountSharedMemoryReclaimed(int regions);
+  // The daemon found no usable CUDA device when a client asked for one
+  // (counted once per process: service/memory/shared_memory_registry.cc).
+  void CountGpuUnavailable();
   // A request refused by a limit (docs/daemon.md, "Limits"): `resource` is
   // one of memory, stream_queue, jobs, job_tensors, job_state_bytes.
   void CountResourceExhausted(absl::string_view resource);
@@ -102,6 +105,7 @@ class Metrics {
   prometheus::Gauge* shm_regions_;
   prometheus::Gauge* shm_bytes_;
   prometheus::Counter* shm_reclaimed_;
+  prometheus::Counter* gpu_unavailable_;
   prometheus::Family<prometheus::Counter>* resource_exhausted_;
   prometheus::Gauge* memory_in_use_;
   prometheus::Gauge* memory_budget_;
