@@ -11,23 +11,32 @@
 //
 // Choco's k is matched to PowerGossip's bytes per step, as in the paper:
 // k = r (rows + cols) / 4 (indices and values: the numbers a rank-r power
-// step sends on average), for r = 1 and 2, plus a generous 5 %. Its
-// consensus step size is tuned per run over 20 log-spaced values in
-// [1e-4, 1.308]: the one that reaches 1e-4 with the fewest bytes, or, when
-// none does within kMaxBytes / 4, the one with the lowest distance there.
-// PowerGossip uses the paper's diffusion 1.308 throughout.
+// step sends on average), for r = 1 and 2, plus a generous 5 %.
+// Every method's step size is tuned per run by one rule (Tune): 20
+// log-spaced values, the one that reaches 1e-4 with the fewest bytes, or,
+// when none does within kMaxBytes / 4, the one with the lowest distance
+// there. Grids: Choco's consensus step in [1e-4, 1.308]; exact gossip's and
+// PowerGossip's diffusion in [0.1, 2] (GossipOptions allows up to 2).
+// PowerGossip also runs at the paper's fixed diffusion 1.308, untuned.
 //
 //   bazel run -c opt //bench:gossip_consensus -- /tmp/consensus.csv
-//   /usr/bin/python3 bench/plot_gossip_consensus.py /tmp/consensus.csv \
-//       docs/gossip_consensus.png
+//
+// and plot it with bench/plot_gossip_consensus.py (docs/gossip.md).
+//
+// With a second argument SIDE it runs the random data only, at SIDE x SIDE
+// (the paper's matrices are 100 x 100), and no images:
+//
+//   bazel-bin/bench/gossip_consensus /tmp/consensus100.csv 100
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <numeric>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/gossip_consensus_setup.h"
 #include "service/collective/in_process_group.h"
@@ -41,11 +50,11 @@ using bench::Data;
 using bench::kCols;
 using bench::kDiverged;
 using bench::kMaxBytes;
-using bench::kN;
 using bench::kRows;
 using bench::kTarget;
 using bench::kW;
 using bench::Logged;
+using bench::Method;
 using Tensors = std::vector<std::vector<float>>;
 
 struct Point {
@@ -57,7 +66,8 @@ struct Point {
 // Gossips `start` until the relative distance is below `target`, the bytes
 // per worker pass `max_bytes`, or the run diverges.
 std::vector<Point> Run(const Topology& topology, const GossipOptions& options,
-                       const Tensors& start, double target, double max_bytes) {
+                       const std::vector<int64_t>& shape, const Tensors& start,
+                       double target, double max_bytes) {
   Tensors xs = start;
   const double d0 = ConsensusDistance(xs);
   InProcessGroup group(kW);
@@ -77,8 +87,8 @@ std::vector<Point> Run(const Topology& topology, const GossipOptions& options,
       threads.emplace_back([&, r] {
         for (int64_t s = step; s < next; ++s) {
           absl::StatusOr<GossipStats> stats =
-              nodes[r]->Round(group.collective(r), {"bench", "x", s, 0},
-                              {kRows, kCols}, absl::MakeSpan(xs[r]));
+              nodes[r]->Round(group.collective(r), {"bench", "x", s, 0}, shape,
+                              absl::MakeSpan(xs[r]));
           if (!stats.ok()) {
             std::fprintf(stderr, "rank %d: %s\n", r,
                          std::string(stats.status().message()).c_str());
@@ -124,38 +134,84 @@ double BytesTo(const std::vector<Point>& points, double level) {
   return INFINITY;
 }
 
-// Choco's step size for `options` (fraction set): the grid's value that
-// reaches 1e-4 with the fewest bytes, else the lowest distance at the
-// tuning budget. Runs from the largest step down, each cut at the best
-// bytes so far, since it can only lose after that.
-double TuneChoco(const Topology& topology, GossipOptions options,
-                 const Tensors& start) {
-  constexpr int kGrid = 20;
-  constexpr double kLow = 1e-4, kHigh = 1.308, kLevel = 1e-4;
+// A grid of step sizes: kGrid log-spaced values in [low, high].
+struct Grid {
+  double low;
+  double high;
+};
+constexpr int kGrid = 20;
+constexpr Grid kChocoGrid = {1e-4, 1.308};
+constexpr Grid kDiffusionGrid = {0.1, 2.0};
+
+// The step size (`options`.*`step`) on `grid` that reaches 1e-4 with the
+// fewest bytes, else the lowest distance at the tuning budget. Runs from
+// the largest step down, each cut at the best bytes so far, since it can
+// only lose after that. Says so when the best is at the grid's edge.
+double Tune(const Topology& topology, GossipOptions options,
+            double GossipOptions::*step, Grid grid,
+            const std::vector<int64_t>& shape, const Tensors& start) {
+  constexpr double kLevel = 1e-4;
   constexpr double kBudget = kMaxBytes / 4;
   double best_gamma = 0, best_bytes = INFINITY, best_distance = INFINITY;
+  int best_i = -1;
   for (int i = kGrid - 1; i >= 0; --i) {
-    options.gamma = kLow * std::pow(kHigh / kLow, i / (kGrid - 1.0));
+    options.*step =
+        grid.low * std::pow(grid.high / grid.low, i / (kGrid - 1.0));
     const std::vector<Point> points =
-        Run(topology, options, start, kLevel,
+        Run(topology, options, shape, start, kLevel,
             std::isfinite(best_bytes) ? best_bytes : kBudget);
     const double bytes = BytesTo(points, kLevel);
     const double distance = points.back().distance;
-    std::fprintf(stderr, "  gamma %.4g: %s %.4g\n", options.gamma,
+    std::fprintf(stderr, "  gamma %.4g: %s %.4g\n", options.*step,
                  std::isfinite(bytes) ? "bytes to 1e-4" : "distance",
                  std::isfinite(bytes) ? bytes : distance);
     if (bytes < best_bytes ||
         (!std::isfinite(best_bytes) && distance < best_distance)) {
-      best_gamma = options.gamma;
+      best_gamma = options.*step;
       best_bytes = bytes;
       best_distance = distance;
+      best_i = i;
     }
   }
-  std::fprintf(stderr, "  best gamma %.4g (%s)\n", best_gamma,
-               std::isfinite(best_bytes)
-                   ? "fewest bytes to 1e-4"
-                   : "none reached 1e-4: lowest distance");
+  std::fprintf(stderr, "  best gamma %.4g (%s)%s\n", best_gamma,
+               std::isfinite(best_bytes) ? "fewest bytes to 1e-4"
+                                         : "none reached 1e-4: lowest distance",
+               best_i == 0 || best_i == kGrid - 1 ? " AT THE GRID'S EDGE" : "");
   return best_gamma;
+}
+
+// Runs every method of bench::Methods on `topology` from `start`, tuning
+// the step sizes, and writes the runs to `out`.
+void RunAll(FILE* out, Data data, const char* spec, const Topology& topology,
+            const std::vector<int64_t>& shape, const Tensors& start) {
+  const std::string name = bench::DataName(data);
+  for (const Method& method : bench::Methods(shape[0], shape[1])) {
+    GossipOptions options;
+    double GossipOptions::*step = &GossipOptions::gamma;
+    Grid grid = kDiffusionGrid;
+    switch (method.kind) {
+      case Method::Kind::kExact:
+        options.mode = GossipOptions::Mode::kExact;
+        step = &GossipOptions::exact_gamma;
+        break;
+      case Method::Kind::kPowerGossip:
+        options.rank = method.rank;
+        break;
+      case Method::Kind::kChoco:
+        options.mode = GossipOptions::Mode::kChoco;
+        options.choco_fraction =
+            static_cast<double>(method.k) / (shape[0] * shape[1]);
+        grid = kChocoGrid;
+        break;
+    }
+    if (method.tuned) {
+      std::fprintf(stderr, "%s %s %s: tuning\n", name.c_str(), spec,
+                   method.name.c_str());
+      options.*step = Tune(topology, options, step, grid, shape, start);
+    }
+    Write(out, data, spec, method.name, options.*step,
+          Run(topology, options, shape, start, kTarget, kMaxBytes));
+  }
 }
 
 int Main(int argc, char** argv) {
@@ -166,45 +222,33 @@ int Main(int argc, char** argv) {
   }
   std::fprintf(out,
                "data,topology,method,gamma,step,bytes_per_worker,distance\n");
-  // Both data types first, so that missing images fail before any run.
-  std::vector<Tensors> starts;
-  for (Data data : bench::kData) {
-    absl::StatusOr<Tensors> start = bench::Start(data);
-    if (!start.ok()) {
-      std::fprintf(stderr, "%s\n", start.status().ToString().c_str());
-      return 1;
-    }
-    starts.push_back(*std::move(start));
+  int side = 0;
+  if (argc > 2 && (!absl::SimpleAtoi(argv[2], &side) || side < 2)) {
+    std::fprintf(stderr, "SIDE is '%s': expected an integer >= 2\n", argv[2]);
+    return 2;
   }
-  for (size_t d = 0; d < starts.size(); ++d) {
-    const Data data = bench::kData[d];
-    const Tensors* start = &starts[d];
+  // Both data types first, so that missing images fail before any run.
+  std::vector<std::pair<Data, Tensors>> starts;
+  if (side > 0) {
+    starts.push_back({Data::kRandom, bench::StartRandom(side, side)});
+  } else {
+    for (Data data : bench::kData) {
+      absl::StatusOr<Tensors> start = bench::Start(data);
+      if (!start.ok()) {
+        std::fprintf(stderr, "%s\n", start.status().ToString().c_str());
+        return 1;
+      }
+      starts.push_back({data, *std::move(start)});
+    }
+  }
+  const std::vector<int64_t> shape = side > 0
+                                         ? std::vector<int64_t>{side, side}
+                                         : std::vector<int64_t>{kRows, kCols};
+  for (const auto& [data, start] : starts) {
     for (const char* spec : {"ring", "torus"}) {
       absl::StatusOr<Topology> topology = Topology::Parse(spec, kW);
       if (!topology.ok()) return 1;
-      GossipOptions exact;
-      exact.mode = GossipOptions::Mode::kExact;
-      Write(out, data, spec, "exact", exact.exact_gamma,
-            Run(*topology, exact, *start, kTarget, kMaxBytes));
-      for (int rank : {1, 2}) {
-        GossipOptions pg;
-        pg.rank = rank;
-        Write(out, data, spec, absl::StrCat("powergossip-r", rank), pg.gamma,
-              Run(*topology, pg, *start, kTarget, kMaxBytes));
-      }
-      // k matched to PowerGossip rank r: k = r (rows + cols) / 4.
-      for (int k : {(kRows + kCols) / 4, (kRows + kCols) / 2,
-                    static_cast<int>(std::ceil(0.05 * kN))}) {
-        GossipOptions choco;
-        choco.mode = GossipOptions::Mode::kChoco;
-        choco.choco_fraction = static_cast<double>(k) / kN;
-        const std::string method = absl::StrCat("choco-k", k);
-        std::fprintf(stderr, "%s %s %s: tuning\n",
-                     bench::DataName(data).c_str(), spec, method.c_str());
-        choco.gamma = TuneChoco(*topology, choco, *start);
-        Write(out, data, spec, method, choco.gamma,
-              Run(*topology, choco, *start, kTarget, kMaxBytes));
-      }
+      RunAll(out, data, spec, *topology, shape, start);
     }
   }
   if (out != stdout) std::fclose(out);

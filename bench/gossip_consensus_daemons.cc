@@ -1,20 +1,20 @@
 // The consensus experiment of PowerGossip (issue 10) through eight real
 // gradcompd processes on loopback (tests/integration/cluster.h), one client
-// thread per daemon sending Reduce requests in gossip mode: plain (exact)
-// gossip, PowerGossip rank 1 and 2 and Choco-Gossip top-k (k matched to
-// rank 1 and 2, and 5 %) on a ring and on a 2 x 4 torus, for both data
-// types, from the same matrices, seed, tensor name and options as
-// bench/gossip_consensus.cc, so the curves should match the in-process ones
-// step for step. Choco runs at the step sizes that run tuned, read from its
-// CSV (the first argument). Bytes per worker are the daemons' own counts
-// (ReduceStats.wire_bytes: the gossip messages each daemon sent).
+// thread per daemon sending Reduce requests in gossip mode: every method of
+// bench::Methods (exact gossip, PowerGossip rank 1 and 2 at the paper's
+// diffusion and tuned, Choco-Gossip top-k) on a ring and on a 2 x 4 torus,
+// for both data types, from the same matrices, seed, tensor name and
+// options as bench/gossip_consensus.cc, so the curves should match the
+// in-process ones step for step. Every method runs at the step size that
+// run used (tuned or fixed), read from its CSV (the first argument). Bytes
+// per worker are the daemons' own counts (ReduceStats.wire_bytes: the
+// gossip messages each daemon sent).
 //
 //   bazel build -c opt //service:gradcompd //bench:gossip_consensus_daemons
 //   GRADCOMPD=$PWD/bazel-bin/service/gradcompd \
 //       bazel-bin/bench/gossip_consensus_daemons /tmp/consensus.csv \
 //       /tmp/consensus_daemons.csv
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -40,11 +40,11 @@ using bench::Data;
 using bench::kCols;
 using bench::kDiverged;
 using bench::kMaxBytes;
-using bench::kN;
 using bench::kRows;
 using bench::kTarget;
 using bench::kW;
 using bench::Logged;
+using bench::Method;
 using service::ConsensusDistance;
 using Tensors = std::vector<std::vector<float>>;
 
@@ -175,29 +175,29 @@ int Main(int argc, char** argv) {
     const std::string name = bench::DataName(data);
     for (const std::string topology : {"ring", "torus"}) {
       std::vector<std::pair<std::string, v1::GossipSpec>> runs;
-      v1::GossipSpec exact;
-      exact.set_topology(topology);
-      runs.push_back({"exact", exact});
-      for (uint32_t rank : {1u, 2u}) {
-        v1::GossipSpec pg = exact;
-        pg.set_rank(rank);
-        pg.set_power_steps(1);
-        pg.set_diffusion(1.308);  // GossipOptions' default, as in-process
-        runs.push_back({absl::StrCat("powergossip-r", rank), pg});
-      }
-      for (int k : {(kRows + kCols) / 4, (kRows + kCols) / 2,
-                    static_cast<int>(std::ceil(0.05 * kN))}) {
-        const std::string method = absl::StrCat("choco-k", k);
-        auto gamma = gammas.find({name, topology, method});
+      for (const Method& method : bench::Methods(kRows, kCols)) {
+        auto gamma = gammas.find({name, topology, method.name});
         if (gamma == gammas.end()) {
           std::fprintf(stderr, "%s has no %s %s %s run\n", argv[1],
-                       name.c_str(), topology.c_str(), method.c_str());
+                       name.c_str(), topology.c_str(), method.name.c_str());
           return 1;
         }
-        v1::GossipSpec choco = exact;
-        choco.set_choco_topk_fraction(static_cast<double>(k) / kN);
-        choco.set_diffusion(gamma->second);
-        runs.push_back({method, choco});
+        v1::GossipSpec spec;
+        spec.set_topology(topology);
+        spec.set_diffusion(gamma->second);
+        switch (method.kind) {
+          case Method::Kind::kExact:
+            break;
+          case Method::Kind::kPowerGossip:
+            spec.set_rank(method.rank);
+            spec.set_power_steps(1);
+            break;
+          case Method::Kind::kChoco:
+            spec.set_choco_topk_fraction(static_cast<double>(method.k) /
+                                         (kRows * kCols));
+            break;
+        }
+        runs.push_back({method.name, spec});
       }
       for (const auto& [method, spec] : runs) {
         const std::string job = absl::StrCat(name, "-", topology, "-", method);

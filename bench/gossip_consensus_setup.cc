@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <cmath>
 #include <random>
 
 #include "absl/status/status.h"
@@ -64,13 +65,37 @@ std::string DataName(Data data) {
 
 absl::StatusOr<std::vector<std::vector<float>>> Start(Data data) {
   if (data == Data::kFashionMnist) return FashionMnist();
+  return StartRandom(kRows, kCols);
+}
+
+std::vector<std::vector<float>> StartRandom(int rows, int cols) {
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
-  std::vector<std::vector<float>> xs(kW, std::vector<float>(kN));
+  std::vector<std::vector<float>> xs(
+      kW, std::vector<float>(static_cast<size_t>(rows) * cols));
   for (auto& x : xs) {
     for (float& v : x) v = normal(rng);
   }
   return xs;
+}
+
+std::vector<Method> Methods(int rows, int cols) {
+  using Kind = Method::Kind;
+  std::vector<Method> methods = {{Kind::kExact, "exact"}};
+  for (bool tuned : {false, true}) {
+    for (int rank : {1, 2}) {
+      methods.push_back(
+          {Kind::kPowerGossip,
+           absl::StrCat("powergossip-r", rank, tuned ? "-tuned" : ""), rank, 0,
+           tuned});
+    }
+  }
+  const int entries = rows * cols;
+  for (int k : {(rows + cols) / 4, (rows + cols) / 2,
+                static_cast<int>(std::ceil(0.05 * entries))}) {
+    methods.push_back({Kind::kChoco, absl::StrCat("choco-k", k), 0, k});
+  }
+  return methods;
 }
 
 }  // namespace gradcomp::bench

@@ -40,10 +40,31 @@ inline constexpr Data kData[] = {Data::kRandom, Data::kFashionMnist};
 std::string DataName(Data data);
 
 // Every rank's starting kRows x kCols matrix, row-major: standard normal
-// with a fixed seed, or rank i's tile of Fashion-MNIST training images
-// 4i..4i+3 (pixels / 255). NotFound naming the file and the package when
-// the images are missing; DataLoss when the file is not an IDX image file.
+// with a fixed seed (StartRandom), or rank i's tile of Fashion-MNIST
+// training images 4i..4i+3 (pixels / 255). NotFound naming the file and the
+// package when the images are missing; DataLoss when the file is not an
+// IDX image file.
 absl::StatusOr<std::vector<std::vector<float>>> Start(Data data);
+
+// Every rank's rows x cols standard normal matrix, row-major, from a fixed
+// seed: Start(Data::kRandom) at kRows x kCols, or the paper's 100 x 100.
+std::vector<std::vector<float>> StartRandom(int rows, int cols);
+
+// One compared method; every step size is tuned by the same rule
+// (gossip_consensus.cc, Tune) except PowerGossip's fixed-diffusion rows.
+struct Method {
+  enum class Kind { kExact, kPowerGossip, kChoco };
+  Kind kind;
+  std::string name;   // the CSV's method column
+  int rank = 0;       // kPowerGossip
+  int k = 0;          // kChoco: entries sent per neighbour and step
+  bool tuned = true;  // false: the paper's fixed diffusion 1.308
+};
+
+// Exact gossip; PowerGossip r = 1 and 2 at the paper's 1.308 and tuned;
+// Choco top-k with k = r (rows + cols) / 4 (PowerGossip rank r's bytes per
+// step) for r = 1 and 2, and k = 5 % of the entries.
+std::vector<Method> Methods(int rows, int cols);
 
 // Every step of the first 50, then about 50 steps per decade.
 inline bool Logged(int64_t step) {

@@ -161,8 +161,11 @@ absl::Status NcclExchange::Grow(Staging& staging, uint64_t bytes) {
   return absl::OkStatus();
 }
 
+absl::Status NcclExchange::Launched(absl::Time deadline) {
+  return AwaitComm(comm_, rank_, deadline, "group launch");
+}
+
 absl::Status NcclExchange::Wait(absl::Time deadline) {
-  GC_RETURN_IF_ERROR(AwaitComm(comm_, rank_, deadline, "group launch"));
   while (true) {
     const cudaError_t done = cudaStreamQuery(stream_);
     if (done == cudaSuccess) return absl::OkStatus();
@@ -245,6 +248,7 @@ NcclExchange::RunRound(const std::vector<int>& peers,
         rank_);
   }
   GC_NCCL_RETURN_IF_ERROR(ncclGroupEnd(), rank_);
+  GC_RETURN_IF_ERROR(Launched(deadline));
   GC_CUDA_AT_RETURN_IF_ERROR(
       cudaMemcpyAsync(headers_in_.host.get(), headers_in_.device.data(),
                       n * kHeaderBytes, cudaMemcpyDeviceToHost, stream_),
@@ -302,6 +306,7 @@ NcclExchange::RunRound(const std::vector<int>& peers,
     }
   }
   GC_NCCL_RETURN_IF_ERROR(ncclGroupEnd(), rank_);
+  GC_RETURN_IF_ERROR(Launched(deadline));
   for (size_t i = 0; i < n; ++i) {
     if (in_sizes[i] == 0) continue;
     GC_CUDA_AT_RETURN_IF_ERROR(

@@ -92,8 +92,12 @@ class NcclExchange {
                int device);
 
   absl::Status Grow(Staging& staging, uint64_t bytes);
-  // Waits for the group just issued and the stream, watching the
-  // communicator's asynchronous error, until `deadline`.
+  // A non-blocking communicator may return from ncclGroupEnd before it has
+  // put the group on the stream (ncclInProgress): waits until it has, so
+  // that copies queued after it run after it.
+  absl::Status Launched(absl::Time deadline);
+  // Waits for the stream, watching the communicator's asynchronous error,
+  // until `deadline`.
   absl::Status Wait(absl::Time deadline);
   absl::StatusOr<std::vector<std::optional<codecs::Bytes>>> RunRound(
       const std::vector<int>& peers, const std::vector<Outgoing>& out,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import secrets
 import socket
@@ -122,10 +123,11 @@ class Gossip:
         if not self.topology:
             raise ValueError("Gossip: empty topology; expected ring, torus, "
                              "torus:RxC, full or edges:...")
-        if self.rank < 0 or self.power_steps < 0 or self.diffusion < 0:
+        if (self.rank < 0 or self.power_steps < 0 or
+                not 0 <= self.diffusion < math.inf):
             raise ValueError(f"Gossip: rank, power_steps and diffusion must be "
-                             f">= 0, got {self.rank}, {self.power_steps}, "
-                             f"{self.diffusion}")
+                             f">= 0 (diffusion finite), got {self.rank}, "
+                             f"{self.power_steps}, {self.diffusion}")
         if not 0 <= self.choco_topk_fraction <= 1:
             raise ValueError(f"Gossip: choco_topk_fraction must be in [0, 1] "
                              f"(0: no Choco-Gossip), got "

@@ -61,6 +61,9 @@ class GossipSpecTest(unittest.TestCase):
             Gossip("")
         with self.assertRaisesRegex(ValueError, ">= 0"):
             Gossip("ring", rank=-1)
+        for diffusion in (-0.5, float("nan"), float("inf")):
+            with self.assertRaisesRegex(ValueError, "diffusion finite"):
+                Gossip("ring", diffusion=diffusion)
 
 
 def _ring_mix(xs: list[np.ndarray]) -> list[np.ndarray]:
