@@ -81,7 +81,10 @@ std::vector<std::vector<float>> StartRandom(int rows, int cols) {
 
 std::vector<Method> Methods(int rows, int cols) {
   using Kind = Method::Kind;
-  std::vector<Method> methods = {{Kind::kExact, "exact"}};
+  // Exact gossip at diffusion 1 (the mixing matrix itself) stays beside
+  // the tuned one: the grid has no 1, and the rule tunes for 1e-4 only.
+  std::vector<Method> methods = {{Kind::kExact, "exact", 0, 0, false},
+                                 {Kind::kExact, "exact-tuned"}};
   for (bool tuned : {false, true}) {
     for (int rank : {1, 2}) {
       methods.push_back(

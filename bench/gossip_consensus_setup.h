@@ -58,10 +58,11 @@ struct Method {
   std::string name;   // the CSV's method column
   int rank = 0;       // kPowerGossip
   int k = 0;          // kChoco: entries sent per neighbour and step
-  bool tuned = true;  // false: the paper's fixed diffusion 1.308
+  bool tuned = true;  // false: the default diffusion (1.308, exact: 1)
 };
 
-// Exact gossip; PowerGossip r = 1 and 2 at the paper's 1.308 and tuned;
+// Exact gossip at diffusion 1 and tuned; PowerGossip r = 1 and 2 at the
+// paper's 1.308 and tuned;
 // Choco top-k with k = r (rows + cols) / 4 (PowerGossip rank r's bytes per
 // step) for r = 1 and 2, and k = 5 % of the entries.
 std::vector<Method> Methods(int rows, int cols);

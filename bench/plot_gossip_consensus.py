@@ -4,7 +4,9 @@ bytes each method needs to reach a few distances and PowerGossip's bytes as
 a ratio to the best baseline's (the tables in docs/gossip.md). A third
 argument, bench/gossip_consensus_daemons.cc's CSV (the same runs through 8
 real daemons), adds those runs as markers and prints, per run, whether its
-logged points equal the in-process ones.
+logged points equal the in-process ones. The matrices' side is read off
+the CSV (Choco's smallest k is side / 2), so the 100 x 100 run
+(`gossip_consensus OUT 100`) plots and tabulates the same way.
 
     /usr/bin/python3 bench/plot_gossip_consensus.py consensus.csv \\
         docs/gossip_consensus.png [consensus_daemons.csv]
@@ -20,7 +22,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 LEVELS = (1e-2, 1e-4, 1e-6)
-SIZE = "56 x 56"
 Points = List[Tuple[int, float, float]]  # step, bytes per worker, distance
 Runs = Dict[Tuple[str, str], Dict[str, Points]]
 
@@ -45,16 +46,23 @@ def bytes_to(points: Points, level: float) -> float:
     return float("inf")
 
 
-def label(method: str, gamma: float) -> str:
+def side_of(runs: Runs) -> int:
+    """The matrices' side: Choco's smallest k is (rows + cols) / 4."""
+    return 2 * min(int(m[len("choco-k"):]) for methods in runs.values()
+                   for m in methods if m.startswith("choco-k"))
+
+
+def label(method: str, gamma: float, side: int) -> str:
     if method.startswith("choco-k"):
         k = int(method[len("choco-k"):])
-        side = int(SIZE.split()[0])
         match = {side // 2: " (= r1 bytes)", side: " (= r2 bytes)"}
         return (f"Choco top-{k}{match.get(k, ' (5 %)')}, "
                 f"gamma {gamma:.3g}")
     if method.startswith("powergossip-r"):
-        return f"PowerGossip r = {method[-1]}"
-    return "exact gossip"
+        rank = method[len("powergossip-r")]
+        how = "tuned" if method.endswith("-tuned") else "paper's"
+        return f"PowerGossip r = {rank}, diffusion {gamma:.3g} ({how})"
+    return f"exact gossip, diffusion {gamma:.3g}"
 
 
 def kb(b: float) -> str:
@@ -64,20 +72,27 @@ def kb(b: float) -> str:
 def main(argv: List[str]) -> int:
     runs, gammas = load(argv[1])
     daemons: Runs = load(argv[3])[0] if len(argv) > 3 else {}
+    side = side_of(runs)
     keys = sorted(runs)
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9), squeeze=False)
+    for ax in axes.flat[len(keys):]:
+        ax.set_visible(False)
     for ax, key in zip(axes.flat, keys):
         for method, points in sorted(runs[key].items()):
             line, = ax.loglog([max(b, 1.0) for _, b, _ in points],
                               [d for _, _, d in points],
-                              label=label(method, gammas[key + (method,)]))
+                              label=label(method, gammas[key + (method,)],
+                                          side),
+                              linestyle="--" if method.startswith(
+                                  "powergossip") and not method.endswith(
+                                      "-tuned") else "-")
             dpoints = daemons.get(key, {}).get(method)
             if dpoints:
                 ax.loglog([max(b, 1.0) for _, b, _ in dpoints],
                           [d for _, _, d in dpoints], linestyle="none",
                           marker=".", markersize=3, color=line.get_color())
         data, topology = key
-        ax.set_title(f"W = 8, {topology}, {data} {SIZE}"
+        ax.set_title(f"W = 8, {topology}, {data} {side} x {side}"
                      + (" (dots: 8 daemons)" if daemons else ""))
         ax.set_xlabel("bytes sent per worker")
         ax.set_ylabel("consensus distance / initial")
@@ -94,7 +109,7 @@ def main(argv: List[str]) -> int:
         for method, points in sorted(runs[key].items()):
             cells = [kb(bytes_to(points, lv)) for lv in LEVELS]
             print(f"| {key[0]} | {key[1]} | "
-                  f"{label(method, gammas[key + (method,)])} | "
+                  f"{label(method, gammas[key + (method,)], side)} | "
                   + " | ".join(cells) + " |")
     print()
     print("PowerGossip's bytes / the best baseline's (exact gossip or any "
@@ -104,7 +119,8 @@ def main(argv: List[str]) -> int:
     print("| --- | --- | --- |" + " ---: |" * len(LEVELS))
     for key in keys:
         methods = runs[key]
-        for pg in ("powergossip-r1", "powergossip-r2"):
+        for pg in sorted(m for m in methods
+                         if m.startswith("powergossip")):
             cells = []
             for lv in LEVELS:
                 base = min(bytes_to(p, lv) for m, p in methods.items()
@@ -113,7 +129,8 @@ def main(argv: List[str]) -> int:
                 cells.append("-" if mine == float("inf") else
                              "inf (no baseline)" if base == float("inf")
                              else f"{mine / base:.2f}")
-            print(f"| {key[0]} | {key[1]} | {label(pg, 0)} | "
+            print(f"| {key[0]} | {key[1]} | "
+                  f"{label(pg, gammas[key + (pg,)], side)} | "
                   + " | ".join(cells) + " |")
     if daemons:
         print()

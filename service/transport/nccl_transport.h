@@ -20,11 +20,13 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "service/transport/transport.h"
@@ -79,7 +81,6 @@ class NcclTransport : public Transport {
   void Progress() ABSL_LOCKS_EXCLUDED(mu_);
   // Takes, per peer, the first queued message still before its deadline.
   std::vector<std::unique_ptr<Queued>> TakeHeads() ABSL_LOCKS_EXCLUDED(mu_);
-  void Deliver(int from, const std::string& payload);
   void Fail(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
 
   const Options options_;

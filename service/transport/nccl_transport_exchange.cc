@@ -161,7 +161,11 @@ absl::Status NcclExchange::Grow(Staging& staging, uint64_t bytes) {
   return absl::OkStatus();
 }
 
-absl::Status NcclExchange::Launched(absl::Time deadline) {
+absl::Status NcclExchange::EndGroup(const absl::Status& queued,
+                                    absl::Time deadline) {
+  const absl::Status ended = NcclStatus(ncclGroupEnd(), "ncclGroupEnd", rank_);
+  GC_RETURN_IF_ERROR(queued);
+  GC_RETURN_IF_ERROR(ended);
   return AwaitComm(comm_, rank_, deadline, "group launch");
 }
 
@@ -237,18 +241,18 @@ NcclExchange::RunRound(const std::vector<int>& peers,
                       n * kHeaderBytes, cudaMemcpyHostToDevice, stream_),
       rank_);
   GC_NCCL_RETURN_IF_ERROR(ncclGroupStart(), rank_);
+  absl::Status queued;
   for (size_t i = 0; i < n; ++i) {
-    GC_NCCL_RETURN_IF_ERROR(
-        ncclSend(headers_out_.device.as<char>() + i * kHeaderBytes,
-                 kHeaderBytes, ncclUint8, peers[i], comm_, stream_),
-        rank_);
-    GC_NCCL_RETURN_IF_ERROR(
-        ncclRecv(headers_in_.device.as<char>() + i * kHeaderBytes, kHeaderBytes,
-                 ncclUint8, peers[i], comm_, stream_),
-        rank_);
+    queued.Update(
+        NcclStatus(ncclSend(headers_out_.device.as<char>() + i * kHeaderBytes,
+                            kHeaderBytes, ncclUint8, peers[i], comm_, stream_),
+                   "ncclSend (header)", rank_));
+    queued.Update(
+        NcclStatus(ncclRecv(headers_in_.device.as<char>() + i * kHeaderBytes,
+                            kHeaderBytes, ncclUint8, peers[i], comm_, stream_),
+                   "ncclRecv (header)", rank_));
   }
-  GC_NCCL_RETURN_IF_ERROR(ncclGroupEnd(), rank_);
-  GC_RETURN_IF_ERROR(Launched(deadline));
+  GC_RETURN_IF_ERROR(EndGroup(queued, deadline));
   GC_CUDA_AT_RETURN_IF_ERROR(
       cudaMemcpyAsync(headers_in_.host.get(), headers_in_.device.data(),
                       n * kHeaderBytes, cudaMemcpyDeviceToHost, stream_),
@@ -294,19 +298,18 @@ NcclExchange::RunRound(const std::vector<int>& peers,
   GC_NCCL_RETURN_IF_ERROR(ncclGroupStart(), rank_);
   for (size_t i = 0; i < n; ++i) {
     if (out[i].present && sizes[i] > 0) {
-      GC_NCCL_RETURN_IF_ERROR(ncclSend(payload_out_[i].device.data(), sizes[i],
-                                       ncclUint8, peers[i], comm_, stream_),
-                              rank_);
+      queued.Update(NcclStatus(ncclSend(payload_out_[i].device.data(), sizes[i],
+                                        ncclUint8, peers[i], comm_, stream_),
+                               "ncclSend (payload)", rank_));
     }
     if (in_sizes[i] > 0) {
-      GC_NCCL_RETURN_IF_ERROR(
-          ncclRecv(payload_in_[i].device.data(), in_sizes[i], ncclUint8,
-                   peers[i], comm_, stream_),
-          rank_);
+      queued.Update(
+          NcclStatus(ncclRecv(payload_in_[i].device.data(), in_sizes[i],
+                              ncclUint8, peers[i], comm_, stream_),
+                     "ncclRecv (payload)", rank_));
     }
   }
-  GC_NCCL_RETURN_IF_ERROR(ncclGroupEnd(), rank_);
-  GC_RETURN_IF_ERROR(Launched(deadline));
+  GC_RETURN_IF_ERROR(EndGroup(queued, deadline));
   for (size_t i = 0; i < n; ++i) {
     if (in_sizes[i] == 0) continue;
     GC_CUDA_AT_RETURN_IF_ERROR(

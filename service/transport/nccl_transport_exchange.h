@@ -92,10 +92,12 @@ class NcclExchange {
                int device);
 
   absl::Status Grow(Staging& staging, uint64_t bytes);
-  // A non-blocking communicator may return from ncclGroupEnd before it has
-  // put the group on the stream (ncclInProgress): waits until it has, so
-  // that copies queued after it run after it.
-  absl::Status Launched(absl::Time deadline);
+  // Ends the group (also when queuing into it failed, so that this thread's
+  // NCCL group state stays clean) and returns the first error. A
+  // non-blocking communicator may return from ncclGroupEnd before it has put
+  // the group on the stream (ncclInProgress): waits until it has, so that
+  // copies queued after it run after it.
+  absl::Status EndGroup(const absl::Status& queued, absl::Time deadline);
   // Waits for the stream, watching the communicator's asynchronous error,
   // until `deadline`.
   absl::Status Wait(absl::Time deadline);

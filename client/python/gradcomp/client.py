@@ -23,7 +23,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 import grpc
 import numpy as np
 
-from gradcomp import inline_wire
+from gradcomp import cuda_ipc, inline_wire
 from gradcomp.errors import GradcompError, status_code
 from gradcomp.shm import ShmRegion, ShmTensor
 
@@ -509,6 +509,28 @@ class Client:
         response = self._shm_call("SharedMemoryStatus",
                                   gradcomp_pb2.SharedMemoryStatusRequest(name=name))
         return {region.name: region.byte_size for region in response.regions}
+
+    def register_cuda_shm(self, name: str, raw_handle: bytes, device_id: int,
+                          byte_size: int) -> None:
+        """Registers `byte_size` bytes of CUDA device memory that this process
+        exported (cudaIpcGetMemHandle), from the allocation's start, as `name`.
+        FAILED_PRECONDITION "this gradcompd has no usable CUDA device" on a
+        daemon without a GPU; INVALID_ARGUMENT for a handle it cannot open."""
+        self._shm_call("RegisterCudaSharedMemory",
+                       gradcomp_pb2.RegisterCudaSharedMemoryRequest(
+                           name=name, raw_handle=raw_handle,
+                           device_id=device_id, byte_size=byte_size))
+
+    def register_cuda_tensor(self, name: str, tensor) -> ShmTensor:
+        """Registers a contiguous torch CUDA tensor's memory as region `name`
+        and returns the tensor as a slice of it, for reduce_shm (input and
+        output may be the same tensor's slices only if they do not overlap:
+        use two tensors). Keep the tensor alive while it is registered."""
+        handle = cuda_ipc.cuda_ipc_handle(tensor)
+        self.register_cuda_shm(name, handle.raw, handle.device,
+                               handle.region_bytes)
+        return ShmTensor(name, handle.offset, tuple(tensor.shape),
+                         cuda_ipc.numpy_dtype(tensor))
 
     @staticmethod
     def _shm_request(name: str, step: int, job: str, source: ShmTensor,
