@@ -48,6 +48,31 @@ constexpr absl::string_view kChocoMeta = "gossip.choco";
 constexpr size_t kMetaSize = 4;
 constexpr uint64_t kMetaHalf = uint64_t{1} << 24;
 
+// One neighbour exchange of a gossip step, its error naming the tensor and
+// the step.
+absl::StatusOr<std::vector<codecs::Bytes>> Exchange(
+    Collective& collective, const RoundKey& key, absl::Span<const int> ranks,
+    std::vector<codecs::Bytes> parts) {
+  absl::StatusOr<std::vector<codecs::Bytes>> got =
+      collective.ExchangeWithNeighbours(key, ranks, std::move(parts));
+  if (!got.ok()) {
+    return absl::Status(
+        got.status().code(),
+        absl::StrCat("gossip of tensor '", key.tensor, "' step ", key.step,
+                     ": ", got.status().message()));
+  }
+  return got;
+}
+
+// A neighbour's message that could not be read, named as Exchange names
+// the step.
+absl::Status BadMessage(const RoundKey& key, int from,
+                        const absl::Status& why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("gossip of tensor '", key.tensor, "' step ", key.step,
+                   " with rank ", from, ": ", why.message()));
+}
+
 }  // namespace
 
 absl::Status ValidateGossipOptions(const GossipOptions& options) {
@@ -379,13 +404,8 @@ absl::StatusOr<GossipStats> GossipNode::RoundOn(TensorGossip& tensor,
     }
 
     absl::StatusOr<std::vector<codecs::Bytes>> got =
-        collective.ExchangeWithNeighbours(step_key, ranks, std::move(parts));
-    if (!got.ok()) {
-      return absl::Status(
-          got.status().code(),
-          absl::StrCat("gossip of tensor '", key.tensor, "' step ", key.step,
-                       ": ", got.status().message()));
-    }
+        Exchange(collective, step_key, ranks, std::move(parts));
+    if (!got.ok()) return got.status();
 
     for (size_t e = 0; e < neighbours.size(); ++e) {
       const int j = neighbours[e].rank;
@@ -393,11 +413,7 @@ absl::StatusOr<GossipStats> GossipNode::RoundOn(TensorGossip& tensor,
       theirs.resize(headers[e].count);
       absl::Status read =
           ReadGossipMessage((*got)[e], headers[e], absl::MakeSpan(theirs));
-      if (!read.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("gossip of tensor '", key.tensor, "' step ", key.step,
-                         " with rank ", j, ": ", read.message()));
-      }
+      if (!read.ok()) return BadMessage(key, j, read);
       // Both ends form d = hi - lo from the same two vectors, and the same
       // float increment c * A, which the low end adds and the high end
       // subtracts.
@@ -488,22 +504,13 @@ absl::StatusOr<GossipStats> GossipNode::ChocoRoundOn(TensorGossip& t,
       stats.bytes_sent += parts[e].size();
     }
     absl::StatusOr<std::vector<codecs::Bytes>> got =
-        collective.ExchangeWithNeighbours(step_key, ranks, std::move(parts));
-    if (!got.ok()) {
-      return absl::Status(
-          got.status().code(),
-          absl::StrCat("gossip of tensor '", key.tensor, "' step ", key.step,
-                       ": ", got.status().message()));
-    }
+        Exchange(collective, step_key, ranks, std::move(parts));
+    if (!got.ok()) return got.status();
     for (size_t e = 0; e < neighbours.size(); ++e) {
       absl::Status read = ReadSparseGossipMessage(
           (*got)[e], header, static_cast<uint64_t>(numel),
           absl::MakeSpan(their_indices), absl::MakeSpan(their_values));
-      if (!read.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "gossip of tensor '", key.tensor, "' step ", key.step,
-            " with rank ", neighbours[e].rank, ": ", read.message()));
-      }
+      if (!read.ok()) return BadMessage(key, neighbours[e].rank, read);
       std::vector<float>& hat = t.hats[e];
       for (int64_t i = 0; i < k; ++i) {
         hat[their_indices[i]] += their_values[i];
