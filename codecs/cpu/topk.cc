@@ -123,6 +123,18 @@ size_t TopKCodec::KAt(size_t numel, int64_t step) const {
 
 absl::Status TopKCodec::Encode(const TensorView& grad, TensorState& state,
                                const StepContext& ctx, Bytes* payload) const {
+  return EncodeWith(
+      grad, state, ctx,
+      [](absl::Span<const float> v, size_t k, double sample,
+         const PhiloxStream& rng) -> absl::StatusOr<TopKSelection> {
+        return SelectTopK(v, k, sample, rng);
+      },
+      payload);
+}
+
+absl::Status TopKCodec::EncodeWith(const TensorView& grad, TensorState& state,
+                                   const StepContext& ctx, Selector select,
+                                   Bytes* payload) const {
   const size_t n = grad.numel();
   if (n > std::numeric_limits<uint32_t>::max()) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -132,8 +144,8 @@ absl::Status TopKCodec::Encode(const TensorView& grad, TensorState& state,
   const float scale = ClipScale(grad.values, options_.clip_norm);
   absl::Span<float> v = momentum_.Accumulate(grad.values, scale, state);
   const PhiloxStream rng(ctx.seed, ctx.tensor_id, ctx.step, /*round=*/0);
-  const TopKSelection selection =
-      SelectTopK(v, KAt(n, ctx.step), options_.sample, rng);
+  GC_ASSIGN_OR_RETURN(const TopKSelection selection,
+                      select(v, KAt(n, ctx.step), options_.sample, rng));
   const std::vector<uint32_t>& indices = selection.indices;
   const uint32_t count = static_cast<uint32_t>(indices.size());
   const IndexPlan plan = PlanIndices(indices);
@@ -154,9 +166,8 @@ absl::Status TopKCodec::Encode(const TensorView& grad, TensorState& state,
   return absl::OkStatus();
 }
 
-absl::Status TopKCodec::DecodeAdd(absl::string_view payload, float alpha,
-                                  absl::Span<float> acc) const {
-  const size_t n = acc.size();
+absl::StatusOr<TopKPairs> ParseTopKPayload(absl::string_view payload,
+                                           size_t n) {
   GC_ASSIGN_OR_RETURN(const ParsedPayload parsed,
                       ParsePayload(payload, CodecId::kTopK, /*round=*/0, n));
   if (parsed.header.flags != 0) {
@@ -185,19 +196,27 @@ absl::Status TopKCodec::DecodeAdd(absl::string_view payload, float alpha,
         "topk: payload holds %d pairs, more than the tensor's %d elements",
         count, n));
   }
-  std::vector<uint32_t> indices;
+  TopKPairs pairs;
   GC_ASSIGN_OR_RETURN(const size_t index_bytes,
-                      DecodeIndices(parsed.body, count, n, &indices));
+                      DecodeIndices(parsed.body, count, n, &pairs.indices));
   if (parsed.body.size() - index_bytes != 4 * count) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "topk: %d values need %d bytes after the indices, got %d", count,
         4 * count, parsed.body.size() - index_bytes));
   }
-  const char* values = parsed.body.data() + index_bytes;
-  for (uint64_t j = 0; j < count; ++j) {
+  pairs.values = parsed.body.substr(index_bytes);
+  return pairs;
+}
+
+absl::Status TopKCodec::DecodeAdd(absl::string_view payload, float alpha,
+                                  absl::Span<float> acc) const {
+  GC_ASSIGN_OR_RETURN(const TopKPairs pairs,
+                      ParseTopKPayload(payload, acc.size()));
+  const char* values = pairs.values.data();
+  for (size_t j = 0; j < pairs.indices.size(); ++j) {
     float value;
     std::memcpy(&value, values + 4 * j, sizeof(value));
-    acc[indices[j]] += alpha * value;
+    acc[pairs.indices[j]] += alpha * value;
   }
   return absl::OkStatus();
 }

@@ -19,14 +19,18 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "codecs/codec.h"
 #include "codecs/cpu/momentum.h"
+#include "codecs/cpu/select.h"
 #include "codecs/params.h"
+#include "codecs/random.h"
 #include "codecs/registry.h"
 
 namespace gradcomp::codecs {
@@ -62,6 +66,16 @@ class TopKCodec : public SingleRoundCodec {
   absl::Status DecodeAdd(absl::string_view payload, float alpha,
                          absl::Span<float> acc) const override;
 
+  // How Encode picks the indices of the accumulated v to send: SelectTopK
+  // here; the GPU twin (codecs/cuda) selects on the device, same result.
+  using Selector = absl::FunctionRef<absl::StatusOr<TopKSelection>(
+      absl::Span<const float> v, size_t k, double sample,
+      const PhiloxStream& rng)>;
+  // Encode, with `select` in place of SelectTopK.
+  absl::Status EncodeWith(const TensorView& grad, TensorState& state,
+                          const StepContext& ctx, Selector select,
+                          Bytes* payload) const;
+
   // The density at `step` under the warm-up schedule.
   double DensityAt(int64_t step) const;
   // k = ceil(density * numel) at `step`, at least 1 for a nonempty tensor.
@@ -76,6 +90,14 @@ class TopKCodec : public SingleRoundCodec {
 };
 
 CodecInfo TopKInfo();
+
+// A top-k payload's (index, value) pairs, checked as DecodeAdd checks them
+// for a tensor of n elements.
+struct TopKPairs {
+  std::vector<uint32_t> indices;
+  absl::string_view values;  // indices.size() fp32 values, unaligned
+};
+absl::StatusOr<TopKPairs> ParseTopKPayload(absl::string_view payload, size_t n);
 
 // Registers "topk".
 absl::Status RegisterTopK(CodecRegistry& registry);

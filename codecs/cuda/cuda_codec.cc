@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,10 +12,8 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "codecs/cpu/dense.h"
-#include "codecs/cpu/index_coding.h"
 #include "codecs/cpu/int8.h"
 #include "codecs/cpu/kernels.h"
-#include "codecs/cpu/momentum.h"
 #include "codecs/cpu/qsgd.h"
 #include "codecs/cpu/select.h"
 #include "codecs/cpu/topk.h"
@@ -73,11 +70,6 @@ absl::Status DecodeWith(
   GC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(nullptr));
   return absl::OkStatus();
 }
-
-// The topk parameter block (codecs/cpu/topk.cc): the index encoding
-// (index_coding.h delta-packed), three zero bytes, the u32 count.
-constexpr size_t kTopKParamBytes = 8;
-constexpr uint8_t kIndexDeltaPacked = 1;
 
 // The dense codecs' parameter block (codecs/cpu/dense.cc): the element
 // type, three zero bytes, the u32 prescale divisor (>= 1).
@@ -379,61 +371,35 @@ class CudaQsgd : public CudaCodec {
   const QsgdOptions options_;
 };
 
-// DGC top-k (codecs/cpu/topk.cc). Clipping, momentum correction and the
-// state stay on the host, computed by the CPU's own MomentumCorrection; the
+// DGC top-k (codecs/cpu/topk.cc). Clipping, momentum correction, the state
+// and the payload are the CPU codec's own (TopKCodec::EncodeWith); the
 // selection, the pass over the whole tensor, runs on the GPU (select.h).
 // The payload is the CPU's byte for byte. Keeping u and v on the device is
 // the next step (docs/gpu.md).
 class CudaTopK : public CudaCodec {
  public:
-  // `twin` is `cpu`, kept typed for its k schedule.
+  // `twin` is `cpu`, kept typed for EncodeWith.
   CudaTopK(std::unique_ptr<TopKCodec> cpu, const TopKCodec* twin)
-      : CudaCodec(std::move(cpu)),
-        options_(twin->options()),
-        momentum_(
-            MomentumCorrection::Options{options_.momentum, options_.nesterov}),
-        twin_(twin) {}
+      : CudaCodec(std::move(cpu)), twin_(twin) {}
 
   absl::Status Encode(const TensorView& grad, TensorState& state,
                       const StepContext& ctx, Bytes* payload) const override {
-    const size_t n = grad.numel();
-    if (n > std::numeric_limits<uint32_t>::max()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "topk: tensor has %d elements; uint32 indices allow at most %d", n,
-          std::numeric_limits<uint32_t>::max()));
-    }
     // Asked before the state changes: without a GPU it stays as it was.
     GC_RETURN_IF_ERROR(CudaDeviceAvailable());
-    const float scale = ClipScale(grad.values, options_.clip_norm);
-    absl::Span<float> v = momentum_.Accumulate(grad.values, scale, state);
-    GC_ASSIGN_OR_RETURN(DeviceBuffer device,
-                        DeviceBuffer::Create(n * sizeof(float)));
-    if (n > 0) {
-      GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(
-          device.data(), v.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-    }
-    const PhiloxStream rng(ctx.seed, ctx.tensor_id, ctx.step, /*round=*/0);
-    GC_ASSIGN_OR_RETURN(
-        const TopKSelection selection,
-        SelectTopKDevice(device.as<float>(), n, twin_->KAt(n, ctx.step),
-                         options_.sample, rng));
-    const std::vector<uint32_t>& indices = selection.indices;
-    const uint32_t count = static_cast<uint32_t>(indices.size());
-    const IndexPlan plan = PlanIndices(indices);
-    char params[kTopKParamBytes] = {static_cast<char>(kIndexDeltaPacked)};
-    std::memcpy(params + 4, &count, sizeof(count));
-    WireHeader header;
-    header.codec = CodecId::kTopK;
-    header.numel = n;
-    char* body = BeginPayload(header, absl::string_view(params, sizeof(params)),
-                              plan.bytes + size_t{4} * count, payload);
-    EncodeIndices(indices, plan, body);
-    char* values = body + plan.bytes;
-    for (uint32_t j = 0; j < count; ++j) {
-      std::memcpy(values + size_t{4} * j, &v[indices[j]], sizeof(float));
-    }
-    momentum_.Sent(indices, options_.masking, state);
-    return absl::OkStatus();
+    return twin_->EncodeWith(
+        grad, state, ctx,
+        [](absl::Span<const float> v, size_t k, double sample,
+           const PhiloxStream& rng) -> absl::StatusOr<TopKSelection> {
+          GC_ASSIGN_OR_RETURN(DeviceBuffer device,
+                              DeviceBuffer::Create(v.size() * sizeof(float)));
+          if (!v.empty()) {
+            GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(device.data(), v.data(),
+                                               v.size() * sizeof(float),
+                                               cudaMemcpyHostToDevice));
+          }
+          return SelectTopKDevice(device.as<float>(), v.size(), k, sample, rng);
+        },
+        payload);
   }
 
   // The state is on the host, so the gradient goes there first.
@@ -450,42 +416,12 @@ class CudaTopK : public CudaCodec {
     return Encode(TensorView{host, shape}, state, ctx, payload);
   }
 
-  // The CPU decoder's checks, the indices decoded on the host, the
-  // scatter-add on the GPU.
+  // The CPU decoder's checks, the scatter-add on the GPU.
   absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
                                float* acc, size_t n) const override {
-    GC_ASSIGN_OR_RETURN(const ParsedPayload parsed,
-                        ParsePayload(payload, CodecId::kTopK, 0, n));
-    if (parsed.header.flags != 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "topk: expected header flags 0 (not a dense body), got 0x%02x",
-          parsed.header.flags));
-    }
-    const absl::string_view p = parsed.params;
-    if (p.size() != kTopKParamBytes ||
-        static_cast<uint8_t>(p[0]) != kIndexDeltaPacked || p[1] != 0 ||
-        p[2] != 0 || p[3] != 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "topk: expected %d parameter bytes: index encoding %d, three zero "
-          "bytes, the count",
-          kTopKParamBytes, kIndexDeltaPacked));
-    }
-    uint32_t count32;
-    std::memcpy(&count32, p.data() + 4, sizeof(count32));
-    const size_t count = count32;
-    if (count > n) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "topk: payload holds %d pairs, more than the tensor's %d elements",
-          count, n));
-    }
-    std::vector<uint32_t> indices;
-    GC_ASSIGN_OR_RETURN(const size_t index_bytes,
-                        DecodeIndices(parsed.body, count, n, &indices));
-    if (parsed.body.size() - index_bytes != 4 * count) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "topk: %d values need %d bytes after the indices, got %d", count,
-          4 * count, parsed.body.size() - index_bytes));
-    }
+    GC_ASSIGN_OR_RETURN(const TopKPairs pairs, ParseTopKPayload(payload, n));
+    const std::vector<uint32_t>& indices = pairs.indices;
+    const size_t count = indices.size();
     for (size_t j = 1; j < count; ++j) {
       if (indices[j] <= indices[j - 1]) {
         return absl::InvalidArgumentError(absl::StrFormat(
@@ -498,8 +434,7 @@ class CudaTopK : public CudaCodec {
     std::string staged(8 * count, '\0');
     if (count > 0) {
       std::memcpy(staged.data(), indices.data(), 4 * count);
-      std::memcpy(staged.data() + 4 * count, parsed.body.data() + index_bytes,
-                  4 * count);
+      std::memcpy(staged.data() + 4 * count, pairs.values.data(), 4 * count);
     }
     return DecodeWith(staged, [&](const char* block) {
       return LaunchScatterAdd(reinterpret_cast<const uint32_t*>(block),
@@ -509,8 +444,6 @@ class CudaTopK : public CudaCodec {
   }
 
  private:
-  const TopKOptions options_;
-  const MomentumCorrection momentum_;
   const TopKCodec* twin_;  // owned by CudaCodec
 };
 
