@@ -1,40 +1,19 @@
 #include "codecs/cuda/select.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
+#include "codecs/cpu/select_rules.h"
 #include "codecs/cuda/device.h"
 #include "codecs/cuda/philox_words.h"
 #include "codecs/cuda/select_kernels.h"
 
 namespace gradcomp::codecs::cuda {
 namespace {
-
-// codecs/cpu/select.cc's constants: at most 10 filter passes, another one
-// while fewer than 0.8k are found, each at 0.8 times the threshold; key 1
-// (the smallest subnormal) keeps exactly the nonzero magnitudes.
-constexpr int kMaxPasses = 10;
-constexpr double kTooFew = 0.8;
-constexpr float kLowerBy = 0.8f;
-constexpr uint32_t kSmallestKey = 1;
-
-uint32_t KeyOf(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof(bits));
-  return bits & 0x7FFFFFFFu;
-}
-
-float FromKey(uint32_t key) {
-  float x;
-  std::memcpy(&x, &key, sizeof(x));
-  return x;
-}
 
 // The rank-th largest (0-based) of `count` keys in device memory.
 absl::StatusOr<uint32_t> NthLargest(const uint32_t* keys, size_t count,
@@ -53,36 +32,6 @@ absl::StatusOr<uint32_t> NthLargest(const uint32_t* keys, size_t count,
   return key;
 }
 
-struct Candidate {
-  uint32_t key;
-  uint32_t index;
-};
-
-// codecs/cpu/select.cc's order of selection: larger magnitude first, then
-// the lower index. It is total, so the k first candidates are one set
-// however they are found.
-bool Before(const Candidate& a, const Candidate& b) {
-  return a.key > b.key || (a.key == b.key && a.index < b.index);
-}
-
-// Keeps the k of more than k ascending `indices` that come first in Before
-// order, still ascending; `keys` are their keys.
-void TrimToTopK(const std::vector<uint32_t>& keys, size_t k,
-                std::vector<uint32_t>* indices) {
-  std::vector<Candidate> candidates(indices->size());
-  for (size_t j = 0; j < indices->size(); ++j) {
-    candidates[j] = {keys[j], (*indices)[j]};
-  }
-  std::vector<Candidate> partitioned = candidates;
-  std::nth_element(partitioned.begin(), partitioned.begin() + k,
-                   partitioned.end(), Before);
-  const Candidate first_dropped = partitioned[k];
-  indices->clear();
-  for (const Candidate& c : candidates) {
-    if (Before(c, first_dropped)) indices->push_back(c.index);
-  }
-}
-
 }  // namespace
 
 absl::StatusOr<TopKSelection> SelectTopKDevice(const float* x, size_t n,
@@ -98,34 +47,22 @@ absl::StatusOr<TopKSelection> SelectTopKDevice(const float* x, size_t n,
   GC_RETURN_IF_ERROR(CudaDeviceAvailable());
   k = std::min(k, n);
 
-  const double wanted = std::max(
-      std::ceil(sample_fraction * static_cast<double>(n)),
-      std::ceil(2.0 * static_cast<double>(n) / static_cast<double>(k)));
-  const bool exact = k == n || wanted >= static_cast<double>(n);
+  const SelectPlan plan = PlanSelection(n, k, sample_fraction);
   uint32_t threshold = kSmallestKey;
-  if (k == n) {
-    result.sample_size = n;
-  } else {
-    // Exact: the k-th largest of every key. Sampled: the
-    // ceil(k * count / n)-th largest of the sample.
-    const size_t count = exact ? n : static_cast<size_t>(wanted);
-    const size_t rank =
-        exact ? k
-              : std::min<size_t>(
-                    count, (static_cast<uint64_t>(k) * count + n - 1) / n);
+  if (plan.rank > 0) {
     GC_ASSIGN_OR_RETURN(DeviceBuffer keys,
-                        DeviceBuffer::Create(count * sizeof(uint32_t)));
-    if (exact) {
+                        DeviceBuffer::Create(plan.sample * sizeof(uint32_t)));
+    if (plan.exact) {
       GC_CUDA_RETURN_IF_ERROR(
           LaunchGatherKeys(x, nullptr, n, keys.as<uint32_t>(), nullptr));
     } else {
       GC_CUDA_RETURN_IF_ERROR(LaunchStratifiedSample(
-          x, n, count, ToPhiloxWords(rng), keys.as<uint32_t>(), nullptr));
+          x, n, plan.sample, ToPhiloxWords(rng), keys.as<uint32_t>(), nullptr));
     }
-    GC_ASSIGN_OR_RETURN(threshold,
-                        NthLargest(keys.as<uint32_t>(), count, rank - 1));
-    result.sample_size = count;
+    GC_ASSIGN_OR_RETURN(
+        threshold, NthLargest(keys.as<uint32_t>(), plan.sample, plan.rank - 1));
   }
+  result.sample_size = plan.sample;
   threshold = std::max(threshold, kSmallestKey);
 
   GC_ASSIGN_OR_RETURN(DeviceBuffer indices,
@@ -145,18 +82,13 @@ absl::StatusOr<TopKSelection> SelectTopKDevice(const float* x, size_t n,
     GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(&found, selected.data(), sizeof(found),
                                        cudaMemcpyDeviceToHost));
     ++result.passes;
-    if (exact || result.passes == kMaxPasses || threshold == kSmallestKey ||
-        static_cast<double>(found) >= kTooFew * static_cast<double>(k)) {
+    if (!AnotherPass(plan, result.passes, threshold, static_cast<size_t>(found),
+                     k)) {
       break;
     }
-    // As on the CPU: a non-finite threshold steps down from FLT_MAX.
-    const float current = FromKey(threshold);
-    const float lowered =
-        (std::isfinite(current) ? current : std::numeric_limits<float>::max()) *
-        kLowerBy;
-    threshold = std::max(KeyOf(lowered), kSmallestKey);
+    threshold = LowerThreshold(threshold);
   }
-  result.threshold = FromKey(threshold);
+  result.threshold = FromMagnitudeKey(threshold);
 
   const size_t count = static_cast<size_t>(found);
   result.indices.resize(count);
