@@ -9,18 +9,25 @@
 //   cuda_codec_benchmark [n ...]    (default: 25000000 100000000)
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "codecs/cpu/randomk.h"
 #include "codecs/cuda/decode.h"
 #include "codecs/cuda/device.h"
 #include "codecs/cuda/kernels.h"
+#include "codecs/cuda/randomk_kernels.h"
+#include "codecs/cuda/segment_sums.h"
 #include "codecs/cuda/select.h"
+#include "codecs/cuda/sign_kernels.h"
+#include "codecs/cuda/terngrad_kernels.h"
 #include "codecs/random.h"
 
 namespace gradcomp::codecs::cuda {
@@ -62,6 +69,111 @@ void Report(const char* op, size_t n, double ms, double bytes_moved,
       "\"bytes_moved\": %.0f, \"gbps\": %.1f, \"fraction_of_copy\": %.3f}\n",
       op, n, ms, bytes_moved, gbps, copy_gbps > 0 ? gbps / copy_gbps : 1.0);
   std::fflush(stdout);
+}
+
+// The sign, TernGrad and random-k kernels (codecs/cuda/sign_kernels.h,
+// terngrad_kernels.h, randomk_kernels.h): signsgd's pack and its sums,
+// TernGrad (bucket 512, clip 2.5 sigma: sum of squares, bucket maxima,
+// codes), random-k at ratio 0.01 (the gather from drawn indices; the host's
+// index draw timed on its own). Bytes moved count the input read once and
+// the payload written; scratch (per-block sums, maxima) is not counted.
+void RunSinglePass(size_t n, const float* x, void* out, float* acc, int* flag,
+                   double copy_gbps) {
+  const double in_bytes = 4.0 * n;
+  const double acc_bytes = 8.0 * n;
+  const size_t sign_bytes = 8 * ((n + 63) / 64);
+  const size_t blocks = (n + 63) / 64;
+  absl::StatusOr<DeviceBuffer> scratch =
+      DeviceBuffer::Create(sizeof(double) * (blocks + 1));
+  absl::StatusOr<DeviceBuffer> sums = DeviceBuffer::Create(sizeof(double));
+  if (!scratch.ok() || !sums.ok()) {
+    std::fprintf(stderr, "cuda_codec_benchmark: cannot allocate scratch\n");
+    std::exit(1);
+  }
+  double* block_sums = scratch->as<double>();
+  char* body = static_cast<char*>(out);
+  Report("signsgd_encode", n, TimeMs([&] {
+           const cudaError_t error =
+               LaunchSignPack(x, n, body + 4, block_sums, nullptr);
+           if (error != cudaSuccess) return error;
+           return LaunchSegmentSums(block_sums, blocks, blocks,
+                                    sums->as<double>(), nullptr);
+         }),
+         in_bytes + sign_bytes + 4.0, copy_gbps);
+  const float one = 0.01f;
+  Check(cudaMemcpy(body, &one, sizeof(one), cudaMemcpyHostToDevice),
+        "scale upload");
+  Report("signsgd_decode", n, TimeMs([&] {
+           return LaunchSignDecodeAdd(reinterpret_cast<const float*>(body),
+                                      body + 4, n, n, 0.25f, acc, nullptr);
+         }),
+         4.0 + sign_bytes + acc_bytes, copy_gbps);
+
+  const size_t bucket = 512;
+  const size_t buckets = (n + bucket - 1) / bucket;
+  const size_t terms = n / 256 + 1;
+  absl::StatusOr<DeviceBuffer> max_bits =
+      DeviceBuffer::Create(sizeof(uint32_t) * buckets);
+  if (!max_bits.ok()) std::exit(1);
+  const PhiloxWords rng{{5, 0, 77}, {1234, 99}};
+  float* scales = static_cast<float*>(out);
+  uint8_t* codes = static_cast<uint8_t*>(out) + 4 * buckets;
+  Report("terngrad_encode", n, TimeMs([&] {
+           cudaError_t error =
+               LaunchSumOfSquaresTerms(x, n, block_sums, nullptr);
+           if (error != cudaSuccess) return error;
+           error = LaunchSegmentSums(block_sums, terms, terms,
+                                     sums->as<double>(), nullptr);
+           if (error != cudaSuccess) return error;
+           return LaunchTernGradEncode(x, n, bucket, 0.025f, rng,
+                                       max_bits->as<uint32_t>(), scales, codes,
+                                       flag, nullptr);
+         }),
+         in_bytes + 4.0 * buckets + (n + 3) / 4.0, copy_gbps);
+  // clip_sigma 0: no sum of squares, one pass.
+  Report("terngrad_noclip_encode", n, TimeMs([&] {
+           return LaunchTernGradEncode(
+               x, n, bucket, std::numeric_limits<float>::infinity(), rng,
+               max_bits->as<uint32_t>(), scales, codes, flag, nullptr);
+         }),
+         in_bytes + 4.0 * buckets + (n + 3) / 4.0, copy_gbps);
+  Report("terngrad_decode", n, TimeMs([&] {
+           return LaunchTernGradDecodeAdd(scales, codes, n, bucket, 0.25f, acc,
+                                          nullptr);
+         }),
+         4.0 * buckets + (n + 3) / 4.0 + acc_bytes, copy_gbps);
+
+  const uint64_t k = (n + 99) / 100;
+  const auto draw_start = std::chrono::steady_clock::now();
+  const std::vector<uint64_t> bitmap =
+      DrawRandomKBitmap(n, k, PhiloxStream(1234, 77, 5, /*round=*/0));
+  std::vector<uint32_t> indices;
+  indices.reserve(k);
+  for (size_t w = 0; w < bitmap.size(); ++w) {
+    for (uint64_t word = bitmap[w]; word != 0; word &= word - 1) {
+      indices.push_back(static_cast<uint32_t>(w * 64 + __builtin_ctzll(word)));
+    }
+  }
+  const double draw_ms = std::chrono::duration<double, std::milli>(
+                             std::chrono::steady_clock::now() - draw_start)
+                             .count();
+  Report("randomk_0.01_host_draw", n, draw_ms, 4.0 * k, copy_gbps);
+  absl::StatusOr<DeviceBuffer> device_indices =
+      DeviceBuffer::Create(sizeof(uint32_t) * k);
+  if (!device_indices.ok()) std::exit(1);
+  Check(cudaMemcpy(device_indices->data(), indices.data(), sizeof(uint32_t) * k,
+                   cudaMemcpyHostToDevice),
+        "index upload");
+  const uint32_t* idx = device_indices->as<uint32_t>();
+  float* values = static_cast<float*>(out);
+  Report("randomk_0.01_encode", n, TimeMs([&] {
+           return LaunchRandomKGather(x, idx, k, 100.0f, values, nullptr);
+         }),
+         12.0 * k, copy_gbps);
+  Report("randomk_0.01_decode", n, TimeMs([&] {
+           return LaunchScatterAdd(idx, values, k, 0.25f, acc, nullptr);
+         }),
+         16.0 * k, copy_gbps);
 }
 
 void Run(size_t n) {
@@ -136,12 +248,12 @@ void Run(size_t n) {
     const size_t qbuckets = (n + qbucket - 1) / qbucket;
     uint8_t* codes = static_cast<uint8_t*>(out) + 4 * qbuckets;
     const std::string op = "qsgd" + std::to_string(bits) + "_encode";
-    // The input is read twice (norms, then codes).
+    // The input is read once: buckets of 512 take the one-pass kernel.
     Report(op.c_str(), n, TimeMs([&] {
              return LaunchQsgdEncode(x, n, qbucket, bits, rng, out, codes, flag,
                                      nullptr);
            }),
-           2 * in_bytes + 4.0 * qbuckets + (n * bits + 7) / 8.0, copy_gbps);
+           in_bytes + 4.0 * qbuckets + (n * bits + 7) / 8.0, copy_gbps);
     const std::string decode_op = "qsgd" + std::to_string(bits) + "_decode";
     Report(decode_op.c_str(), n, TimeMs([&] {
              return LaunchQsgdDecodeAdd(out, codes, n, qbucket, bits, 0.25f,
@@ -149,6 +261,8 @@ void Run(size_t n) {
            }),
            4.0 * qbuckets + (n * bits + 7) / 8.0 + acc_bytes, copy_gbps);
   }
+
+  RunSinglePass(n, x, out, acc, flag, copy_gbps);
 
   // DGC top-k selection (codecs/cuda/select.h) at the codec's defaults
   // (ratio 0.001, sample 0.01), indices copied to the host included; beside

@@ -67,6 +67,48 @@ def qsgd_decode_add(codes: torch.Tensor, norms: torch.Tensor, bits: int,
     acc.view(codes.shape).add_(torch.where(negative, -value, value))
 
 
+def run_single_pass(x: torch.Tensor, acc: torch.Tensor, copy_gbps: float) -> None:
+    """signsgd, TernGrad (bucket 512, clip 2.5 sigma) and random-k (ratio 0.01)
+    as PyTorch writes them; bytes counted as in bench/cuda_codec_benchmark.cc
+    (input once, payload as gradcomp packs it)."""
+    n = x.numel()
+    sign_bytes = 8.0 * ((n + 63) // 64)
+    report("signsgd_encode", n,
+           time_ms(lambda: (x.abs().mean(), torch.signbit(x))), 4.0 * n + sign_bytes + 4,
+           copy_gbps)
+    scale = x.abs().mean()
+    negative = torch.signbit(x)
+    report("signsgd_decode", n,
+           time_ms(lambda: acc.add_(torch.where(negative, -scale, scale), alpha=0.25)),
+           4.0 + sign_bytes + 8.0 * n, copy_gbps)
+    usable = n - n % 512
+    b = x[:usable].view(-1, 512)
+
+    def terngrad_encode() -> torch.Tensor:
+        clip = 2.5 * x.norm() / (n ** 0.5)
+        a = b.abs().clamp_(max=clip)
+        s = a.amax(dim=1, keepdim=True)
+        keep = torch.rand_like(b) < a / s
+        return (keep * torch.sign(b)).to(torch.int8), s
+
+    buckets = usable // 512
+    report("terngrad_encode", usable, time_ms(terngrad_encode),
+           4.0 * usable + 4.0 * buckets + usable / 4.0, copy_gbps)
+    codes, s = terngrad_encode()
+    accb = acc[:usable].view(-1, 512)
+    report("terngrad_decode", usable,
+           time_ms(lambda: accb.add_(codes.float() * s, alpha=0.25)),
+           4.0 * buckets + usable / 4.0 + 8.0 * usable, copy_gbps)
+    k = (n + 99) // 100
+    report("randomk_0.01_draw", n, time_ms(lambda: torch.randperm(n, device="cuda")[:k]),
+           4.0 * k, copy_gbps)
+    idx = torch.randperm(n, device="cuda")[:k].sort().values
+    report("randomk_0.01_encode", n, time_ms(lambda: x[idx] * (n / k)), 12.0 * k, copy_gbps)
+    vals = x[idx]
+    report("randomk_0.01_decode", n,
+           time_ms(lambda: acc.index_add_(0, idx, vals, alpha=0.25)), 16.0 * k, copy_gbps)
+
+
 def run(n: int) -> None:
     x = torch.randn(n, device="cuda") * 0.01
     y = torch.empty_like(x)
@@ -108,6 +150,7 @@ def run(n: int) -> None:
         report(f"qsgd{bits}_decode", usable,
                time_ms(lambda: qsgd_decode_add(codes, norms, bits, 0.25, accq)),
                4.0 * usable / 512 + usable * bits / 8.0 + 8.0 * usable, copy_gbps)
+    run_single_pass(x, acc, copy_gbps)
     k = max(1, n // 1000)
     report("topk_0.001", n, time_ms(lambda: torch.topk(x.abs(), k, sorted=False)),
            in_bytes + 8.0 * k, copy_gbps)

@@ -141,16 +141,19 @@ class PowerSgdSession : public CodecSession {
     }
     switch (stage_) {
       case Stage::kAwaitDense:
-        GC_RETURN_IF_ERROR(CheckSum(result.sum, grad_.numel(), "dense values"));
+        GC_RETURN_IF_ERROR(
+            CheckPowerSgdSum(result.sum, grad_.numel(), "dense values"));
         sum_ = std::move(result.sum);
         world_size_ = result.world_size;
         stage_ = Stage::kDone;
         return absl::OkStatus();
       case Stage::kAwaitP:
-        GC_RETURN_IF_ERROR(CheckSum(result.sum, plan_.rows * plan_.rank, "P"));
+        GC_RETURN_IF_ERROR(
+            CheckPowerSgdSum(result.sum, plan_.rows * plan_.rank, "P"));
         return AbsorbP(std::move(result.sum));
       case Stage::kAwaitQ:
-        GC_RETURN_IF_ERROR(CheckSum(result.sum, plan_.cols * plan_.rank, "Q"));
+        GC_RETURN_IF_ERROR(
+            CheckPowerSgdSum(result.sum, plan_.cols * plan_.rank, "Q"));
         return AbsorbQ(std::move(result.sum), result.world_size);
       default:
         return OutOfOrder("Absorb", "no round is waiting for its result");
@@ -367,42 +370,7 @@ class PowerSgdSession : public CodecSession {
 
   std::optional<Round> MakeRound(uint8_t round_index,
                                  absl::Span<const float> body) const {
-    char params[kParamBytes] = {};
-    params[0] = static_cast<char>(ElemType::kF32);
-    params[1] = static_cast<char>(plan_.dense() ? kFormDense : kFormLowRank);
-    const uint32_t rank = static_cast<uint32_t>(plan_.rank);
-    const uint64_t rows = static_cast<uint64_t>(plan_.rows);
-    std::memcpy(params + 4, &rank, sizeof(rank));
-    std::memcpy(params + 8, &rows, sizeof(rows));
-    Round round;
-    round.collective = Collective::kSum;
-    WireHeader header;
-    header.codec = CodecId::kPowerSgd;
-    header.round = round_index;
-    header.flags = kFlagDenseBody;
-    header.numel = grad_.numel();
-    // WriteDensePayload's parameter block is the element type alone; this
-    // codec's block also names the form, rank and rows.
-    char* out = BeginPayload(header, absl::string_view(params, kParamBytes),
-                             body.size() * sizeof(float), &round.payload);
-    if (!body.empty())
-      std::memcpy(out, body.data(), body.size() * sizeof(float));
-    return round;
-  }
-
-  absl::Status CheckSum(const std::vector<float>& sum, int64_t expected,
-                        absl::string_view what) const {
-    if (sum.size() != static_cast<size_t>(expected)) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("powersgd: expected a sum of %d %s values, got %d",
-                          expected, what, sum.size()));
-    }
-    if (!AllFinite(sum)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "powersgd: the sum of %s holds NaN or Inf; expected finite values",
-          what));
-    }
-    return absl::OkStatus();
+    return MakePowerSgdRound(plan_, grad_.numel(), round_index, body);
   }
 
   absl::Status CheckDone(absl::string_view call, absl::Span<float> out) const {
@@ -440,6 +408,45 @@ class PowerSgdSession : public CodecSession {
 };
 
 }  // namespace
+
+Round MakePowerSgdRound(const PowerSgdPlan& plan, uint64_t numel,
+                        uint8_t round_index, absl::Span<const float> body) {
+  char params[kParamBytes] = {};
+  params[0] = static_cast<char>(ElemType::kF32);
+  params[1] = static_cast<char>(plan.dense() ? kFormDense : kFormLowRank);
+  const uint32_t rank = static_cast<uint32_t>(plan.rank);
+  const uint64_t rows = static_cast<uint64_t>(plan.rows);
+  std::memcpy(params + 4, &rank, sizeof(rank));
+  std::memcpy(params + 8, &rows, sizeof(rows));
+  Round round;
+  round.collective = Collective::kSum;
+  WireHeader header;
+  header.codec = CodecId::kPowerSgd;
+  header.round = round_index;
+  header.flags = kFlagDenseBody;
+  header.numel = numel;
+  // WriteDensePayload's parameter block is the element type alone; this
+  // codec's block also names the form, rank and rows.
+  char* out = BeginPayload(header, absl::string_view(params, kParamBytes),
+                           body.size() * sizeof(float), &round.payload);
+  if (!body.empty()) std::memcpy(out, body.data(), body.size() * sizeof(float));
+  return round;
+}
+
+absl::Status CheckPowerSgdSum(absl::Span<const float> sum, int64_t expected,
+                              absl::string_view what) {
+  if (sum.size() != static_cast<size_t>(expected)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("powersgd: expected a sum of %d %s values, got %d",
+                        expected, what, sum.size()));
+  }
+  if (!AllFinite(sum)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "powersgd: the sum of %s holds NaN or Inf; expected finite values",
+        what));
+  }
+  return absl::OkStatus();
+}
 
 PowerSgdPlan PlanPowerSgd(const PowerSgdOptions& options,
                           absl::Span<const int64_t> shape) {

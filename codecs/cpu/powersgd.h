@@ -78,6 +78,17 @@ struct PowerSgdPlan {
 PowerSgdPlan PlanPowerSgd(const PowerSgdOptions& options,
                           absl::Span<const int64_t> shape);
 
+// The payload of round `round_index` (0: P, or g when dense; 1: Q) of a
+// tensor of `numel` elements sent as `plan`, with `body` as its fp32 body.
+// Every backend's session sends these (codecs/cuda/powersgd.h too).
+Round MakePowerSgdRound(const PowerSgdPlan& plan, uint64_t numel,
+                        uint8_t round_index, absl::Span<const float> body);
+
+// OK when a round's sum holds `expected` values, all finite; otherwise
+// InvalidArgument naming `what` ("P", "Q", "dense values").
+absl::Status CheckPowerSgdSum(absl::Span<const float> sum, int64_t expected,
+                              absl::string_view what);
+
 class PowerSgdCodec : public Codec {
  public:
   // Parses and checks "rank", "min_compression_rate" and "warm_start";

@@ -1,9 +1,12 @@
 #include "codecs/cuda/cuda_codec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,17 +14,27 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "codecs/cpu/bitpack.h"
 #include "codecs/cpu/dense.h"
 #include "codecs/cpu/int8.h"
 #include "codecs/cpu/kernels.h"
 #include "codecs/cpu/qsgd.h"
+#include "codecs/cpu/randomk.h"
 #include "codecs/cpu/select.h"
+#include "codecs/cpu/sign.h"
+#include "codecs/cpu/terngrad.h"
 #include "codecs/cpu/topk.h"
 #include "codecs/cuda/decode.h"
 #include "codecs/cuda/device.h"
 #include "codecs/cuda/kernels.h"
 #include "codecs/cuda/philox_words.h"
+#include "codecs/cuda/randomk_kernels.h"
+#include "codecs/cuda/segment_sums.h"
 #include "codecs/cuda/select.h"
+#include "codecs/cuda/sign_kernels.h"
+#include "codecs/cuda/terngrad_kernels.h"
+#include "codecs/error_feedback.h"
+#include "codecs/params.h"
 #include "codecs/random.h"
 #include "codecs/registry.h"
 #include "codecs/wire.h"
@@ -447,6 +460,552 @@ class CudaTopK : public CudaCodec {
   const TopKCodec* twin_;  // owned by CudaCodec
 };
 
+// Copies n host floats to a new device buffer.
+absl::StatusOr<DeviceBuffer> Upload(absl::Span<const float> host) {
+  GC_ASSIGN_OR_RETURN(DeviceBuffer device,
+                      DeviceBuffer::Create(host.size() * sizeof(float)));
+  if (!host.empty()) {
+    GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(device.data(), host.data(),
+                                       host.size() * sizeof(float),
+                                       cudaMemcpyHostToDevice));
+  }
+  return device;
+}
+
+absl::Status Download(const float* device, absl::Span<float> host) {
+  if (host.empty()) return absl::OkStatus();
+  GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(host.data(), device,
+                                     host.size() * sizeof(float),
+                                     cudaMemcpyDeviceToHost));
+  return absl::OkStatus();
+}
+
+// The ErrorFeedback decorator (codecs/error_feedback.h) around a GPU codec:
+// the residual stays in the tensor's state on the host and visits the
+// device for the step (p = e + g, encode p, p -= decode), with the CPU
+// decorator's arithmetic, so the residual is the CPU's bit for bit.
+class CudaErrorFeedback : public CudaCodec {
+ public:
+  CudaErrorFeedback(std::unique_ptr<SingleRoundCodec> cpu,
+                    std::unique_ptr<CudaCodec> inner)
+      : CudaCodec(std::move(cpu)), inner_(std::move(inner)) {}
+
+  absl::Status EncodeDevice(const float* grad, size_t n, TensorState& state,
+                            const StepContext& ctx,
+                            Bytes* payload) const override {
+    GC_RETURN_IF_ERROR(CudaDeviceAvailable());
+    absl::Span<float> residual = state.Buffer(kErrorFeedbackBuffer, n);
+    GC_ASSIGN_OR_RETURN(DeviceBuffer p, Upload(residual));
+    // p += 1 * g is the CPU's p += g.
+    GC_CUDA_RETURN_IF_ERROR(
+        LaunchAddFloat(grad, n, 1.0f, p.as<float>(), nullptr));
+    absl::Status status =
+        inner_->EncodeDevice(p.as<float>(), n, state, ctx, payload);
+    if (status.ok()) {
+      status = inner_->DecodeAddDevice(*payload, -1.0f, p.as<float>(), n);
+    }
+    if (!status.ok()) {
+      // As the CPU decorator: the residual back to within rounding.
+      GC_CUDA_RETURN_IF_ERROR(
+          LaunchAddFloat(grad, n, -1.0f, p.as<float>(), nullptr));
+    }
+    GC_RETURN_IF_ERROR(Download(p.as<float>(), residual));
+    return status;
+  }
+
+  absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
+                               float* acc, size_t n) const override {
+    return inner_->DecodeAddDevice(payload, alpha, acc, n);
+  }
+
+ private:
+  std::unique_ptr<CudaCodec> inner_;
+};
+
+// The sign codecs (codecs/cpu/sign.h). The signs are packed on the GPU;
+// each scale s = fp32(l1 / len) needs l1, the CPU's sequential double sum
+// of the lanes' |x| sums (bitpack.h PackSigns). The GPU sums the same terms
+// in parallel; where s is the same at both ends of the interval that holds
+// the CPU's sum (segment_sums.h), it is the CPU's s, and otherwise (a sum
+// next to a rounding boundary of s, rare) the host runs PackSigns on that
+// bucket. Signum's momentum stays in the state on the host and visits the
+// device for the step.
+class CudaSign : public CudaCodec {
+ public:
+  CudaSign(std::unique_ptr<SingleRoundCodec> cpu, SignCodec::Variant variant,
+           float momentum, size_t bucket)
+      : CudaCodec(std::move(cpu)),
+        variant_(variant),
+        momentum_(momentum),
+        bucket_(bucket) {}
+
+  absl::Status EncodeDevice(const float* grad, size_t n, TensorState& state,
+                            const StepContext& /*ctx*/,
+                            Bytes* payload) const override {
+    GC_RETURN_IF_ERROR(CudaDeviceAvailable());
+    if (variant_ != SignCodec::Variant::kSignum) {
+      return EncodeSigns(grad, n, payload);
+    }
+    absl::Span<float> momentum = state.Buffer(SignCodec::kMomentumBuffer, n);
+    GC_ASSIGN_OR_RETURN(DeviceBuffer m, Upload(momentum));
+    GC_CUDA_RETURN_IF_ERROR(LaunchMomentumUpdate(
+        grad, n, momentum_, 1.0f - momentum_, m.as<float>(), nullptr));
+    GC_RETURN_IF_ERROR(Download(m.as<float>(), momentum));
+    const absl::Status status = EncodeSigns(m.as<float>(), n, payload);
+    if (status.code() == absl::StatusCode::kInvalidArgument) {
+      // As the CPU: a momentum holding NaN would poison every later step.
+      std::fill(momentum.begin(), momentum.end(), 0.0f);
+    }
+    return status;
+  }
+
+  absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
+                               float* acc, size_t n) const override {
+    GC_ASSIGN_OR_RETURN(const ParsedSign p, ParseSignPayload(payload, n));
+    const size_t scales = ScaleCount(n, p.bucket);
+    return DecodeWith(p.body, [&](const char* body) {
+      return LaunchSignDecodeAdd(
+          reinterpret_cast<const float*>(body), body + 4 * scales, n,
+          p.bucket == 0 ? n : p.bucket, alpha, acc, nullptr);
+    });
+  }
+
+ private:
+  static constexpr size_t kParamBytes = 8;  // u32 bucket, 4 zero bytes
+  static constexpr uint32_t kMaxSignBucket = uint32_t{1} << 20;
+
+  struct ParsedSign {
+    size_t bucket;
+    absl::string_view body;
+  };
+
+  static size_t ScaleCount(size_t n, size_t bucket) {
+    return bucket == 0 ? 1 : (n + bucket - 1) / bucket;
+  }
+
+  // codecs/cpu/sign.cc ParseSign's checks.
+  absl::StatusOr<ParsedSign> ParseSignPayload(absl::string_view payload,
+                                              size_t n) const {
+    const char* name = info().name.c_str();
+    GC_ASSIGN_OR_RETURN(const ParsedPayload parsed,
+                        ParsePayload(payload, info().id, /*round=*/0, n));
+    if (parsed.header.flags != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: expected header flags 0 (not a dense body), got 0x%02x", name,
+          parsed.header.flags));
+    }
+    ParsedSign out{0, parsed.body};
+    if (!parsed.params.empty()) {
+      const bool efsign = variant_ == SignCodec::Variant::kEfSign;
+      if (!efsign || parsed.params.size() != kParamBytes) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s: expected %s parameter bytes, got %d", name,
+                            efsign ? "0 or 8" : "no", parsed.params.size()));
+      }
+      uint32_t bucket32 = 0;
+      uint32_t zero = 0;
+      std::memcpy(&bucket32, parsed.params.data(), sizeof(bucket32));
+      std::memcpy(&zero, parsed.params.data() + 4, sizeof(zero));
+      GC_RETURN_IF_ERROR(CheckRange(name, "bucket", bucket32, 64,
+                                    static_cast<int64_t>(kMaxSignBucket)));
+      if (bucket32 % 64 != 0 || zero != 0) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s: expected a bucket that is a multiple of 64 and zero bytes "
+            "[4..7] in the parameters, got bucket %d and 0x%08x",
+            name, bucket32, zero));
+      }
+      out.bucket = bucket32;
+    }
+    const size_t scales = ScaleCount(n, out.bucket);
+    const size_t body_bytes = 4 * scales + SignBytes(n);
+    if (parsed.body.size() != body_bytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: %d elements need a body of %d bytes (scales + signs), got %d",
+          name, n, body_bytes, parsed.body.size()));
+    }
+    for (size_t b = 0; b < scales; ++b) {
+      float scale;
+      std::memcpy(&scale, parsed.body.data() + 4 * b, sizeof(scale));
+      if (!(scale >= 0) || !std::isfinite(scale)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s: expected a finite scale >= 0, got %g", name, scale));
+      }
+    }
+    if (!SignPaddingIsZero(parsed.body.data() + 4 * scales, n)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: expected the padding bits after %d signs to be zero", name, n));
+    }
+    return out;
+  }
+
+  // The payload of the signs of x (device memory): SignCodec::Encode's.
+  absl::Status EncodeSigns(const float* x, size_t n, Bytes* payload) const {
+    const size_t scales = ScaleCount(n, bucket_);
+    const size_t span = bucket_ == 0 ? n : bucket_;
+    const size_t blocks = (n + 63) / 64;
+    GC_ASSIGN_OR_RETURN(DeviceBuffer signs, DeviceBuffer::Create(SignBytes(n)));
+    GC_ASSIGN_OR_RETURN(DeviceBuffer block_sums,
+                        DeviceBuffer::Create(sizeof(double) * blocks));
+    GC_ASSIGN_OR_RETURN(DeviceBuffer sums,
+                        DeviceBuffer::Create(sizeof(double) * scales));
+    GC_CUDA_RETURN_IF_ERROR(
+        LaunchSignPack(x, n, signs.data(), block_sums.as<double>(), nullptr));
+    GC_CUDA_RETURN_IF_ERROR(LaunchSegmentSums(
+        block_sums.as<double>(), blocks,
+        bucket_ == 0 ? std::max<size_t>(blocks, 1) : bucket_ / 64,
+        sums.as<double>(), nullptr));
+    char params[kParamBytes] = {};
+    const uint32_t bucket32 = static_cast<uint32_t>(bucket_);
+    std::memcpy(params, &bucket32, sizeof(bucket32));
+    WireHeader header;
+    header.codec = info().id;
+    header.numel = n;
+    char* body = BeginPayload(
+        header, absl::string_view(params, bucket_ == 0 ? 0 : kParamBytes),
+        4 * scales + SignBytes(n), payload);
+    std::vector<double> l1(scales, 0.0);
+    if (n > 0) {
+      GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(body + 4 * scales, signs.data(),
+                                         SignBytes(n), cudaMemcpyDeviceToHost));
+      GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(l1.data(), sums.data(),
+                                         sizeof(double) * scales,
+                                         cudaMemcpyDeviceToHost));
+    }
+    for (size_t b = 0; b < scales; ++b) {
+      const size_t begin = b * span;
+      const size_t len = std::min(span, n - begin);
+      float scale = 0.0f;
+      if (len > 0) {
+        const auto scale_of = [len](double sum) {
+          return static_cast<float>(sum / len);
+        };
+        scale = scale_of(l1[b]);
+        if (std::isfinite(l1[b])) {
+          const SumInterval in = SumIntervalOf(l1[b], 8 * ((len + 63) / 64));
+          if (scale_of(in.lo) != scale_of(in.hi)) {
+            GC_ASSIGN_OR_RETURN(scale, HostScale(x + begin, len));
+          } else {
+            scale = scale_of(in.lo);
+          }
+        }
+      }
+      if (!std::isfinite(scale)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s: the %s holds NaN or Inf; expected finite values", info().name,
+            variant_ == SignCodec::Variant::kSignum ? "momentum" : "gradient"));
+      }
+      std::memcpy(body + 4 * b, &scale, sizeof(scale));
+    }
+    return absl::OkStatus();
+  }
+
+  // The CPU's own scale of x[0, len) (device memory), by PackSigns.
+  static absl::StatusOr<float> HostScale(const float* x, size_t len) {
+    std::vector<float> host(len);
+    GC_RETURN_IF_ERROR(Download(x, absl::MakeSpan(host)));
+    std::vector<char> signs(SignBytes(len));
+    const double l1 = PackSigns(host, signs.data());
+    return static_cast<float>(l1 / len);
+  }
+
+  const SignCodec::Variant variant_;
+  const float momentum_;
+  const size_t bucket_;
+};
+
+// TernGrad (codecs/cpu/terngrad.h). The clip c * sqrt(sum x^2 / n) needs
+// SumOfSquares, a sequential double chain on the CPU: the GPU sums its
+// terms in parallel and checks the interval as CudaSign does (the host
+// runs SumOfSquares where the clip is not settled by it).
+class CudaTernGrad : public CudaCodec {
+ public:
+  CudaTernGrad(std::unique_ptr<SingleRoundCodec> cpu, TernGradOptions options)
+      : CudaCodec(std::move(cpu)), options_(options) {}
+
+  absl::Status EncodeDevice(const float* grad, size_t n, TensorState& /*state*/,
+                            const StepContext& ctx,
+                            Bytes* payload) const override {
+    GC_RETURN_IF_ERROR(CudaDeviceAvailable());
+    const absl::Status non_finite = absl::InvalidArgumentError(
+        "terngrad: the gradient holds NaN or Inf; expected finite values");
+    float clip = std::numeric_limits<float>::infinity();
+    if (options_.clip_sigma > 0 && n > 0) {
+      GC_ASSIGN_OR_RETURN(const std::optional<float> c, Clip(grad, n));
+      if (!c.has_value()) return non_finite;
+      clip = *c;
+    }
+    const size_t bucket = static_cast<size_t>(options_.bucket);
+    const size_t buckets = (n + bucket - 1) / bucket;
+    char params[kTernParamBytes] = {};
+    const uint32_t bucket32 = static_cast<uint32_t>(bucket);
+    std::memcpy(params, &bucket32, sizeof(bucket32));
+    WireHeader header;
+    header.codec = CodecId::kTernGrad;
+    header.numel = n;
+    GC_ASSIGN_OR_RETURN(DeviceBuffer max_bits,
+                        DeviceBuffer::Create(sizeof(uint32_t) * buckets));
+    const PhiloxWords rng = ToPhiloxWords(WorkerStream(ctx, /*round=*/0));
+    GC_ASSIGN_OR_RETURN(
+        const bool bad,
+        EncodeWith(
+            header, absl::string_view(params, sizeof(params)),
+            4 * buckets + (n + 3) / 4,
+            [&](void* body, int* flag) {
+              return LaunchTernGradEncode(
+                  grad, n, bucket, clip, rng, max_bits.as<uint32_t>(),
+                  static_cast<float*>(body),
+                  static_cast<uint8_t*>(body) + 4 * buckets, flag, nullptr);
+            },
+            payload));
+    if (bad) return non_finite;
+    return absl::OkStatus();
+  }
+
+  absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
+                               float* acc, size_t n) const override {
+    GC_ASSIGN_OR_RETURN(const BucketedPayload p, ParseTernGrad(payload, n));
+    const size_t buckets = (n + p.bucket - 1) / p.bucket;
+    return DecodeWith(p.body, [&](const char* body) {
+      return LaunchTernGradDecodeAdd(
+          reinterpret_cast<const float*>(body),
+          reinterpret_cast<const uint8_t*>(body) + 4 * buckets, n, p.bucket,
+          alpha, acc, nullptr);
+    });
+  }
+
+ private:
+  static constexpr size_t kTernParamBytes = 8;
+
+  // The CPU's clip, or nullopt where its sum of squares is not finite.
+  absl::StatusOr<std::optional<float>> Clip(const float* grad, size_t n) const {
+    const size_t terms = n / 256 + 1;
+    GC_ASSIGN_OR_RETURN(DeviceBuffer parts,
+                        DeviceBuffer::Create(sizeof(double) * terms));
+    GC_ASSIGN_OR_RETURN(DeviceBuffer total,
+                        DeviceBuffer::Create(sizeof(double)));
+    GC_CUDA_RETURN_IF_ERROR(
+        LaunchSumOfSquaresTerms(grad, n, parts.as<double>(), nullptr));
+    GC_CUDA_RETURN_IF_ERROR(LaunchSegmentSums(parts.as<double>(), terms, terms,
+                                              total.as<double>(), nullptr));
+    double sum = 0;
+    GC_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(&sum, total.data(), sizeof(sum), cudaMemcpyDeviceToHost));
+    if (!std::isfinite(sum)) return std::nullopt;
+    const double c = options_.clip_sigma;
+    const auto clip_of = [c, n](double sum_of_squares) {
+      return static_cast<float>(c * std::sqrt(sum_of_squares / n));
+    };
+    const SumInterval in = SumIntervalOf(sum, 8 * (n / 256) + n % 256);
+    if (clip_of(in.lo) == clip_of(in.hi)) return clip_of(in.lo);
+    std::vector<float> host(n);
+    GC_RETURN_IF_ERROR(Download(grad, absl::MakeSpan(host)));
+    const double exact = SumOfSquares(host);
+    if (!std::isfinite(exact)) return std::nullopt;
+    return clip_of(exact);
+  }
+
+  // codecs/cpu/terngrad.cc DecodeAdd's checks.
+  static absl::StatusOr<BucketedPayload> ParseTernGrad(
+      absl::string_view payload, size_t n) {
+    GC_ASSIGN_OR_RETURN(
+        const ParsedPayload parsed,
+        ParsePayload(payload, CodecId::kTernGrad, /*round=*/0, n));
+    if (parsed.header.flags != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "terngrad: expected header flags 0 (not a dense body), got 0x%02x",
+          parsed.header.flags));
+    }
+    if (parsed.params.size() != kTernParamBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("terngrad: expected %d parameter bytes, got %d",
+                          kTernParamBytes, parsed.params.size()));
+    }
+    const char* p = parsed.params.data();
+    uint32_t bucket32;
+    std::memcpy(&bucket32, p, sizeof(bucket32));
+    GC_RETURN_IF_ERROR(CheckRange("terngrad", "bucket", bucket32, 1,
+                                  static_cast<int64_t>(kMaxBucket)));
+    if (p[4] != 0 || p[5] != 0 || p[6] != 0 || p[7] != 0) {
+      return absl::InvalidArgumentError(
+          "terngrad: expected parameter bytes 4..7 to be zero");
+    }
+    const size_t bucket = bucket32;
+    const size_t buckets = (n + bucket - 1) / bucket;
+    const size_t code_bytes = (n + 3) / 4;
+    if (parsed.body.size() != 4 * buckets + code_bytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "terngrad: %d elements in buckets of %d need a body of %d bytes, "
+          "got %d",
+          n, bucket, 4 * buckets + code_bytes, parsed.body.size()));
+    }
+    for (size_t b = 0; b < buckets; ++b) {
+      float scale;
+      std::memcpy(&scale, parsed.body.data() + 4 * b, sizeof(scale));
+      if (!(scale >= 0) || !std::isfinite(scale)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "terngrad: bucket %d has scale %g; expected a finite value >= 0", b,
+            scale));
+      }
+    }
+    const uint8_t* codes =
+        reinterpret_cast<const uint8_t*>(parsed.body.data()) + 4 * buckets;
+    uint8_t bad = 0;
+    for (size_t i = 0; i < code_bytes; ++i) bad |= codes[i] & (codes[i] >> 1);
+    if ((bad & 0x55) != 0) {
+      return absl::InvalidArgumentError(
+          "terngrad: expected 2-bit codes 0, 1 or 2; found a 3");
+    }
+    if (n % 4 != 0 && (codes[code_bytes - 1] >> (2 * (n % 4))) != 0) {
+      return absl::InvalidArgumentError(
+          "terngrad: expected the padding bits of the last code byte to be "
+          "zero");
+    }
+    return BucketedPayload{bucket, 0, parsed.body};
+  }
+
+  const TernGradOptions options_;
+};
+
+// Random-k (codecs/cpu/randomk.h). The indices are drawn on the host
+// (DrawRandomKBitmap: Floyd's algorithm is one sequential pass of k draws);
+// the gather and the scatter-add run on the GPU.
+class CudaRandomK : public CudaCodec {
+ public:
+  CudaRandomK(std::unique_ptr<RandomKCodec> cpu, const RandomKCodec* twin)
+      : CudaCodec(std::move(cpu)), twin_(twin) {}
+
+  absl::Status EncodeDevice(const float* grad, size_t n, TensorState& /*state*/,
+                            const StepContext& ctx,
+                            Bytes* payload) const override {
+    GC_RETURN_IF_ERROR(CudaDeviceAvailable());
+    GC_RETURN_IF_ERROR(CheckIndexable(n));
+    const uint64_t k = twin_->KFor(n);
+    const float scale = twin_->options().scale && k > 0
+                            ? static_cast<float>(static_cast<double>(n) /
+                                                 static_cast<double>(k))
+                            : 1.0f;
+    char params[kRandomKParamBytes] = {static_cast<char>(ElemType::kF32),
+                                       static_cast<char>(kFloydPhilox)};
+    const uint64_t key[4] = {k, ctx.seed, ctx.tensor_id,
+                             static_cast<uint64_t>(ctx.step)};
+    std::memcpy(params + 8, key, sizeof(key));
+    WireHeader header;
+    header.codec = CodecId::kRandomK;
+    header.flags = kFlagDenseBody;
+    header.numel = n;
+    const std::vector<uint32_t> indices = Indices(
+        n, k, PhiloxStream(ctx.seed, ctx.tensor_id, ctx.step, /*round=*/0));
+    GC_ASSIGN_OR_RETURN(DeviceBuffer device_indices,
+                        DeviceBuffer::Create(sizeof(uint32_t) * k));
+    if (k > 0) {
+      GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(device_indices.data(), indices.data(),
+                                         sizeof(uint32_t) * k,
+                                         cudaMemcpyHostToDevice));
+    }
+    return EncodeWith(
+               header, absl::string_view(params, sizeof(params)),
+               sizeof(float) * k,
+               [&](void* body, int*) {
+                 return LaunchRandomKGather(grad, device_indices.as<uint32_t>(),
+                                            k, scale, static_cast<float*>(body),
+                                            nullptr);
+               },
+               payload)
+        .status();
+  }
+
+  absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
+                               float* acc, size_t n) const override {
+    // codecs/cpu/randomk.cc DecodeAdd's checks.
+    GC_ASSIGN_OR_RETURN(
+        const ParsedPayload parsed,
+        ParsePayload(payload, CodecId::kRandomK, /*round=*/0, n));
+    if (parsed.header.flags != kFlagDenseBody) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "randomk: expected header flags 0x01 (dense body), got 0x%02x",
+          parsed.header.flags));
+    }
+    if (parsed.params.size() != kRandomKParamBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("randomk: expected %d parameter bytes, got %d",
+                          kRandomKParamBytes, parsed.params.size()));
+    }
+    const char* p = parsed.params.data();
+    if (static_cast<uint8_t>(p[0]) != static_cast<uint8_t>(ElemType::kF32) ||
+        static_cast<uint8_t>(p[1]) != kFloydPhilox ||
+        std::any_of(p + 2, p + 8, [](char c) { return c != 0; })) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "randomk: expected parameter bytes 0..7 to be 1 (f32), %d (Floyd "
+          "draw), then zeros; got %d, %d, ...",
+          kFloydPhilox, static_cast<uint8_t>(p[0]),
+          static_cast<uint8_t>(p[1])));
+    }
+    uint64_t key[4];
+    std::memcpy(key, p + 8, sizeof(key));
+    const uint64_t k = key[0];
+    if (k > n) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "randomk: payload claims k = %d values of a %d-element tensor", k,
+          n));
+    }
+    if (parsed.body.size() != k * sizeof(float)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "randomk: k = %d values need a body of %d bytes, got %d", k,
+          k * sizeof(float), parsed.body.size()));
+    }
+    GC_RETURN_IF_ERROR(CheckIndexable(n));
+    GC_RETURN_IF_ERROR(CudaDeviceAvailable());
+    const std::vector<uint32_t> indices =
+        Indices(n, k,
+                PhiloxStream(key[1], key[2], static_cast<int64_t>(key[3]),
+                             /*round=*/0));
+    // Indices, then values, as one block for the device.
+    std::string staged(8 * k, '\0');
+    if (k > 0) {
+      std::memcpy(staged.data(), indices.data(), 4 * k);
+      std::memcpy(staged.data() + 4 * k, parsed.body.data(), 4 * k);
+    }
+    return DecodeWith(staged, [&](const char* block) {
+      return LaunchScatterAdd(reinterpret_cast<const uint32_t*>(block),
+                              reinterpret_cast<const float*>(block + 4 * k), k,
+                              alpha, acc, nullptr);
+    });
+  }
+
+ private:
+  // codecs/cpu/randomk.cc's parameter block: [0] f32, [1] the draw, [2..7]
+  // zero, then u64 k, seed, tensor id, step.
+  static constexpr size_t kRandomKParamBytes = 40;
+  static constexpr uint8_t kFloydPhilox = 1;
+
+  static absl::Status CheckIndexable(size_t n) {
+    if (n > std::numeric_limits<uint32_t>::max()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "randomk on the GPU: expected at most 2^32 - 1 elements (32-bit "
+          "indices), got %d",
+          n));
+    }
+    return absl::OkStatus();
+  }
+
+  // The drawn set, ascending: the CPU's order of the values.
+  static std::vector<uint32_t> Indices(uint64_t n, uint64_t k,
+                                       const PhiloxStream& rng) {
+    const std::vector<uint64_t> bitmap = DrawRandomKBitmap(n, k, rng);
+    std::vector<uint32_t> indices;
+    indices.reserve(k);
+    for (size_t w = 0; w < bitmap.size(); ++w) {
+      for (uint64_t word = bitmap[w]; word != 0; word &= word - 1) {
+        indices.push_back(
+            static_cast<uint32_t>(w * 64 + __builtin_ctzll(word)));
+      }
+    }
+    return indices;
+  }
+
+  const RandomKCodec* twin_;  // owned by CudaCodec
+};
+
 absl::StatusOr<std::unique_ptr<SingleRoundCodec>> AsSingleRound(
     std::unique_ptr<Codec> codec) {
   auto* single = dynamic_cast<SingleRoundCodec*>(codec.get());
@@ -469,6 +1028,51 @@ absl::StatusOr<std::unique_ptr<CudaCodec>> CreateDense(
                       AsSingleRound(std::move(cpu)));
   return std::unique_ptr<CudaCodec>(
       new CudaDense(std::move(twin), type, prescale));
+}
+
+// signsgd, signum, efsign: the CPU codec checks the parameters; efsign
+// comes wrapped in error feedback, on the GPU as on the CPU.
+absl::StatusOr<std::unique_ptr<CudaCodec>> CreateSign(
+    absl::string_view name, const CodecParams& params) {
+  const SignCodec::Variant variant =
+      name == "signsgd" ? SignCodec::Variant::kSignSgd
+                        : (name == "signum" ? SignCodec::Variant::kSignum
+                                            : SignCodec::Variant::kEfSign);
+  GC_ASSIGN_OR_RETURN(std::unique_ptr<SingleRoundCodec> cpu,
+                      SignCodec::Create(variant, params));
+  GC_ASSIGN_OR_RETURN(const double momentum, params.GetDouble("momentum", 0.9));
+  GC_ASSIGN_OR_RETURN(const int64_t bucket, params.GetInt("bucket", 0));
+  if (variant == SignCodec::Variant::kSignum) {
+    return std::unique_ptr<CudaCodec>(
+        new CudaSign(std::move(cpu), variant, static_cast<float>(momentum), 0));
+  }
+  if (variant == SignCodec::Variant::kSignSgd) {
+    return std::unique_ptr<CudaCodec>(
+        new CudaSign(std::move(cpu), variant, 0.0f, 0));
+  }
+  auto inner = std::make_unique<CudaSign>(
+      std::make_unique<SignCodec>(variant, 0.0f, bucket), variant, 0.0f,
+      static_cast<size_t>(bucket));
+  return std::unique_ptr<CudaCodec>(
+      new CudaErrorFeedback(std::move(cpu), std::move(inner)));
+}
+
+// randomk, with error feedback when asked (codecs/cpu/randomk.cc
+// RegisterRandomK).
+absl::StatusOr<std::unique_ptr<CudaCodec>> CreateRandomK(
+    const CodecParams& params) {
+  GC_ASSIGN_OR_RETURN(const bool error_feedback,
+                      params.GetBool("error_feedback", false));
+  GC_ASSIGN_OR_RETURN(const RandomKOptions options,
+                      RandomKCodec::ParseOptions(params, error_feedback));
+  GC_RETURN_IF_ERROR(params.CheckAllUsed("randomk"));
+  auto cpu = std::make_unique<RandomKCodec>(options);
+  const RandomKCodec* twin = cpu.get();
+  auto codec = std::make_unique<CudaRandomK>(std::move(cpu), twin);
+  if (!error_feedback) return std::unique_ptr<CudaCodec>(std::move(codec));
+  return std::unique_ptr<CudaCodec>(new CudaErrorFeedback(
+      std::make_unique<ErrorFeedback>(std::make_unique<RandomKCodec>(options)),
+      std::move(codec)));
 }
 
 }  // namespace
@@ -506,7 +1110,8 @@ absl::Status CudaCodec::FinishGather(absl::Span<const Bytes> payloads,
 }
 
 std::vector<std::string> CudaCodecNames() {
-  return {"none", "fp16", "bf16", "int8", "qsgd", "topk"};
+  return {"none",    "fp16",   "bf16",   "int8",     "qsgd",   "topk",
+          "signsgd", "signum", "efsign", "terngrad", "randomk"};
 }
 
 absl::StatusOr<std::unique_ptr<CudaCodec>> CreateCudaCodec(
@@ -532,6 +1137,17 @@ absl::StatusOr<std::unique_ptr<CudaCodec>> CreateCudaCodec(
     const TopKCodec* twin = cpu.get();
     return std::unique_ptr<CudaCodec>(new CudaTopK(std::move(cpu), twin));
   }
+  if (name == "signsgd" || name == "signum" || name == "efsign") {
+    return CreateSign(name, params);
+  }
+  if (name == "terngrad") {
+    GC_ASSIGN_OR_RETURN(std::unique_ptr<TernGradCodec> cpu,
+                        TernGradCodec::Create(params));
+    const TernGradOptions options = cpu->options();
+    return std::unique_ptr<CudaCodec>(
+        new CudaTernGrad(std::move(cpu), options));
+  }
+  if (name == "randomk") return CreateRandomK(params);
   return absl::NotFoundError(
       absl::StrFormat("no GPU encoder for codec '%s'; expected one of: %s",
                       name, absl::StrJoin(CudaCodecNames(), ", ")));

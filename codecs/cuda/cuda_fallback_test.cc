@@ -10,6 +10,9 @@
 #include "codecs/cpu/dense.h"
 #include "codecs/cpu/int8.h"
 #include "codecs/cpu/qsgd.h"
+#include "codecs/cpu/randomk.h"
+#include "codecs/cpu/sign.h"
+#include "codecs/cpu/terngrad.h"
 #include "codecs/cpu/topk.h"
 #include "codecs/cuda/cuda_codec.h"
 #include "codecs/cuda/device.h"
@@ -50,6 +53,9 @@ std::unique_ptr<SingleRoundCodec> CpuCodec(const std::string& name) {
   EXPECT_TRUE(RegisterInt8(registry).ok());
   EXPECT_TRUE(RegisterQsgd(registry).ok());
   EXPECT_TRUE(RegisterTopK(registry).ok());
+  EXPECT_TRUE(RegisterSignCodecs(registry).ok());
+  EXPECT_TRUE(RegisterTernGrad(registry).ok());
+  EXPECT_TRUE(RegisterRandomK(registry).ok());
   std::unique_ptr<Codec> codec = registry.Create(name, CodecParams()).value();
   return std::unique_ptr<SingleRoundCodec>(
       dynamic_cast<SingleRoundCodec*>(codec.release()));
@@ -104,6 +110,22 @@ std::vector<Bytes> BadPayloads(const std::string& name, const Bytes& good) {
     bad.push_back(With(good, 32, 1, 9));  // index encoding
     bad.push_back(With(good, 33, 1, 1));  // padding
     bad.push_back(With(good, 36, 4, static_cast<char>(0xFF)));  // count > n
+  } else if (name == "signsgd" || name == "signum" || name == "efsign") {
+    // No parameter block: the body's scale at 32, then 16 words of signs.
+    bad.push_back(With(good, 32, 4, static_cast<char>(0xFF)));  // NaN scale
+    bad.push_back(With(good, 35, 1, static_cast<char>(0xBF)));  // scale < 0
+    bad.push_back(With(good, 36 + 8 * 15 + 7, 1, 1));           // a padding bit
+  } else if (name == "terngrad") {
+    // Two buckets of 512: scales at 40 and 44, codes from 48.
+    bad.push_back(With(good, 32, 4, 0));  // bucket 0
+    bad.push_back(With(good, 36, 1, 1));  // reserved parameter byte
+    bad.push_back(With(good, 44, 4, static_cast<char>(0xFF)));  // NaN scale
+    bad.push_back(With(good, 48, 1, static_cast<char>(0xFF)));  // code 3
+  } else if (name == "randomk") {
+    bad.push_back(With(good, 32, 1, 9));  // element type
+    bad.push_back(With(good, 33, 1, 7));  // index draw
+    bad.push_back(With(good, 34, 1, 1));  // reserved parameter byte
+    bad.push_back(With(good, 44, 1, 1));  // k > n
   } else {
     bad.push_back(With(good, 32, 1, 9));  // element type
     bad.push_back(With(good, 33, 1, 1));  // reserved parameter byte
@@ -164,10 +186,31 @@ TEST(CudaFallbackTest, BadParametersAreRejectedAsOnCpu) {
   EXPECT_EQ(
       CreateCudaCodec("topk", CodecParams({{"ratio", "0"}})).status().code(),
       absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CreateCudaCodec("signum", CodecParams({{"momentum", "1"}}))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CreateCudaCodec("efsign", CodecParams({{"bucket", "65"}}))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CreateCudaCodec("signsgd", CodecParams({{"momentum", "0.5"}}))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CreateCudaCodec("terngrad", CodecParams({{"clip_sigma", "-1"}}))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CreateCudaCodec("randomk", CodecParams({{"error_feedback", "true"},
+                                                    {"scale", "true"}}))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CudaFallbackTest, CodecsWithoutAGpuEncoderAreNotFound) {
-  const absl::Status s = CreateCudaCodec("terngrad", CodecParams()).status();
+  const absl::Status s = CreateCudaCodec("onebit", CodecParams()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_NE(s.message().find("qsgd"), absl::string_view::npos) << s.message();
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "codecs/cuda/decode.h"
+#include "codecs/cuda/groups.cuh"
 
 namespace gradcomp::codecs::cuda {
 namespace {
@@ -34,65 +35,134 @@ __device__ float Bf16ToFloat(uint16_t b) {
   return __uint_as_float(static_cast<uint32_t>(b) << 16);
 }
 
-template <typename T, float (*kToFloat)(T)>
-__global__ void AddDenseKernel(const T* __restrict__ body, size_t n,
-                               float alpha, float* __restrict__ acc) {
+// acc[i] += alpha * body[i] for a dense fp32 body (two 16-byte loads per
+// group of 8) or a 16-bit one (one 16-byte load per group).
+__global__ void AddFloatKernel(const float* __restrict__ body, size_t n,
+                               float alpha, bool aligned,
+                               float* __restrict__ acc) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < n; i += stride) {
-    acc[i] = __fadd_rn(acc[i], __fmul_rn(alpha, kToFloat(body[i])));
+  for (size_t g = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       g < GroupsOf(n); g += stride) {
+    const int count = GroupCount(n, g);
+    float v[kGroup];
+    float a[kGroup];
+    LoadGroup(body, kGroup * g, count, aligned, v);
+    LoadGroup(acc, kGroup * g, count, aligned, a);
+    for (int j = 0; j < kGroup; ++j)
+      a[j] = __fadd_rn(a[j], __fmul_rn(alpha, v[j]));
+    StoreGroup(acc, kGroup * g, count, aligned, a);
   }
 }
 
-__device__ float Identity(float f) { return f; }
+template <float (*kToFloat)(uint16_t)>
+__global__ void Add16Kernel(const uint16_t* __restrict__ body, size_t n,
+                            float alpha, bool aligned,
+                            float* __restrict__ acc) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t g = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       g < GroupsOf(n); g += stride) {
+    const int count = GroupCount(n, g);
+    uint16_t h[kGroup];
+    float a[kGroup];
+    LoadGroup16(body, kGroup * g, count, aligned, h);
+    LoadGroup(acc, kGroup * g, count, aligned, a);
+    for (int j = 0; j < kGroup; ++j) {
+      a[j] = __fadd_rn(a[j], __fmul_rn(alpha, kToFloat(h[j])));
+    }
+    StoreGroup(acc, kGroup * g, count, aligned, a);
+  }
+}
 
 // codecs/cpu/int8.cc DecodeAdd: with step = fp32((max - min) / 255) in
 // double and unit 1 (2 when max - min overflows fp32),
 // acc += ((alpha * min) / unit + q * ((alpha * step) / unit)) * unit.
+struct Int8Terms {
+  float base;         // (alpha * min) / unit
+  float scaled_step;  // (alpha * step) / unit
+  float unit;
+};
+
+__device__ Int8Terms Int8TermsOf(const float* __restrict__ ranges, size_t b,
+                                 float alpha) {
+  const float lo = ranges[2 * b];
+  const float hi = ranges[2 * b + 1];
+  const double range = static_cast<double>(hi) - static_cast<double>(lo);
+  const float step = __double2float_rn(__ddiv_rn(range, 255.0));
+  const float unit = range > static_cast<double>(FLT_MAX) ? 2.0f : 1.0f;
+  return Int8Terms{__fdiv_rn(__fmul_rn(alpha, lo), unit),
+                   __fdiv_rn(__fmul_rn(alpha, step), unit), unit};
+}
+
+// One thread per group of 8 codes (one 8-byte load); a group's bucket terms
+// are worked out once, again only where a bucket boundary cuts the group.
 __global__ void Int8DecodeKernel(const float* __restrict__ ranges,
                                  const uint8_t* __restrict__ codes, size_t n,
-                                 size_t bucket, float alpha,
+                                 size_t bucket, float alpha, bool aligned,
                                  float* __restrict__ acc) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < n; i += stride) {
-    const size_t b = i / bucket;
-    const float lo = ranges[2 * b];
-    const float hi = ranges[2 * b + 1];
-    const double range = static_cast<double>(hi) - static_cast<double>(lo);
-    const float step = __double2float_rn(__ddiv_rn(range, 255.0));
-    const float unit = range > static_cast<double>(FLT_MAX) ? 2.0f : 1.0f;
-    const float base = __fdiv_rn(__fmul_rn(alpha, lo), unit);
-    const float scaled_step = __fdiv_rn(__fmul_rn(alpha, step), unit);
-    const float value = __fmul_rn(
-        __fadd_rn(base, __fmul_rn(static_cast<float>(codes[i]), scaled_step)),
-        unit);
-    acc[i] = __fadd_rn(acc[i], value);
+  for (size_t g = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       g < GroupsOf(n); g += stride) {
+    const size_t i0 = kGroup * g;
+    const int count = GroupCount(n, g);
+    const uint64_t q = LoadBytes(codes + i0, count);
+    float a[kGroup];
+    LoadGroup(acc, i0, count, aligned, a);
+    size_t b = i0 / bucket;
+    size_t next_bucket = (b + 1) * bucket;
+    Int8Terms t = Int8TermsOf(ranges, b, alpha);
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      if (j == count) break;  // a last, partial group
+      if (i0 + j == next_bucket) {
+        t = Int8TermsOf(ranges, ++b, alpha);
+        next_bucket += bucket;
+      }
+      const float level = static_cast<float>((q >> (8 * j)) & 0xFFu);
+      const float value =
+          __fmul_rn(__fadd_rn(t.base, __fmul_rn(level, t.scaled_step)), t.unit);
+      a[j] = __fadd_rn(a[j], value);
+    }
+    StoreGroup(acc, i0, count, aligned, a);
   }
 }
 
 // codecs/cpu/qsgd.cc DecodeRange: code i sits at bit i * bits of the packed
-// stream (low bits first); acc += +-(level * ((alpha * norm) / levels)).
+// stream (low bits first), so group g's 8 codes are the `bits` bytes from
+// g * bits; acc += +-(level * ((alpha * norm) / levels)), the scale worked
+// out once per group and bucket.
 __global__ void QsgdDecodeKernel(const float* __restrict__ norms,
                                  const uint8_t* __restrict__ codes, size_t n,
                                  size_t bucket, int bits, float alpha,
-                                 float* __restrict__ acc) {
+                                 bool aligned, float* __restrict__ acc) {
   const uint32_t sign = 1u << (bits - 1);
   const uint32_t level_mask = sign - 1;
+  const uint64_t code_mask = (1u << bits) - 1;
   const float levels = static_cast<float>(level_mask);
-  const size_t code_bytes = (n * bits + 7) / 8;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < n; i += stride) {
-    const size_t bit = i * bits;
-    const size_t byte = bit / 8;
-    uint32_t window = codes[byte];
-    if (byte + 1 < code_bytes)
-      window |= static_cast<uint32_t>(codes[byte + 1]) << 8;
-    const uint32_t code = (window >> (bit % 8)) & ((1u << bits) - 1);
-    const float scale = __fdiv_rn(__fmul_rn(alpha, norms[i / bucket]), levels);
-    const float value = __fmul_rn(static_cast<float>(code & level_mask), scale);
-    acc[i] = __fadd_rn(acc[i], (code & sign) != 0 ? -value : value);
+  for (size_t g = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       g < GroupsOf(n); g += stride) {
+    const size_t i0 = kGroup * g;
+    const int count = GroupCount(n, g);
+    const uint64_t packed = LoadBytes(codes + g * bits, (count * bits + 7) / 8);
+    float a[kGroup];
+    LoadGroup(acc, i0, count, aligned, a);
+    size_t b = i0 / bucket;
+    size_t next_bucket = (b + 1) * bucket;
+    float scale = __fdiv_rn(__fmul_rn(alpha, norms[b]), levels);
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      if (j == count) break;  // a last, partial group
+      if (i0 + j == next_bucket) {
+        scale = __fdiv_rn(__fmul_rn(alpha, norms[++b]), levels);
+        next_bucket += bucket;
+      }
+      const uint32_t code =
+          static_cast<uint32_t>((packed >> (bits * j)) & code_mask);
+      const float value =
+          __fmul_rn(static_cast<float>(code & level_mask), scale);
+      a[j] = __fadd_rn(a[j], (code & sign) != 0 ? -value : value);
+    }
+    StoreGroup(acc, i0, count, aligned, a);
   }
 }
 
@@ -120,24 +190,27 @@ unsigned BlocksFor(size_t n) {
 cudaError_t LaunchAddFloat(const void* body, size_t n, float alpha, float* acc,
                            cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  AddDenseKernel<float, Identity><<<BlocksFor(n), kThreads, 0, stream>>>(
-      static_cast<const float*>(body), n, alpha, acc);
+  AddFloatKernel<<<GroupBlocks(n), kGroupThreads, 0, stream>>>(
+      static_cast<const float*>(body), n, alpha,
+      Aligned16(body) && Aligned16(acc), acc);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchAddHalf(const void* body, size_t n, float alpha, float* acc,
                           cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  AddDenseKernel<uint16_t, HalfToFloat><<<BlocksFor(n), kThreads, 0, stream>>>(
-      static_cast<const uint16_t*>(body), n, alpha, acc);
+  Add16Kernel<HalfToFloat><<<GroupBlocks(n), kGroupThreads, 0, stream>>>(
+      static_cast<const uint16_t*>(body), n, alpha,
+      Aligned16(body) && Aligned16(acc), acc);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchAddBf16(const void* body, size_t n, float alpha, float* acc,
                           cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  AddDenseKernel<uint16_t, Bf16ToFloat><<<BlocksFor(n), kThreads, 0, stream>>>(
-      static_cast<const uint16_t*>(body), n, alpha, acc);
+  Add16Kernel<Bf16ToFloat><<<GroupBlocks(n), kGroupThreads, 0, stream>>>(
+      static_cast<const uint16_t*>(body), n, alpha,
+      Aligned16(body) && Aligned16(acc), acc);
   return cudaGetLastError();
 }
 
@@ -145,8 +218,9 @@ cudaError_t LaunchInt8DecodeAdd(const void* ranges, const uint8_t* codes,
                                 size_t n, size_t bucket, float alpha,
                                 float* acc, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  Int8DecodeKernel<<<BlocksFor(n), kThreads, 0, stream>>>(
-      static_cast<const float*>(ranges), codes, n, bucket, alpha, acc);
+  Int8DecodeKernel<<<GroupBlocks(n), kGroupThreads, 0, stream>>>(
+      static_cast<const float*>(ranges), codes, n, bucket, alpha,
+      Aligned16(acc), acc);
   return cudaGetLastError();
 }
 
@@ -154,8 +228,9 @@ cudaError_t LaunchQsgdDecodeAdd(const void* norms, const uint8_t* codes,
                                 size_t n, size_t bucket, int bits, float alpha,
                                 float* acc, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  QsgdDecodeKernel<<<BlocksFor(n), kThreads, 0, stream>>>(
-      static_cast<const float*>(norms), codes, n, bucket, bits, alpha, acc);
+  QsgdDecodeKernel<<<GroupBlocks(n), kGroupThreads, 0, stream>>>(
+      static_cast<const float*>(norms), codes, n, bucket, bits, alpha,
+      Aligned16(acc), acc);
   return cudaGetLastError();
 }
 

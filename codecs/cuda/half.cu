@@ -5,12 +5,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "codecs/cuda/groups.cuh"
 #include "codecs/cuda/kernels.h"
 
 namespace gradcomp::codecs::cuda {
 namespace {
-
-constexpr int kThreads = 256;
 
 // The NaN rules of codecs/cpu/half.cc: fp16 keeps the top ten payload bits
 // and sets the quiet bit; bf16 sets the quiet bit and truncates. Finite
@@ -41,57 +40,63 @@ __device__ float ScaleLikeX86(float in, float scale) {
   return __fmul_rn(in, scale);
 }
 
+// One thread per group of 8 values: two 16-byte loads, one 16-byte store
+// where both pointers are 16-byte aligned.
 template <uint16_t (*kConvert)(float)>
 __global__ void To16Kernel(const float* __restrict__ in, size_t n, float scale,
-                           uint16_t* __restrict__ out) {
+                           bool aligned, uint16_t* __restrict__ out) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < n; i += stride) {
-    out[i] = kConvert(ScaleLikeX86(in[i], scale));
+  for (size_t g = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       g < GroupsOf(n); g += stride) {
+    const int count = GroupCount(n, g);
+    float v[kGroup];
+    LoadGroup(in, kGroup * g, count, aligned, v);
+    uint16_t h[kGroup];
+    for (int j = 0; j < kGroup; ++j) h[j] = kConvert(ScaleLikeX86(v[j], scale));
+    StoreGroup16(out, kGroup * g, count, aligned, h);
   }
 }
 
 __global__ void ScaleKernel(const float* __restrict__ in, size_t n, float scale,
-                            float* __restrict__ out) {
+                            bool aligned, float* __restrict__ out) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < n; i += stride) {
-    out[i] = ScaleLikeX86(in[i], scale);
+  for (size_t g = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       g < GroupsOf(n); g += stride) {
+    const int count = GroupCount(n, g);
+    float v[kGroup];
+    LoadGroup(in, kGroup * g, count, aligned, v);
+    for (int j = 0; j < kGroup; ++j) v[j] = ScaleLikeX86(v[j], scale);
+    StoreGroup(out, kGroup * g, count, aligned, v);
   }
-}
-
-// Enough blocks to fill the device several times over; the kernels stride.
-unsigned BlocksFor(size_t n) {
-  const size_t blocks = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks < 65536 ? (blocks > 0 ? blocks : 1)
-                                              : 65536);
 }
 
 }  // namespace
 
-// `out` is a cudaMalloc'd body buffer (256-byte aligned), not the host
-// payload (whose body follows a 40-byte head), so 16-bit stores are aligned.
+// `out` is usually a cudaMalloc'd body buffer (256-byte aligned); `in` may be
+// any caller's tensor, so alignment is checked, not assumed.
 cudaError_t LaunchFloatToHalf(const float* in, size_t n, float scale, void* out,
                               cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  To16Kernel<HalfBits><<<BlocksFor(n), kThreads, 0, stream>>>(
-      in, n, scale, static_cast<uint16_t*>(out));
+  To16Kernel<HalfBits><<<GroupBlocks(n), kGroupThreads, 0, stream>>>(
+      in, n, scale, Aligned16(in) && Aligned16(out),
+      static_cast<uint16_t*>(out));
   return cudaGetLastError();
 }
 
 cudaError_t LaunchFloatToBf16(const float* in, size_t n, float scale, void* out,
                               cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  To16Kernel<Bf16Bits><<<BlocksFor(n), kThreads, 0, stream>>>(
-      in, n, scale, static_cast<uint16_t*>(out));
+  To16Kernel<Bf16Bits><<<GroupBlocks(n), kGroupThreads, 0, stream>>>(
+      in, n, scale, Aligned16(in) && Aligned16(out),
+      static_cast<uint16_t*>(out));
   return cudaGetLastError();
 }
 
 cudaError_t LaunchScaleFloat(const float* in, size_t n, float scale, void* out,
                              cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  ScaleKernel<<<BlocksFor(n), kThreads, 0, stream>>>(in, n, scale,
-                                                     static_cast<float*>(out));
+  ScaleKernel<<<GroupBlocks(n), kGroupThreads, 0, stream>>>(
+      in, n, scale, Aligned16(in) && Aligned16(out), static_cast<float*>(out));
   return cudaGetLastError();
 }
 

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "codecs/cuda/groups.cuh"
 #include "codecs/cuda/kernels.h"
 #include "codecs/cuda/philox.cuh"
 
@@ -83,6 +84,15 @@ __device__ BucketScale ScaleOf(float lo, float hi) {
   return BucketScale{inverse};
 }
 
+// The level byte of x in a bucket with the given inverse and offset
+// (inverse != 0), rounding up with probability `add` - 0.5 (0.5: nearest).
+__device__ uint8_t Int8Level(float x, float inverse, float offset, float add) {
+  const float level =
+      __fadd_rn(fmaxf(__fsub_rn(__fmul_rn(x, inverse), offset), 0.0f), add);
+  return static_cast<uint8_t>(fminf(level, 255.0f));
+}
+
+// Any bucket size: a block per bucket, which it reads twice.
 __global__ void Int8EncodeKernel(const float* __restrict__ x, size_t n,
                                  size_t bucket, PhiloxWords rng,
                                  bool stochastic, float* __restrict__ ranges,
@@ -116,12 +126,92 @@ __global__ void Int8EncodeKernel(const float* __restrict__ x, size_t n,
           continue;
         }
         const float add = stochastic ? ToUniform(words[i % 8]) : 0.5f;
-        const float level = __fadd_rn(
-            fmaxf(__fsub_rn(__fmul_rn(x[i], inverse), offset), 0.0f), add);
-        codes[i] = static_cast<uint8_t>(fminf(level, 255.0f));
+        codes[i] = Int8Level(x[i], inverse, offset, add);
       }
     }
   }
+}
+
+// One pass for buckets of 256..2048 values that are a multiple of 256: a
+// block holds the whole buckets of a tile of 2048 values, a thread one group
+// of 8 in registers, and each warp lies inside one bucket. The block reduces
+// each bucket's (min, max) and quantises from the registers, so the input is
+// read once.
+constexpr uint32_t kTile = kGroupThreads * kGroup;
+constexpr int kTileWarps = kGroupThreads / 32;
+
+// Launch bounds of 32 registers: 8 blocks per SM keep enough loads in flight
+// while other blocks reduce or draw Philox numbers.
+__global__ void __launch_bounds__(kGroupThreads, 8)
+    Int8TileKernel(const float* __restrict__ x, size_t n, uint32_t bucket,
+                   bool aligned, PhiloxWords rng, bool stochastic,
+                   float* __restrict__ ranges, uint8_t* __restrict__ codes,
+                   int* nonfinite) {
+  __shared__ Extremes warp_results[kTileWarps];
+  // At most kTile / 256 buckets per tile.
+  __shared__ float bucket_inverse[kTileWarps];
+  __shared__ float bucket_offset[kTileWarps];
+  const uint32_t per_tile = kTile / bucket;
+  const size_t first_bucket = static_cast<size_t>(blockIdx.x) * per_tile;
+  const uint32_t local = threadIdx.x * kGroup;  // offset in the tile
+  const size_t i0 = first_bucket * bucket + local;
+  const int count =
+      local < per_tile * bucket && i0 < n ? GroupCount(n, i0 / kGroup) : 0;
+  float v[kGroup];
+  LoadGroup(x, i0, count, aligned, v);
+  Extremes e{FLT_MAX, UINT32_MAX, -FLT_MAX, UINT32_MAX, 0};
+#pragma unroll
+  for (int j = 0; j < kGroup; ++j) {
+    if (j == count) break;  // a last, partial group
+    if (!isfinite(v[j])) {
+      e.bad = 1;
+      continue;
+    }
+    const uint32_t at = local + j;
+    e = Combine(e, Extremes{v[j], at, v[j], at, 0});
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    e = Combine(e, Shuffled(e, offset));
+  }
+  if (threadIdx.x % 32 == 0) warp_results[threadIdx.x / 32] = e;
+  __syncthreads();
+  if (threadIdx.x < per_tile) {
+    const uint32_t q = threadIdx.x;
+    const uint32_t warps_per_bucket = bucket / (32 * kGroup);
+    Extremes all = warp_results[q * warps_per_bucket];
+    for (uint32_t w = 1; w < warps_per_bucket; ++w) {
+      all = Combine(all, warp_results[q * warps_per_bucket + w]);
+    }
+    const size_t b = first_bucket + q;
+    if (b * bucket < n) {
+      if (all.bad) {
+        all.lo = all.hi = 0;
+        atomicOr(nonfinite, 1);
+      }
+      ranges[2 * b] = all.lo;
+      ranges[2 * b + 1] = all.hi;
+    }
+    const float inverse = ScaleOf(all.lo, all.hi).inverse;
+    bucket_inverse[q] = inverse;
+    bucket_offset[q] = __fmul_rn(all.lo, inverse);
+  }
+  __syncthreads();
+  if (count == 0) return;
+  const float inverse = bucket_inverse[local / bucket];
+  const float offset = bucket_offset[local / bucket];
+  uint64_t packed = 0;
+  if (inverse != 0) {
+    uint32_t words[kGroup];
+    if (stochastic) PhiloxBlock(rng, i0 / kGroup, words);
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      if (j == count) break;  // a last, partial group
+      const float add = stochastic ? ToUniform(words[j]) : 0.5f;
+      packed |= static_cast<uint64_t>(Int8Level(v[j], inverse, offset, add))
+                << (8 * j);
+    }
+  }
+  StoreBytes(codes + i0, packed, count);
 }
 
 }  // namespace
@@ -131,12 +221,21 @@ cudaError_t LaunchInt8Encode(const float* x, size_t n, size_t bucket,
                              uint8_t* codes, int* nonfinite,
                              cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
+  const PhiloxWords words = rng != nullptr ? *rng : PhiloxWords{};
+  const size_t tile = bucket <= kTile ? kTile / bucket * bucket : 0;
+  if (bucket % 256 == 0 && tile != 0 && (n + tile - 1) / tile <= INT32_MAX) {
+    const size_t tiles = (n + tile - 1) / tile;
+    Int8TileKernel<<<static_cast<unsigned>(tiles), kGroupThreads, 0, stream>>>(
+        x, n, static_cast<uint32_t>(bucket), Aligned16(x), words,
+        rng != nullptr, static_cast<float*>(ranges), codes, nonfinite);
+    return cudaGetLastError();
+  }
   const size_t buckets = (n + bucket - 1) / bucket;
   const unsigned blocks =
       static_cast<unsigned>(buckets < 65536 ? buckets : 65536);
   Int8EncodeKernel<<<blocks, kThreads, 0, stream>>>(
-      x, n, bucket, rng != nullptr ? *rng : PhiloxWords{}, rng != nullptr,
-      static_cast<float*>(ranges), codes, nonfinite);
+      x, n, bucket, words, rng != nullptr, static_cast<float*>(ranges), codes,
+      nonfinite);
   return cudaGetLastError();
 }
 

@@ -37,7 +37,9 @@ cudaError_t LaunchScaleFloat(const float* in, size_t n, float scale, void* out,
 // The int8 body (codecs/cpu/int8.h): ceil(n / bucket) (min, max) fp32 pairs
 // at `ranges`, then n level bytes at `codes`. `rng` null rounds to nearest.
 // Sets *nonfinite (device int, zeroed by the caller) to 1 if a value is
-// NaN or Inf.
+// NaN or Inf. Buckets of 256..2048 values that are a multiple of 256 (the
+// default 1024 is) take a one-pass kernel that reads x once; other sizes
+// read it twice.
 cudaError_t LaunchInt8Encode(const float* x, size_t n, size_t bucket,
                              const PhiloxWords* rng, void* ranges,
                              uint8_t* codes, int* nonfinite,
@@ -45,7 +47,9 @@ cudaError_t LaunchInt8Encode(const float* x, size_t n, size_t bucket,
 
 // The qsgd body (codecs/cpu/qsgd.h): ceil(n / bucket) fp32 norms at `norms`,
 // then ceil(n * bits / 8) bytes of packed codes at `codes`. Sets *nonfinite
-// to 1 if a bucket's norm is not finite.
+// to 1 if a bucket's norm is not finite. Buckets of 256..2048 values that
+// are a multiple of 256 (the default 512 is) take a one-pass kernel; other
+// sizes read x twice (norms, then codes).
 cudaError_t LaunchQsgdEncode(const float* x, size_t n, size_t bucket, int bits,
                              const PhiloxWords& rng, void* norms,
                              uint8_t* codes, int* nonfinite,

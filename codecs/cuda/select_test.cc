@@ -10,6 +10,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -113,6 +115,27 @@ TEST_F(SelectTest, MatchesCpuOnHeavyTails) {
   for (size_t k : {size_t{5}, size_t{50}, size_t{5000}}) {
     ExpectSameSelection(x, k, 0.001, 4);
   }
+}
+
+TEST_F(SelectTest, MatchesCpuAcrossSizesAndThreads) {
+  // The device memory is kept per thread and grows: a large selection, a
+  // small one after it, a pass finding far more than its first buffer holds
+  // (ties), and the large one again; on two threads at once.
+  const std::vector<float> large = Normal(3000017, 21);
+  const std::vector<float> small = Normal(5003, 22);
+  std::vector<float> ties(400009);
+  std::mt19937 gen(23);
+  for (float& x : ties) x = static_cast<float>(static_cast<int>(gen() % 3));
+  auto run = [&](uint64_t step) {
+    ExpectSameSelection(large, 3000, 0.01, step);
+    ExpectSameSelection(small, 5, 0.01, step);
+    ExpectSameSelection(ties, 10, 0.01, step);
+    ExpectSameSelection(large, 3000, 0.01, step + 1);
+  };
+  std::thread first(run, 10);
+  std::thread second(run, 20);
+  first.join();
+  second.join();
 }
 
 }  // namespace

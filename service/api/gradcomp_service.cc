@@ -85,25 +85,48 @@ absl::StatusOr<ReduceInput> GradcompService::ResolveInput(
     const v1::ReduceRequest& request, absl::string_view client,
     std::optional<SharedMemorySlice>* input_slice,
     std::optional<SharedMemorySlice>* output_slice, HostStaging* staging) {
-  MappedSlices slices;
   if (request.has_input_shm()) {
     GC_ASSIGN_OR_RETURN(SharedMemorySlice slice,
                         AcquireSlice(client, request.input_shm(), "input_shm"));
-    absl::StatusOr<absl::Span<char>> bytes =
-        HostBytes(slice, /*copy_in=*/true, &staging->input, staging);
-    if (!bytes.ok()) return Prefixed(bytes.status(), "input_shm");
-    slices.input = *bytes;
     input_slice->emplace(std::move(slice));
   }
   if (request.has_output_shm()) {
     GC_ASSIGN_OR_RETURN(
         SharedMemorySlice slice,
         AcquireSlice(client, request.output_shm(), "output_shm"));
+    output_slice->emplace(std::move(slice));
+  }
+  MappedSlices slices;
+  if (input_slice->has_value() && output_slice->has_value() &&
+      (*input_slice)->on_device() && (*output_slice)->on_device() &&
+      (*input_slice)->device_id() == (*output_slice)->device_id() &&
+      (*input_slice)->byte_size() == (*output_slice)->byte_size()) {
+    // Both on one GPU: the engine reads and writes them there. Their device
+    // addresses stand in for the spans, for the overlap check only.
+    const SharedMemorySlice& in = **input_slice;
+    const SharedMemorySlice& out = **output_slice;
+    slices.input = {static_cast<char*>(in.device_data()), in.byte_size()};
+    slices.output = {static_cast<char*>(out.device_data()), out.byte_size()};
+    GC_ASSIGN_OR_RETURN(ReduceInput input,
+                        ReduceInputFromProto(request, slices));
+    staging->device = {in.device_id(), in.device_data(), out.device_data(),
+                       in.byte_size()};
+    input.data = absl::string_view();
+    input.output = absl::Span<char>();
+    input.device = &staging->device;
+    return input;
+  }
+  if (input_slice->has_value()) {
     absl::StatusOr<absl::Span<char>> bytes =
-        HostBytes(slice, /*copy_in=*/false, &staging->output, staging);
+        HostBytes(**input_slice, /*copy_in=*/true, &staging->input, staging);
+    if (!bytes.ok()) return Prefixed(bytes.status(), "input_shm");
+    slices.input = *bytes;
+  }
+  if (output_slice->has_value()) {
+    absl::StatusOr<absl::Span<char>> bytes =
+        HostBytes(**output_slice, /*copy_in=*/false, &staging->output, staging);
     if (!bytes.ok()) return Prefixed(bytes.status(), "output_shm");
     slices.output = *bytes;
-    output_slice->emplace(std::move(slice));
   }
   return ReduceInputFromProto(request, slices);
 }
@@ -138,7 +161,10 @@ absl::StatusOr<v1::ReduceResponse> GradcompService::DoReduce(
   }
   input->reservation = held;
   GC_ASSIGN_OR_RETURN(ReduceOutput output, engine_->Reduce(*input));
-  if (output_slice.has_value() && output_slice->on_device()) {
+  // A staged CUDA output goes back to its device (the engine wrote an
+  // unstaged one there itself).
+  if (output_slice.has_value() && output_slice->on_device() &&
+      input->device == nullptr) {
     absl::Status written = output_slice->CopyFromHost(staging.output);
     if (!written.ok()) {
       return Prefixed(Prefixed(written, "output_shm"), TensorLabel(request));

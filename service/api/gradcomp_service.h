@@ -113,6 +113,9 @@ class GradcompService final : public v1::Gradcomp::Service {
     std::vector<char> input;
     std::vector<char> output;
     std::vector<MemoryBudget::Reservation> reservations;
+    // Input and output slices on one GPU: the engine reduces them there
+    // (ReduceInput::device), and nothing above is used.
+    DeviceTensor device;
   };
 
   absl::StatusOr<ReduceInput> ResolveInput(

@@ -167,6 +167,24 @@ class ResultFloats {
   absl::Span<float> values_;
 };
 
+// The request's names and step, as every reduce checks them first.
+absl::Status CheckNames(const ReduceInput& in) {
+  if (in.tensor.empty()) {
+    return absl::InvalidArgumentError(
+        "tensor name is empty, expected a name that is the same on every "
+        "worker, such as 'fc1.weight'");
+  }
+  if (in.step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step is ", in.step, ", expected >= 0"));
+  }
+  if (absl::StrContains(in.tensor, '#')) {
+    return absl::InvalidArgumentError(
+        "tensor name holds '#', which the daemon reserves for its own keys");
+  }
+  return absl::OkStatus();
+}
+
 std::string TensorLabel(const ReduceInput& in) {
   return absl::StrCat("tensor '", in.tensor, "' step ", in.step);
 }
@@ -313,6 +331,7 @@ void Engine::RecordSuccess(const ReduceStats& stats) {
     metrics_->ObserveRelativeError(stats.codec, stats.relative_error);
   }
   if (!stats.dense_reason.empty()) metrics_->CountDense(stats.dense_reason);
+  metrics_->CountBackend(stats.codec, stats.backend);
 }
 
 absl::StatusOr<std::optional<BatchSpec>> Engine::ResolveBatch(
@@ -371,19 +390,12 @@ absl::Status Engine::ReserveWorkingMemory(const ReduceInput& in, uint64_t numel,
 
 absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
                                                 std::string* codec_label) {
-  if (in.tensor.empty()) {
-    return absl::InvalidArgumentError(
-        "tensor name is empty, expected a name that is the same on every "
-        "worker, such as 'fc1.weight'");
+  if (in.device != nullptr) {
+    DevicePlan plan = PlanDevice(in);
+    if (plan.twin == nullptr) return ReduceStaged(in, codec_label);
+    return ReduceOnDevice(in, std::move(plan), codec_label);
   }
-  if (in.step < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("step is ", in.step, ", expected >= 0"));
-  }
-  if (absl::StrContains(in.tensor, '#')) {
-    return absl::InvalidArgumentError(
-        "tensor name holds '#', which the daemon reserves for its own keys");
-  }
+  GC_RETURN_IF_ERROR(CheckNames(in));
   if (in.consensus_distance != 0) {
     if (!(in.consensus_distance > 0 && std::isfinite(in.consensus_distance))) {
       return absl::InvalidArgumentError(
@@ -411,24 +423,8 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
     }
   };
   GC_ASSIGN_OR_RETURN(const size_t width, DTypeBytes(in.dtype));
-  absl::StatusOr<uint64_t> checked_numel =
-      CheckedNumel(in.shape, width, options_.max_tensor_bytes);
-  if (absl::IsResourceExhausted(checked_numel.status())) {
-    metrics_->CountResourceExhausted("tensor_bytes");
-  }
-  GC_ASSIGN_OR_RETURN(const uint64_t numel, std::move(checked_numel));
-  if (in.data.size() != numel * width) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data has ", in.data.size(), " bytes, expected ", numel * width,
-        " (shape ", ShapeString(in.shape), " x ", DTypeName(in.dtype), ")"));
-  }
-  GC_RETURN_IF_ERROR(declared_.Check(in.job, in.tensor, in.dtype, in.shape));
-  if (!in.output.empty() && in.output.size() != numel * width) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("output buffer has ", in.output.size(),
-                     " bytes, expected ", numel * width, " (shape ",
-                     ShapeString(in.shape), " x ", DTypeName(in.dtype), ")"));
-  }
+  GC_ASSIGN_OR_RETURN(const uint64_t numel,
+                      CheckSize(in, width, in.data.size(), in.output.size()));
 
   ReduceOutput out;
   ReduceStats& stats = out.stats;
@@ -474,16 +470,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
     return GossipReduce(in, grad, width, std::move(out), codec_label);
   }
 
-  PolicyDecision decision;
-  if (in.codec.has_value()) {
-    decision.codec = *in.codec;
-    if (decision.codec.name == kDenseCodec) decision.dense_reason = "request";
-    decision.aggregation = policy()->policy.aggregation;
-  } else {
-    decision = Decide(policy()->policy,
-                      {in.tensor, numel, static_cast<uint32_t>(in.shape.size()),
-                       in.dtype, in.step});
-  }
+  PolicyDecision decision = DecideCodec(in, numel);
   GC_ASSIGN_OR_RETURN(std::shared_ptr<const codecs::Codec> codec,
                       codecs_.Get(decision.codec));
   const codecs::CodecInfo& info = codec->info();
@@ -584,6 +571,166 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
       metrics_->ObserveResidualNorm(stats.codec, NormRatio(*residual, grad));
     }
   }
+  return out;
+}
+
+absl::StatusOr<uint64_t> Engine::CheckSize(const ReduceInput& in, size_t width,
+                                           uint64_t data_bytes,
+                                           uint64_t output_bytes) {
+  absl::StatusOr<uint64_t> checked_numel =
+      CheckedNumel(in.shape, width, options_.max_tensor_bytes);
+  if (absl::IsResourceExhausted(checked_numel.status())) {
+    metrics_->CountResourceExhausted("tensor_bytes");
+  }
+  GC_ASSIGN_OR_RETURN(const uint64_t numel, std::move(checked_numel));
+  if (data_bytes != numel * width) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data has ", data_bytes, " bytes, expected ", numel * width, " (shape ",
+        ShapeString(in.shape), " x ", DTypeName(in.dtype), ")"));
+  }
+  GC_RETURN_IF_ERROR(declared_.Check(in.job, in.tensor, in.dtype, in.shape));
+  if (output_bytes != 0 && output_bytes != numel * width) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "output buffer has ", output_bytes, " bytes, expected ", numel * width,
+        " (shape ", ShapeString(in.shape), " x ", DTypeName(in.dtype), ")"));
+  }
+  return numel;
+}
+
+PolicyDecision Engine::DecideCodec(const ReduceInput& in,
+                                   uint64_t numel) const {
+  if (!in.codec.has_value()) {
+    return Decide(policy()->policy,
+                  {in.tensor, numel, static_cast<uint32_t>(in.shape.size()),
+                   in.dtype, in.step});
+  }
+  PolicyDecision decision;
+  decision.codec = *in.codec;
+  if (decision.codec.name == kDenseCodec) decision.dense_reason = "request";
+  decision.aggregation = policy()->policy.aggregation;
+  return decision;
+}
+
+Engine::DevicePlan Engine::PlanDevice(const ReduceInput& in) {
+  DevicePlan plan;
+  // Only a plain fp32 average of a valid, non-empty tensor runs on the GPU;
+  // the staged path reports whatever is wrong with the others.
+  if (in.mode != ReduceMode::kAverage || in.batch.has_value() ||
+      in.dtype != DType::kFloat32 || in.consensus_distance != 0) {
+    return plan;
+  }
+  absl::StatusOr<uint64_t> numel =
+      CheckedNumel(in.shape, sizeof(float), options_.max_tensor_bytes);
+  if (!numel.ok() || *numel == 0 ||
+      *numel * sizeof(float) != in.device->byte_size) {
+    return plan;
+  }
+  PolicyDecision decision = DecideCodec(in, *numel);
+  absl::StatusOr<std::shared_ptr<const codecs::Codec>> codec =
+      codecs_.Get(decision.codec);
+  // Sharded aggregation re-encodes slices at their owners: host work.
+  if (!codec.ok() ||
+      ShardableCodec(decision.aggregation, **codec, collective_->world_size(),
+                     *numel) != nullptr) {
+    return plan;
+  }
+  plan.twin = device_codecs_.Get(decision.codec);
+  plan.decision = std::move(decision);
+  plan.codec = *std::move(codec);
+  plan.numel = *numel;
+  return plan;
+}
+
+absl::StatusOr<ReduceOutput> Engine::ReduceOnDevice(const ReduceInput& in,
+                                                    DevicePlan plan,
+                                                    std::string* codec_label) {
+  GC_RETURN_IF_ERROR(CheckNames(in));
+  GC_RETURN_IF_ERROR(gossip_.CheckAverage(in.job));
+  const DeviceTensor& device = *in.device;
+  GC_ASSIGN_OR_RETURN(
+      const uint64_t numel,
+      CheckSize(in, sizeof(float), device.byte_size, device.byte_size));
+  GC_ASSIGN_OR_RETURN(const JobQuotas::Ticket ticket,
+                      quotas_.Admit(in.job, in.tensor));
+  // Host memory: this worker's payload and the collective's result.
+  MemoryBudget::Reservation own_reservation;
+  GC_RETURN_IF_ERROR(
+      ReserveWorkingMemory(in, numel, sizeof(float), &own_reservation));
+
+  const codecs::CodecInfo& info = plan.codec->info();
+  *codec_label = info.name;
+  ReduceOutput out;
+  ReduceStats& stats = out.stats;
+  stats.world_size = collective_->world_size();
+  stats.codec = info.name;
+  stats.backend = "cuda";
+  stats.dense_reason = std::move(plan.decision.dense_reason);
+  stats.raw_bytes = numel * sizeof(float);
+  // Not measured on the device yet (it needs the gradient on the host).
+  stats.relative_error = std::numeric_limits<double>::quiet_NaN();
+
+  codecs::StateStore::Locked state =
+      store_->Acquire(in.job, in.tensor, in.shape, static_cast<int>(in.dtype));
+  absl::Cleanup record_state = [&] {
+    budget_.AddState(quotas_.RecordState(in.job, in.tensor, state->ByteSize()));
+  };
+  codecs::StepContext ctx;
+  ctx.seed = options_.seed;
+  ctx.tensor_id = codecs::TensorId(in.tensor);
+  ctx.step = in.step;
+  ctx.rank = collective_->rank();
+  ctx.world_size = collective_->world_size();
+
+  Clock::time_point t = Clock::now();
+  codecs::Round round;
+  round.collective =
+      info.summable ? codecs::Collective::kSum : codecs::Collective::kGather;
+  GC_RETURN_IF_ERROR(plan.twin->Encode(device.device_id,
+                                       static_cast<const float*>(device.input),
+                                       numel, *state, ctx, &round.payload));
+  stats.encode_seconds = SecondsSince(t);
+  stats.wire_bytes = round.payload.size();
+  t = Clock::now();
+  GC_ASSIGN_OR_RETURN(
+      codecs::RoundResult result,
+      collective_->Run({in.job, in.tensor, in.step, 0}, std::move(round)));
+  stats.collective_seconds = SecondsSince(t);
+  t = Clock::now();
+  GC_RETURN_IF_ERROR(plan.twin->Finish(device.device_id, result, ctx,
+                                       static_cast<float*>(device.output),
+                                       numel));
+  stats.decode_seconds = SecondsSince(t);
+  return out;
+}
+
+absl::StatusOr<ReduceOutput> Engine::ReduceStaged(const ReduceInput& in,
+                                                  std::string* codec_label) {
+  const DeviceTensor& device = *in.device;
+  // Both host copies count against the memory budget until the reduce ends.
+  MemoryBudget::Reservation own;
+  MemoryBudget::Reservation* held = in.reservation;
+  const uint64_t bytes = 2 * device.byte_size;
+  if (held != nullptr) {
+    GC_RETURN_IF_ERROR(held->GrowTo(held->bytes() + bytes,
+                                    "its CUDA slice's host copies",
+                                    options_.memory_wait));
+  } else {
+    GC_ASSIGN_OR_RETURN(own,
+                        budget_.Reserve(bytes, "its CUDA slice's host copies",
+                                        options_.memory_wait));
+    held = &own;
+  }
+  std::string input(device.byte_size, '\0');
+  std::string output(device.byte_size, '\0');
+  GC_RETURN_IF_ERROR(
+      CopyDeviceToHost(device.device_id, device.input, absl::MakeSpan(input)));
+  ReduceInput staged = in;
+  staged.device = nullptr;
+  staged.data = input;
+  staged.output = absl::MakeSpan(output);
+  staged.reservation = held;
+  GC_ASSIGN_OR_RETURN(ReduceOutput out, ReduceImpl(staged, codec_label));
+  GC_RETURN_IF_ERROR(CopyHostToDevice(device.device_id, output, device.output));
   return out;
 }
 

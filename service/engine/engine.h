@@ -31,6 +31,7 @@
 #include "service/collective/batching_collective.h"
 #include "service/collective/collective.h"
 #include "service/engine/codec_cache.h"
+#include "service/engine/device_codecs.h"
 #include "service/engine/dtype.h"
 #include "service/engine/gossip_jobs.h"
 #include "service/engine/job_quotas.h"
@@ -72,6 +73,17 @@ struct BatchRequest {
   std::vector<std::string> members;
 };
 
+// A tensor in GPU memory (a CUDA IPC slice). Its codec runs on the GPU when
+// it has a twin there (device_codecs.h) and the reduce is a plain fp32
+// average; otherwise the engine copies it to the host, reduces it as any
+// other and copies the average back.
+struct DeviceTensor {
+  int device_id = 0;
+  const void* input = nullptr;  // byte_size bytes on device `device_id`
+  void* output = nullptr;       // where the average goes; byte_size bytes
+  uint64_t byte_size = 0;
+};
+
 struct ReduceInput {
   std::string job;
   std::string tensor;
@@ -98,12 +110,16 @@ struct ReduceInput {
   GossipSpec gossip;
   // Client-reported consensus distance, exported per job; 0: not reported.
   double consensus_distance = 0;
+  // Set: the input and the output are in GPU memory, and `data` and
+  // `output` are empty.
+  const DeviceTensor* device = nullptr;
 };
 
 struct ReduceStats {
-  std::string codec;        // the codec that ran
-  uint64_t raw_bytes = 0;   // numel * 4
-  uint64_t wire_bytes = 0;  // payload bytes this worker sent, all rounds
+  std::string codec;            // the codec that ran
+  std::string backend = "cpu";  // where it ran: "cpu" or "cuda"
+  uint64_t raw_bytes = 0;       // numel * 4
+  uint64_t wire_bytes = 0;      // payload bytes this worker sent, all rounds
   // ||g - D(C(g))|| / ||g||; NaN when not sampled, when ||g|| = 0 or when
   // the input held NaN/Inf.
   double relative_error = 0;
@@ -189,6 +205,30 @@ class Engine {
   absl::Status ReserveWorkingMemory(const ReduceInput& in, uint64_t numel,
                                     size_t width,
                                     MemoryBudget::Reservation* own);
+  // What a device tensor's reduce would run on the GPU; `twin` is null
+  // when it must be staged through the host instead.
+  struct DevicePlan {
+    std::shared_ptr<const DeviceCodec> twin;
+    PolicyDecision decision;
+    std::shared_ptr<const codecs::Codec> codec;
+    uint64_t numel = 0;
+  };
+  DevicePlan PlanDevice(const ReduceInput& in);
+  // A device tensor's reduce with its codec's GPU twin: only the payloads
+  // and the collective's result cross to the host.
+  absl::StatusOr<ReduceOutput> ReduceOnDevice(const ReduceInput& in,
+                                              DevicePlan plan,
+                                              std::string* codec_label);
+  // A device tensor's reduce through a host copy, with the CPU codec.
+  absl::StatusOr<ReduceOutput> ReduceStaged(const ReduceInput& in,
+                                            std::string* codec_label);
+  // The policy's (or the request's) codec for `in` of `numel` elements.
+  PolicyDecision DecideCodec(const ReduceInput& in, uint64_t numel) const;
+  // `in`'s element count, checked against its shape, the declared tensor
+  // list and its input and output byte counts (output 0: none given).
+  absl::StatusOr<uint64_t> CheckSize(const ReduceInput& in, size_t width,
+                                     uint64_t data_bytes,
+                                     uint64_t output_bytes);
   // ReduceImpl's gossip mode, from the input as fp32 (`grad`) on.
   absl::StatusOr<ReduceOutput> GossipReduce(const ReduceInput& in,
                                             absl::Span<const float> grad,
@@ -204,6 +244,7 @@ class Engine {
   BatchingCollective batching_;  // around collective_
   Metrics* const metrics_;
   CodecCache codecs_;
+  DeviceCodecs device_codecs_;
   DeclaredTensors declared_;
   MemoryBudget budget_;
   JobQuotas quotas_;

@@ -57,6 +57,12 @@ class CudaIpcRegion {
 
   uint64_t byte_size() const { return byte_size_; }
   int device_id() const { return device_id_; }
+  // The device address of byte `offset` of the region, for kernels that
+  // read or write it in place; the caller has bounds-checked the range
+  // (SharedMemoryRegistry::Acquire does).
+  void* device_address(uint64_t offset) const {
+    return static_cast<char*>(base_) + offset;
+  }
 
   // Copies [offset, offset + out.size()) of the region to `out` / `in` to
   // it, synchronously. InvalidArgument if the range ends past byte_size()

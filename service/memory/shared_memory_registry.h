@@ -106,6 +106,14 @@ class SharedMemorySlice {
   }
   bool on_device() const { return region_->cuda != nullptr; }
   uint64_t byte_size() const { return bytes_.size(); }
+  // A CUDA slice's first byte on its device, and the device; null and -1
+  // for a system slice.
+  void* device_data() const {
+    return on_device() ? region_->cuda->device_address(offset_) : nullptr;
+  }
+  int device_id() const {
+    return on_device() ? region_->cuda->device_id() : -1;
+  }
 
   // A CUDA slice's bytes to `out` (byte_size() bytes) / from `in`.
   absl::Status CopyToHost(absl::Span<char> out) const;

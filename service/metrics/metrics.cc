@@ -170,6 +170,12 @@ Metrics::Metrics(const codecs::StateStore* state, absl::string_view version)
                "none was usable (CPU-only build, no driver or no GPU).")
            .Register(*registry_)
            .Add({});
+  backend_total_ = &prometheus::BuildCounter()
+                        .Name("gradcomp_reduce_backend_total")
+                        .Help(
+                            "Reduces that succeeded, by codec and by where "
+                            "the codec ran (backend: cuda or cpu).")
+                        .Register(*registry_);
   gossip_bytes_ = &prometheus::BuildCounter()
                        .Name("gradcomp_gossip_bytes_total")
                        .Help("Gossip message bytes sent, by neighbour rank.")
@@ -274,6 +280,12 @@ void Metrics::CountSharedMemoryReclaimed(int regions) {
 }
 
 void Metrics::CountGpuUnavailable() { gpu_unavailable_->Increment(); }
+
+void Metrics::CountBackend(absl::string_view codec, absl::string_view backend) {
+  backend_total_
+      ->Add({{"codec", std::string(codec)}, {"backend", std::string(backend)}})
+      .Increment();
+}
 
 void Metrics::CountResourceExhausted(absl::string_view resource) {
   resource_exhausted_->Add({{"resource", std::string(resource)}}).Increment();

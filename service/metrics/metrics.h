@@ -66,6 +66,9 @@ class Metrics {
   // The daemon found no usable CUDA device when a client asked for one
   // (counted once per process: service/memory/shared_memory_registry.cc).
   void CountGpuUnavailable();
+  // A reduce that succeeded, by codec and by where its codec ran: "cuda"
+  // (encoded and decoded in GPU memory) or "cpu".
+  void CountBackend(absl::string_view codec, absl::string_view backend);
   // A request refused by a limit (docs/daemon.md, "Limits"): `resource` is
   // one of memory, stream_queue, jobs, job_tensors, job_state_bytes.
   void CountResourceExhausted(absl::string_view resource);
@@ -106,6 +109,7 @@ class Metrics {
   prometheus::Gauge* shm_bytes_;
   prometheus::Counter* shm_reclaimed_;
   prometheus::Counter* gpu_unavailable_;
+  prometheus::Family<prometheus::Counter>* backend_total_;
   prometheus::Family<prometheus::Counter>* resource_exhausted_;
   prometheus::Gauge* memory_in_use_;
   prometheus::Gauge* memory_budget_;

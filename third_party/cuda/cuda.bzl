@@ -6,10 +6,10 @@ targets only when cuda_configure found a toolkit (`@local_cuda//:defs.bzl`
 HAS_CUDA); without one, or with GRADCOMP_NO_CUDA=1 in the environment, the
 targets do not exist and `bazel build //...` builds the CPU-only tree.
 `nccl_cc_*` do the same for NCCL (`@local_cuda//:nccl`), which a toolkit may
-lack.
+lack, and `cublas_cc_*` for cuBLAS (`@local_cuda//:cublas`).
 """
 
-load("@local_cuda//:defs.bzl", "HAS_CUDA", "HAS_NCCL", "NVCC")
+load("@local_cuda//:defs.bzl", "HAS_CUBLAS", "HAS_CUDA", "HAS_NCCL", "NVCC")
 load("@rules_cc//cc:defs.bzl", "cc_binary", "cc_library", "cc_test")
 
 # sm_80 (A100) and sm_90 (H100/H200) machine code, plus compute_90 PTX that
@@ -90,3 +90,18 @@ def nccl_cc_test(**kwargs):
     """A cc_test that exists only when the toolkit carries NCCL."""
     if HAS_NCCL:
         cc_test(**kwargs)
+
+def cublas_cc_library(**kwargs):
+    """A cc_library that exists only when the toolkit carries cuBLAS."""
+    if HAS_CUBLAS:
+        cc_library(**kwargs)
+
+def cublas_cc_test(**kwargs):
+    """A cc_test that exists only when the toolkit carries cuBLAS."""
+    if HAS_CUBLAS:
+        cc_test(**kwargs)
+
+def cublas_cc_binary(**kwargs):
+    """A cc_binary that exists only when the toolkit carries cuBLAS."""
+    if HAS_CUBLAS:
+        cc_binary(**kwargs)

@@ -21,6 +21,11 @@ import numpy as np
 
 # sizeof(cudaIpcMemHandle_t).
 HANDLE_BYTES = 64
+# Newer torch (c10's CUDACachingAllocator::shareIpcHandle) prefixes the
+# handle with a version byte and a type byte: 'c' for a cudaMalloc block,
+# followed by its cudaIpcMemHandle_t, or 'e' for an expandable segment.
+_CUDA_MALLOC_BLOCK = ord("c")
+_EXPANDABLE_SEGMENT = ord("e")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,13 +49,29 @@ def cuda_ipc_handle(tensor) -> CudaIpcHandle:
     storage = (tensor.untyped_storage() if hasattr(tensor, "untyped_storage")
                else tensor.storage().untyped())
     device, raw, storage_bytes, storage_offset = storage._share_cuda_()[:4]
-    if len(raw) != HANDLE_BYTES:
-        raise ValueError(f"torch gave a {len(raw)}-byte CUDA IPC handle, "
-                         f"expected {HANDLE_BYTES}")
     first = storage_offset + tensor.storage_offset() * tensor.element_size()
-    return CudaIpcHandle(device=int(device), raw=bytes(raw),
+    return CudaIpcHandle(device=int(device), raw=memory_handle(bytes(raw)),
                          region_bytes=int(storage_offset + storage_bytes),
                          offset=int(first))
+
+
+def memory_handle(shared: bytes) -> bytes:
+    """The cudaIpcMemHandle_t in a handle from torch's _share_cuda_(): all
+    of it (older torch) or after the version and type bytes (newer torch).
+
+    Raises ValueError for an expandable segment's handle, or any other."""
+    if len(shared) == HANDLE_BYTES:
+        return shared
+    if len(shared) == HANDLE_BYTES + 2 and shared[1] == _CUDA_MALLOC_BLOCK:
+        return shared[2:]
+    if len(shared) >= 2 and shared[1] == _EXPANDABLE_SEGMENT:
+        raise ValueError("the tensor lies in an expandable segment "
+                         "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), "
+                         "which has no cudaIpcMemHandle_t; expected memory "
+                         "from cudaMalloc (unset expandable_segments)")
+    raise ValueError(f"torch gave a {len(shared)}-byte CUDA IPC handle, expected "
+                     f"{HANDLE_BYTES} bytes, or {HANDLE_BYTES + 2} with a "
+                     f"version byte and type 'c' (cudaMalloc)")
 
 
 def numpy_dtype(tensor) -> np.dtype:

@@ -17,6 +17,15 @@ accepts it (`--allow_client_shm`): one region per bucket, the bucket copied
 in and the averages copied out, no tensor bytes over gRPC. Otherwise, or
 with shm=False, they travel inline.
 
+CUDA buckets go through CUDA IPC when the daemon is on this host and has a
+usable GPU: the hook registers one device buffer of its own with the
+daemon (RegisterCudaSharedMemory), copies each bucket into its slot on the
+device, and copies the averages back on the device; the gradients never
+pass through the client's host memory. The buffer is made anew (a new
+region) when the buckets outgrow it, and unregistered by close(). Against a daemon
+without a GPU, a remote one, or with cuda_ipc=False, CUDA buckets are
+copied to host memory and take the path above; the hook warns once.
+
 The step the daemon sees is HookState.step: it advances after the last
 bucket of each iteration. state_dict()/load_state_dict() carry it together
 with the daemon's codec state (error-feedback residuals, DGC momenta,
@@ -37,16 +46,19 @@ every rank, which would replace the workers' differing models.
 # No `from __future__ import annotations`: DDP checks the hook's annotations
 # against dist.GradBucket and torch.futures.Future by value, not as strings.
 import concurrent.futures
+import contextlib
 import dataclasses
 import threading
-from typing import Any, Iterable, Mapping
+import warnings
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
 
+from gradcomp import cuda_ipc
 from gradcomp.client import Client, Gossip
 from gradcomp.errors import GradcompError
-from gradcomp.shm import ShmRegion
+from gradcomp.shm import ShmRegion, ShmTensor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,12 +81,26 @@ class StepStats:
     batched: int = 0      # tensors reduced in a same-shape batch
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Tensor:
+    """One gradient of a bucket: where it lies in the bucket's buffer (or,
+    in gossip mode, in the copy of the parameters laid out as the buffer)."""
     name: str
-    grad: np.ndarray   # a view of the bucket's buffer (gossip: of its copy
-                       # of the parameters, laid out as the buffer)
+    shape: tuple[int, ...]
+    dtype: np.dtype
     offset: int        # its byte offset in the buffer
+
+    def view(self, buffer: np.ndarray) -> np.ndarray:
+        """This tensor's elements in `buffer`, a flat array laid out as the
+        bucket's buffer (no copy)."""
+        start = self.offset // buffer.itemsize
+        count = int(np.prod(self.shape, dtype=np.int64))
+        return buffer[start:start + count].reshape(self.shape)
+
+    def slice(self, region: str, base: int) -> ShmTensor:
+        """This tensor in registered region `region`, whose byte `base`
+        holds the buffer's first byte."""
+        return ShmTensor(region, base + self.offset, self.shape, self.dtype)
 
 
 def same_shape_batches(tensors: Iterable[tuple[str, tuple[int, ...], str]],
@@ -143,6 +169,91 @@ class _ShmStaging:
             self._drop(index)
 
 
+# Slot offsets in the CUDA buffer are multiples of this: every dtype's
+# alignment, and cudaMalloc's, so the daemon's copies stay aligned.
+_CUDA_ALIGN = 256
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // _CUDA_ALIGN) * _CUDA_ALIGN
+
+
+def cuda_slot_layout(sizes: Mapping[int, int]) -> tuple[dict[int, tuple[int, int]], int]:
+    """({bucket index: (input offset, output offset)}, total bytes) of one
+    buffer holding, for each bucket of `sizes` ({index: bytes}) in index
+    order, its gradients then the daemon's averages, each half aligned."""
+    slots, end = {}, 0
+    for index in sorted(sizes):
+        half = _aligned(sizes[index])
+        slots[index] = (end, end + half)
+        end += 2 * half
+    return slots, end
+
+
+class _CudaStaging:
+    """One device buffer per hook, registered with the daemon as one CUDA IPC
+    region, with a slot per bucket (cuda_slot_layout): the bucket is copied
+    into its slot's first half on the device, the daemon writes the averages
+    into the second half.
+
+    One region at a time: the daemon opens each IPC handle, which names the
+    whole allocation of torch's caching allocator, and two registrations of
+    one allocation would open it twice. A new or grown bucket re-lays the
+    slots (buckets go one at a time, so none is in use), in the same buffer
+    while they fit, else in a new buffer of twice the size or more, as a new
+    region: the old one is unregistered first. Few buffers are made because
+    torch keeps an exported buffer's memory after it is freed (it waits for
+    an importer that would release it through torch, which a daemon never
+    does)."""
+
+    def __init__(self, client: Client, job: str, device: torch.device):
+        self._client = client
+        self._job = job
+        self._device = device
+        self._sizes: dict[int, int] = {}
+        self._slots: dict[int, tuple[int, int]] = {}
+        self._buffer: torch.Tensor | None = None
+        self._region: ShmTensor | None = None
+        self._generation = 0
+
+    def probe(self) -> None:
+        """Registers a buffer with no slots yet: GradcompError if the daemon
+        cannot open this process's CUDA memory."""
+        self._allocate(_CUDA_ALIGN)
+
+    def slot(self, index: int, nbytes: int) -> tuple[str, int, int, torch.Tensor, torch.Tensor]:
+        """(region, input base, output base, input, output) of bucket
+        `index`: the bases are the halves' byte offsets in the region, the
+        tensors are uint8 views of the halves on the device."""
+        if self._sizes.get(index, -1) < nbytes:
+            sizes = {**self._sizes, index: nbytes}
+            slots, total = cuda_slot_layout(sizes)
+            capacity = 0 if self._buffer is None else self._buffer.numel()
+            if total > capacity:
+                self._allocate(max(total, 2 * capacity))
+            self._sizes, self._slots = sizes, slots
+        first, second = self._slots[index]
+        start = self._region.offset
+        return (self._region.region, start + first, start + second,
+                self._buffer[first:first + nbytes], self._buffer[second:second + nbytes])
+
+    def _allocate(self, nbytes: int) -> None:
+        sizes, slots = self._sizes, self._slots
+        self.close()
+        self._generation += 1
+        name = f"{self._job}.{self._client.client_id}.cuda.{self._generation}"
+        buffer = torch.empty(nbytes, dtype=torch.uint8, device=self._device)
+        self._region = self._client.register_cuda_tensor(name, buffer)
+        self._buffer, self._sizes, self._slots = buffer, sizes, slots
+
+    def close(self) -> None:
+        """Unregisters the region (before its memory is freed)."""
+        if self._region is not None:
+            name, self._region = self._region.region, None
+            self._client.unregister_shm(name)
+        self._buffer, self._sizes, self._slots = None, {}, {}
+
+
 class HookState:
     """The state register_comm_hook passes to `hook`.
 
@@ -165,6 +276,9 @@ class HookState:
       gossip: train decentralised (see the module docstring): each bucket's
         parameters are mixed with the topology's neighbours' in place and
         its gradient stays local. None: gradients are averaged.
+      cuda_ipc: for CUDA buckets. True: CUDA IPC or an error; False: copy
+        them to host memory; None: CUDA IPC if the daemon is on this host
+        and has a usable GPU, else host memory with one warning.
 
     In gossip mode, set `consensus_distance` (e.g. after an evaluation) to
     have every later request report it to the daemon, which exports it as
@@ -178,7 +292,8 @@ class HookState:
     def __init__(self, model: torch.nn.Module, target: str, job: str = "default",
                  codecs: Mapping[str, Codec] | None = None, timeout: float = 120.0,
                  shm: bool | None = None, client: Client | None = None,
-                 batch_same_shape: bool = False, gossip: Gossip | None = None):
+                 batch_same_shape: bool = False, gossip: Gossip | None = None,
+                 cuda_ipc: bool | None = None):
         module = getattr(model, "module", model)
         self.names = {id(p): name for name, p in module.named_parameters()}
         unknown = sorted(set(codecs or {}) - set(self.names.values()))
@@ -199,6 +314,13 @@ class HookState:
         self.transport_reason = ""
         self._shm_wanted = shm
         self._staging: _ShmStaging | None = None
+        # For CUDA buckets: "cuda_ipc" or "host", and why, once the first
+        # CUDA bucket has gone.
+        self.cuda_transport = ""
+        self.cuda_transport_reason = ""
+        self._cuda_wanted = cuda_ipc
+        self._cuda_staging: _CudaStaging | None = None
+        self._cuda_streams: dict[torch.device, torch.cuda.Stream] = {}
         self._lock = threading.Lock()
         # One thread: buckets go out in the order DDP hands them over, and the
         # daemons match them by name and step, not by arrival order.
@@ -209,6 +331,8 @@ class HookState:
         self._executor.shutdown(wait=True)
         if self._staging is not None:
             self._staging.close()
+        if self._cuda_staging is not None:
+            self._cuda_staging.close()
         self.client.close()
 
     def state_dict(self) -> dict[str, Any]:
@@ -229,7 +353,7 @@ class HookState:
         self.step = int(state["step"])
 
     def _tensors(self, bucket: torch.distributed.GradBucket) -> list[_Tensor]:
-        """The bucket's gradients as named numpy views of its buffer."""
+        """The bucket's gradients: names, shapes and places in its buffer."""
         buffer = bucket.buffer()
         base, size = buffer.data_ptr(), buffer.numel() * buffer.element_size()
         tensors = []
@@ -243,7 +367,8 @@ class HookState:
             if not 0 <= offset <= size - grad.numel() * grad.element_size():
                 raise ValueError(f"gradient of '{name}' is not a view of its "
                                  f"bucket's buffer (byte offset {offset} of {size})")
-            tensors.append(_Tensor(name, grad.detach().numpy(), offset))
+            tensors.append(_Tensor(name, tuple(grad.shape),
+                                   cuda_ipc.numpy_dtype(grad), offset))
         return tensors
 
     def _groups(self, tensors: list[_Tensor]) -> list[tuple[Codec | None, list[_Tensor]]]:
@@ -262,7 +387,7 @@ class HookState:
         if not self.batch_same_shape:
             return {}
         return same_shape_batches(
-            [(t.name, t.grad.shape, t.grad.dtype.str) for t in tensors
+            [(t.name, t.shape, t.dtype.str) for t in tensors
              if (codec.name if codec is not None
                  else self.last_codecs.get(t.name)) == "powersgd"],
             self.MAX_BATCH)
@@ -289,6 +414,93 @@ class HookState:
         self._staging = staging
         self.transport, self.transport_reason = "shm", "the daemon is local"
 
+    def _choose_cuda_transport(self, device: torch.device) -> None:
+        if self._cuda_wanted is False:
+            self.cuda_transport, self.cuda_transport_reason = "host", "cuda_ipc=False"
+            return
+        if not _is_local(self.client.target):
+            if self._cuda_wanted:
+                raise ValueError(f"cuda_ipc=True, but gradcompd at {self.client.target} "
+                                 f"is not on this host (expected unix: or loopback)")
+            reason = "the daemon is remote"
+        else:
+            staging = _CudaStaging(self.client, self.job, device)
+            try:
+                staging.probe()
+            except GradcompError as error:
+                if self._cuda_wanted:
+                    raise
+                reason = str(error)
+            else:
+                self._cuda_staging = staging
+                self.cuda_transport = "cuda_ipc"
+                self.cuda_transport_reason = "the daemon is local and opens CUDA IPC handles"
+                return
+        self.cuda_transport, self.cuda_transport_reason = "host", reason
+        warnings.warn(f"gradcomp.torch: CUDA gradients of job '{self.job}' are copied "
+                      f"through host memory, not passed by CUDA IPC: {reason}",
+                      RuntimeWarning, stacklevel=2)
+
+    @contextlib.contextmanager
+    def _device_stream(self, buffer: torch.Tensor,
+                       ready: torch.cuda.Event | None) -> Iterator[None]:
+        """For a CUDA buffer: runs the block on this hook's stream of its
+        device, after `ready` (the bucket complete on DDP's stream), and
+        waits for the block's device work before leaving, so the daemon
+        never reads a half-copied bucket and DDP gets finished averages."""
+        if not buffer.is_cuda:
+            yield
+            return
+        stream = self._cuda_streams.get(buffer.device)
+        if stream is None:
+            stream = self._cuda_streams[buffer.device] = torch.cuda.Stream(buffer.device)
+        with torch.cuda.device(buffer.device), torch.cuda.stream(stream):
+            if ready is not None:
+                stream.wait_event(ready)
+            yield
+            stream.synchronize()
+
+    def _reduce_buffer(self, index: int, buffer: torch.Tensor, tensors: list[_Tensor],
+                       step: int, last: bool) -> None:
+        """Averages the flat `buffer` in place: CPU buffers as numpy, CUDA
+        ones through CUDA IPC or a host copy. CUDA: call it inside
+        _device_stream."""
+        if not buffer.is_cuda:
+            self._reduce(index, buffer.numpy(), tensors, step, last)
+            return
+        if not self.cuda_transport:
+            self._choose_cuda_transport(buffer.device)
+        if self._cuda_staging is None:
+            host = buffer.cpu()
+            self._reduce(index, host.numpy(), tensors, step, last)
+            buffer.copy_(host)
+            return
+        nbytes = buffer.numel() * buffer.element_size()
+        region, first, second, source, target = self._cuda_staging.slot(index, nbytes)
+        source.view(buffer.dtype).copy_(buffer)
+        # The daemon reads through its own CUDA context: the copy must be done.
+        torch.cuda.current_stream().synchronize()
+        stats, batched = self._reduce_slices(region, first, second, tensors, step)
+        buffer.copy_(target.view(buffer.dtype))
+        self._record(stats, batched, last)
+
+    def _reduce_slices(self, region: str, first: int, second: int,
+                       tensors: list[_Tensor], step: int) -> tuple[dict, int]:
+        """Reduces a buffer registered as `region`, bytes from `first`, into
+        its copy from `second`; ({name: ReduceStats}, tensors batched)."""
+        stats, batched = {}, 0
+        for codec, group in self._groups(tensors):
+            slices = {t.name: (t.slice(region, first), t.slice(region, second))
+                      for t in group}
+            batches = self._batches(codec, group)
+            batched += sum(map(len, batches.values()))
+            stats.update(self.client.reduce_many_shm(
+                slices, step=step, job=self.job, codec=codec and codec.name,
+                params=codec and codec.params, batches=batches,
+                gossip=self.gossip,
+                consensus_distance=self.consensus_distance))
+        return stats, batched
+
     def _reduce(self, index: int, buffer: np.ndarray, tensors: list[_Tensor],
                 step: int, last: bool) -> None:
         if not self.transport:
@@ -298,34 +510,23 @@ class HookState:
         if self._staging is not None:
             name, region = self._staging.region(index, buffer.nbytes)
             region.array(buffer.shape, buffer.dtype)[...] = buffer
-            out = region.array(buffer.shape, buffer.dtype, offset=buffer.nbytes)
-            for codec, group in self._groups(tensors):
-                slices = {t.name: (
-                    region.tensor(name, region.array(t.grad.shape, t.grad.dtype, t.offset)),
-                    region.tensor(name, region.array(t.grad.shape, t.grad.dtype,
-                                                     buffer.nbytes + t.offset)))
-                    for t in group}
-                batches = self._batches(codec, group)
-                batched += sum(map(len, batches.values()))
-                stats.update(self.client.reduce_many_shm(
-                    slices, step=step, job=self.job, codec=codec and codec.name,
-                    params=codec and codec.params, batches=batches,
-                    gossip=self.gossip,
-                    consensus_distance=self.consensus_distance))
-            buffer[...] = out
-            del out
+            stats, batched = self._reduce_slices(name, 0, buffer.nbytes, tensors, step)
+            buffer[...] = region.array(buffer.shape, buffer.dtype, offset=buffer.nbytes)
         else:
             for codec, group in self._groups(tensors):
                 batches = self._batches(codec, group)
                 batched += sum(map(len, batches.values()))
                 results = self.client.reduce_many(
-                    [(t.name, t.grad) for t in group], step=step, job=self.job,
+                    [(t.name, t.view(buffer)) for t in group], step=step, job=self.job,
                     codec=codec and codec.name, params=codec and codec.params,
                     batches=batches, gossip=self.gossip,
                     consensus_distance=self.consensus_distance)
                 for t in group:
                     average, stats[t.name] = results[t.name]
-                    t.grad[...] = average  # the view writes through to the bucket
+                    t.view(buffer)[...] = average  # the view writes through to the bucket
+        self._record(stats, batched, last)
+
+    def _record(self, stats: Mapping[str, Any], batched: int, last: bool) -> None:
         with self._lock:
             self.stats.reduces += len(stats)
             self.stats.raw_bytes += sum(s.raw_bytes for s in stats.values())
@@ -334,21 +535,31 @@ class HookState:
             self.stats.batched += batched
             self.last_codecs.update({name: s.codec for name, s in stats.items()})
 
-    def _mix(self, index: int, buffer: np.ndarray, params: list[torch.Tensor],
+    def _mix(self, index: int, buffer: torch.Tensor, params: list[torch.Tensor],
              tensors: list[_Tensor], step: int, last: bool) -> None:
-        """Gossip mode: the bucket's parameters, copied into an array laid
+        """Gossip mode: the bucket's parameters, copied into a tensor laid
         out as its gradient buffer, go through the daemon's gossip, and the
         mixed values are written back into the parameters."""
-        packed = np.empty_like(buffer)
+        packed = torch.empty_like(buffer)
         views = []
         for t, param in zip(tensors, params):
-            start = t.offset // packed.itemsize
-            view = packed[start:start + t.grad.size].reshape(t.grad.shape)
-            view[...] = param.numpy()
-            views.append(_Tensor(t.name, view, t.offset))
-        self._reduce(index, packed, views, step, last)
+            start = t.offset // packed.element_size()
+            view = packed[start:start + param.numel()].view(param.shape)
+            view.copy_(param)
+            views.append(view)
+        self._reduce_buffer(index, packed, tensors, step, last)
         for view, param in zip(views, params):
-            param.numpy()[...] = view.grad
+            param.copy_(view)
+
+    def _run_bucket(self, index: int, buffer: torch.Tensor, params: list[torch.Tensor],
+                   tensors: list[_Tensor], step: int, last: bool,
+                   ready: torch.cuda.Event | None) -> None:
+        """The hook's work for one bucket, on its background thread."""
+        with torch.no_grad(), self._device_stream(buffer, ready):
+            if self.gossip is None:
+                self._reduce_buffer(index, buffer, tensors, step, last)
+            else:
+                self._mix(index, buffer, params, tensors, step, last)
 
 
 def hook(state: HookState, bucket: torch.distributed.GradBucket
@@ -357,7 +568,11 @@ def hook(state: HookState, bucket: torch.distributed.GradBucket
     gradcompd, or in gossip mode the bucket's parameters mixed with the
     neighbours' and its local gradient returned unchanged."""
     buffer = bucket.buffer()
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    # A CUDA result must name its device: the Future then makes DDP's stream
+    # wait for the hook's stream.
+    future: torch.futures.Future[torch.Tensor] = (
+        torch.futures.Future(devices=[buffer.device]) if buffer.is_cuda
+        else torch.futures.Future())
     try:
         tensors = state._tensors(bucket)
     except ValueError as error:
@@ -370,13 +585,16 @@ def hook(state: HookState, bucket: torch.distributed.GradBucket
     # these parameters; DDP waits for this future before optimizer.step().
     params = ([p.detach() for p in bucket.parameters()]
               if state.gossip is not None else [])
+    ready = None
+    if buffer.is_cuda:
+        # The bucket is complete once DDP's stream gets here; the hook's
+        # thread copies it on a stream of its own.
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(buffer.device))
 
     def run() -> None:
         try:
-            if state.gossip is None:
-                state._reduce(index, buffer.numpy(), tensors, step, last)
-            else:
-                state._mix(index, buffer.numpy(), params, tensors, step, last)
+            state._run_bucket(index, buffer, params, tensors, step, last, ready)
         except Exception as error:  # handed to DDP, which raises it in backward
             future.set_exception(error)
             return

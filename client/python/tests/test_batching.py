@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 import gradcomp
-from gradcomp import metrics
+from gradcomp import cuda_ipc, metrics
 from gradcomp.client import _batch_requests
 from gradcomp.testing import Daemon, free_port
 from gradcomp.torch import Codec, HookState, _Tensor
@@ -37,7 +37,7 @@ class HookBatchesTest(unittest.TestCase):
                                     torch.nn.Linear(8, 4))
         self.state = HookState(model, "127.0.0.1:1", batch_same_shape=True)
         self.addCleanup(self.state.close)
-        self.tensors = [_Tensor(name, p.detach().numpy(), 0)
+        self.tensors = [_Tensor(name, tuple(p.shape), cuda_ipc.numpy_dtype(p), 0)
                         for name, p in model.named_parameters()]
 
     def test_powersgd_matrices_of_one_shape_form_a_batch(self):

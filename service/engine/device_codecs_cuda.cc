@@ -1,0 +1,118 @@
+// DeviceCodecs with the CUDA runtime: codecs/cuda's twins of the CPU codecs.
+#include <cuda_runtime_api.h>
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "codecs/cuda/cuda_codec.h"
+#include "codecs/cuda/device.h"
+#include "codecs/params.h"
+#include "service/engine/device_codecs.h"
+
+namespace gradcomp::service {
+namespace {
+
+using codecs::cuda::CudaCodec;
+using codecs::cuda::DeviceBuffer;
+
+// Waits for the default stream: a device-to-device cudaMemcpy, and the DMA
+// of a host-to-device one from pageable memory, may still run when the call
+// returns, and the client reads the output as soon as the reduce answers.
+absl::Status Synchronize() {
+  GC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(nullptr));
+  return absl::OkStatus();
+}
+
+class CudaTwin : public DeviceCodec {
+ public:
+  explicit CudaTwin(std::unique_ptr<CudaCodec> codec)
+      : codec_(std::move(codec)) {}
+
+  absl::Status Encode(int device_id, const float* grad, size_t n,
+                      codecs::TensorState& state,
+                      const codecs::StepContext& ctx,
+                      codecs::Bytes* payload) const override {
+    GC_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_id));
+    return codec_->EncodeDevice(grad, n, state, ctx, payload);
+  }
+
+  absl::Status Finish(int device_id, const codecs::RoundResult& result,
+                      const codecs::StepContext& ctx, float* out,
+                      size_t n) const override {
+    GC_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_id));
+    const codecs::CodecInfo& info = codec_->info();
+    if (info.summable || info.majority_vote) {
+      // The collective summed the bodies on the host (or the codec's
+      // average is a vote, not a mean of decodes): the CPU twin finishes
+      // there, and the average, not the gradient, crosses back once.
+      std::vector<float> average(n);
+      GC_RETURN_IF_ERROR(info.summable
+                             ? codec_->FinishSum(result.sum, result.world_size,
+                                                 ctx, absl::MakeSpan(average))
+                             : codec_->FinishGather(result.payloads, ctx,
+                                                    absl::MakeSpan(average)));
+      GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(out, average.data(), n * sizeof(float),
+                                         cudaMemcpyHostToDevice));
+      return Synchronize();
+    }
+    // SingleRoundCodec::FinishGather on the GPU: into zeroed scratch with
+    // weight 1/W per payload, so that a bad payload leaves `out` as it was.
+    if (result.payloads.empty() ||
+        result.payloads.size() != static_cast<size_t>(result.world_size)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          info.name, ": expected ", result.world_size,
+          " gathered payloads (one per worker, at least one), got ",
+          result.payloads.size()));
+    }
+    GC_ASSIGN_OR_RETURN(DeviceBuffer scratch,
+                        DeviceBuffer::Create(n * sizeof(float)));
+    GC_CUDA_RETURN_IF_ERROR(cudaMemset(scratch.data(), 0, n * sizeof(float)));
+    const float weight = 1.0f / static_cast<float>(result.payloads.size());
+    for (size_t r = 0; r < result.payloads.size(); ++r) {
+      absl::Status s = codec_->DecodeAddDevice(result.payloads[r], weight,
+                                               scratch.as<float>(), n);
+      if (!s.ok()) {
+        return absl::Status(
+            s.code(), absl::StrCat(info.name, ": payload of rank ", r, ": ",
+                                   s.message()));
+      }
+    }
+    GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(out, scratch.data(), n * sizeof(float),
+                                       cudaMemcpyDeviceToDevice));
+    return Synchronize();
+  }
+
+ private:
+  std::unique_ptr<CudaCodec> codec_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DeviceCodec>> CreateDeviceCodec(
+    const CodecSpec& spec) {
+  GC_RETURN_IF_ERROR(codecs::cuda::CudaDeviceAvailable());
+  GC_ASSIGN_OR_RETURN(std::unique_ptr<CudaCodec> codec,
+                      codecs::cuda::CreateCudaCodec(
+                          spec.name, codecs::CodecParams(spec.params)));
+  return std::unique_ptr<DeviceCodec>(new CudaTwin(std::move(codec)));
+}
+
+absl::Status CopyDeviceToHost(int device_id, const void* device,
+                              absl::Span<char> host) {
+  GC_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_id));
+  GC_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(host.data(), device, host.size(), cudaMemcpyDeviceToHost));
+  return absl::OkStatus();
+}
+
+absl::Status CopyHostToDevice(int device_id, absl::Span<const char> host,
+                              void* device) {
+  GC_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_id));
+  GC_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(device, host.data(), host.size(), cudaMemcpyHostToDevice));
+  return Synchronize();
+}
+
+}  // namespace gradcomp::service

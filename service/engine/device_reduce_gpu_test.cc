@@ -1,0 +1,202 @@
+// The engine's GPU path (device_codecs.h): four in-process ranks reduce
+// tensors held in device memory, and the averages must be the host path's
+// bits for every codec with a GPU twin (run there, backend "cuda") and for
+// one without (staged through the host, backend "cpu"). Skips
+// (GTEST_SKIP) where no GPU answers.
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "codecs/builtin.h"
+#include "codecs/state.h"
+#include "gtest/gtest.h"
+#include "service/collective/in_process_group.h"
+#include "service/engine/engine.h"
+#include "service/metrics/metrics.h"
+#include "service/metrics/metrics_testing.h"
+
+namespace gradcomp::service {
+namespace {
+
+constexpr int kWorld = 4;
+constexpr int kSteps = 3;
+constexpr int64_t kNumel = 10007;  // odd: a partial bucket and Philox block
+
+struct Case {
+  std::string codec;
+  std::map<std::string, std::string> params;
+  std::string backend;  // where the daemon runs it
+};
+
+// Ranks of one job: an engine, state and metrics each.
+class Ranks {
+ public:
+  Ranks() : group_(kWorld, absl::Seconds(30)) {
+    for (int r = 0; r < kWorld; ++r) {
+      stores_.push_back(std::make_unique<codecs::StateStore>());
+      metrics_.push_back(std::make_unique<Metrics>(stores_.back().get(), "t"));
+      EngineOptions options;
+      options.seed = 11;
+      auto engine =
+          Engine::Create(options, codecs::BuiltinCodecs(), stores_[r].get(),
+                         &group_.collective(r), metrics_[r].get(), Policy());
+      EXPECT_TRUE(engine.ok()) << engine.status();
+      engines_.push_back(std::move(*engine));
+    }
+  }
+  Engine& engine(int r) { return *engines_[r]; }
+  Metrics& metrics(int r) { return *metrics_[r]; }
+
+ private:
+  InProcessGroup group_;
+  std::vector<std::unique_ptr<codecs::StateStore>> stores_;
+  std::vector<std::unique_ptr<Metrics>> metrics_;
+  std::vector<std::unique_ptr<Engine>> engines_;
+};
+
+std::vector<float> Gradient(int rank, int step) {
+  std::mt19937 rng(1000 * rank + step);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> g(kNumel);
+  for (float& v : g) v = normal(rng);
+  return g;
+}
+
+ReduceInput Input(const Case& c, int step) {
+  ReduceInput in;
+  in.job = "job";
+  in.tensor = "w";
+  in.step = step;
+  in.shape = {kNumel};
+  in.codec = CodecSpec{c.codec, c.params};
+  return in;
+}
+
+// Every rank's average of every step, through the host path.
+std::vector<std::vector<float>> HostAverages(const Case& c) {
+  Ranks ranks;
+  std::vector<std::vector<float>> out(kWorld * kSteps);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      for (int s = 0; s < kSteps; ++s) {
+        const std::vector<float> g = Gradient(r, s);
+        ReduceInput in = Input(c, s);
+        in.data = {reinterpret_cast<const char*>(g.data()),
+                   g.size() * sizeof(float)};
+        absl::StatusOr<ReduceOutput> reduced = ranks.engine(r).Reduce(in);
+        ASSERT_TRUE(reduced.ok()) << "rank " << r << ": " << reduced.status();
+        EXPECT_EQ(reduced->stats.backend, "cpu");
+        std::vector<float>& avg = out[r * kSteps + s];
+        avg.resize(kNumel);
+        std::memcpy(avg.data(), reduced->data.data(), reduced->data.size());
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
+// The same through device memory; checks the backend each reduce reports
+// and counts.
+std::vector<std::vector<float>> DeviceAverages(const Case& c) {
+  Ranks ranks;
+  std::vector<std::vector<float>> out(kWorld * kSteps);
+  std::vector<std::thread> threads;
+  const size_t bytes = kNumel * sizeof(float);
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+      void* d_in = nullptr;
+      void* d_out = nullptr;
+      ASSERT_EQ(cudaMalloc(&d_in, bytes), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&d_out, bytes), cudaSuccess);
+      for (int s = 0; s < kSteps; ++s) {
+        const std::vector<float> g = Gradient(r, s);
+        ASSERT_EQ(cudaMemcpy(d_in, g.data(), bytes, cudaMemcpyHostToDevice),
+                  cudaSuccess);
+        const DeviceTensor device{0, d_in, d_out, bytes};
+        ReduceInput in = Input(c, s);
+        in.device = &device;
+        absl::StatusOr<ReduceOutput> reduced = ranks.engine(r).Reduce(in);
+        ASSERT_TRUE(reduced.ok()) << "rank " << r << ": " << reduced.status();
+        EXPECT_EQ(reduced->stats.backend, c.backend);
+        EXPECT_TRUE(reduced->data.empty());
+        std::vector<float>& avg = out[r * kSteps + s];
+        avg.resize(kNumel);
+        ASSERT_EQ(cudaMemcpy(avg.data(), d_out, bytes, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        // The input is read, never written.
+        std::vector<float> back(kNumel);
+        ASSERT_EQ(cudaMemcpy(back.data(), d_in, bytes, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        EXPECT_EQ(std::memcmp(back.data(), g.data(), bytes), 0);
+      }
+      cudaFree(d_in);
+      cudaFree(d_out);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(MetricValue(*ranks.metrics(r).collectable(),
+                          "gradcomp_reduce_backend_total",
+                          {{"codec", c.codec}, {"backend", c.backend}}),
+              kSteps)
+        << "rank " << r;
+  }
+  return out;
+}
+
+class DeviceReduceTest : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+      GTEST_SKIP() << "no usable CUDA device";
+    }
+  }
+};
+
+TEST_P(DeviceReduceTest, EqualsTheHostPathBitForBit) {
+  const Case& c = GetParam();
+  const std::vector<std::vector<float>> host = HostAverages(c);
+  const std::vector<std::vector<float>> device = DeviceAverages(c);
+  for (int i = 0; i < kWorld * kSteps; ++i) {
+    ASSERT_EQ(device[i].size(), host[i].size());
+    size_t differ = 0;
+    for (size_t j = 0; j < host[i].size(); ++j) {
+      if (std::memcmp(&device[i][j], &host[i][j], sizeof(float)) != 0) {
+        ++differ;
+      }
+    }
+    EXPECT_EQ(differ, 0u) << "rank " << i / kSteps << " step " << i % kSteps;
+  }
+  // Every rank holds the same average.
+  for (int r = 1; r < kWorld; ++r) {
+    for (int s = 0; s < kSteps; ++s) {
+      EXPECT_EQ(device[r * kSteps + s], device[s]) << "rank " << r;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Codecs, DeviceReduceTest,
+    ::testing::Values(Case{"none", {}, "cuda"}, Case{"fp16", {}, "cuda"},
+                      Case{"bf16", {}, "cuda"},
+                      Case{"int8", {{"stochastic", "true"}}, "cuda"},
+                      Case{"qsgd", {{"bits", "4"}}, "cuda"},
+                      Case{"topk", {{"ratio", "0.01"}}, "cuda"},
+                      // No GPU twin: staged through the host.
+                      Case{"threshold", {{"tau_rms", "2"}}, "cpu"}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      return info.param.codec;
+    });
+
+}  // namespace
+}  // namespace gradcomp::service
