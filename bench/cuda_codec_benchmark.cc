@@ -23,6 +23,7 @@
 #include "codecs/cuda/decode.h"
 #include "codecs/cuda/device.h"
 #include "codecs/cuda/kernels.h"
+#include "codecs/cuda/onebit_kernels.h"
 #include "codecs/cuda/randomk_kernels.h"
 #include "codecs/cuda/segment_sums.h"
 #include "codecs/cuda/select.h"
@@ -142,6 +143,38 @@ void RunSinglePass(size_t n, const float* x, void* out, float* acc, int* flag,
                                           nullptr);
          }),
          4.0 * buckets + (n + 3) / 4.0 + acc_bytes, copy_gbps);
+
+  // 1-bit SGD: the column sums (one chain per column or lane, in the CPU's
+  // order) and the sign pack, as [n / 1000, 1000] (wide: a thread per
+  // column) and as a 1-D tensor (narrow: lanes of 64, chunks of 2^16); the
+  // input is read twice.
+  for (const size_t columns : {size_t{1000}, size_t{1}}) {
+    if (n % columns != 0) continue;
+    absl::StatusOr<DeviceBuffer> column_sums =
+        DeviceBuffer::Create(3 * sizeof(double) * columns);
+    absl::StatusOr<DeviceBuffer> lanes =
+        DeviceBuffer::Create(sizeof(double) * OneBitScratchDoubles(n, columns));
+    if (!column_sums.ok() || !lanes.ok()) std::exit(1);
+    const std::string op = "onebit_" + std::to_string(columns) + "col_encode";
+    Report(op.c_str(), n, TimeMs([&] {
+             const cudaError_t error =
+                 LaunchOneBitColumnSums(x, n, columns, lanes->as<double>(),
+                                        column_sums->as<double>(), nullptr);
+             if (error != cudaSuccess) return error;
+             return LaunchSignPack(x, n, body + 8 * columns, block_sums,
+                                   nullptr);
+           }),
+           in_bytes + 8.0 * columns + sign_bytes, copy_gbps);
+    const std::string decode_op =
+        "onebit_" + std::to_string(columns) + "col_decode";
+    Report(decode_op.c_str(), n, TimeMs([&] {
+             return LaunchOneBitDecodeAdd(
+                 reinterpret_cast<const float*>(body),
+                 reinterpret_cast<const float*>(body) + columns, columns,
+                 body + 8 * columns, n, acc, nullptr);
+           }),
+           8.0 * columns + sign_bytes + acc_bytes, copy_gbps);
+  }
 
   const uint64_t k = (n + 99) / 100;
   const auto draw_start = std::chrono::steady_clock::now();

@@ -18,6 +18,7 @@
 #include "codecs/cpu/dense.h"
 #include "codecs/cpu/int8.h"
 #include "codecs/cpu/kernels.h"
+#include "codecs/cpu/onebit.h"
 #include "codecs/cpu/qsgd.h"
 #include "codecs/cpu/randomk.h"
 #include "codecs/cpu/select.h"
@@ -27,6 +28,7 @@
 #include "codecs/cuda/decode.h"
 #include "codecs/cuda/device.h"
 #include "codecs/cuda/kernels.h"
+#include "codecs/cuda/onebit_kernels.h"
 #include "codecs/cuda/philox_words.h"
 #include "codecs/cuda/randomk_kernels.h"
 #include "codecs/cuda/segment_sums.h"
@@ -493,6 +495,13 @@ class CudaErrorFeedback : public CudaCodec {
   absl::Status EncodeDevice(const float* grad, size_t n, TensorState& state,
                             const StepContext& ctx,
                             Bytes* payload) const override {
+    return EncodeDeviceRows(grad, n, static_cast<int64_t>(n), state, ctx,
+                            payload);
+  }
+
+  absl::Status EncodeDeviceRows(const float* grad, size_t n, int64_t rows,
+                                TensorState& state, const StepContext& ctx,
+                                Bytes* payload) const override {
     GC_RETURN_IF_ERROR(CudaDeviceAvailable());
     absl::Span<float> residual = state.Buffer(kErrorFeedbackBuffer, n);
     GC_ASSIGN_OR_RETURN(DeviceBuffer p, Upload(residual));
@@ -500,7 +509,7 @@ class CudaErrorFeedback : public CudaCodec {
     GC_CUDA_RETURN_IF_ERROR(
         LaunchAddFloat(grad, n, 1.0f, p.as<float>(), nullptr));
     absl::Status status =
-        inner_->EncodeDevice(p.as<float>(), n, state, ctx, payload);
+        inner_->EncodeDeviceRows(p.as<float>(), n, rows, state, ctx, payload);
     if (status.ok()) {
       status = inner_->DecodeAddDevice(*payload, -1.0f, p.as<float>(), n);
     }
@@ -711,6 +720,150 @@ class CudaSign : public CudaCodec {
   const SignCodec::Variant variant_;
   const float momentum_;
   const size_t bucket_;
+};
+
+// 1-bit SGD (codecs/cpu/onebit.h), inside error feedback as on the CPU. The
+// column sums run on the GPU in the CPU's order (one thread per chain,
+// onebit.cu), so the means are the CPU's; the signs are the sign codecs'
+// pack. The tensor is [rows, n / rows]: EncodeDevice treats it as 1-D (one
+// column), Encode passes its shape's rows.
+class CudaOneBit : public CudaCodec {
+ public:
+  explicit CudaOneBit(std::unique_ptr<SingleRoundCodec> cpu)
+      : CudaCodec(std::move(cpu)) {}
+
+  absl::Status EncodeDevice(const float* grad, size_t n, TensorState& state,
+                            const StepContext& ctx,
+                            Bytes* payload) const override {
+    return EncodeDeviceRows(grad, n, static_cast<int64_t>(n), state, ctx,
+                            payload);
+  }
+
+  absl::Status EncodeDeviceRows(const float* grad, size_t n, int64_t rows,
+                                TensorState& /*state*/,
+                                const StepContext& /*ctx*/,
+                                Bytes* payload) const override {
+    GC_RETURN_IF_ERROR(CudaDeviceAvailable());
+    if (n > 0 && (rows <= 0 || n % static_cast<uint64_t>(rows) != 0)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "onebit: expected shape[0] to divide the %d elements, got %d", n,
+          rows));
+    }
+    const size_t columns = n == 0 ? 0 : n / static_cast<size_t>(rows);
+    char params[kOneBitParamBytes];
+    const uint64_t columns64 = columns;
+    std::memcpy(params, &columns64, sizeof(columns64));
+    WireHeader header;
+    header.codec = CodecId::kOneBit;
+    header.numel = n;
+    char* body =
+        BeginPayload(header, absl::string_view(params, kOneBitParamBytes),
+                     8 * columns + SignBytes(n), payload);
+    if (n == 0) return absl::OkStatus();
+    GC_ASSIGN_OR_RETURN(DeviceBuffer sums,
+                        DeviceBuffer::Create(3 * sizeof(double) * columns));
+    GC_ASSIGN_OR_RETURN(DeviceBuffer scratch,
+                        DeviceBuffer::Create(sizeof(double) *
+                                             OneBitScratchDoubles(n, columns)));
+    GC_ASSIGN_OR_RETURN(DeviceBuffer signs, DeviceBuffer::Create(SignBytes(n)));
+    GC_ASSIGN_OR_RETURN(DeviceBuffer block_sums,
+                        DeviceBuffer::Create(sizeof(double) * ((n + 63) / 64)));
+    GC_CUDA_RETURN_IF_ERROR(LaunchOneBitColumnSums(
+        grad, n, columns, scratch.as<double>(), sums.as<double>(), nullptr));
+    GC_CUDA_RETURN_IF_ERROR(LaunchSignPack(grad, n, signs.data(),
+                                           block_sums.as<double>(), nullptr));
+    std::vector<double> host(3 * columns);
+    GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(host.data(), sums.data(),
+                                       sizeof(double) * host.size(),
+                                       cudaMemcpyDeviceToHost));
+    GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(body + 8 * columns, signs.data(),
+                                       SignBytes(n), cudaMemcpyDeviceToHost));
+    // onebit.cc Encode's means, from the same sums.
+    bool finite = true;
+    for (size_t j = 0; j < columns; ++j) {
+      const double negatives = host[2 * columns + j];
+      const double others = static_cast<double>(rows) - negatives;
+      const float pos =
+          others > 0 ? static_cast<float>(host[j] / others) : 0.0f;
+      const float neg = negatives > 0
+                            ? static_cast<float>(host[columns + j] / negatives)
+                            : 0.0f;
+      finite = finite && std::isfinite(pos) && std::isfinite(neg);
+      std::memcpy(body + 4 * j, &pos, sizeof(pos));
+      std::memcpy(body + 4 * (columns + j), &neg, sizeof(neg));
+    }
+    if (!finite) {
+      return absl::InvalidArgumentError(
+          "onebit: the gradient holds NaN or Inf (a column's mean is not "
+          "finite); expected finite values");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
+                               float* acc, size_t n) const override {
+    // codecs/cpu/onebit.cc DecodeAdd's checks, and its means times alpha.
+    GC_ASSIGN_OR_RETURN(
+        const ParsedPayload parsed,
+        ParsePayload(payload, CodecId::kOneBit, /*round=*/0, n));
+    if (parsed.header.flags != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "onebit: expected header flags 0 (not a dense body), got 0x%02x",
+          parsed.header.flags));
+    }
+    if (parsed.params.size() != kOneBitParamBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("onebit: expected %d parameter bytes, got %d",
+                          kOneBitParamBytes, parsed.params.size()));
+    }
+    uint64_t columns64;
+    std::memcpy(&columns64, parsed.params.data(), sizeof(columns64));
+    const bool columns_ok =
+        n == 0 ? columns64 == 0
+               : columns64 >= 1 && columns64 <= n && n % columns64 == 0;
+    if (!columns_ok) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "onebit: expected a column count dividing %d (0 for an empty "
+          "tensor), got %d",
+          n, columns64));
+    }
+    const size_t columns = static_cast<size_t>(columns64);
+    if (parsed.body.size() != 8 * columns + SignBytes(n)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "onebit: %d elements in %d columns need a body of %d bytes, got %d",
+          n, columns, 8 * columns + SignBytes(n), parsed.body.size()));
+    }
+    if (n == 0) return absl::OkStatus();
+    // Scaled means, then the signs, as one block for the device.
+    std::string staged(parsed.body);
+    for (size_t j = 0; j < 2 * columns; ++j) {
+      float mean;
+      std::memcpy(&mean, staged.data() + 4 * j, sizeof(mean));
+      const bool positive_side = j < columns;
+      if (!std::isfinite(mean) ||
+          (positive_side ? !(mean >= 0) : !(mean <= 0))) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "onebit: column %d has a %s mean of %g; expected a finite value "
+            "%s 0",
+            j % columns, positive_side ? "non-negative" : "negative", mean,
+            positive_side ? ">=" : "<="));
+      }
+      mean *= alpha;
+      std::memcpy(staged.data() + 4 * j, &mean, sizeof(mean));
+    }
+    if (!SignPaddingIsZero(staged.data() + 8 * columns, n)) {
+      return absl::InvalidArgumentError(
+          "onebit: expected the padding bits after the signs to be zero");
+    }
+    return DecodeWith(staged, [&](const char* block) {
+      const float* means = reinterpret_cast<const float*>(block);
+      return LaunchOneBitDecodeAdd(means, means + columns, columns,
+                                   block + 8 * columns, n, acc, nullptr);
+    });
+  }
+
+ private:
+  static constexpr size_t kOneBitParamBytes = 8;  // u64 column count
 };
 
 // TernGrad (codecs/cpu/terngrad.h). The clip c * sqrt(sum x^2 / n) needs
@@ -1089,7 +1242,15 @@ absl::Status CudaCodec::Encode(const TensorView& grad, TensorState& state,
     GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(device.data(), grad.values.data(), bytes,
                                        cudaMemcpyHostToDevice));
   }
-  return EncodeDevice(device.as<float>(), grad.numel(), state, ctx, payload);
+  return EncodeDeviceRows(device.as<float>(), grad.numel(), grad.rows(), state,
+                          ctx, payload);
+}
+
+absl::Status CudaCodec::EncodeDeviceRows(const float* grad, size_t n,
+                                         int64_t /*rows*/, TensorState& state,
+                                         const StepContext& ctx,
+                                         Bytes* payload) const {
+  return EncodeDevice(grad, n, state, ctx, payload);
 }
 
 absl::Status CudaCodec::DecodeAdd(absl::string_view payload, float alpha,
@@ -1139,6 +1300,13 @@ absl::StatusOr<std::unique_ptr<CudaCodec>> CreateCudaCodec(
   }
   if (name == "signsgd" || name == "signum" || name == "efsign") {
     return CreateSign(name, params);
+  }
+  if (name == "onebit") {
+    GC_ASSIGN_OR_RETURN(std::unique_ptr<SingleRoundCodec> cpu,
+                        OneBitCodec::Create(params));
+    return std::unique_ptr<CudaCodec>(new CudaErrorFeedback(
+        std::move(cpu),
+        std::make_unique<CudaOneBit>(std::make_unique<OneBitCodec>())));
   }
   if (name == "terngrad") {
     GC_ASSIGN_OR_RETURN(std::unique_ptr<TernGradCodec> cpu,

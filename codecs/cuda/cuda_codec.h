@@ -16,6 +16,7 @@
 #define GRADCOMP_CODECS_CUDA_CUDA_CODEC_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,14 @@ class CudaCodec : public SingleRoundCodec {
   virtual absl::Status EncodeDevice(const float* grad, size_t n,
                                     TensorState& state, const StepContext& ctx,
                                     Bytes* payload) const = 0;
+
+  // EncodeDevice for a tensor of `rows` rows (shape[0]); Encode calls it.
+  // Only the codecs that look at the shape (onebit's columns) override it;
+  // EncodeDevice itself sees a 1-D tensor.
+  virtual absl::Status EncodeDeviceRows(const float* grad, size_t n,
+                                        int64_t rows, TensorState& state,
+                                        const StepContext& ctx,
+                                        Bytes* payload) const;
 
   // acc (n fp32 values in device memory) += alpha * the decoded payload
   // (host bytes), computed on the GPU with the CPU twin's arithmetic: the
@@ -74,7 +83,7 @@ class CudaCodec : public SingleRoundCodec {
 };
 
 // The registry names that have a GPU encoder: none, fp16, bf16, int8, qsgd,
-// topk.
+// topk, signsgd, signum, efsign, onebit, terngrad, randomk.
 std::vector<std::string> CudaCodecNames();
 
 // The GPU twin of the CPU codec `name` with `params` (checked as the CPU

@@ -9,6 +9,7 @@
 #include "codecs/codec.h"
 #include "codecs/cpu/dense.h"
 #include "codecs/cpu/int8.h"
+#include "codecs/cpu/onebit.h"
 #include "codecs/cpu/qsgd.h"
 #include "codecs/cpu/randomk.h"
 #include "codecs/cpu/sign.h"
@@ -54,6 +55,7 @@ std::unique_ptr<SingleRoundCodec> CpuCodec(const std::string& name) {
   EXPECT_TRUE(RegisterQsgd(registry).ok());
   EXPECT_TRUE(RegisterTopK(registry).ok());
   EXPECT_TRUE(RegisterSignCodecs(registry).ok());
+  EXPECT_TRUE(RegisterOneBit(registry).ok());
   EXPECT_TRUE(RegisterTernGrad(registry).ok());
   EXPECT_TRUE(RegisterRandomK(registry).ok());
   std::unique_ptr<Codec> codec = registry.Create(name, CodecParams()).value();
@@ -115,6 +117,13 @@ std::vector<Bytes> BadPayloads(const std::string& name, const Bytes& good) {
     bad.push_back(With(good, 32, 4, static_cast<char>(0xFF)));  // NaN scale
     bad.push_back(With(good, 35, 1, static_cast<char>(0xBF)));  // scale < 0
     bad.push_back(With(good, 36 + 8 * 15 + 7, 1, 1));           // a padding bit
+  } else if (name == "onebit") {
+    // One column (a 1-D tensor): its two means at 40 and 44, signs from 48.
+    bad.push_back(With(good, 32, 1, 0));  // 0 columns
+    bad.push_back(With(good, 32, 1, 3));  // 3 columns do not divide 1000
+    bad.push_back(With(good, 40, 4, static_cast<char>(0xFF)));  // NaN mean
+    bad.push_back(With(good, 47, 1, 0x3F));     // a positive negative mean
+    bad.push_back(With(good, 48 + 127, 1, 1));  // a padding bit
   } else if (name == "terngrad") {
     // Two buckets of 512: scales at 40 and 44, codes from 48.
     bad.push_back(With(good, 32, 4, 0));  // bucket 0
@@ -198,6 +207,10 @@ TEST(CudaFallbackTest, BadParametersAreRejectedAsOnCpu) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CreateCudaCodec("onebit", CodecParams({{"bucket", "64"}}))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CreateCudaCodec("terngrad", CodecParams({{"clip_sigma", "-1"}}))
                 .status()
                 .code(),
@@ -210,7 +223,7 @@ TEST(CudaFallbackTest, BadParametersAreRejectedAsOnCpu) {
 }
 
 TEST(CudaFallbackTest, CodecsWithoutAGpuEncoderAreNotFound) {
-  const absl::Status s = CreateCudaCodec("onebit", CodecParams()).status();
+  const absl::Status s = CreateCudaCodec("powersgd", CodecParams()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_NE(s.message().find("qsgd"), absl::string_view::npos) << s.message();
 }

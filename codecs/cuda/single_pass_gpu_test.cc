@@ -12,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -130,6 +131,7 @@ std::vector<Config> Configs() {
       {"efsign", CodecParams()},
       {"efsign", CodecParams({{"bucket", "64"}})},
       {"efsign", CodecParams({{"bucket", "1024"}})},
+      {"onebit", CodecParams()},
       {"terngrad", CodecParams()},
       {"terngrad", CodecParams({{"bucket", "1"}})},
       {"terngrad", CodecParams({{"bucket", "7"}, {"clip_sigma", "0"}})},
@@ -291,6 +293,46 @@ TEST_F(SinglePassGpuTest, ScalesOnARoundingBoundaryMatchCpu) {
   ExpectSameSteps(
       {"terngrad", CodecParams({{"clip_sigma", "1.000000059604644775390625"}})},
       {ones}, 0);
+}
+
+TEST_F(SinglePassGpuTest, OneBitColumnsMatchCpu) {
+  // Both ways of summing columns: narrow (lanes repeated to 64 wide, chunks
+  // of 2^16) and wide (64 columns or more), with the residual carried.
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {1, 1},     {5, 3},      {1000, 1},          {700, 7},    {3, 64},
+      {100, 100}, {256, 1000}, {4099, 3},          {2, 4099},   {9000, 63},
+      {1, 65537}, {65, 130},   {(1 << 20) + 3, 1}, {1024, 1025}};
+  std::unique_ptr<SingleRoundCodec> cpu = CpuCodec("onebit", CodecParams());
+  std::unique_ptr<CudaCodec> gpu =
+      CreateCudaCodec("onebit", CodecParams()).value();
+  for (const auto& [rows, cols] : shapes) {
+    const size_t n = static_cast<size_t>(rows * cols);
+    const std::vector<int64_t> shape = {rows, cols};
+    TensorState cpu_state, gpu_state;
+    for (uint32_t s = 0; s < 3; ++s) {
+      const std::vector<float> v = Normal(n, 7 + s, 0.01f);
+      const TensorView view{v, shape};
+      Bytes cpu_payload, gpu_payload;
+      ASSERT_TRUE(
+          cpu->Encode(view, cpu_state, Context(0, s), &cpu_payload).ok());
+      const absl::Status on_gpu =
+          gpu->Encode(view, gpu_state, Context(0, s), &gpu_payload);
+      ASSERT_TRUE(on_gpu.ok()) << on_gpu;
+      EXPECT_TRUE(cpu_payload == gpu_payload)
+          << "[" << rows << ", " << cols << "] step " << s << ": "
+          << Diff(cpu_payload, gpu_payload);
+      EXPECT_TRUE(SameState(cpu_state, gpu_state))
+          << "[" << rows << ", " << cols << "] step " << s;
+    }
+  }
+  // A shape whose first dimension does not divide the elements.
+  const std::vector<float> v(10, 1.0f);
+  const std::vector<int64_t> bad = {3, 3};
+  TensorState state;
+  Bytes payload;
+  EXPECT_EQ(
+      gpu->Encode(TensorView{v, bad}, state, Context(0, 0), &payload).code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(SinglePassGpuTest, CrossDecodingMatchesBitForBit) {

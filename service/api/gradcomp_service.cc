@@ -13,6 +13,7 @@
 #include "service/api/convert.h"
 #include "service/api/grpc_status.h"
 #include "service/config/policy_proto.h"
+#include "service/engine/device_codecs.h"
 #include "service/engine/tensor_list.h"
 #include "service/version.h"
 
@@ -284,7 +285,7 @@ grpc::Status GradcompService::GetInfo(grpc::ServerContext* /*context*/,
   }
   response->set_world_size(static_cast<uint32_t>(engine_->world_size()));
   response->set_rank(static_cast<uint32_t>(engine_->rank()));
-  response->set_device("cpu");
+  response->set_device(ComputeDevice());
   for (const std::string& transport : settings_.transports) {
     response->add_transports(transport);
   }

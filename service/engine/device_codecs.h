@@ -10,7 +10,8 @@
 //
 //   DeviceCodecs twins;
 //   if (std::shared_ptr<const DeviceCodec> twin = twins.Get(spec)) {
-//     GC_RETURN_IF_ERROR(twin->Encode(device_id, d_grad, n, state, ctx, &p));
+//     GC_RETURN_IF_ERROR(twin->Encode(device_id, d_grad, n, rows, state, ctx,
+//     &p));
 //     ...collective...
 //     GC_RETURN_IF_ERROR(twin->Finish(device_id, result, ctx, d_out, n));
 //   }
@@ -18,6 +19,7 @@
 #define GRADCOMP_SERVICE_ENGINE_DEVICE_CODECS_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <set>
@@ -40,10 +42,11 @@ class DeviceCodec {
  public:
   virtual ~DeviceCodec() = default;
 
-  // The payload of n fp32 values at `grad`: the CPU codec's bytes for the
-  // same input, state and context (codecs/cuda/cuda_codec.h).
+  // The payload of n fp32 values at `grad`, a tensor of `rows` rows
+  // (shape[0]; 1 for a scalar): the CPU codec's bytes for the same input,
+  // shape, state and context (codecs/cuda/cuda_codec.h).
   virtual absl::Status Encode(int device_id, const float* grad, size_t n,
-                              codecs::TensorState& state,
+                              int64_t rows, codecs::TensorState& state,
                               const codecs::StepContext& ctx,
                               codecs::Bytes* payload) const = 0;
 
@@ -70,6 +73,10 @@ absl::Status CopyHostToDevice(int device_id, absl::Span<const char> host,
 // for the codec's name or parameters.
 absl::StatusOr<std::unique_ptr<DeviceCodec>> CreateDeviceCodec(
     const CodecSpec& spec);
+
+// GetInfo's device: the name of CUDA device 0 when this daemon has a usable
+// GPU (it then reduces CUDA tensors there), else "cpu". Asked once.
+std::string ComputeDevice();
 
 // GPU twins by codec spec, created once and shared. Thread-safe.
 class DeviceCodecs {

@@ -1,6 +1,7 @@
 // DeviceCodecs with the CUDA runtime: codecs/cuda's twins of the CPU codecs.
 #include <cuda_runtime_api.h>
 
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -30,12 +31,12 @@ class CudaTwin : public DeviceCodec {
   explicit CudaTwin(std::unique_ptr<CudaCodec> codec)
       : codec_(std::move(codec)) {}
 
-  absl::Status Encode(int device_id, const float* grad, size_t n,
+  absl::Status Encode(int device_id, const float* grad, size_t n, int64_t rows,
                       codecs::TensorState& state,
                       const codecs::StepContext& ctx,
                       codecs::Bytes* payload) const override {
     GC_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_id));
-    return codec_->EncodeDevice(grad, n, state, ctx, payload);
+    return codec_->EncodeDeviceRows(grad, n, rows, state, ctx, payload);
   }
 
   absl::Status Finish(int device_id, const codecs::RoundResult& result,
@@ -97,6 +98,22 @@ absl::StatusOr<std::unique_ptr<DeviceCodec>> CreateDeviceCodec(
                       codecs::cuda::CreateCudaCodec(
                           spec.name, codecs::CodecParams(spec.params)));
   return std::unique_ptr<DeviceCodec>(new CudaTwin(std::move(codec)));
+}
+
+std::string ComputeDevice() {
+  static const std::string* const device = [] {
+    cudaDeviceProp properties;
+    int count = 0;
+    if (!codecs::cuda::CudaDeviceAvailable().ok() ||
+        cudaGetDeviceCount(&count) != cudaSuccess ||
+        cudaGetDeviceProperties(&properties, 0) != cudaSuccess) {
+      return new std::string("cpu");
+    }
+    return new std::string(
+        count > 1 ? absl::StrCat(properties.name, " (device 0 of ", count, ")")
+                  : std::string(properties.name));
+  }();
+  return *device;
 }
 
 absl::Status CopyDeviceToHost(int device_id, const void* device,

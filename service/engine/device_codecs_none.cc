@@ -1,4 +1,6 @@
 // DeviceCodecs without the CUDA toolkit: no twins, no device copies.
+#include <string>
+
 #include "service/engine/device_codecs.h"
 
 namespace gradcomp::service {
@@ -14,6 +16,8 @@ absl::StatusOr<std::unique_ptr<DeviceCodec>> CreateDeviceCodec(
     const CodecSpec& /*spec*/) {
   return absl::UnavailableError(kNoCuda);
 }
+
+std::string ComputeDevice() { return "cpu"; }
 
 absl::Status CopyDeviceToHost(int /*device_id*/, const void* /*device*/,
                               absl::Span<char> /*host*/) {

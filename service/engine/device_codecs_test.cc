@@ -32,6 +32,7 @@ TEST_F(NoGpuTest, NoTwinsAndNoCopies) {
     EXPECT_TRUE(absl::IsUnavailable(CreateDeviceCodec({name, {}}).status()))
         << name;
   }
+  EXPECT_EQ(ComputeDevice(), "cpu");
   DeviceCodecs twins;
   EXPECT_EQ(twins.Get({"fp16", {}}), nullptr);
   EXPECT_EQ(twins.Get({"fp16", {}}), nullptr);  // asked again: still none

@@ -32,6 +32,8 @@ struct Case {
   std::string codec;
   std::map<std::string, std::string> params;
   std::string backend;  // where the daemon runs it
+  // Empty: 1-D. onebit reads shape[0] (its columns), so it runs as a matrix.
+  std::vector<int64_t> shape = {};
 };
 
 // Ranks of one job: an engine, state and metrics each.
@@ -73,7 +75,7 @@ ReduceInput Input(const Case& c, int step) {
   in.job = "job";
   in.tensor = "w";
   in.step = step;
-  in.shape = {kNumel};
+  in.shape = c.shape.empty() ? std::vector<int64_t>{kNumel} : c.shape;
   in.codec = CodecSpec{c.codec, c.params};
   return in;
 }
@@ -192,6 +194,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"int8", {{"stochastic", "true"}}, "cuda"},
                       Case{"qsgd", {{"bits", "4"}}, "cuda"},
                       Case{"topk", {{"ratio", "0.01"}}, "cuda"},
+                      // Majority votes finish on the host.
+                      Case{"signsgd", {}, "cuda"}, Case{"signum", {}, "cuda"},
+                      Case{"efsign", {}, "cuda"},
+                      Case{"onebit", {}, "cuda", {1, kNumel}},
+                      Case{"terngrad", {}, "cuda"},
+                      Case{"randomk", {{"ratio", "0.01"}}, "cuda"},
                       // No GPU twin: staged through the host.
                       Case{"threshold", {{"tau_rms", "2"}}, "cpu"}),
     [](const ::testing::TestParamInfo<Case>& info) {

@@ -685,9 +685,9 @@ absl::StatusOr<ReduceOutput> Engine::ReduceOnDevice(const ReduceInput& in,
   codecs::Round round;
   round.collective =
       info.summable ? codecs::Collective::kSum : codecs::Collective::kGather;
-  GC_RETURN_IF_ERROR(plan.twin->Encode(device.device_id,
-                                       static_cast<const float*>(device.input),
-                                       numel, *state, ctx, &round.payload));
+  GC_RETURN_IF_ERROR(plan.twin->Encode(
+      device.device_id, static_cast<const float*>(device.input), numel,
+      in.shape.empty() ? 1 : in.shape[0], *state, ctx, &round.payload));
   stats.encode_seconds = SecondsSince(t);
   stats.wire_bytes = round.payload.size();
   t = Clock::now();

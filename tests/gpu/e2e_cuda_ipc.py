@@ -15,7 +15,8 @@ step:
 - the average is within the codec's documented error of the true mean
   (docs/codecs.md; the first step only for codecs with state);
 - the daemons say which backend served: gradcomp_reduce_backend_total
-  {backend="cuda"} for codecs with a GPU twin, "cpu" for the one without.
+  {backend="cuda"} for codecs with a GPU twin, "cpu" for the one without,
+  and GetInfo names the GPU as their device.
 
 Prints a table; exits 1 on any mismatch, 77 (skip) without torch.cuda.
 Needs $GRADCOMPD (tools/gpu_test run sets it to the bundled daemon) or
@@ -171,6 +172,13 @@ def main() -> int:
     try:
         for daemon in daemons:
             daemon.start()
+        import gradcomp
+        for r, daemon in enumerate(daemons):
+            with gradcomp.Client(daemon.target) as client:
+                device = client.info().device
+            print(f"daemon {r}: GetInfo device {device!r}")
+            if device == "cpu":
+                failures.append(f"daemon {r} GetInfo device")
         with tempfile.TemporaryDirectory(prefix="e2e-cuda-ipc-") as tmp:
             context = multiprocessing.get_context("spawn")
             paths = [os.path.join(tmp, f"rank{r}.npz") for r in range(WORLD)]
