@@ -18,7 +18,10 @@ It fails (exit 1) unless: both ranks end with identical parameters in every
 run; the CUDA IPC runs equal their host twins (fp32 tolerance, and fp16's
 for fp16) and changed the model; the CUDA IPC runs used the CUDA path
 (HookState.cuda_transport) and the daemons hold their regions as kind
-"cuda" (SharedMemoryStatus) with no warning; the fallback run warned once,
+"cuda" (SharedMemoryStatus) with no warning; each GPU daemon's
+gradcomp_reduce_backend_total{backend="cuda"} equals the reduces its
+rank's hook sent by CUDA IPC (where the daemon exports that metric); the
+fallback run warned once,
 saying the daemon has no usable CUDA device, and equals fp16/host exactly.
 Exit 77 without a CUDA GPU.
 
@@ -160,6 +163,32 @@ def _metric_lines(daemon, needle: str) -> list[str]:
             if needle in line and not line.startswith("#")]
 
 
+def _cuda_backend_reduces(daemon) -> int | None:
+    """The reduces the daemon ran on its CUDA backend
+    (gradcomp_reduce_backend_total{backend="cuda"}), or None for a daemon
+    that does not export the metric."""
+    lines = _metric_lines(daemon, "gradcomp_reduce_backend_total")
+    if not lines:
+        return None
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in lines
+               if 'backend="cuda"' in line)
+
+
+def _check_served(ranks: list[dict], served: list, check) -> None:
+    """Each GPU daemon reduced on its CUDA backend exactly what its rank's
+    hook sent by CUDA IPC (the host runs went through system memory)."""
+    for r, (result, count) in enumerate(zip(ranks, served)):
+        runs = [result[label] for label in ("none/cuda_ipc", "fp16/cuda_ipc",
+                                            "timing/cuda_ipc")]
+        if count is None or any("error" in run for run in runs):
+            print(f"note  rank {r}: no backend count to compare (metric absent or a run failed)")
+            continue
+        expected = sum(run["reduces"] for run in runs)
+        check(count == expected,
+              f"rank {r}: its daemon reduced {count} tensors on the CUDA backend, "
+              f"the hook sent {expected} by CUDA IPC")
+
+
 def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
@@ -178,7 +207,7 @@ def main() -> int:
             failures.append(what)
 
     daemons = {"gpu": _daemons({}), "nogpu": _daemons({"CUDA_VISIBLE_DEVICES": ""})}
-    ranks, metrics = None, {}
+    ranks, metrics, served = None, {}, []
     try:
         targets = {k: [d.target for d in v] for k, v in daemons.items()}
         with tempfile.TemporaryDirectory() as out:
@@ -190,6 +219,7 @@ def main() -> int:
         metrics = {k: [line for d in v for line in _metric_lines(d, "cuda") +
                        _metric_lines(d, "gpu_unavailable")]
                    for k, v in daemons.items()}
+        served = [_cuda_backend_reduces(d) for d in daemons["gpu"]]
     finally:
         logs = {k: [d.log() for d in v] for k, v in daemons.items()}
         for group in daemons.values():
@@ -197,6 +227,7 @@ def main() -> int:
                 d.close()
     if ranks is not None:
         _check_runs(ranks, check)
+        _check_served(ranks, served, check)
     print("daemon metrics mentioning cuda / gpu_unavailable:")
     for k, lines in metrics.items():
         for line in lines:
