@@ -22,9 +22,9 @@
 // reduced-precision reductions) in cuBLAS's summation order, so results
 // agree with the CPU's to fp32 rounding, not bit for bit: relative Frobenius
 // distances up to 2.5e-6 over three steps on the tests' matrices (H100; the
-// tests allow 1e-4). The first step's Q
-// (Philox normals, orthonormalised) is computed on the host by the CPU
-// twin's own functions, so it is the CPU's bit for bit.
+// tests allow 1e-4). The first step's Q (Philox normals, orthonormalised)
+// is computed on the host by the CPU twin's own functions, so it is the
+// CPU's bit for bit.
 #ifndef GRADCOMP_CODECS_CUDA_POWERSGD_H_
 #define GRADCOMP_CODECS_CUDA_POWERSGD_H_
 
