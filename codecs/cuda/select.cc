@@ -73,9 +73,9 @@ struct Workspace {
   int device = -1;
   DeviceBuffer status;      // one SelectStatus
   DeviceBuffer sample;      // sampled keys
-  DeviceBuffer sorted;      // the same, sorted
+  DeviceBuffer radix;       // one RadixState
   DeviceBuffer candidates;  // indices a filter pass found
-  DeviceBuffer trim;        // keys, sorted keys, order, sorted indices, kept
+  DeviceBuffer trim;        // order, keys, kept
   DeviceBuffer temp;        // CUB scratch
   PinnedBuffer host;        // SelectStatus, then indices
   // The (n, k, sample, capacity) the buffers were last sized for: the same
@@ -92,23 +92,22 @@ absl::StatusOr<Workspace*> ThreadWorkspace() {
     workspace = std::make_unique<Workspace>();
     workspace->device = device;
     GC_RETURN_IF_ERROR(Reserve(workspace->status, sizeof(SelectStatus)));
+    GC_RETURN_IF_ERROR(Reserve(workspace->radix, sizeof(RadixState)));
   }
   return workspace.get();
 }
 
 // The trim's device buffers for `capacity` candidates and k kept, carved
-// from ws.trim: order first (8 bytes each; cudaMalloc aligns it), then keys,
-// sorted keys and sorted indices (4 bytes each), then the kept indices.
+// from ws.trim: order first (8 bytes each; cudaMalloc aligns it), then keys
+// (4 bytes each), then the kept indices.
 struct TrimBuffers {
   uint64_t* order;
   uint32_t* keys;
-  uint32_t* sorted_keys;
-  uint32_t* sorted_indices;
   uint32_t* kept;
 };
 
 size_t TrimBytes(size_t capacity, size_t k) {
-  return capacity * (sizeof(uint64_t) + 3 * sizeof(uint32_t)) +
+  return capacity * (sizeof(uint64_t) + sizeof(uint32_t)) +
          k * sizeof(uint32_t);
 }
 
@@ -116,14 +115,12 @@ TrimBuffers CarveTrim(const Workspace& ws, size_t capacity) {
   TrimBuffers b;
   b.order = ws.trim.as<uint64_t>();
   b.keys = reinterpret_cast<uint32_t*>(b.order + capacity);
-  b.sorted_keys = b.keys + capacity;
-  b.sorted_indices = b.sorted_keys + capacity;
-  b.kept = b.sorted_indices + capacity;
+  b.kept = b.keys + capacity;
   return b;
 }
 
 // Room for a pass over n with `capacity` candidates and its trim to k, and
-// for the sample and its sort, reserved while nothing is queued (growing
+// for the sample, reserved while nothing is queued (growing
 // frees the old blocks).
 absl::Status ReserveForPass(Workspace& ws, const float* x, size_t n, size_t k,
                             const SelectPlan& plan, size_t capacity) {
@@ -133,13 +130,8 @@ absl::Status ReserveForPass(Workspace& ws, const float* x, size_t n, size_t k,
   GC_RETURN_IF_ERROR(Reserve(ws.trim, TrimBytes(capacity, k)));
   GC_RETURN_IF_ERROR(
       ws.host.Reserve(sizeof(SelectStatus) + k * sizeof(uint32_t)));
-  size_t sort_bytes = 0;
   if (plan.rank > 0) {
-    const size_t bytes = plan.sample * sizeof(uint32_t);
-    GC_RETURN_IF_ERROR(Reserve(ws.sample, bytes));
-    GC_RETURN_IF_ERROR(Reserve(ws.sorted, bytes));
-    GC_CUDA_RETURN_IF_ERROR(SortKeysDescending(nullptr, sort_bytes, nullptr,
-                                               nullptr, plan.sample, kStream));
+    GC_RETURN_IF_ERROR(Reserve(ws.sample, plan.sample * sizeof(uint32_t)));
   }
   SelectStatus* status = ws.status.as<SelectStatus>();
   size_t filter_bytes = 0;
@@ -147,17 +139,16 @@ absl::Status ReserveForPass(Workspace& ws, const float* x, size_t n, size_t k,
       SelectAtLeast(nullptr, filter_bytes, x, n, status, nullptr, 0, kStream));
   const TrimBuffers t = CarveTrim(ws, capacity);
   size_t trim_bytes = 0;
-  GC_CUDA_RETURN_IF_ERROR(TrimToTopK(
-      nullptr, trim_bytes, x, nullptr, capacity, k, t.keys, t.sorted_keys,
-      t.order, t.sorted_indices, t.kept, status, kStream));
-  GC_RETURN_IF_ERROR(
-      Reserve(ws.temp, std::max({sort_bytes, filter_bytes, trim_bytes})));
+  GC_CUDA_RETURN_IF_ERROR(
+      TrimToTopK(nullptr, trim_bytes, x, nullptr, capacity, k, t.keys, t.order,
+                 ws.radix.as<RadixState>(), t.kept, status, kStream));
+  GC_RETURN_IF_ERROR(Reserve(ws.temp, std::max(filter_bytes, trim_bytes)));
   std::copy(sizes, sizes + 4, ws.sized_for);
   return absl::OkStatus();
 }
 
-// Queues the sample (or every key, for an exact plan), its sort, and the
-// first threshold into ws.status.
+// Queues the sample (or every key, for an exact plan), the selection of its
+// rank-th largest key, and that key as the first threshold into ws.status.
 absl::Status QueueFirstThreshold(Workspace& ws, const float* x, size_t n,
                                  const SelectPlan& plan,
                                  const PhiloxStream& rng) {
@@ -174,12 +165,11 @@ absl::Status QueueFirstThreshold(Workspace& ws, const float* x, size_t n,
     GC_CUDA_RETURN_IF_ERROR(LaunchStratifiedSample(
         x, n, plan.sample, ToPhiloxWords(rng), keys, kStream));
   }
-  size_t temp_bytes = ws.temp.size();
-  GC_CUDA_RETURN_IF_ERROR(SortKeysDescending(ws.temp.data(), temp_bytes, keys,
-                                             ws.sorted.as<uint32_t>(),
-                                             plan.sample, kStream));
-  GC_CUDA_RETURN_IF_ERROR(LaunchSetThreshold(
-      ws.sorted.as<uint32_t>() + plan.rank - 1, kSmallestKey, status, kStream));
+  RadixState* radix = ws.radix.as<RadixState>();
+  GC_CUDA_RETURN_IF_ERROR(
+      LaunchRadixSelect(keys, plan.sample, plan.rank, radix, kStream));
+  GC_CUDA_RETURN_IF_ERROR(
+      LaunchSetThreshold(&radix->key, kSmallestKey, status, kStream));
   return absl::OkStatus();
 }
 
@@ -195,10 +185,9 @@ absl::StatusOr<SelectStatus> PassAndTrim(Workspace& ws, const float* x,
                                         status, ws.candidates.as<uint32_t>(),
                                         capacity, kStream));
   temp_bytes = ws.temp.size();
-  GC_CUDA_RETURN_IF_ERROR(
-      TrimToTopK(ws.temp.data(), temp_bytes, x, ws.candidates.as<uint32_t>(),
-                 capacity, k, t.keys, t.sorted_keys, t.order, t.sorted_indices,
-                 t.kept, status, kStream));
+  GC_CUDA_RETURN_IF_ERROR(TrimToTopK(
+      ws.temp.data(), temp_bytes, x, ws.candidates.as<uint32_t>(), capacity, k,
+      t.keys, t.order, ws.radix.as<RadixState>(), t.kept, status, kStream));
   SelectStatus* host_status = ws.host.as<SelectStatus>();
   GC_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_status, status,
                                           sizeof(SelectStatus),

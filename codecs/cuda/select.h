@@ -6,14 +6,14 @@
 //   GC_ASSIGN_OR_RETURN(TopKSelection sel,
 //                       SelectTopKDevice(d_v, n, k, 0.01, rng));
 //
-// Everything runs on the GPU, on the default stream: the sample, its sort,
-// the filter pass (its threshold stays on the device) and the trim of the
-// candidates to the k that come first, queued before the pass's count is
-// known; the host waits once per pass, for the count and the indices.
-// Device and pinned host memory are kept per thread across calls and grow to
-// the largest selection seen (about 8 * sample_size + 52 * k bytes, more
-// when a pass finds more than 2k + 4096), so a steady state allocates
-// nothing.
+// Everything runs on the GPU, on the default stream: the sample, a radix
+// selection of its threshold key, the filter pass (its threshold stays on the
+// device) and the trim of the candidates to the k that come first, queued
+// before the pass's count is known; the host waits once per pass, for the count
+// and the indices. Device and pinned host memory are kept per thread across
+// calls and grow to the largest selection seen (about 4 * sample_size + 36 * k
+// bytes, more when a pass finds more than 2k + 4096), so a steady state
+// allocates nothing.
 #ifndef GRADCOMP_CODECS_CUDA_SELECT_H_
 #define GRADCOMP_CODECS_CUDA_SELECT_H_
 

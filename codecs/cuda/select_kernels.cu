@@ -1,6 +1,7 @@
 // The GPU steps of top-k selection by a sampled threshold
-// (codecs/cpu/select.cc): the stratified sample, magnitude keys, the sort of
-// the sample, the filter and the trim, the sorts and compactions with CUB.
+// (codecs/cpu/select.cc): the stratified sample, magnitude keys, a radix
+// selection of the rank-th largest key, the filter and the trim, the two
+// compactions in index order with CUB.
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/tabulate_output_iterator.h>
 
@@ -51,10 +52,117 @@ __global__ void SetThresholdKernel(const uint32_t* key, uint32_t floor,
   status->threshold = key != nullptr ? max(*key, floor) : floor;
 }
 
+constexpr int kRadixPasses = 3;
+constexpr int kDigitShift[kRadixPasses] = {21, 10, 0};
+constexpr int kDigitBits[kRadixPasses] = {11, 11, 10};
+constexpr int kPickThreads = 1024;  // two of the 2048 bins each
+
+__global__ void RadixInitKernel(uint32_t rank, RadixState* state) {
+  for (int i = threadIdx.x; i < 2048; i += blockDim.x) {
+    state->histogram[i] = 0;
+  }
+  if (threadIdx.x == 0) {
+    state->key = 0;
+    state->rank = rank;
+    state->greater = 0;
+    state->ties = 0;
+  }
+}
+
+// Counts the digit at `shift` of every key whose bits above the digit
+// (`decided`) equal those chosen so far (state->key).
+__global__ void RadixHistogramKernel(const uint32_t* __restrict__ keys,
+                                     size_t count, int shift,
+                                     uint32_t digit_mask, uint32_t decided,
+                                     RadixState* state) {
+  __shared__ uint32_t histogram[2048];
+  for (int i = threadIdx.x; i < 2048; i += blockDim.x) histogram[i] = 0;
+  __syncthreads();
+  const uint32_t prefix = state->key;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t j = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       j < count; j += stride) {
+    const uint32_t key = keys[j];
+    if ((key & decided) == prefix) {
+      atomicAdd(&histogram[(key >> shift) & digit_mask], 1u);
+    }
+  }
+  __syncthreads();
+  for (uint32_t i = threadIdx.x; i <= digit_mask; i += blockDim.x) {
+    if (histogram[i] != 0) atomicAdd(&state->histogram[i], histogram[i]);
+  }
+}
+
+// The digit at `shift` of the rank-th largest: the bins from the top,
+// summed, first reach the rank at it. Clears the histogram for the next
+// pass.
+__global__ void RadixPickKernel(int shift, RadixState* state) {
+  using Scan = cub::BlockScan<uint32_t, kPickThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  const uint32_t high = 2047 - 2 * threadIdx.x;  // this thread's upper bin
+  const uint32_t count_high = state->histogram[high];
+  const uint32_t count_low = state->histogram[high - 1];
+  const uint32_t rank = state->rank;
+  uint32_t above = 0;
+  Scan(scan).ExclusiveSum(count_high + count_low, above);
+  __syncthreads();
+  state->histogram[high] = 0;
+  state->histogram[high - 1] = 0;
+  uint32_t digit = 0, larger = 0, ties = 0;
+  bool found = false;
+  if (above < rank && above + count_high >= rank) {
+    digit = high, larger = above, ties = count_high, found = true;
+  } else if (above + count_high < rank &&
+             above + count_high + count_low >= rank) {
+    digit = high - 1, larger = above + count_high, ties = count_low;
+    found = true;
+  }
+  if (found) {
+    state->key |= digit << shift;
+    state->rank = rank - larger;
+    state->greater += larger;
+    state->ties = ties;
+  }
+}
+
+// state->last = the order value (CandidateKeysKernel) of the k-th candidate
+// in the order of selection. The candidates above the selected key
+// (state->greater) all come first; of those equal to it, the first m =
+// k - greater in index order follow. When all of them are kept (the usual
+// case: one candidate has that key) the key alone decides; otherwise one
+// block walks the candidates in index order to the m-th.
+__global__ void LastOrderKernel(const uint32_t* __restrict__ keys,
+                                const uint32_t* __restrict__ candidates,
+                                size_t capacity, uint32_t k,
+                                RadixState* state) {
+  using Scan = cub::BlockScan<uint32_t, kPickThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  const uint32_t key = state->key;
+  const uint32_t m = k - state->greater;
+  if (m >= state->ties || key == 0) {
+    if (threadIdx.x == 0) state->last = static_cast<uint64_t>(key) << 32;
+    return;
+  }
+  uint32_t seen = 0;  // candidates equal to `key` before this chunk
+  for (size_t start = 0; start < capacity; start += blockDim.x) {
+    const size_t j = start + threadIdx.x;
+    const bool tie = j < capacity && keys[j] == key;
+    uint32_t before = 0, total = 0;
+    Scan(scan).ExclusiveSum(tie ? 1u : 0u, before, total);
+    if (tie && seen + before + 1 == m) {
+      state->last = static_cast<uint64_t>(key) << 32 |
+                    static_cast<uint32_t>(~candidates[j]);
+    }
+    seen += total;
+    if (seen >= m) break;
+    __syncthreads();
+  }
+}
+
 // keys[j] = key of candidate j; order[j] ranks it in the order of selection
 // (larger key, then the lower index) as one number: the key above the
 // complemented index. Entries past the found ones get key and order 0, which
-// sort after every candidate (a candidate's key is at least kSmallestKey).
+// come after every candidate (a candidate's key is at least kSmallestKey).
 __global__ void CandidateKeysKernel(const float* __restrict__ x,
                                     const uint32_t* __restrict__ candidates,
                                     size_t capacity,
@@ -93,17 +201,13 @@ struct StoreBelow {
   }
 };
 
-// Whether a candidate comes no later than the k-th (key, index) of the
-// descending, stable sort of the candidates' keys. With fewer than k found,
-// that k-th entry is padding (key 0): then every candidate (key >= 1) is
-// kept and the padding (order 0) is not.
+// Whether a candidate comes no later than the k-th (LastOrderKernel). With
+// fewer than k found, the k-th is padding (key 0): then every candidate
+// (key >= 1) is kept and the padding (order 0) is not.
 struct NotAfter {
-  const uint32_t* last_key;
-  const uint32_t* last_index;
+  const RadixState* state;
   __device__ bool operator()(uint64_t order) const {
-    const uint64_t last = static_cast<uint64_t>(__ldg(last_key)) << 32 |
-                          static_cast<uint32_t>(~__ldg(last_index));
-    return order >= max(last, uint64_t{1} << 32);
+    return order >= max(__ldg(&state->last), uint64_t{1} << 32);
   }
 };
 
@@ -131,11 +235,20 @@ cudaError_t LaunchKeys(const float* x, size_t count, uint32_t* keys,
   return cudaGetLastError();
 }
 
-cudaError_t SortKeysDescending(void* temp, size_t& temp_bytes,
-                               const uint32_t* keys, uint32_t* sorted,
-                               size_t count, cudaStream_t stream) {
-  return cub::DeviceRadixSort::SortKeysDescending(temp, temp_bytes, keys,
-                                                  sorted, count, 0, 32, stream);
+cudaError_t LaunchRadixSelect(const uint32_t* keys, size_t count, size_t rank,
+                              RadixState* state, cudaStream_t stream) {
+  RadixInitKernel<<<1, kPickThreads, 0, stream>>>(static_cast<uint32_t>(rank),
+                                                  state);
+  const unsigned blocks = std::min(BlocksFor((count + 7) / 8), 528u);
+  for (int pass = 0; pass < kRadixPasses; ++pass) {
+    const int shift = kDigitShift[pass];
+    const int top = shift + kDigitBits[pass];
+    const uint32_t decided = top >= 32 ? 0u : ~((1u << top) - 1);
+    RadixHistogramKernel<<<blocks, kThreads, 0, stream>>>(
+        keys, count, shift, (1u << kDigitBits[pass]) - 1, decided, state);
+    RadixPickKernel<<<1, kPickThreads, 0, stream>>>(shift, state);
+  }
+  return cudaGetLastError();
 }
 
 cudaError_t LaunchSetThreshold(const uint32_t* key, uint32_t floor,
@@ -156,37 +269,27 @@ cudaError_t SelectAtLeast(void* temp, size_t& temp_bytes, const float* x,
 
 cudaError_t TrimToTopK(void* temp, size_t& temp_bytes, const float* x,
                        const uint32_t* candidates, size_t capacity, size_t k,
-                       uint32_t* keys, uint32_t* sorted_keys, uint64_t* order,
-                       uint32_t* sorted_indices, uint32_t* kept,
-                       SelectStatus* status, cudaStream_t stream) {
-  // A stable sort by key alone: equal keys stay in ascending index order, so
-  // the k-th entry is the last of the selection order.
-  const NotAfter not_after{sorted_keys + k - 1, sorted_indices + k - 1};
+                       uint32_t* keys, uint64_t* order, RadixState* state,
+                       uint32_t* kept, SelectStatus* status,
+                       cudaStream_t stream) {
   const auto items = static_cast<int64_t>(capacity);
   if (temp == nullptr) {
-    size_t sort_bytes = 0, select_bytes = 0;
-    cudaError_t error = cub::DeviceRadixSort::SortPairsDescending(
-        nullptr, sort_bytes, keys, sorted_keys, candidates, sorted_indices,
-        items, 0, 32, stream);
-    if (error != cudaSuccess) return error;
-    error = cub::DeviceSelect::FlaggedIf(nullptr, select_bytes, candidates,
-                                         order, kept, &status->kept, items,
-                                         not_after, stream);
-    temp_bytes = std::max(sort_bytes, select_bytes);
-    return error;
+    return cub::DeviceSelect::FlaggedIf(nullptr, temp_bytes, candidates, order,
+                                        kept, &status->kept, items,
+                                        NotAfter{state}, stream);
   }
   CandidateKeysKernel<<<BlocksFor(capacity), kThreads, 0, stream>>>(
       x, candidates, capacity, status, keys, order);
-  cudaError_t error = cudaGetLastError();
+  cudaError_t error = LaunchRadixSelect(keys, capacity, k, state, stream);
+  if (error != cudaSuccess) return error;
+  LastOrderKernel<<<1, kPickThreads, 0, stream>>>(
+      keys, candidates, capacity, static_cast<uint32_t>(k), state);
+  error = cudaGetLastError();
   if (error != cudaSuccess) return error;
   size_t bytes = temp_bytes;
-  error = cub::DeviceRadixSort::SortPairsDescending(
-      temp, bytes, keys, sorted_keys, candidates, sorted_indices, items, 0, 32,
-      stream);
-  if (error != cudaSuccess) return error;
-  bytes = temp_bytes;
   return cub::DeviceSelect::FlaggedIf(temp, bytes, candidates, order, kept,
-                                      &status->kept, items, not_after, stream);
+                                      &status->kept, items, NotAfter{state},
+                                      stream);
 }
 
 }  // namespace gradcomp::codecs::cuda

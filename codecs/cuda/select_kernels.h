@@ -5,7 +5,8 @@
 // `stream` and returns the launch's (or CUB's) error.
 //
 // The threshold of a filter pass stays on the device (SelectStatus), so the
-// sample, its sort and the filter run without a round trip to the host.
+// sample, its radix selection and the filter run without a round trip to
+// the host.
 // The CUB calls take scratch space as CUB does: called with a null `temp`,
 // they only set `temp_bytes`.
 #ifndef GRADCOMP_CODECS_CUDA_SELECT_KERNELS_H_
@@ -39,10 +40,22 @@ cudaError_t LaunchStratifiedSample(const float* x, size_t n, size_t count,
 cudaError_t LaunchKeys(const float* x, size_t count, uint32_t* keys,
                        cudaStream_t stream);
 
-// sorted = keys in descending order (CUB radix sort).
-cudaError_t SortKeysDescending(void* temp, size_t& temp_bytes,
-                               const uint32_t* keys, uint32_t* sorted,
-                               size_t count, cudaStream_t stream);
+// A radix selection's state in device memory (LaunchRadixSelect).
+struct RadixState {
+  uint32_t key;      // the selected key
+  uint32_t rank;     // its rank among the keys left (working value)
+  uint32_t greater;  // keys larger than it
+  uint32_t ties;     // keys equal to it
+  uint64_t last;     // TrimToTopK: the order value of the k-th candidate
+  uint32_t histogram[2048];
+};
+
+// state->key = the rank-th largest (1-based, 1 <= rank <= count) of `count`
+// keys, state->greater and state->ties as above: three 11/11/10-bit digit
+// passes (a histogram of the keys that match the digits chosen so far, then
+// the digit that holds the rank), seven launches, no host wait.
+cudaError_t LaunchRadixSelect(const uint32_t* keys, size_t count, size_t rank,
+                              RadixState* state, cudaStream_t stream);
 
 // status->threshold = max(*key, floor); with null `key`, floor.
 cudaError_t LaunchSetThreshold(const uint32_t* key, uint32_t floor,
@@ -62,13 +75,13 @@ cudaError_t SelectAtLeast(void* temp, size_t& temp_bytes, const float* x,
 // indices, ascending, and status->kept their number. Queued without knowing
 // `found` on the host, so a pass and its trim need one wait; the result is
 // meaningless when found > capacity (the caller grows the buffer and
-// filters again). `keys`, `sorted_keys`, `order` and `sorted_indices` hold
-// `capacity` entries each, `kept` k. Every CUB step uses `temp`.
+// filters again). `keys` and `order` hold `capacity` entries each, `kept`
+// k; `state` is scratch. The CUB compaction uses `temp`.
 cudaError_t TrimToTopK(void* temp, size_t& temp_bytes, const float* x,
                        const uint32_t* candidates, size_t capacity, size_t k,
-                       uint32_t* keys, uint32_t* sorted_keys, uint64_t* order,
-                       uint32_t* sorted_indices, uint32_t* kept,
-                       SelectStatus* status, cudaStream_t stream);
+                       uint32_t* keys, uint64_t* order, RadixState* state,
+                       uint32_t* kept, SelectStatus* status,
+                       cudaStream_t stream);
 
 }  // namespace gradcomp::codecs::cuda
 

@@ -130,6 +130,9 @@ absl::Status CudaIpcRegion::CopyFromHost(uint64_t offset,
   GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(static_cast<char*>(base_) + offset,
                                      in.data(), in.size(),
                                      cudaMemcpyHostToDevice));
+  // From pageable memory cudaMemcpy may return once the bytes are staged,
+  // before the DMA lands; the client reads the output as soon as we answer.
+  GC_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return absl::OkStatus();
 }
 
