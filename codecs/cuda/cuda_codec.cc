@@ -723,9 +723,13 @@ class CudaSign : public CudaCodec {
 };
 
 // 1-bit SGD (codecs/cpu/onebit.h), inside error feedback as on the CPU. The
-// column sums run on the GPU in the CPU's order (one thread per chain,
-// onebit.cu), so the means are the CPU's; the signs are the sign codecs'
-// pack. The tensor is [rows, n / rows]: EncodeDevice treats it as 1-D (one
+// column sums run on the GPU in parallel (onebit.cu); a column's mean is the
+// CPU's where it is the same at both ends of the sum's SumIntervalOf, as
+// CudaSign settles its scales. Where a mean is not settled the CPU's own
+// chains decide: for 64 columns or more a GPU thread per such column runs
+// it, for fewer the host encodes the tensor with the CPU codec (their chains
+// run through the whole tensor). The signs are the sign codecs' pack.
+// The tensor is [rows, n / rows]: EncodeDevice treats it as 1-D (one
 // column), Encode passes its shape's rows.
 class CudaOneBit : public CudaCodec {
  public:
@@ -740,8 +744,7 @@ class CudaOneBit : public CudaCodec {
   }
 
   absl::Status EncodeDeviceRows(const float* grad, size_t n, int64_t rows,
-                                TensorState& /*state*/,
-                                const StepContext& /*ctx*/,
+                                TensorState& state, const StepContext& ctx,
                                 Bytes* payload) const override {
     GC_RETURN_IF_ERROR(CudaDeviceAvailable());
     if (n > 0 && (rows <= 0 || n % static_cast<uint64_t>(rows) != 0)) {
@@ -778,24 +781,40 @@ class CudaOneBit : public CudaCodec {
                                        cudaMemcpyDeviceToHost));
     GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(body + 8 * columns, signs.data(),
                                        SignBytes(n), cudaMemcpyDeviceToHost));
-    // onebit.cc Encode's means, from the same sums.
-    bool finite = true;
-    for (size_t j = 0; j < columns; ++j) {
-      const double negatives = host[2 * columns + j];
-      const double others = static_cast<double>(rows) - negatives;
-      const float pos =
-          others > 0 ? static_cast<float>(host[j] / others) : 0.0f;
-      const float neg = negatives > 0
-                            ? static_cast<float>(host[columns + j] / negatives)
-                            : 0.0f;
-      finite = finite && std::isfinite(pos) && std::isfinite(neg);
-      std::memcpy(body + 4 * j, &pos, sizeof(pos));
-      std::memcpy(body + 4 * (columns + j), &neg, sizeof(neg));
+    // A NaN or Inf term makes a sum non-finite in every order.
+    for (const double sum : host) {
+      if (!std::isfinite(sum)) {
+        return absl::InvalidArgumentError(
+            "onebit: the gradient holds NaN or Inf (a column's mean is not "
+            "finite); expected finite values");
+      }
     }
-    if (!finite) {
-      return absl::InvalidArgumentError(
-          "onebit: the gradient holds NaN or Inf (a column's mean is not "
-          "finite); expected finite values");
+    std::vector<uint32_t> unsettled;
+    const uint64_t chain = OneBitSumTerms(n, columns);
+    for (size_t j = 0; j < columns; ++j) {
+      if (!WriteMeans(host, j, columns, rows, chain, body)) {
+        unsettled.push_back(static_cast<uint32_t>(j));
+      }
+    }
+    if (unsettled.empty()) return absl::OkStatus();
+    // Narrow columns' chains run through the chunks: the CPU codec encodes.
+    if (OneBitScratchDoubles(n, columns) > 0) {
+      return HostEncode(grad, n, rows, state, ctx, payload);
+    }
+    GC_ASSIGN_OR_RETURN(
+        DeviceBuffer list,
+        DeviceBuffer::Create(sizeof(uint32_t) * unsettled.size()));
+    GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(list.data(), unsettled.data(),
+                                       sizeof(uint32_t) * unsettled.size(),
+                                       cudaMemcpyHostToDevice));
+    GC_CUDA_RETURN_IF_ERROR(
+        LaunchOneBitExactColumns(grad, n, columns, list.as<uint32_t>(),
+                                 unsettled.size(), sums.as<double>(), nullptr));
+    GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(host.data(), sums.data(),
+                                       sizeof(double) * host.size(),
+                                       cudaMemcpyDeviceToHost));
+    for (const uint32_t j : unsettled) {
+      WriteMeans(host, j, columns, rows, /*chain=*/0, body);
     }
     return absl::OkStatus();
   }
@@ -864,6 +883,55 @@ class CudaOneBit : public CudaCodec {
 
  private:
   static constexpr size_t kOneBitParamBytes = 8;  // u64 column count
+
+  // onebit.cc Encode's means of column j from its sums (host: positive,
+  // negative, counts), into the body. With chain > 0 the sums are the CPU
+  // chain's terms (chain of them at most) in another order: returns false,
+  // writing nothing, where a mean is not the same at both ends of the sum's
+  // interval. With chain 0 the sums are the CPU's own.
+  static bool WriteMeans(const std::vector<double>& sums, size_t j,
+                         size_t columns, int64_t rows, uint64_t chain,
+                         char* body) {
+    const double negatives = sums[2 * columns + j];
+    const double others = static_cast<double>(rows) - negatives;
+    const auto pos_of = [others](double sum) {
+      return others > 0 ? static_cast<float>(sum / others) : 0.0f;
+    };
+    const auto neg_of = [negatives](double sum) {
+      return negatives > 0 ? static_cast<float>(sum / negatives) : 0.0f;
+    };
+    float pos = pos_of(sums[j]);
+    float neg = neg_of(sums[columns + j]);
+    if (chain > 0) {
+      // The negative side's sum negated: nonnegative terms.
+      const SumInterval p = SumIntervalOf(
+          sums[j], std::min<uint64_t>(chain, static_cast<uint64_t>(others)));
+      const SumInterval q = SumIntervalOf(
+          -sums[columns + j],
+          std::min<uint64_t>(chain, static_cast<uint64_t>(negatives)));
+      pos = pos_of(p.lo);
+      neg = neg_of(-q.hi);
+      if (pos != pos_of(p.hi) || neg != neg_of(-q.lo)) return false;
+    }
+    std::memcpy(body + 4 * j, &pos, sizeof(pos));
+    std::memcpy(body + 4 * (columns + j), &neg, sizeof(neg));
+    return true;
+  }
+
+  // The CPU codec's payload of the [rows, n / rows] tensor `grad` (device
+  // memory): the path of a mean its interval does not settle.
+  absl::Status HostEncode(const float* grad, size_t n, int64_t rows,
+                          TensorState& state, const StepContext& ctx,
+                          Bytes* payload) const {
+    std::vector<float> values(n);
+    GC_RETURN_IF_ERROR(Download(grad, absl::MakeSpan(values)));
+    const std::vector<int64_t> shape = {
+        rows, static_cast<int64_t>(n / static_cast<size_t>(rows))};
+    payload->clear();
+    return host_.Encode(TensorView{values, shape}, state, ctx, payload);
+  }
+
+  const OneBitCodec host_;
 };
 
 // TernGrad (codecs/cpu/terngrad.h). The clip c * sqrt(sum x^2 / n) needs

@@ -335,6 +335,47 @@ TEST_F(SinglePassGpuTest, OneBitColumnsMatchCpu) {
       absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(SinglePassGpuTest, OneBitMeansOnARoundingBoundaryMatchCpu) {
+  // Column means exactly halfway between two floats (1 + 2^-24, and its
+  // negative): the GPU's parallel sums cannot tell the CPU's rounding, so
+  // the CPU's own chains decide: the CPU codec on the host for fewer than
+  // 64 columns, the exact column kernel for 64 or more.
+  std::vector<float> column(64, 1.0f);
+  column[5] = 1.0f + 0x1p-18f;
+  std::vector<float> negative = column;
+  for (float& v : negative) v = -v;
+  std::vector<float> mixed(3 * 64, 0.5f);
+  for (size_t r = 0; r < 64; ++r) mixed[3 * r + 1] = negative[r];
+  std::vector<float> wide(70 * 64, 0.5f);
+  for (size_t r = 0; r < 64; ++r) {
+    wide[70 * r + 1] = negative[r];
+    wide[70 * r + 69] = column[r];
+  }
+  std::unique_ptr<SingleRoundCodec> cpu = CpuCodec("onebit", CodecParams());
+  std::unique_ptr<CudaCodec> gpu =
+      CreateCudaCodec("onebit", CodecParams()).value();
+  const std::vector<std::pair<std::vector<float>, int64_t>> cases = {
+      {{1.0f, 1.0f + 0x1p-23f}, 2},
+      {column, 64},
+      {negative, 64},
+      {mixed, 64},
+      {wide, 64}};
+  for (const auto& [v, rows] : cases) {
+    const std::vector<int64_t> shape = {rows,
+                                        static_cast<int64_t>(v.size()) / rows};
+    const TensorView view{v, shape};
+    TensorState cpu_state, gpu_state;
+    Bytes cpu_payload, gpu_payload;
+    ASSERT_TRUE(cpu->Encode(view, cpu_state, Context(0, 0), &cpu_payload).ok());
+    const absl::Status on_gpu =
+        gpu->Encode(view, gpu_state, Context(0, 0), &gpu_payload);
+    ASSERT_TRUE(on_gpu.ok()) << on_gpu;
+    EXPECT_TRUE(cpu_payload == gpu_payload)
+        << "[" << shape[0] << ", " << shape[1]
+        << "]: " << Diff(cpu_payload, gpu_payload);
+  }
+}
+
 TEST_F(SinglePassGpuTest, CrossDecodingMatchesBitForBit) {
   for (const Config& c : Configs()) {
     for (size_t n : {size_t{0}, size_t{1}, size_t{65}, size_t{4099},
