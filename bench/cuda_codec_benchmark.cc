@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "bench/cuda_timer.h"
 #include "codecs/cpu/randomk.h"
 #include "codecs/cuda/decode.h"
 #include "codecs/cuda/device.h"
@@ -47,19 +49,14 @@ void Check(cudaError_t error, const char* what) {
 
 // Mean milliseconds of `launch` over kReps, timed with CUDA events.
 double TimeMs(const std::function<cudaError_t()>& launch) {
-  for (int i = 0; i < kWarmup; ++i) Check(launch(), "warm-up launch");
-  cudaEvent_t start, stop;
-  Check(cudaEventCreate(&start), "cudaEventCreate");
-  Check(cudaEventCreate(&stop), "cudaEventCreate");
-  Check(cudaEventRecord(start), "cudaEventRecord");
-  for (int i = 0; i < kReps; ++i) Check(launch(), "launch");
-  Check(cudaEventRecord(stop), "cudaEventRecord");
-  Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-  float ms = 0;
-  Check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms / kReps;
+  const absl::StatusOr<double> ms = bench::TimeCudaMs(
+      [&] { return CudaStatus(launch(), "launch"); }, kWarmup, kReps);
+  if (!ms.ok()) {
+    std::fprintf(stderr, "cuda_codec_benchmark: %s\n",
+                 std::string(ms.status().message()).c_str());
+    std::exit(1);
+  }
+  return *ms;
 }
 
 void Report(const char* op, size_t n, double ms, double bytes_moved,

@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "base/status_macros.h"
+#include "bench/cuda_timer.h"
 #include "codecs/cpu/linalg.h"
 #include "codecs/cpu/powersgd.h"
 #include "codecs/cuda/device.h"
@@ -49,19 +50,9 @@ void Check(cudaError_t error, const char* what) {
 
 // Mean milliseconds of `launch` over kReps, timed with CUDA events.
 double TimeMs(const std::function<absl::Status()>& launch) {
-  for (int i = 0; i < kWarmup; ++i) Check(launch(), "warm-up");
-  cudaEvent_t start, stop;
-  Check(cudaEventCreate(&start), "cudaEventCreate");
-  Check(cudaEventCreate(&stop), "cudaEventCreate");
-  Check(cudaEventRecord(start), "cudaEventRecord");
-  for (int i = 0; i < kReps; ++i) Check(launch(), "launch");
-  Check(cudaEventRecord(stop), "cudaEventRecord");
-  Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-  float ms = 0;
-  Check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms / kReps;
+  const absl::StatusOr<double> ms = bench::TimeCudaMs(launch, kWarmup, kReps);
+  Check(ms.status(), "timing");
+  return *ms;
 }
 
 DeviceBuffer Alloc(size_t floats) {

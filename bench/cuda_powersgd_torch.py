@@ -17,22 +17,9 @@ from typing import Callable
 
 import torch
 
-WARMUP = 3
-REPS = 20
+from cuda_timing import time_ms
+
 SHAPES = [(5000, 5000), (10000, 10000), (512, 4608), (1000, 2048)]
-
-
-def time_ms(fn: Callable[[], object]) -> float:
-    for _ in range(WARMUP):
-        fn()
-    start = torch.cuda.Event(enable_timing=True)
-    stop = torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPS):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / REPS
 
 
 def orthogonalizer() -> tuple[str, Callable[[torch.Tensor], None]]:

@@ -9,25 +9,10 @@ tools/gpu_test runs it on the GPU machine. Exits 2 when torch sees no GPU.
 
 import json
 import sys
-from typing import Callable
 
 import torch
 
-WARMUP = 3
-REPS = 20
-
-
-def time_ms(fn: Callable[[], object]) -> float:
-    for _ in range(WARMUP):
-        fn()
-    start = torch.cuda.Event(enable_timing=True)
-    stop = torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPS):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / REPS
+from cuda_timing import time_ms
 
 
 def report(op: str, n: int, ms: float, bytes_moved: float, copy_gbps: float) -> None:

@@ -19,6 +19,23 @@ namespace {
 // prescaled). Decoding multiplies by d.
 constexpr size_t kDenseParamsBytes = 8;
 
+struct DenseKind {
+  const char* name;
+  CodecId id;
+};
+
+DenseKind KindOf(ElemType type) {
+  switch (type) {
+    case ElemType::kF16:
+      return {"fp16", CodecId::kFp16};
+    case ElemType::kBF16:
+      return {"bf16", CodecId::kBf16};
+    case ElemType::kF32:
+      break;
+  }
+  return {"none", CodecId::kNone};
+}
+
 class DenseCodec : public SingleRoundCodec {
  public:
   DenseCodec(CodecInfo info, ElemType type, bool prescale)
@@ -68,10 +85,21 @@ class DenseCodec : public SingleRoundCodec {
 
   absl::Status DecodeAdd(absl::string_view payload, float alpha,
                          absl::Span<float> acc) const override {
-    GC_ASSIGN_OR_RETURN(ParsedPayload parsed,
-                        ParsePayload(payload, info_.id, 0, acc.size()));
-    GC_ASSIGN_OR_RETURN(uint32_t divisor, ParseParams(parsed));
-    return AddDenseBody(parsed, alpha * static_cast<float>(divisor), acc);
+    GC_ASSIGN_OR_RETURN(const DensePayload parsed,
+                        ParseDensePayload(payload, type_, acc.size()));
+    const float scale = alpha * static_cast<float>(parsed.divisor);
+    switch (type_) {
+      case ElemType::kF32:
+        AddFloat(parsed.body.data(), scale, acc);
+        break;
+      case ElemType::kF16:
+        AddHalf(parsed.body.data(), scale, acc);
+        break;
+      case ElemType::kBF16:
+        AddBf16(parsed.body.data(), scale, acc);
+        break;
+    }
+    return absl::OkStatus();
   }
 
   absl::Status FinishSum(absl::Span<const float> sum, int world_size,
@@ -97,44 +125,16 @@ class DenseCodec : public SingleRoundCodec {
   }
 
  private:
-  absl::StatusOr<uint32_t> ParseParams(const ParsedPayload& parsed) const {
-    const absl::string_view p = parsed.params;
-    if (p.size() != kDenseParamsBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s payload: expected %d parameter bytes, got %d",
-                          info_.name, kDenseParamsBytes, p.size()));
-    }
-    if (static_cast<uint8_t>(p[0]) != static_cast<uint8_t>(type_)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s payload: expected element type %d, got %d", info_.name,
-          static_cast<int>(type_), static_cast<uint8_t>(p[0])));
-    }
-    if (p[1] != 0 || p[2] != 0 || p[3] != 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s payload: expected reserved parameter bytes 1-3 to be 0",
-          info_.name));
-    }
-    uint32_t divisor = 0;
-    for (int i = 0; i < 4; ++i) {
-      divisor |= static_cast<uint32_t>(static_cast<unsigned char>(p[4 + i]))
-                 << (8 * i);
-    }
-    if (divisor == 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s payload: expected a prescale divisor >= 1, got 0", info_.name));
-    }
-    return divisor;
-  }
-
   const CodecInfo info_;
   const ElemType type_;
   const bool prescale_;
 };
 
-CodecInfo DenseInfo(const char* name, CodecId id, bool exact) {
+CodecInfo DenseInfo(ElemType type, bool exact) {
+  const DenseKind kind = KindOf(type);
   CodecInfo info;
-  info.name = name;
-  info.id = id;
+  info.name = kind.name;
+  info.id = kind.id;
   info.family = "dense";
   info.summable = true;
   // Rounding to nearest is deterministic, so fp16/bf16 are (slightly) biased.
@@ -145,8 +145,8 @@ CodecInfo DenseInfo(const char* name, CodecId id, bool exact) {
   return info;
 }
 
-absl::Status RegisterOne(CodecRegistry& registry, CodecInfo info,
-                         ElemType type) {
+absl::Status RegisterOne(CodecRegistry& registry, ElemType type, bool exact) {
+  CodecInfo info = DenseInfo(type, exact);
   CodecFactory factory =
       [info, type](
           const CodecParams& params) -> absl::StatusOr<std::unique_ptr<Codec>> {
@@ -159,13 +159,51 @@ absl::Status RegisterOne(CodecRegistry& registry, CodecInfo info,
 
 }  // namespace
 
+absl::StatusOr<DensePayload> ParseDensePayload(absl::string_view payload,
+                                               ElemType type, size_t n) {
+  const DenseKind kind = KindOf(type);
+  GC_ASSIGN_OR_RETURN(const ParsedPayload parsed,
+                      ParsePayload(payload, kind.id, /*round=*/0, n));
+  const absl::string_view p = parsed.params;
+  if (p.size() != kDenseParamsBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s payload: expected %d parameter bytes, got %d",
+                        kind.name, kDenseParamsBytes, p.size()));
+  }
+  if (static_cast<uint8_t>(p[0]) != static_cast<uint8_t>(type)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s payload: expected element type %d, got %d", kind.name,
+        static_cast<int>(type), static_cast<uint8_t>(p[0])));
+  }
+  if (p[1] != 0 || p[2] != 0 || p[3] != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s payload: expected reserved parameter bytes 1-3 to be 0",
+        kind.name));
+  }
+  uint32_t divisor = 0;
+  for (int i = 0; i < 4; ++i) {
+    divisor |= static_cast<uint32_t>(static_cast<unsigned char>(p[4 + i]))
+               << (8 * i);
+  }
+  if (divisor == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s payload: expected a prescale divisor >= 1, got 0", kind.name));
+  }
+  // The flag and body checks of AddDenseBody (codecs/wire.h).
+  GC_ASSIGN_OR_RETURN(const size_t elements, DenseBodyElements(parsed));
+  if (elements != n) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "payload: expected a dense body of %d elements of %d bytes, got %d "
+        "bytes",
+        n, ElemTypeBytes(type), parsed.body.size()));
+  }
+  return DensePayload{divisor, parsed.body};
+}
+
 absl::Status RegisterDenseCodecs(CodecRegistry& registry) {
-  GC_RETURN_IF_ERROR(RegisterOne(
-      registry, DenseInfo("none", CodecId::kNone, true), ElemType::kF32));
-  GC_RETURN_IF_ERROR(RegisterOne(
-      registry, DenseInfo("fp16", CodecId::kFp16, false), ElemType::kF16));
-  return RegisterOne(registry, DenseInfo("bf16", CodecId::kBf16, false),
-                     ElemType::kBF16);
+  GC_RETURN_IF_ERROR(RegisterOne(registry, ElemType::kF32, /*exact=*/true));
+  GC_RETURN_IF_ERROR(RegisterOne(registry, ElemType::kF16, /*exact=*/false));
+  return RegisterOne(registry, ElemType::kBF16, /*exact=*/false);
 }
 
 }  // namespace gradcomp::codecs

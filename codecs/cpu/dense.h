@@ -9,10 +9,26 @@
 #ifndef GRADCOMP_CODECS_CPU_DENSE_H_
 #define GRADCOMP_CODECS_CPU_DENSE_H_
 
+#include <cstddef>
+#include <cstdint>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "codecs/registry.h"
+#include "codecs/wire.h"
 
 namespace gradcomp::codecs {
+
+// A dense payload of `type` (kF32: none, kF16: fp16, kBF16: bf16) for a
+// tensor of n elements, checked as DecodeAdd checks it (the GPU decoder,
+// codecs/cuda, uses the same checks). Decoding adds alpha * divisor * body.
+struct DensePayload {
+  uint32_t divisor = 1;    // the prescale divisor, >= 1
+  absl::string_view body;  // n elements of `type`, unaligned
+};
+absl::StatusOr<DensePayload> ParseDensePayload(absl::string_view payload,
+                                               ElemType type, size_t n);
 
 absl::Status RegisterDenseCodecs(CodecRegistry& registry);
 

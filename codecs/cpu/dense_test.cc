@@ -77,6 +77,20 @@ TEST_F(DenseTest, Fp16PayloadIsHeaderParamsAndHalfBody) {
   EXPECT_EQ(p.substr(40), std::string(body, 6));
 }
 
+TEST_F(DenseTest, ParseNamesTheDivisorAndBody) {
+  const Bytes p = Encode(*Make("bf16", {{"prescale", "true"}}), {1, 2, 3},
+                         /*world_size=*/4);
+  const absl::StatusOr<DensePayload> parsed =
+      ParseDensePayload(p, ElemType::kBF16, 3);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->divisor, 4u);
+  EXPECT_EQ(parsed->body, absl::string_view(p).substr(kWireHeaderBytes + 8));
+  EXPECT_THAT(ParseDensePayload(p, ElemType::kF16, 3).status().message(),
+              HasSubstr("expected codec 'fp16' (2), got 'bf16' (3)"));
+  EXPECT_EQ(ParseDensePayload(p, ElemType::kBF16, 4).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(DenseTest, NoneIsExactAndHalfFormatsRoundToNearest) {
   const std::vector<float> g = {1.0f, -2.5f, 0.1f, 1e-3f, 3.14159f, 1e-8f};
   for (const char* name : {"none", "fp16", "bf16"}) {

@@ -176,9 +176,8 @@ absl::Status Int8Codec::Encode(const TensorView& grad, TensorState& /*state*/,
   return absl::OkStatus();
 }
 
-absl::Status Int8Codec::DecodeAdd(absl::string_view payload, float alpha,
-                                  absl::Span<float> acc) const {
-  const size_t n = acc.size();
+absl::StatusOr<Int8Payload> ParseInt8Payload(absl::string_view payload,
+                                             size_t n) {
   GC_ASSIGN_OR_RETURN(const ParsedPayload parsed,
                       ParsePayload(payload, CodecId::kInt8, /*round=*/0, n));
   if (parsed.header.flags != 0) {
@@ -220,7 +219,17 @@ absl::Status Int8Codec::DecodeAdd(absl::string_view payload, float alpha,
           b, lo, hi));
     }
   }
-  const uint8_t* codes = reinterpret_cast<const uint8_t*>(ranges) + 8 * buckets;
+  return Int8Payload{bucket, rounding == kStochastic, buckets, parsed.body};
+}
+
+absl::Status Int8Codec::DecodeAdd(absl::string_view payload, float alpha,
+                                  absl::Span<float> acc) const {
+  const size_t n = acc.size();
+  GC_ASSIGN_OR_RETURN(const Int8Payload parsed, ParseInt8Payload(payload, n));
+  const size_t bucket = parsed.bucket;
+  const char* ranges = parsed.body.data();
+  const uint8_t* codes =
+      reinterpret_cast<const uint8_t*>(ranges) + 8 * parsed.buckets;
   float* out = acc.data();
   ParallelFor(n, PartsFor(bucket), [&](size_t begin, size_t end, int) {
     for (size_t b0 = begin; b0 < end; b0 += bucket) {

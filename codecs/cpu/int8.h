@@ -20,6 +20,7 @@
 #ifndef GRADCOMP_CODECS_CPU_INT8_H_
 #define GRADCOMP_CODECS_CPU_INT8_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
@@ -64,6 +65,19 @@ class Int8Codec : public SingleRoundCodec {
 };
 
 CodecInfo Int8Info();
+
+// An int8 payload for a tensor of n elements, checked as DecodeAdd checks it
+// (the GPU decoder, codecs/cuda, uses the same checks).
+struct Int8Payload {
+  size_t bucket = 0;  // d, in [1, 2^20]
+  bool stochastic = false;
+  size_t buckets = 0;  // ceil(n / d)
+  // `buckets` (fp32 min, fp32 max) pairs, finite with min <= max, then n
+  // level bytes; unaligned.
+  absl::string_view body;
+};
+absl::StatusOr<Int8Payload> ParseInt8Payload(absl::string_view payload,
+                                             size_t n);
 
 // Registers "int8".
 absl::Status RegisterInt8(CodecRegistry& registry);

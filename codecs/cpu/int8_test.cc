@@ -75,6 +75,21 @@ TEST(Int8CodecTest, PayloadIsRangesThenOneBytePerValue) {
             kWireHeaderBytes + 8 + 1 * 8 + 1001);
 }
 
+TEST(Int8CodecTest, ParseNamesTheBucketRoundingAndBody) {
+  const std::vector<float> g = Normal(1001, 1);
+  const Bytes p = Encode(*Make(100, true), g);
+  const absl::StatusOr<Int8Payload> parsed = ParseInt8Payload(p, g.size());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->bucket, 100u);
+  EXPECT_TRUE(parsed->stochastic);
+  EXPECT_EQ(parsed->buckets, 11u);
+  EXPECT_EQ(parsed->body, absl::string_view(p).substr(kWireHeaderBytes + 8));
+  EXPECT_FALSE(
+      ParseInt8Payload(Encode(*Make(100, false), g), g.size())->stochastic);
+  EXPECT_EQ(ParseInt8Payload(p, g.size() + 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(Int8CodecTest, NearestIsWithinHalfAStep) {
   // Threaded path (3M values) and a bucket that does not divide n. The
   // level is computed in fp32 near 255, a few ulps (~1e-4 of a step) off,

@@ -191,9 +191,8 @@ absl::Status OneBitCodec::Encode(const TensorView& grad, TensorState& /*state*/,
   return absl::OkStatus();
 }
 
-absl::Status OneBitCodec::DecodeAdd(absl::string_view payload, float alpha,
-                                    absl::Span<float> acc) const {
-  const size_t n = acc.size();
+absl::StatusOr<OneBitPayload> ParseOneBitPayload(absl::string_view payload,
+                                                 size_t n) {
   GC_ASSIGN_OR_RETURN(const ParsedPayload parsed,
                       ParsePayload(payload, CodecId::kOneBit, /*round=*/0, n));
   if (parsed.header.flags != 0) {
@@ -223,32 +222,48 @@ absl::Status OneBitCodec::DecodeAdd(absl::string_view payload, float alpha,
         "onebit: %d elements in %d columns need a body of %d bytes, got %d", n,
         columns, BodyBytes(n, columns), parsed.body.size()));
   }
-  if (n == 0) return absl::OkStatus();
-  // Means, scaled by alpha, repeated for AddSignsPeriodic.
-  std::vector<float> pos(columns + 64), neg(columns + 64);
+  OneBitPayload out;
+  out.columns = columns;
+  out.means = parsed.body.substr(0, 8 * columns);
+  out.signs = parsed.body.substr(8 * columns);
   for (size_t j = 0; j < columns; ++j) {
-    std::memcpy(&pos[j], parsed.body.data() + 4 * j, sizeof(float));
-    std::memcpy(&neg[j], parsed.body.data() + 4 * (columns + j), sizeof(float));
-    if (!(pos[j] >= 0) || !std::isfinite(pos[j]) || !(neg[j] <= 0) ||
-        !std::isfinite(neg[j])) {
+    float pos, neg;
+    std::memcpy(&pos, out.means.data() + 4 * j, sizeof(pos));
+    std::memcpy(&neg, out.means.data() + 4 * (columns + j), sizeof(neg));
+    if (!(pos >= 0) || !std::isfinite(pos) || !(neg <= 0) ||
+        !std::isfinite(neg)) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "onebit: column %d has means %g and %g; expected finite values, "
           ">= 0 and <= 0",
-          j, pos[j], neg[j]));
+          j, pos, neg));
     }
-    pos[j] *= alpha;
-    neg[j] *= alpha;
   }
-  const char* signs = parsed.body.data() + 8 * columns;
-  if (!SignPaddingIsZero(signs, n)) {
+  if (n > 0 && !SignPaddingIsZero(out.signs.data(), n)) {
     return absl::InvalidArgumentError(
         "onebit: expected the padding bits after the signs to be zero");
+  }
+  return out;
+}
+
+absl::Status OneBitCodec::DecodeAdd(absl::string_view payload, float alpha,
+                                    absl::Span<float> acc) const {
+  const size_t n = acc.size();
+  GC_ASSIGN_OR_RETURN(const OneBitPayload p, ParseOneBitPayload(payload, n));
+  if (n == 0) return absl::OkStatus();
+  const size_t columns = p.columns;
+  // Means, scaled by alpha, repeated for AddSignsPeriodic.
+  std::vector<float> pos(columns + 64), neg(columns + 64);
+  std::memcpy(pos.data(), p.means.data(), 4 * columns);
+  std::memcpy(neg.data(), p.means.data() + 4 * columns, 4 * columns);
+  for (size_t j = 0; j < columns; ++j) {
+    pos[j] *= alpha;
+    neg[j] *= alpha;
   }
   for (size_t lane = columns; lane < pos.size(); ++lane) {
     pos[lane] = pos[lane - columns];
     neg[lane] = neg[lane - columns];
   }
-  AddSignsPeriodic(signs, pos, neg, acc);
+  AddSignsPeriodic(p.signs.data(), pos, neg, acc);
   return absl::OkStatus();
 }
 

@@ -19,6 +19,7 @@
 #ifndef GRADCOMP_CODECS_CPU_ONEBIT_H_
 #define GRADCOMP_CODECS_CPU_ONEBIT_H_
 
+#include <cstddef>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -57,6 +58,18 @@ class OneBitCodec : public SingleRoundCodec {
 };
 
 CodecInfo OneBitInfo();
+
+// A onebit payload for a tensor of n elements, checked as DecodeAdd checks
+// it (the GPU decoder's checks too).
+struct OneBitPayload {
+  size_t columns = 0;
+  // 2 * columns fp32, unaligned: the non-negative side's means (finite,
+  // >= 0), then the negative side's (finite, <= 0).
+  absl::string_view means;
+  absl::string_view signs;  // SignBytes(n) bytes, padding bits zero
+};
+absl::StatusOr<OneBitPayload> ParseOneBitPayload(absl::string_view payload,
+                                                 size_t n);
 
 // Registers "onebit".
 absl::Status RegisterOneBit(CodecRegistry& registry);

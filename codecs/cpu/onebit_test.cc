@@ -248,5 +248,40 @@ TEST(OneBitTest, RejectsParameters) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(OneBitTest, ParseOneBitPayloadGivesTheColumnsMeansAndSigns) {
+  const OneBitCodec codec;
+  // [3, 2]: column 0 is {1, 3, 5}, column 1 is {-2, -4, 6}.
+  const std::vector<float> g = {1, -2, 3, -4, 5, 6};
+  const int64_t shape[] = {3, 2};
+  TensorState state;
+  Bytes payload;
+  ASSERT_TRUE(
+      codec.Encode(TensorView{g, shape}, state, StepContext{}, &payload).ok());
+  const absl::StatusOr<OneBitPayload> p = ParseOneBitPayload(payload, 6);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->columns, 2u);
+  ASSERT_EQ(p->means.size(), 16u);
+  float means[4];
+  std::memcpy(means, p->means.data(), sizeof(means));
+  EXPECT_EQ(means[0], 3.0f);
+  EXPECT_EQ(means[1], 6.0f);
+  EXPECT_EQ(means[2], 0.0f);  // column 0 has no negative values
+  EXPECT_EQ(means[3], -3.0f);
+  // The header, the 8-byte column count, the means, then the signs.
+  EXPECT_EQ(p->signs.data(), payload.data() + kWireHeaderBytes + 8 + 16);
+  EXPECT_EQ(p->signs.size(), payload.size() - kWireHeaderBytes - 8 - 16);
+
+  EXPECT_EQ(ParseOneBitPayload(payload, 8).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  Bytes bad = payload;
+  const float minus_one = -1.0f;
+  std::memcpy(bad.data() + kWireHeaderBytes + 8, &minus_one, 4);
+  const absl::Status s = ParseOneBitPayload(bad, 6).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("column 0 has means -1 and 0"),
+            absl::string_view::npos)
+      << s;
+}
+
 }  // namespace
 }  // namespace gradcomp::codecs

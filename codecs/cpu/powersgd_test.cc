@@ -3,7 +3,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +11,7 @@
 #include "codecs/registry.h"
 #include "codecs/state.h"
 #include "codecs/testing/conformance.h"
+#include "codecs/testing/random_inputs.h"
 #include "codecs/wire.h"
 #include "gtest/gtest.h"
 
@@ -20,28 +20,8 @@ namespace {
 
 using Matrix = std::vector<float>;
 
-Matrix Normal(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist;
-  Matrix x(n);
-  for (float& v : x) v = dist(gen);
-  return x;
-}
-
-// sum_k a_k b_k^T for rows x cols, with `rank` random factor pairs.
-Matrix LowRank(int64_t rows, int64_t cols, int rank, uint32_t seed) {
-  const Matrix a = Normal(rows * rank, seed);
-  const Matrix b = Normal(cols * rank, seed + 1000);
-  Matrix m(rows * cols, 0.0f);
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < cols; ++j) {
-      for (int k = 0; k < rank; ++k) {
-        m[i * cols + j] += a[i * rank + k] * b[j * rank + k];
-      }
-    }
-  }
-  return m;
-}
+using testing::LowRank;
+using testing::Normal;
 
 double Norm(const Matrix& a) {
   double s = 0;

@@ -271,9 +271,8 @@ absl::Status QsgdCodec::Encode(const TensorView& grad, TensorState& /*state*/,
   return absl::OkStatus();
 }
 
-absl::Status QsgdCodec::DecodeAdd(absl::string_view payload, float alpha,
-                                  absl::Span<float> acc) const {
-  const size_t n = acc.size();
+absl::StatusOr<QsgdPayload> ParseQsgdPayload(absl::string_view payload,
+                                             size_t n) {
   GC_ASSIGN_OR_RETURN(const ParsedPayload parsed,
                       ParsePayload(payload, CodecId::kQsgd, /*round=*/0, n));
   if (parsed.header.flags != 0) {
@@ -321,6 +320,19 @@ absl::Status QsgdCodec::DecodeAdd(absl::string_view payload, float alpha,
     return absl::InvalidArgumentError(
         "qsgd: expected the padding bits of the last code byte to be zero");
   }
+  return QsgdPayload{bucket, o.bits, layout.buckets, layout.code_bytes,
+                     parsed.body};
+}
+
+absl::Status QsgdCodec::DecodeAdd(absl::string_view payload, float alpha,
+                                  absl::Span<float> acc) const {
+  const size_t n = acc.size();
+  GC_ASSIGN_OR_RETURN(const QsgdPayload parsed, ParseQsgdPayload(payload, n));
+  const size_t bucket = parsed.bucket;
+  const QsgdOptions o{static_cast<int64_t>(bucket), parsed.bits};
+  const char* norms = parsed.body.data();
+  const uint8_t* codes =
+      reinterpret_cast<const uint8_t*>(norms) + 4 * parsed.buckets;
   const DecodeJob job{norms, codes, bucket, o.levels(), alpha, acc.data()};
   WithBits(o.bits, [&](auto b) {
     ParallelFor(n, PartsFor(bucket), [&](size_t begin, size_t end, int) {

@@ -19,6 +19,7 @@
 #ifndef GRADCOMP_CODECS_CPU_QSGD_H_
 #define GRADCOMP_CODECS_CPU_QSGD_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
@@ -64,6 +65,20 @@ class QsgdCodec : public SingleRoundCodec {
 };
 
 CodecInfo QsgdInfo();
+
+// A qsgd payload for a tensor of n elements, checked as DecodeAdd checks it
+// (the GPU decoder, codecs/cuda, uses the same checks).
+struct QsgdPayload {
+  size_t bucket = 0;      // d, in [1, 2^20]
+  int bits = 0;           // b, in [2, 8]
+  size_t buckets = 0;     // ceil(n / d)
+  size_t code_bytes = 0;  // ceil(n * b / 8)
+  // `buckets` fp32 norms, finite and >= 0, then the codes with zero padding
+  // bits; unaligned.
+  absl::string_view body;
+};
+absl::StatusOr<QsgdPayload> ParseQsgdPayload(absl::string_view payload,
+                                             size_t n);
 
 // Registers "qsgd".
 absl::Status RegisterQsgd(CodecRegistry& registry);

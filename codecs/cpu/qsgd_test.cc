@@ -79,6 +79,20 @@ TEST(QsgdCodecTest, LayoutAndLevelsFollowBits) {
   }
 }
 
+TEST(QsgdCodecTest, ParseNamesTheBucketBitsAndBody) {
+  const std::vector<float> g = Normal(1001, 1);
+  const Bytes p = Encode(*Make(5, 100), g, 0);
+  const absl::StatusOr<QsgdPayload> parsed = ParseQsgdPayload(p, g.size());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->bucket, 100u);
+  EXPECT_EQ(parsed->bits, 5);
+  EXPECT_EQ(parsed->buckets, 11u);
+  EXPECT_EQ(parsed->code_bytes, (1001u * 5 + 7) / 8);
+  EXPECT_EQ(parsed->body, absl::string_view(p).substr(kWireHeaderBytes + 8));
+  EXPECT_EQ(ParseQsgdPayload(p, g.size() + 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(QsgdCodecTest, EveryValueLandsOnANeighbouringLevel) {
   // |Q_i - v_i| < ||v|| / s for every i, on a tensor large enough for the
   // threaded path and with a bucket that does not divide it.

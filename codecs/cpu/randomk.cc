@@ -144,9 +144,8 @@ absl::Status RandomKCodec::Encode(const TensorView& grad,
   return absl::OkStatus();
 }
 
-absl::Status RandomKCodec::DecodeAdd(absl::string_view payload, float alpha,
-                                     absl::Span<float> acc) const {
-  const uint64_t n = acc.size();
+absl::StatusOr<RandomKPayload> ParseRandomKPayload(absl::string_view payload,
+                                                   uint64_t n) {
   GC_ASSIGN_OR_RETURN(const ParsedPayload parsed,
                       ParsePayload(payload, CodecId::kRandomK, /*round=*/0, n));
   if (parsed.header.flags != kFlagDenseBody) {
@@ -178,10 +177,19 @@ absl::Status RandomKCodec::DecodeAdd(absl::string_view payload, float alpha,
         "randomk: k = %d values need a body of %d bytes, got %d", k,
         k * sizeof(float), parsed.body.size()));
   }
-  const PhiloxStream rng(Load64(p + 16), Load64(p + 24),
-                         static_cast<int64_t>(Load64(p + 32)), /*round=*/0);
-  const std::vector<uint64_t> bitmap = DrawRandomKBitmap(n, k, rng);
-  const char* body = parsed.body.data();
+  return RandomKPayload{k,
+                        PhiloxStream(Load64(p + 16), Load64(p + 24),
+                                     static_cast<int64_t>(Load64(p + 32)),
+                                     /*round=*/0),
+                        parsed.body};
+}
+
+absl::Status RandomKCodec::DecodeAdd(absl::string_view payload, float alpha,
+                                     absl::Span<float> acc) const {
+  const uint64_t n = acc.size();
+  GC_ASSIGN_OR_RETURN(const RandomKPayload p, ParseRandomKPayload(payload, n));
+  const std::vector<uint64_t> bitmap = DrawRandomKBitmap(n, p.k, p.rng);
+  const char* body = p.values.data();
   float* out = acc.data();
   ForEachIndex(bitmap, [&](uint64_t j, uint64_t i) {
     float value;

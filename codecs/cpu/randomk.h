@@ -84,6 +84,16 @@ class RandomKCodec : public SingleRoundCodec {
 
 CodecInfo RandomKInfo();
 
+// A randomk payload for a tensor of n elements, checked as DecodeAdd checks
+// it (the GPU decoder's checks too).
+struct RandomKPayload {
+  uint64_t k = 0;    // <= n
+  PhiloxStream rng;  // the key of the draw: DrawRandomKBitmap(n, k, rng)
+  absl::string_view values;  // k fp32, unaligned, in ascending index order
+};
+absl::StatusOr<RandomKPayload> ParseRandomKPayload(absl::string_view payload,
+                                                   uint64_t n);
+
 // Registers "randomk" (params ratio, scale, error_feedback).
 absl::Status RegisterRandomK(CodecRegistry& registry);
 

@@ -276,5 +276,39 @@ TEST(RandomKTest, DecodeRejectsAKLargerThanTheTensor) {
   EXPECT_EQ(acc, std::vector<float>(3, 1.0f));
 }
 
+TEST(RandomKTest, ParseRandomKPayloadGivesKTheDrawAndTheValues) {
+  RandomKOptions options;
+  options.ratio = 0.3;
+  options.scale = false;
+  const RandomKCodec codec(options);
+  const std::vector<float> g = Normal(20, 8);
+  const int64_t shape[] = {20};
+  TensorState state;
+  StepContext ctx;
+  ctx.seed = 5;
+  ctx.tensor_id = 2;
+  ctx.step = 9;
+  Bytes payload;
+  ASSERT_TRUE(codec.Encode(TensorView{g, shape}, state, ctx, &payload).ok());
+  const absl::StatusOr<RandomKPayload> p = ParseRandomKPayload(payload, 20);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->k, 6u);
+  const std::vector<uint64_t> bitmap = DrawRandomKBitmap(20, 6, p->rng);
+  EXPECT_EQ(bitmap,
+            DrawRandomKBitmap(20, 6, PhiloxStream(5, 2, 9, /*round=*/0)));
+  ASSERT_EQ(p->values.size(), 6u * sizeof(float));
+  size_t j = 0;
+  for (size_t i = 0; i < 20; ++i) {
+    if ((bitmap[0] >> i & 1) == 0) continue;
+    float value;
+    std::memcpy(&value, p->values.data() + 4 * j++, sizeof(value));
+    EXPECT_EQ(value, g[i]) << i;
+  }
+
+  // A tensor of fewer than k elements.
+  const absl::Status s = ParseRandomKPayload(payload, 5).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace gradcomp::codecs

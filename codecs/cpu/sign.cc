@@ -31,15 +31,53 @@ size_t BodyBytes(size_t n, size_t bucket) {
   return kScaleBytes * ScaleCount(n, bucket) + SignBytes(n);
 }
 
-struct SignPayload {
-  size_t bucket = 0;  // 0: scales[0] covers every value
-  std::vector<float> scales;
-  const char* signs = nullptr;
-};
+// m <- beta*m + (1 - beta)*g, the exponential average of Signum.
+void UpdateMomentum(absl::Span<const float> g, float beta,
+                    absl::Span<float> m) {
+  const float rest = 1.0f - beta;
+  ParallelFor(g.size(), kParts, [&](size_t begin, size_t end, int) {
+    for (size_t i = begin; i < end; ++i) m[i] = beta * m[i] + rest * g[i];
+  });
+}
 
-// Validates a sign payload of codec `info` for n elements completely.
-absl::StatusOr<SignPayload> ParseSign(const CodecInfo& info,
-                                      absl::string_view payload, size_t n) {
+}  // namespace
+
+CodecInfo SignInfo(SignCodec::Variant variant) {
+  CodecInfo info;
+  info.family = "quantization";
+  info.summable = false;
+  info.unbiased = false;
+  info.rounds = 1;
+  switch (variant) {
+    case SignCodec::Variant::kSignSgd:
+      info.name = "signsgd";
+      info.id = CodecId::kSignSgd;
+      info.majority_vote = true;
+      info.shardable = true;
+      break;
+    case SignCodec::Variant::kEfSign:
+      info.name = "efsign";
+      info.id = CodecId::kEfSign;
+      info.params = {"bucket"};
+      // The residual is the decorator's state.
+      info.stateful = true;
+      info.shardable = true;
+      break;
+    case SignCodec::Variant::kSignum:
+      info.name = "signum";
+      info.id = CodecId::kSignum;
+      info.stateful = true;
+      info.majority_vote = true;
+      info.params = {"momentum"};
+      break;
+  }
+  return info;
+}
+
+absl::StatusOr<SignPayload> ParseSignPayload(SignCodec::Variant variant,
+                                             absl::string_view payload,
+                                             size_t n) {
+  const CodecInfo info = SignInfo(variant);
   GC_ASSIGN_OR_RETURN(const ParsedPayload parsed,
                       ParsePayload(payload, info.id, /*round=*/0, n));
   if (parsed.header.flags != 0) {
@@ -84,56 +122,13 @@ absl::StatusOr<SignPayload> ParseSign(const CodecInfo& info,
           "%s: expected a finite scale >= 0, got %g", info.name, scale));
     }
   }
-  out.signs = parsed.body.data() + kScaleBytes * out.scales.size();
-  if (!SignPaddingIsZero(out.signs, n)) {
+  out.body = parsed.body;
+  if (!SignPaddingIsZero(out.signs(), n)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: expected the padding bits after %d signs to be zero", info.name,
         n));
   }
   return out;
-}
-
-// m <- beta*m + (1 - beta)*g, the exponential average of Signum.
-void UpdateMomentum(absl::Span<const float> g, float beta,
-                    absl::Span<float> m) {
-  const float rest = 1.0f - beta;
-  ParallelFor(g.size(), kParts, [&](size_t begin, size_t end, int) {
-    for (size_t i = begin; i < end; ++i) m[i] = beta * m[i] + rest * g[i];
-  });
-}
-
-}  // namespace
-
-CodecInfo SignInfo(SignCodec::Variant variant) {
-  CodecInfo info;
-  info.family = "quantization";
-  info.summable = false;
-  info.unbiased = false;
-  info.rounds = 1;
-  switch (variant) {
-    case SignCodec::Variant::kSignSgd:
-      info.name = "signsgd";
-      info.id = CodecId::kSignSgd;
-      info.majority_vote = true;
-      info.shardable = true;
-      break;
-    case SignCodec::Variant::kEfSign:
-      info.name = "efsign";
-      info.id = CodecId::kEfSign;
-      info.params = {"bucket"};
-      // The residual is the decorator's state.
-      info.stateful = true;
-      info.shardable = true;
-      break;
-    case SignCodec::Variant::kSignum:
-      info.name = "signum";
-      info.id = CodecId::kSignum;
-      info.stateful = true;
-      info.majority_vote = true;
-      info.params = {"momentum"};
-      break;
-  }
-  return info;
 }
 
 absl::StatusOr<std::unique_ptr<SingleRoundCodec>> SignCodec::Create(
@@ -220,12 +215,12 @@ absl::Status SignCodec::Encode(const TensorView& grad, TensorState& state,
 absl::Status SignCodec::DecodeAdd(absl::string_view payload, float alpha,
                                   absl::Span<float> acc) const {
   GC_ASSIGN_OR_RETURN(const SignPayload p,
-                      ParseSign(info_, payload, acc.size()));
+                      ParseSignPayload(variant_, payload, acc.size()));
   const size_t span = p.bucket == 0 ? acc.size() : p.bucket;
   for (size_t b = 0; b < p.scales.size(); ++b) {
     const size_t begin = b * span;
     const float value = alpha * p.scales[b];
-    AddSigns(p.signs + begin / 8, value, -value,
+    AddSigns(p.signs() + begin / 8, value, -value,
              acc.subspan(begin, std::min(span, acc.size() - begin)));
   }
   return absl::OkStatus();
@@ -246,7 +241,8 @@ absl::Status SignCodec::FinishGather(absl::Span<const Bytes> payloads,
   parsed.reserve(payloads.size());
   double scale_sum = 0;
   for (size_t r = 0; r < payloads.size(); ++r) {
-    absl::StatusOr<SignPayload> p = ParseSign(info_, payloads[r], out.size());
+    absl::StatusOr<SignPayload> p =
+        ParseSignPayload(variant_, payloads[r], out.size());
     if (!p.ok()) {
       return absl::Status(p.status().code(),
                           absl::StrFormat("%s: payload of rank %d: %s",
@@ -258,7 +254,7 @@ absl::Status SignCodec::FinishGather(absl::Span<const Bytes> payloads,
   // `out` holds the tally sum_r sign_r; integers up to 2^24 workers are
   // exact in fp32.
   std::fill(out.begin(), out.end(), 0.0f);
-  for (const SignPayload& p : parsed) AddSigns(p.signs, 1.0f, -1.0f, out);
+  for (const SignPayload& p : parsed) AddSigns(p.signs(), 1.0f, -1.0f, out);
   const float scale =
       static_cast<float>(scale_sum / static_cast<double>(payloads.size()));
   ParallelFor(out.size(), kParts, [&](size_t begin, size_t end, int) {

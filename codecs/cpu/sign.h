@@ -28,8 +28,10 @@
 #ifndef GRADCOMP_CODECS_CPU_SIGN_H_
 #define GRADCOMP_CODECS_CPU_SIGN_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -83,6 +85,20 @@ class SignCodec : public SingleRoundCodec {
 };
 
 CodecInfo SignInfo(SignCodec::Variant variant);
+
+// A payload of sign codec `variant` for a tensor of n elements, checked as
+// DecodeAdd checks it (the GPU decoder's checks too).
+struct SignPayload {
+  size_t bucket = 0;          // 0: scales[0] covers every value
+  std::vector<float> scales;  // ceil(n / bucket) (or 1), finite, >= 0
+  // As sent: the scales, then SignBytes(n) bytes of packed signs (padding
+  // bits zero).
+  absl::string_view body;
+  const char* signs() const { return body.data() + 4 * scales.size(); }
+};
+absl::StatusOr<SignPayload> ParseSignPayload(SignCodec::Variant variant,
+                                             absl::string_view payload,
+                                             size_t n);
 
 // Registers "signsgd", "efsign" and "signum".
 absl::Status RegisterSignCodecs(CodecRegistry& registry);

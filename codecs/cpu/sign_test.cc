@@ -382,5 +382,32 @@ TEST(SignCodecsTest, DecodersRejectBadScalesAndForeignIds) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(EfSignTest, ParseSignPayloadGivesTheBucketScalesAndSigns) {
+  const SignCodec codec(SignCodec::Variant::kEfSign, 0.0f, /*bucket=*/64);
+  std::vector<float> g(130, 2.0f);
+  g[0] = -4.0f;
+  g[129] = -8.0f;
+  const int64_t shape[] = {130};
+  TensorState state;
+  Bytes payload;
+  ASSERT_TRUE(
+      codec.Encode(TensorView{g, shape}, state, StepContext{}, &payload).ok());
+  const absl::StatusOr<SignPayload> p =
+      ParseSignPayload(SignCodec::Variant::kEfSign, payload, 130);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->bucket, 64u);
+  EXPECT_EQ(p->scales, (std::vector<float>{(4.0f + 63 * 2.0f) / 64, 2.0f,
+                                           (2.0f + 8.0f) / 2}));
+  // The header, the 8 parameter bytes, the 3 scales, then 3 words of signs.
+  EXPECT_EQ(p->body.data(), payload.data() + kWireHeaderBytes + 8);
+  EXPECT_EQ(p->body.size(), 4u * 3 + 24);
+  EXPECT_EQ(p->signs(), p->body.data() + 12);
+
+  // An efsign payload is not a signsgd one.
+  const absl::Status s =
+      ParseSignPayload(SignCodec::Variant::kSignSgd, payload, 130).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace gradcomp::codecs

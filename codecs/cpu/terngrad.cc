@@ -214,9 +214,8 @@ absl::Status TernGradCodec::Encode(const TensorView& grad,
   return absl::OkStatus();
 }
 
-absl::Status TernGradCodec::DecodeAdd(absl::string_view payload, float alpha,
-                                      absl::Span<float> acc) const {
-  const size_t n = acc.size();
+absl::StatusOr<TernGradPayload> ParseTernGradPayload(absl::string_view payload,
+                                                     size_t n) {
   GC_ASSIGN_OR_RETURN(
       const ParsedPayload parsed,
       ParsePayload(payload, CodecId::kTernGrad, /*round=*/0, n));
@@ -266,6 +265,18 @@ absl::Status TernGradCodec::DecodeAdd(absl::string_view payload, float alpha,
     return absl::InvalidArgumentError(
         "terngrad: expected the padding bits of the last code byte to be zero");
   }
+  return TernGradPayload{bucket, layout.buckets, parsed.body};
+}
+
+absl::Status TernGradCodec::DecodeAdd(absl::string_view payload, float alpha,
+                                      absl::Span<float> acc) const {
+  const size_t n = acc.size();
+  GC_ASSIGN_OR_RETURN(const TernGradPayload p,
+                      ParseTernGradPayload(payload, n));
+  const size_t bucket = p.bucket;
+  const char* scales = p.body.data();
+  const uint8_t* codes =
+      reinterpret_cast<const uint8_t*>(scales) + 4 * p.buckets;
   float* out = acc.data();
   ParallelFor(n, PartsFor(bucket), [&](size_t begin, size_t end, int) {
     for (size_t b0 = begin; b0 < end; b0 += bucket) {

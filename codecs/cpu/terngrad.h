@@ -26,6 +26,7 @@
 #ifndef GRADCOMP_CODECS_CPU_TERNGRAD_H_
 #define GRADCOMP_CODECS_CPU_TERNGRAD_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
@@ -70,6 +71,18 @@ class TernGradCodec : public SingleRoundCodec {
 };
 
 CodecInfo TernGradInfo();
+
+// A terngrad payload for a tensor of n elements, checked as DecodeAdd
+// checks it (the GPU decoder's checks too).
+struct TernGradPayload {
+  size_t bucket = 0;   // d, in [1, 2^20]
+  size_t buckets = 0;  // ceil(n / d)
+  // As sent: `buckets` fp32 scales (unaligned, finite, >= 0), then
+  // ceil(n / 4) bytes of codes (no 3, padding bits zero).
+  absl::string_view body;
+};
+absl::StatusOr<TernGradPayload> ParseTernGradPayload(absl::string_view payload,
+                                                     size_t n);
 
 // Registers "terngrad".
 absl::Status RegisterTernGrad(CodecRegistry& registry);

@@ -223,5 +223,30 @@ TEST(TernGradCodecTest, RejectsBadParameters) {
   }
 }
 
+TEST(TernGradCodecTest, ParseTernGradPayloadGivesTheBucketsAndTheBody) {
+  const std::vector<float> g = Normal(10, 4);
+  const Bytes payload = Encode(*Make(4, 0), g);
+  const absl::StatusOr<TernGradPayload> p = ParseTernGradPayload(payload, 10);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->bucket, 4u);
+  EXPECT_EQ(p->buckets, 3u);
+  // The header, the 8 parameter bytes, then 3 scales and ceil(10 / 4) bytes
+  // of codes.
+  EXPECT_EQ(p->body.data(), payload.data() + kWireHeaderBytes + 8);
+  EXPECT_EQ(p->body.size(), 4u * 3 + 3);
+  float scale0;
+  std::memcpy(&scale0, p->body.data(), sizeof(scale0));
+  EXPECT_EQ(scale0, std::max({std::fabs(g[0]), std::fabs(g[1]), std::fabs(g[2]),
+                              std::fabs(g[3])}));
+
+  EXPECT_EQ(ParseTernGradPayload(payload, 11).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  Bytes bad = payload;
+  bad[kWireHeaderBytes + 8 + 12] = static_cast<char>(0x03);  // code 3
+  const absl::Status s = ParseTernGradPayload(bad, 10).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("found a 3"), absl::string_view::npos) << s;
+}
+
 }  // namespace
 }  // namespace gradcomp::codecs

@@ -141,17 +141,10 @@ class CudaDense : public CudaCodec {
 
   absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
                                float* acc, size_t n) const override {
-    GC_ASSIGN_OR_RETURN(const ParsedPayload parsed,
-                        ParsePayload(payload, info().id, /*round=*/0, n));
-    GC_ASSIGN_OR_RETURN(const uint32_t divisor, ParseDivisor(parsed));
-    GC_ASSIGN_OR_RETURN(const size_t elements, DenseBodyElements(parsed));
-    if (elements != n) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s payload: expected a dense body of %d elements, got %d bytes",
-          info().name, n, parsed.body.size()));
-    }
+    GC_ASSIGN_OR_RETURN(const DensePayload parsed,
+                        ParseDensePayload(payload, type_, n));
     // The CPU's scale: alpha * divisor, rounded to fp32 on the host.
-    const float scale = alpha * static_cast<float>(divisor);
+    const float scale = alpha * static_cast<float>(parsed.divisor);
     const ElemType type = type_;
     return DecodeWith(parsed.body, [&](const char* body) {
       switch (type) {
@@ -167,71 +160,15 @@ class CudaDense : public CudaCodec {
   }
 
  private:
-  absl::StatusOr<uint32_t> ParseDivisor(const ParsedPayload& parsed) const {
-    const absl::string_view p = parsed.params;
-    if (p.size() != kDenseParamBytes ||
-        static_cast<uint8_t>(p[0]) != static_cast<uint8_t>(type_) ||
-        p[1] != 0 || p[2] != 0 || p[3] != 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s payload: expected %d parameter bytes: element type %d, three "
-          "zero bytes, the divisor",
-          info().name, kDenseParamBytes, static_cast<int>(type_)));
-    }
-    uint32_t divisor;
-    std::memcpy(&divisor, p.data() + 4, sizeof(divisor));
-    if (divisor == 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s payload: expected a prescale divisor >= 1, got 0", info().name));
-    }
-    return divisor;
-  }
-
   const ElemType type_;
   const bool prescale_;
 };
 
-// int8 and qsgd payloads: header flags 0 and an 8-byte parameter block of
-// the u32 bucket, one option byte (int8: rounding, qsgd: bits) and three
-// zero bytes; the body is a per-bucket table, then the codes.
-constexpr uint32_t kMaxBucket = uint32_t{1} << 20;  // as codecs/cpu
+// int8 and qsgd payloads (codecs/cpu/int8.h, qsgd.h): header flags 0 and an
+// 8-byte parameter block of the u32 bucket, one option byte (int8: rounding,
+// qsgd: bits) and three zero bytes; the body is a per-bucket table, then the
+// codes.
 constexpr size_t kBucketedParamBytes = 8;
-
-struct BucketedPayload {
-  size_t bucket;
-  uint8_t option;
-  absl::string_view body;
-};
-
-// The checks the CPU decoders make of a bucketed payload's head.
-absl::StatusOr<BucketedPayload> ParseBucketed(absl::string_view payload,
-                                              CodecId id, const char* name,
-                                              size_t n) {
-  GC_ASSIGN_OR_RETURN(const ParsedPayload parsed,
-                      ParsePayload(payload, id, /*round=*/0, n));
-  if (parsed.header.flags != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: expected header flags 0 (not a dense body), got 0x%02x", name,
-        parsed.header.flags));
-  }
-  if (parsed.params.size() != kBucketedParamBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: expected %d parameter bytes, got %d", name,
-                        kBucketedParamBytes, parsed.params.size()));
-  }
-  const char* p = parsed.params.data();
-  uint32_t bucket;
-  std::memcpy(&bucket, p, sizeof(bucket));
-  if (bucket < 1 || bucket > kMaxBucket) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: payload bucket must be in [1, %d]; got %d", name,
-                        kMaxBucket, bucket));
-  }
-  if (p[5] != 0 || p[6] != 0 || p[7] != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: expected parameter bytes 5..7 to be zero", name));
-  }
-  return BucketedPayload{bucket, static_cast<uint8_t>(p[4]), parsed.body};
-}
 
 // Encodes n values of `grad` into the bucketed layout: `launch` gets the
 // worker's Philox stream, the device table, the codes after it and the
@@ -287,31 +224,10 @@ class CudaInt8 : public CudaCodec {
 
   absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
                                float* acc, size_t n) const override {
-    GC_ASSIGN_OR_RETURN(const BucketedPayload p,
-                        ParseBucketed(payload, CodecId::kInt8, "int8", n));
-    if (p.option > 1) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("int8: expected rounding 0 or 1, got %d", p.option));
-    }
-    const size_t buckets = (n + p.bucket - 1) / p.bucket;
-    if (p.body.size() != 8 * buckets + n) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "int8: %d elements in buckets of %d need a body of %d bytes, got %d",
-          n, p.bucket, 8 * buckets + n, p.body.size()));
-    }
-    for (size_t b = 0; b < buckets; ++b) {
-      float lo, hi;
-      std::memcpy(&lo, p.body.data() + 8 * b, 4);
-      std::memcpy(&hi, p.body.data() + 8 * b + 4, 4);
-      if (!std::isfinite(lo) || !std::isfinite(hi) || !(lo <= hi)) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "int8: bucket %d has min %g and max %g; expected finite min <= max",
-            b, lo, hi));
-      }
-    }
+    GC_ASSIGN_OR_RETURN(const Int8Payload p, ParseInt8Payload(payload, n));
     return DecodeWith(p.body, [&](const char* body) {
       return LaunchInt8DecodeAdd(
-          body, reinterpret_cast<const uint8_t*>(body) + 8 * buckets, n,
+          body, reinterpret_cast<const uint8_t*>(body) + 8 * p.buckets, n,
           p.bucket, alpha, acc, nullptr);
     });
   }
@@ -344,41 +260,11 @@ class CudaQsgd : public CudaCodec {
 
   absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
                                float* acc, size_t n) const override {
-    GC_ASSIGN_OR_RETURN(const BucketedPayload p,
-                        ParseBucketed(payload, CodecId::kQsgd, "qsgd", n));
-    const int bits = p.option;
-    if (bits < 2 || bits > 8) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "qsgd: payload bits must be in [2, 8]; got %d", bits));
-    }
-    const size_t buckets = (n + p.bucket - 1) / p.bucket;
-    const size_t code_bytes = (n * bits + 7) / 8;
-    if (p.body.size() != 4 * buckets + code_bytes) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "qsgd: %d elements in buckets of %d at %d bits need a body of %d "
-          "bytes, got %d",
-          n, p.bucket, bits, 4 * buckets + code_bytes, p.body.size()));
-    }
-    for (size_t b = 0; b < buckets; ++b) {
-      float norm;
-      std::memcpy(&norm, p.body.data() + 4 * b, sizeof(norm));
-      if (!(norm >= 0) || !std::isfinite(norm)) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "qsgd: bucket %d has norm %g; expected a finite value >= 0", b,
-            norm));
-      }
-    }
-    const uint8_t* codes =
-        reinterpret_cast<const uint8_t*>(p.body.data()) + 4 * buckets;
-    const int tail_bits = static_cast<int>((n * bits) % 8);
-    if (tail_bits != 0 && (codes[code_bytes - 1] >> tail_bits) != 0) {
-      return absl::InvalidArgumentError(
-          "qsgd: expected the padding bits of the last code byte to be zero");
-    }
+    GC_ASSIGN_OR_RETURN(const QsgdPayload p, ParseQsgdPayload(payload, n));
     return DecodeWith(p.body, [&](const char* body) {
       return LaunchQsgdDecodeAdd(
-          body, reinterpret_cast<const uint8_t*>(body) + 4 * buckets, n,
-          p.bucket, bits, alpha, acc, nullptr);
+          body, reinterpret_cast<const uint8_t*>(body) + 4 * p.buckets, n,
+          p.bucket, p.bits, alpha, acc, nullptr);
     });
   }
 
@@ -570,8 +456,9 @@ class CudaSign : public CudaCodec {
 
   absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
                                float* acc, size_t n) const override {
-    GC_ASSIGN_OR_RETURN(const ParsedSign p, ParseSignPayload(payload, n));
-    const size_t scales = ScaleCount(n, p.bucket);
+    GC_ASSIGN_OR_RETURN(const SignPayload p,
+                        ParseSignPayload(variant_, payload, n));
+    const size_t scales = p.scales.size();
     return DecodeWith(p.body, [&](const char* body) {
       return LaunchSignDecodeAdd(
           reinterpret_cast<const float*>(body), body + 4 * scales, n,
@@ -581,70 +468,9 @@ class CudaSign : public CudaCodec {
 
  private:
   static constexpr size_t kParamBytes = 8;  // u32 bucket, 4 zero bytes
-  static constexpr uint32_t kMaxSignBucket = uint32_t{1} << 20;
-
-  struct ParsedSign {
-    size_t bucket;
-    absl::string_view body;
-  };
 
   static size_t ScaleCount(size_t n, size_t bucket) {
     return bucket == 0 ? 1 : (n + bucket - 1) / bucket;
-  }
-
-  // codecs/cpu/sign.cc ParseSign's checks.
-  absl::StatusOr<ParsedSign> ParseSignPayload(absl::string_view payload,
-                                              size_t n) const {
-    const char* name = info().name.c_str();
-    GC_ASSIGN_OR_RETURN(const ParsedPayload parsed,
-                        ParsePayload(payload, info().id, /*round=*/0, n));
-    if (parsed.header.flags != 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: expected header flags 0 (not a dense body), got 0x%02x", name,
-          parsed.header.flags));
-    }
-    ParsedSign out{0, parsed.body};
-    if (!parsed.params.empty()) {
-      const bool efsign = variant_ == SignCodec::Variant::kEfSign;
-      if (!efsign || parsed.params.size() != kParamBytes) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("%s: expected %s parameter bytes, got %d", name,
-                            efsign ? "0 or 8" : "no", parsed.params.size()));
-      }
-      uint32_t bucket32 = 0;
-      uint32_t zero = 0;
-      std::memcpy(&bucket32, parsed.params.data(), sizeof(bucket32));
-      std::memcpy(&zero, parsed.params.data() + 4, sizeof(zero));
-      GC_RETURN_IF_ERROR(CheckRange(name, "bucket", bucket32, 64,
-                                    static_cast<int64_t>(kMaxSignBucket)));
-      if (bucket32 % 64 != 0 || zero != 0) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s: expected a bucket that is a multiple of 64 and zero bytes "
-            "[4..7] in the parameters, got bucket %d and 0x%08x",
-            name, bucket32, zero));
-      }
-      out.bucket = bucket32;
-    }
-    const size_t scales = ScaleCount(n, out.bucket);
-    const size_t body_bytes = 4 * scales + SignBytes(n);
-    if (parsed.body.size() != body_bytes) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: %d elements need a body of %d bytes (scales + signs), got %d",
-          name, n, body_bytes, parsed.body.size()));
-    }
-    for (size_t b = 0; b < scales; ++b) {
-      float scale;
-      std::memcpy(&scale, parsed.body.data() + 4 * b, sizeof(scale));
-      if (!(scale >= 0) || !std::isfinite(scale)) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s: expected a finite scale >= 0, got %g", name, scale));
-      }
-    }
-    if (!SignPaddingIsZero(parsed.body.data() + 4 * scales, n)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: expected the padding bits after %d signs to be zero", name, n));
-    }
-    return out;
   }
 
   // The payload of the signs of x (device memory): SignCodec::Encode's.
@@ -821,58 +647,17 @@ class CudaOneBit : public CudaCodec {
 
   absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
                                float* acc, size_t n) const override {
-    // codecs/cpu/onebit.cc DecodeAdd's checks, and its means times alpha.
-    GC_ASSIGN_OR_RETURN(
-        const ParsedPayload parsed,
-        ParsePayload(payload, CodecId::kOneBit, /*round=*/0, n));
-    if (parsed.header.flags != 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "onebit: expected header flags 0 (not a dense body), got 0x%02x",
-          parsed.header.flags));
-    }
-    if (parsed.params.size() != kOneBitParamBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("onebit: expected %d parameter bytes, got %d",
-                          kOneBitParamBytes, parsed.params.size()));
-    }
-    uint64_t columns64;
-    std::memcpy(&columns64, parsed.params.data(), sizeof(columns64));
-    const bool columns_ok =
-        n == 0 ? columns64 == 0
-               : columns64 >= 1 && columns64 <= n && n % columns64 == 0;
-    if (!columns_ok) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "onebit: expected a column count dividing %d (0 for an empty "
-          "tensor), got %d",
-          n, columns64));
-    }
-    const size_t columns = static_cast<size_t>(columns64);
-    if (parsed.body.size() != 8 * columns + SignBytes(n)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "onebit: %d elements in %d columns need a body of %d bytes, got %d",
-          n, columns, 8 * columns + SignBytes(n), parsed.body.size()));
-    }
+    GC_ASSIGN_OR_RETURN(const OneBitPayload p, ParseOneBitPayload(payload, n));
     if (n == 0) return absl::OkStatus();
-    // Scaled means, then the signs, as one block for the device.
-    std::string staged(parsed.body);
+    const size_t columns = p.columns;
+    // The means times alpha, then the signs, as one block for the device.
+    std::string staged(p.means);
+    staged.append(p.signs.data(), p.signs.size());
     for (size_t j = 0; j < 2 * columns; ++j) {
       float mean;
       std::memcpy(&mean, staged.data() + 4 * j, sizeof(mean));
-      const bool positive_side = j < columns;
-      if (!std::isfinite(mean) ||
-          (positive_side ? !(mean >= 0) : !(mean <= 0))) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "onebit: column %d has a %s mean of %g; expected a finite value "
-            "%s 0",
-            j % columns, positive_side ? "non-negative" : "negative", mean,
-            positive_side ? ">=" : "<="));
-      }
       mean *= alpha;
       std::memcpy(staged.data() + 4 * j, &mean, sizeof(mean));
-    }
-    if (!SignPaddingIsZero(staged.data() + 8 * columns, n)) {
-      return absl::InvalidArgumentError(
-          "onebit: expected the padding bits after the signs to be zero");
     }
     return DecodeWith(staged, [&](const char* block) {
       const float* means = reinterpret_cast<const float*>(block);
@@ -984,12 +769,12 @@ class CudaTernGrad : public CudaCodec {
 
   absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
                                float* acc, size_t n) const override {
-    GC_ASSIGN_OR_RETURN(const BucketedPayload p, ParseTernGrad(payload, n));
-    const size_t buckets = (n + p.bucket - 1) / p.bucket;
+    GC_ASSIGN_OR_RETURN(const TernGradPayload p,
+                        ParseTernGradPayload(payload, n));
     return DecodeWith(p.body, [&](const char* body) {
       return LaunchTernGradDecodeAdd(
           reinterpret_cast<const float*>(body),
-          reinterpret_cast<const uint8_t*>(body) + 4 * buckets, n, p.bucket,
+          reinterpret_cast<const uint8_t*>(body) + 4 * p.buckets, n, p.bucket,
           alpha, acc, nullptr);
     });
   }
@@ -1023,65 +808,6 @@ class CudaTernGrad : public CudaCodec {
     const double exact = SumOfSquares(host);
     if (!std::isfinite(exact)) return std::nullopt;
     return clip_of(exact);
-  }
-
-  // codecs/cpu/terngrad.cc DecodeAdd's checks.
-  static absl::StatusOr<BucketedPayload> ParseTernGrad(
-      absl::string_view payload, size_t n) {
-    GC_ASSIGN_OR_RETURN(
-        const ParsedPayload parsed,
-        ParsePayload(payload, CodecId::kTernGrad, /*round=*/0, n));
-    if (parsed.header.flags != 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "terngrad: expected header flags 0 (not a dense body), got 0x%02x",
-          parsed.header.flags));
-    }
-    if (parsed.params.size() != kTernParamBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("terngrad: expected %d parameter bytes, got %d",
-                          kTernParamBytes, parsed.params.size()));
-    }
-    const char* p = parsed.params.data();
-    uint32_t bucket32;
-    std::memcpy(&bucket32, p, sizeof(bucket32));
-    GC_RETURN_IF_ERROR(CheckRange("terngrad", "bucket", bucket32, 1,
-                                  static_cast<int64_t>(kMaxBucket)));
-    if (p[4] != 0 || p[5] != 0 || p[6] != 0 || p[7] != 0) {
-      return absl::InvalidArgumentError(
-          "terngrad: expected parameter bytes 4..7 to be zero");
-    }
-    const size_t bucket = bucket32;
-    const size_t buckets = (n + bucket - 1) / bucket;
-    const size_t code_bytes = (n + 3) / 4;
-    if (parsed.body.size() != 4 * buckets + code_bytes) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "terngrad: %d elements in buckets of %d need a body of %d bytes, "
-          "got %d",
-          n, bucket, 4 * buckets + code_bytes, parsed.body.size()));
-    }
-    for (size_t b = 0; b < buckets; ++b) {
-      float scale;
-      std::memcpy(&scale, parsed.body.data() + 4 * b, sizeof(scale));
-      if (!(scale >= 0) || !std::isfinite(scale)) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "terngrad: bucket %d has scale %g; expected a finite value >= 0", b,
-            scale));
-      }
-    }
-    const uint8_t* codes =
-        reinterpret_cast<const uint8_t*>(parsed.body.data()) + 4 * buckets;
-    uint8_t bad = 0;
-    for (size_t i = 0; i < code_bytes; ++i) bad |= codes[i] & (codes[i] >> 1);
-    if ((bad & 0x55) != 0) {
-      return absl::InvalidArgumentError(
-          "terngrad: expected 2-bit codes 0, 1 or 2; found a 3");
-    }
-    if (n % 4 != 0 && (codes[code_bytes - 1] >> (2 * (n % 4))) != 0) {
-      return absl::InvalidArgumentError(
-          "terngrad: expected the padding bits of the last code byte to be "
-          "zero");
-    }
-    return BucketedPayload{bucket, 0, parsed.body};
   }
 
   const TernGradOptions options_;
@@ -1137,54 +863,17 @@ class CudaRandomK : public CudaCodec {
 
   absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
                                float* acc, size_t n) const override {
-    // codecs/cpu/randomk.cc DecodeAdd's checks.
-    GC_ASSIGN_OR_RETURN(
-        const ParsedPayload parsed,
-        ParsePayload(payload, CodecId::kRandomK, /*round=*/0, n));
-    if (parsed.header.flags != kFlagDenseBody) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "randomk: expected header flags 0x01 (dense body), got 0x%02x",
-          parsed.header.flags));
-    }
-    if (parsed.params.size() != kRandomKParamBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("randomk: expected %d parameter bytes, got %d",
-                          kRandomKParamBytes, parsed.params.size()));
-    }
-    const char* p = parsed.params.data();
-    if (static_cast<uint8_t>(p[0]) != static_cast<uint8_t>(ElemType::kF32) ||
-        static_cast<uint8_t>(p[1]) != kFloydPhilox ||
-        std::any_of(p + 2, p + 8, [](char c) { return c != 0; })) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "randomk: expected parameter bytes 0..7 to be 1 (f32), %d (Floyd "
-          "draw), then zeros; got %d, %d, ...",
-          kFloydPhilox, static_cast<uint8_t>(p[0]),
-          static_cast<uint8_t>(p[1])));
-    }
-    uint64_t key[4];
-    std::memcpy(key, p + 8, sizeof(key));
-    const uint64_t k = key[0];
-    if (k > n) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "randomk: payload claims k = %d values of a %d-element tensor", k,
-          n));
-    }
-    if (parsed.body.size() != k * sizeof(float)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "randomk: k = %d values need a body of %d bytes, got %d", k,
-          k * sizeof(float), parsed.body.size()));
-    }
+    GC_ASSIGN_OR_RETURN(const RandomKPayload p,
+                        ParseRandomKPayload(payload, n));
+    const uint64_t k = p.k;
     GC_RETURN_IF_ERROR(CheckIndexable(n));
     GC_RETURN_IF_ERROR(CudaDeviceAvailable());
-    const std::vector<uint32_t> indices =
-        Indices(n, k,
-                PhiloxStream(key[1], key[2], static_cast<int64_t>(key[3]),
-                             /*round=*/0));
+    const std::vector<uint32_t> indices = Indices(n, k, p.rng);
     // Indices, then values, as one block for the device.
     std::string staged(8 * k, '\0');
     if (k > 0) {
       std::memcpy(staged.data(), indices.data(), 4 * k);
-      std::memcpy(staged.data() + 4 * k, parsed.body.data(), 4 * k);
+      std::memcpy(staged.data() + 4 * k, p.values.data(), 4 * k);
     }
     return DecodeWith(staged, [&](const char* block) {
       return LaunchScatterAdd(reinterpret_cast<const uint32_t*>(block),

@@ -4,14 +4,11 @@
 // passes) without one.
 #include "codecs/cuda/cuda_codec.h"
 
-#include <cuda_runtime_api.h>
-
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -24,39 +21,17 @@
 #include "codecs/cpu/int8.h"
 #include "codecs/cpu/qsgd.h"
 #include "codecs/cpu/topk.h"
-#include "codecs/cuda/device.h"
+#include "codecs/cuda/gpu_test_util.h"
 #include "codecs/params.h"
 #include "codecs/registry.h"
 #include "codecs/state.h"
+#include "codecs/testing/random_inputs.h"
 #include "gtest/gtest.h"
 
 namespace gradcomp::codecs::cuda {
 namespace {
 
-std::vector<float> Normal(size_t n, uint32_t seed, float stddev) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, stddev);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
-
-// The first differing byte, for a readable failure.
-std::string Diff(const Bytes& cpu, const Bytes& gpu) {
-  if (cpu.size() != gpu.size()) {
-    return absl::StrFormat("sizes differ: CPU %d bytes, GPU %d", cpu.size(),
-                           gpu.size());
-  }
-  for (size_t i = 0; i < cpu.size(); ++i) {
-    if (cpu[i] != gpu[i]) {
-      return absl::StrFormat(
-          "first difference at byte %d of %d: CPU 0x%02x, GPU 0x%02x", i,
-          cpu.size(), static_cast<uint8_t>(cpu[i]),
-          static_cast<uint8_t>(gpu[i]));
-    }
-  }
-  return "identical";
-}
+using testing::Normal;
 
 // The first element whose bits differ, for a readable failure.
 std::string FloatDiff(const std::vector<float>& cpu,
@@ -77,33 +52,6 @@ std::string FloatDiff(const std::vector<float>& cpu,
     }
   }
   return "identical";
-}
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), 4 * a.size()) == 0);
-}
-
-// acc + alpha * payload decoded on the GPU into device memory.
-absl::StatusOr<std::vector<float>> GpuDecodeAdd(const CudaCodec& codec,
-                                                const Bytes& payload,
-                                                float alpha,
-                                                std::vector<float> acc) {
-  const size_t bytes = acc.size() * sizeof(float);
-  absl::StatusOr<DeviceBuffer> device = DeviceBuffer::Create(bytes);
-  if (!device.ok()) return device.status();
-  if (bytes > 0 && cudaMemcpy(device->data(), acc.data(), bytes,
-                              cudaMemcpyHostToDevice) != cudaSuccess) {
-    return absl::InternalError("cudaMemcpy to the device failed");
-  }
-  const absl::Status s =
-      codec.DecodeAddDevice(payload, alpha, device->as<float>(), acc.size());
-  if (!s.ok()) return s;
-  if (bytes > 0 && cudaMemcpy(acc.data(), device->data(), bytes,
-                              cudaMemcpyDeviceToHost) != cudaSuccess) {
-    return absl::InternalError("cudaMemcpy from the device failed");
-  }
-  return acc;
 }
 
 std::unique_ptr<SingleRoundCodec> CpuCodec(const std::string& name,
@@ -130,13 +78,8 @@ StepContext Context(int rank) {
   return ctx;
 }
 
-class CudaCodecTest : public ::testing::Test {
+class CudaCodecTest : public GpuTest {
  protected:
-  void SetUp() override {
-    const absl::Status gpu = CudaDeviceAvailable();
-    if (!gpu.ok()) GTEST_SKIP() << gpu.message();
-  }
-
   // Encodes `values` on both backends and expects the same bytes.
   void ExpectSameBytes(const std::string& name, const CodecParams& params,
                        const std::vector<float>& values,
@@ -156,7 +99,7 @@ class CudaCodecTest : public ::testing::Test {
     ASSERT_TRUE(encoded.ok()) << encoded;
     EXPECT_TRUE(cpu_payload == gpu_payload)
         << name << " n=" << values.size() << ": "
-        << Diff(cpu_payload, gpu_payload);
+        << PayloadDiff(cpu_payload, gpu_payload);
   }
 
   // Encodes `values` on `encoder_on_gpu`'s side, then decodes the payload
@@ -460,7 +403,7 @@ TEST_F(CudaCodecTest, TopKMatchesCpuOverSteps) {
         ASSERT_TRUE(s.ok()) << s;
         EXPECT_TRUE(cpu_payload == gpu_payload)
             << "config " << c << " n=" << n << " step " << step << ": "
-            << Diff(cpu_payload, gpu_payload);
+            << PayloadDiff(cpu_payload, gpu_payload);
       }
     }
   }

@@ -13,7 +13,6 @@
 #include <limits>
 #include <memory>
 #include <optional>
-#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,9 +21,11 @@
 #include "codecs/cpu/linalg.h"
 #include "codecs/cpu/powersgd.h"
 #include "codecs/cuda/device.h"
+#include "codecs/cuda/gpu_test_util.h"
 #include "codecs/params.h"
 #include "codecs/state.h"
 #include "codecs/testing/conformance.h"
+#include "codecs/testing/random_inputs.h"
 #include "codecs/wire.h"
 #include "gtest/gtest.h"
 
@@ -37,28 +38,8 @@ using Matrix = std::vector<float>;
 // (measured: see the "max distance" lines these tests print).
 constexpr double kTolerance = 1e-4;
 
-Matrix Normal(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist;
-  Matrix x(n);
-  for (float& v : x) v = dist(gen);
-  return x;
-}
-
-// sum_k a_k b_k^T for rows x cols, with `rank` random factor pairs.
-Matrix LowRank(int64_t rows, int64_t cols, int rank, uint32_t seed) {
-  const Matrix a = Normal(rows * rank, seed);
-  const Matrix b = Normal(cols * rank, seed + 1000);
-  Matrix m(rows * cols, 0.0f);
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < cols; ++j) {
-      for (int k = 0; k < rank; ++k) {
-        m[i * cols + j] += a[i * rank + k] * b[j * rank + k];
-      }
-    }
-  }
-  return m;
-}
+using testing::LowRank;
+using testing::Normal;
 
 double Norm(absl::Span<const float> a) {
   double s = 0;
@@ -149,13 +130,8 @@ testing::SimulatedStep RunStep(const std::vector<const Codec*>& codecs,
   return result;
 }
 
-class CudaPowerSgdTest : public ::testing::Test {
+class CudaPowerSgdTest : public GpuTest {
  protected:
-  void SetUp() override {
-    const absl::Status gpu = CudaDeviceAvailable();
-    if (!gpu.ok()) GTEST_SKIP() << gpu;
-  }
-
   static std::unique_ptr<PowerSgdCodec> Cpu(const CodecParams& params) {
     return PowerSgdCodec::Create(params).value();
   }

@@ -18,27 +18,18 @@
 #include "absl/types/span.h"
 #include "codecs/cpu/select.h"
 #include "codecs/cuda/device.h"
+#include "codecs/cuda/gpu_test_util.h"
 #include "codecs/random.h"
+#include "codecs/testing/random_inputs.h"
 #include "gtest/gtest.h"
 
 namespace gradcomp::codecs::cuda {
 namespace {
 
-std::vector<float> Normal(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
+using testing::Normal;
 
-class SelectTest : public ::testing::Test {
+class SelectTest : public GpuTest {
  protected:
-  void SetUp() override {
-    const absl::Status gpu = CudaDeviceAvailable();
-    if (!gpu.ok()) GTEST_SKIP() << gpu.message();
-  }
-
   void ExpectSameSelection(const std::vector<float>& x, size_t k, double sample,
                            uint64_t step) {
     const PhiloxStream rng(/*seed=*/1234, /*tensor_id=*/7, step,

@@ -3,14 +3,12 @@
 // step and state, the same state after several steps, and the same sums,
 // bit for bit, whichever side encoded and whichever decodes. Needs a GPU;
 // skips (never passes) without one.
-#include <cuda_runtime_api.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,42 +21,16 @@
 #include "codecs/builtin.h"
 #include "codecs/codec.h"
 #include "codecs/cuda/cuda_codec.h"
-#include "codecs/cuda/device.h"
+#include "codecs/cuda/gpu_test_util.h"
 #include "codecs/params.h"
 #include "codecs/state.h"
+#include "codecs/testing/random_inputs.h"
 #include "gtest/gtest.h"
 
 namespace gradcomp::codecs::cuda {
 namespace {
 
-std::vector<float> Normal(size_t n, uint32_t seed, float stddev) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, stddev);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
-
-std::string Diff(const Bytes& cpu, const Bytes& gpu) {
-  if (cpu.size() != gpu.size()) {
-    return absl::StrFormat("sizes differ: CPU %d bytes, GPU %d", cpu.size(),
-                           gpu.size());
-  }
-  for (size_t i = 0; i < cpu.size(); ++i) {
-    if (cpu[i] != gpu[i]) {
-      return absl::StrFormat(
-          "first difference at byte %d of %d: CPU 0x%02x, GPU 0x%02x", i,
-          cpu.size(), static_cast<uint8_t>(cpu[i]),
-          static_cast<uint8_t>(gpu[i]));
-    }
-  }
-  return "identical";
-}
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), 4 * a.size()) == 0);
-}
+using testing::Normal;
 
 // The same bits, or both NaN: arithmetic on a NaN keeps the operand's
 // payload on x86 and gives the canonical NaN on a GPU (docs/gpu.md).
@@ -90,27 +62,6 @@ std::unique_ptr<SingleRoundCodec> CpuCodec(const std::string& name,
   std::unique_ptr<Codec> codec = BuiltinCodecs().Create(name, params).value();
   return std::unique_ptr<SingleRoundCodec>(
       dynamic_cast<SingleRoundCodec*>(codec.release()));
-}
-
-absl::StatusOr<std::vector<float>> GpuDecodeAdd(const CudaCodec& codec,
-                                                const Bytes& payload,
-                                                float alpha,
-                                                std::vector<float> acc) {
-  const size_t bytes = acc.size() * sizeof(float);
-  absl::StatusOr<DeviceBuffer> device = DeviceBuffer::Create(bytes);
-  if (!device.ok()) return device.status();
-  if (bytes > 0 && cudaMemcpy(device->data(), acc.data(), bytes,
-                              cudaMemcpyHostToDevice) != cudaSuccess) {
-    return absl::InternalError("cudaMemcpy to the device failed");
-  }
-  const absl::Status s =
-      codec.DecodeAddDevice(payload, alpha, device->as<float>(), acc.size());
-  if (!s.ok()) return s;
-  if (bytes > 0 && cudaMemcpy(acc.data(), device->data(), bytes,
-                              cudaMemcpyDeviceToHost) != cudaSuccess) {
-    return absl::InternalError("cudaMemcpy from the device failed");
-  }
-  return acc;
 }
 
 std::string Label(const CodecParams& params) {
@@ -157,13 +108,8 @@ StepContext Context(int rank, int64_t step) {
   return ctx;
 }
 
-class SinglePassGpuTest : public ::testing::Test {
+class SinglePassGpuTest : public GpuTest {
  protected:
-  void SetUp() override {
-    const absl::Status gpu = CudaDeviceAvailable();
-    if (!gpu.ok()) GTEST_SKIP() << gpu.message();
-  }
-
   // Encodes `steps` on both backends, each with its own state carried from
   // step to step; expects the same status, bytes and state at every step.
   void ExpectSameSteps(const Config& c,
@@ -190,7 +136,7 @@ class SinglePassGpuTest : public ::testing::Test {
           << what << ": CPU " << on_cpu << ", GPU " << on_gpu;
       if (on_cpu.ok()) {
         EXPECT_TRUE(cpu_payload == gpu_payload)
-            << what << ": " << Diff(cpu_payload, gpu_payload);
+            << what << ": " << PayloadDiff(cpu_payload, gpu_payload);
       }
       EXPECT_TRUE(SameState(cpu_state, gpu_state)) << what << ": states differ";
     }
@@ -320,7 +266,7 @@ TEST_F(SinglePassGpuTest, OneBitColumnsMatchCpu) {
       ASSERT_TRUE(on_gpu.ok()) << on_gpu;
       EXPECT_TRUE(cpu_payload == gpu_payload)
           << "[" << rows << ", " << cols << "] step " << s << ": "
-          << Diff(cpu_payload, gpu_payload);
+          << PayloadDiff(cpu_payload, gpu_payload);
       EXPECT_TRUE(SameState(cpu_state, gpu_state))
           << "[" << rows << ", " << cols << "] step " << s;
     }
@@ -372,7 +318,7 @@ TEST_F(SinglePassGpuTest, OneBitMeansOnARoundingBoundaryMatchCpu) {
     ASSERT_TRUE(on_gpu.ok()) << on_gpu;
     EXPECT_TRUE(cpu_payload == gpu_payload)
         << "[" << shape[0] << ", " << shape[1]
-        << "]: " << Diff(cpu_payload, gpu_payload);
+        << "]: " << PayloadDiff(cpu_payload, gpu_payload);
   }
 }
 
