@@ -497,12 +497,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   absl::Cleanup record_state = [&] {
     budget_.AddState(quotas_.RecordState(in.job, in.tensor, state->ByteSize()));
   };
-  codecs::StepContext ctx;
-  ctx.seed = options_.seed;
-  ctx.tensor_id = codecs::TensorId(in.tensor);
-  ctx.step = in.step;
-  ctx.rank = collective_->rank();
-  ctx.world_size = collective_->world_size();
+  const codecs::StepContext ctx = StepContextOf(in);
   const codecs::TensorView view{grad, in.shape};
 
   Clock::time_point t = Clock::now();
@@ -597,6 +592,16 @@ absl::StatusOr<uint64_t> Engine::CheckSize(const ReduceInput& in, size_t width,
   return numel;
 }
 
+codecs::StepContext Engine::StepContextOf(const ReduceInput& in) const {
+  codecs::StepContext ctx;
+  ctx.seed = options_.seed;
+  ctx.tensor_id = codecs::TensorId(in.tensor);
+  ctx.step = in.step;
+  ctx.rank = collective_->rank();
+  ctx.world_size = collective_->world_size();
+  return ctx;
+}
+
 PolicyDecision Engine::DecideCodec(const ReduceInput& in,
                                    uint64_t numel) const {
   if (!in.codec.has_value()) {
@@ -674,12 +679,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceOnDevice(const ReduceInput& in,
   absl::Cleanup record_state = [&] {
     budget_.AddState(quotas_.RecordState(in.job, in.tensor, state->ByteSize()));
   };
-  codecs::StepContext ctx;
-  ctx.seed = options_.seed;
-  ctx.tensor_id = codecs::TensorId(in.tensor);
-  ctx.step = in.step;
-  ctx.rank = collective_->rank();
-  ctx.world_size = collective_->world_size();
+  const codecs::StepContext ctx = StepContextOf(in);
 
   Clock::time_point t = Clock::now();
   codecs::Round round;

@@ -222,6 +222,8 @@ class Engine {
   // A device tensor's reduce through a host copy, with the CPU codec.
   absl::StatusOr<ReduceOutput> ReduceStaged(const ReduceInput& in,
                                             std::string* codec_label);
+  // The codecs' view of `in`'s step: seed, tensor id, step, rank, world.
+  codecs::StepContext StepContextOf(const ReduceInput& in) const;
   // The policy's (or the request's) codec for `in` of `numel` elements.
   PolicyDecision DecideCodec(const ReduceInput& in, uint64_t numel) const;
   // `in`'s element count, checked against its shape, the declared tensor
