@@ -74,10 +74,24 @@ CodecInfo SignInfo(SignCodec::Variant variant) {
   return info;
 }
 
+namespace {
+
+// SignInfo(variant), built once: ParseSignPayload runs on every decode and
+// needs only the name and id.
+const CodecInfo& CachedSignInfo(SignCodec::Variant variant) {
+  static const CodecInfo* const infos[] = {
+      new CodecInfo(SignInfo(SignCodec::Variant::kSignSgd)),
+      new CodecInfo(SignInfo(SignCodec::Variant::kEfSign)),
+      new CodecInfo(SignInfo(SignCodec::Variant::kSignum))};
+  return *infos[static_cast<int>(variant)];
+}
+
+}  // namespace
+
 absl::StatusOr<SignPayload> ParseSignPayload(SignCodec::Variant variant,
                                              absl::string_view payload,
                                              size_t n) {
-  const CodecInfo info = SignInfo(variant);
+  const CodecInfo& info = CachedSignInfo(variant);
   GC_ASSIGN_OR_RETURN(const ParsedPayload parsed,
                       ParsePayload(payload, info.id, /*round=*/0, n));
   if (parsed.header.flags != 0) {
