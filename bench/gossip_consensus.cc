@@ -27,6 +27,7 @@
 // (the paper's matrices are 100 x 100), and no images:
 //
 //   bazel-bin/bench/gossip_consensus /tmp/consensus100.csv 100
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -38,6 +39,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "bench/gossip_consensus_setup.h"
 #include "service/collective/in_process_group.h"
 #include "service/gossip/power_gossip.h"
@@ -109,10 +113,9 @@ std::vector<Point> Run(const Topology& topology, const GossipOptions& options,
   return points;
 }
 
-void Write(FILE* out, Data data, const std::string& topology,
+void Write(FILE* out, const std::string& name, const std::string& topology,
            const std::string& method, double gamma,
            const std::vector<Point>& points) {
-  const std::string name = bench::DataName(data);
   for (const Point& p : points) {
     std::fprintf(out, "%s,%s,%s,%.17g,%lld,%.0f,%.6e\n", name.c_str(),
                  topology.c_str(), method.c_str(), gamma,
@@ -141,7 +144,11 @@ struct Grid {
 };
 constexpr int kGrid = 20;
 constexpr Grid kChocoGrid = {1e-4, 1.308};
-constexpr Grid kDiffusionGrid = {0.1, 2.0};
+constexpr Grid kExactGrid = {0.1, 2.0};
+// PowerGossip: up to just below ValidateGossipRate's 1 / w_max.
+Grid PowerGossipGrid(const Topology& topology) {
+  return {0.1, 0.99 / MaxEdgeWeight(topology)};
+}
 
 // The step size (`options`.*`step`) on `grid` that reaches 1e-4 with the
 // fewest bytes, else the lowest distance at the tuning budget. Runs from
@@ -180,15 +187,20 @@ double Tune(const Topology& topology, GossipOptions options,
   return best_gamma;
 }
 
-// Runs every method of bench::Methods on `topology` from `start`, tuning
-// the step sizes, and writes the runs to `out`.
-void RunAll(FILE* out, Data data, const char* spec, const Topology& topology,
-            const std::vector<int64_t>& shape, const Tensors& start) {
-  const std::string name = bench::DataName(data);
+// Runs the methods of bench::Methods named in `only` (all when empty) on
+// `topology` from `start`, tuning the step sizes, and writes the runs to
+// `out` as data `name`.
+void RunAll(FILE* out, const std::string& name, const char* spec,
+            const Topology& topology, const std::vector<int64_t>& shape,
+            const Tensors& start, const std::vector<std::string>& only) {
   for (const Method& method : bench::Methods(shape[0], shape[1])) {
+    if (!only.empty() &&
+        std::find(only.begin(), only.end(), method.name) == only.end()) {
+      continue;
+    }
     GossipOptions options;
     double GossipOptions::*step = &GossipOptions::gamma;
-    Grid grid = kDiffusionGrid;
+    Grid grid = kExactGrid;
     switch (method.kind) {
       case Method::Kind::kExact:
         options.mode = GossipOptions::Mode::kExact;
@@ -196,6 +208,8 @@ void RunAll(FILE* out, Data data, const char* spec, const Topology& topology,
         break;
       case Method::Kind::kPowerGossip:
         options.rank = method.rank;
+        options.iterations = method.iterations;
+        grid = PowerGossipGrid(topology);
         break;
       case Method::Kind::kChoco:
         options.mode = GossipOptions::Mode::kChoco;
@@ -209,28 +223,63 @@ void RunAll(FILE* out, Data data, const char* spec, const Topology& topology,
                    method.name.c_str());
       options.*step = Tune(topology, options, step, grid, shape, start);
     }
-    Write(out, data, spec, method.name, options.*step,
+    Write(out, name, spec, method.name, options.*step,
           Run(topology, options, shape, start, kTarget, kMaxBytes));
   }
 }
 
+int Usage(const std::string& why) {
+  std::fprintf(stderr,
+               "%s\nusage: gossip_consensus OUT.csv [SIDE] [--seeds=N] "
+               "[--topologies=ring,torus] [--methods=NAME,...]\n",
+               why.c_str());
+  return 2;
+}
+
+// OUT.csv [SIDE]: both data types at 56 x 56, or random only at SIDE x
+// SIDE. --seeds=N: random only, from N starts (seeds 1..N, data
+// "random-seed<k>"). --topologies and --methods: a subset (method names
+// as in the CSV).
 int Main(int argc, char** argv) {
-  FILE* out = argc > 1 ? std::fopen(argv[1], "w") : stdout;
+  if (argc < 2) return Usage("no output file");
+  int side = 0;
+  int seeds = 0;
+  std::vector<std::string> topologies = {"ring", "torus"};
+  std::vector<std::string> only;
+  for (int i = 2; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (absl::ConsumePrefix(&arg, "--seeds=")) {
+      if (!absl::SimpleAtoi(arg, &seeds) || seeds < 1) {
+        return Usage(
+            absl::StrCat("--seeds=", arg, ": expected an integer >= 1"));
+      }
+    } else if (absl::ConsumePrefix(&arg, "--topologies=")) {
+      topologies = absl::StrSplit(arg, ',');
+    } else if (absl::ConsumePrefix(&arg, "--methods=")) {
+      only = absl::StrSplit(arg, ',');
+    } else if (!absl::SimpleAtoi(arg, &side) || side < 2) {
+      return Usage(
+          absl::StrCat("SIDE is '", arg, "': expected an integer >= 2"));
+    }
+  }
+  FILE* out = std::fopen(argv[1], "w");
   if (out == nullptr) {
     std::perror(argv[1]);
     return 1;
   }
   std::fprintf(out,
                "data,topology,method,gamma,step,bytes_per_worker,distance\n");
-  int side = 0;
-  if (argc > 2 && (!absl::SimpleAtoi(argv[2], &side) || side < 2)) {
-    std::fprintf(stderr, "SIDE is '%s': expected an integer >= 2\n", argv[2]);
-    return 2;
-  }
   // Both data types first, so that missing images fail before any run.
-  std::vector<std::pair<Data, Tensors>> starts;
-  if (side > 0) {
-    starts.push_back({Data::kRandom, bench::StartRandom(side, side)});
+  std::vector<std::pair<std::string, Tensors>> starts;
+  const int rows = side > 0 ? side : kRows;
+  const int cols = side > 0 ? side : kCols;
+  if (seeds > 0) {
+    for (int seed = 1; seed <= seeds; ++seed) {
+      starts.push_back({absl::StrCat("random-seed", seed),
+                        bench::StartRandom(rows, cols, seed)});
+    }
+  } else if (side > 0) {
+    starts.push_back({"random", bench::StartRandom(side, side)});
   } else {
     for (Data data : bench::kData) {
       absl::StatusOr<Tensors> start = bench::Start(data);
@@ -238,20 +287,22 @@ int Main(int argc, char** argv) {
         std::fprintf(stderr, "%s\n", start.status().ToString().c_str());
         return 1;
       }
-      starts.push_back({data, *std::move(start)});
+      starts.push_back({bench::DataName(data), *std::move(start)});
     }
   }
-  const std::vector<int64_t> shape = side > 0
-                                         ? std::vector<int64_t>{side, side}
-                                         : std::vector<int64_t>{kRows, kCols};
-  for (const auto& [data, start] : starts) {
-    for (const char* spec : {"ring", "torus"}) {
+  const std::vector<int64_t> shape = {rows, cols};
+  for (const auto& [name, start] : starts) {
+    for (const std::string& spec : topologies) {
       absl::StatusOr<Topology> topology = Topology::Parse(spec, kW);
-      if (!topology.ok()) return 1;
-      RunAll(out, data, spec, *topology, shape, start);
+      if (!topology.ok()) {
+        return Usage(absl::StrCat("topology '", spec,
+                                  "': ", topology.status().message()));
+      }
+      RunAll(out, name, spec.c_str(), *topology, shape, start, only);
+      std::fflush(out);
     }
   }
-  if (out != stdout) std::fclose(out);
+  std::fclose(out);
   return 0;
 }
 

@@ -1,7 +1,7 @@
 // The consensus experiment of PowerGossip (issue 10) through eight real
 // gradcompd processes on loopback (tests/integration/cluster.h), one client
 // thread per daemon sending Reduce requests in gossip mode: every method of
-// bench::Methods (exact gossip, PowerGossip rank 1 and 2 at the paper's
+// bench::Methods (exact gossip, PowerGossip at the paper's
 // diffusion and tuned, Choco-Gossip top-k) on a ring and on a 2 x 4 torus,
 // for both data types, from the same matrices, seed, tensor name and
 // options as bench/gossip_consensus.cc, so the curves should match the
@@ -190,7 +190,7 @@ int Main(int argc, char** argv) {
             break;
           case Method::Kind::kPowerGossip:
             spec.set_rank(method.rank);
-            spec.set_power_steps(1);
+            spec.set_power_steps(method.iterations);
             break;
           case Method::Kind::kChoco:
             spec.set_choco_topk_fraction(static_cast<double>(method.k) /

@@ -68,8 +68,8 @@ absl::StatusOr<std::vector<std::vector<float>>> Start(Data data) {
   return StartRandom(kRows, kCols);
 }
 
-std::vector<std::vector<float>> StartRandom(int rows, int cols) {
-  std::mt19937 rng(1);
+std::vector<std::vector<float>> StartRandom(int rows, int cols, uint32_t seed) {
+  std::mt19937 rng(seed);
   std::normal_distribution<float> normal;
   std::vector<std::vector<float>> xs(
       kW, std::vector<float>(static_cast<size_t>(rows) * cols));
@@ -92,6 +92,10 @@ std::vector<Method> Methods(int rows, int cols) {
            absl::StrCat("powergossip-r", rank, tuned ? "-tuned" : ""), rank, 0,
            tuned});
     }
+  }
+  for (int rank : {4, 8}) {
+    methods.push_back({Kind::kPowerGossip,
+                       absl::StrCat("powergossip-r", rank, "-tuned"), rank});
   }
   const int entries = rows * cols;
   for (int k : {(rows + cols) / 4, (rows + cols) / 2,

@@ -47,24 +47,26 @@ std::string DataName(Data data);
 absl::StatusOr<std::vector<std::vector<float>>> Start(Data data);
 
 // Every rank's rows x cols standard normal matrix, row-major, from a fixed
-// seed: Start(Data::kRandom) at kRows x kCols, or the paper's 100 x 100.
-std::vector<std::vector<float>> StartRandom(int rows, int cols);
+// seed: Start(Data::kRandom) at kRows x kCols (seed 1), or the paper's
+// 100 x 100; other seeds for the spread over starts.
+std::vector<std::vector<float>> StartRandom(int rows, int cols,
+                                            uint32_t seed = 1);
 
 // One compared method; every step size is tuned by the same rule
 // (gossip_consensus.cc, Tune) except PowerGossip's fixed-diffusion rows.
 struct Method {
   enum class Kind { kExact, kPowerGossip, kChoco };
   Kind kind;
-  std::string name;   // the CSV's method column
-  int rank = 0;       // kPowerGossip
-  int k = 0;          // kChoco: entries sent per neighbour and step
-  bool tuned = true;  // false: the default diffusion (1.308, exact: 1)
+  std::string name;    // the CSV's method column
+  int rank = 0;        // kPowerGossip
+  int k = 0;           // kChoco: entries sent per neighbour and step
+  bool tuned = true;   // false: the default diffusion (1.308, exact: 1)
+  int iterations = 1;  // kPowerGossip: power steps per round
 };
 
 // Exact gossip at diffusion 1 and tuned; PowerGossip r = 1 and 2 at the
-// paper's 1.308 and tuned; Choco top-k with k = r (rows + cols) / 4
-// (PowerGossip rank r's bytes per step) for r = 1 and 2, and k = 5 % of the
-// entries.
+// paper's 1.308 and tuned, and r = 4 and 8 tuned; Choco top-k with k = r (rows + cols) / 4 (PowerGossip rank
+// r's bytes per step) for r = 1 and 2, and k = 5 % of the entries.
 std::vector<Method> Methods(int rows, int cols);
 
 // Every step of the first 50, then about 50 steps per decade.

@@ -1,6 +1,7 @@
 #include "codecs/codec.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -32,9 +33,28 @@ absl::Status SingleRoundCodec::FinishSum(absl::Span<const float> sum,
         absl::StrFormat("%s: expected a sum of %d elements, got %d",
                         info().name, out.size(), sum.size()));
   }
+  // Four lanes at a time with GCC's vector extension (SSE2, every x86-64):
+  // the plain loop compiled to one scalar division per element. Still a
+  // division, so the result is bit-for-bit sum / W.
+  using Float4 = float __attribute__((vector_size(16)));
   const float w = static_cast<float>(world_size);
-  for (size_t i = 0; i < out.size(); ++i) out[i] = sum[i] / w;
+  const size_t n = out.size();
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    Float4 v;
+    std::memcpy(&v, sum.data() + i, sizeof(v));
+    v = v / w;
+    std::memcpy(out.data() + i, &v, sizeof(v));
+  }
+  for (; i < n; ++i) out[i] = sum[i] / w;
   return absl::OkStatus();
+}
+
+absl::Status SingleRoundCodec::GatherPayloadError(size_t rank,
+                                                  const absl::Status& s) const {
+  return absl::Status(
+      s.code(), absl::StrFormat("%s: payload of rank %d: %s", info().name, rank,
+                                s.message()));
 }
 
 absl::Status SingleRoundCodec::FinishGather(absl::Span<const Bytes> payloads,
@@ -53,11 +73,7 @@ absl::Status SingleRoundCodec::FinishGather(absl::Span<const Bytes> payloads,
   const float weight = 1.0f / static_cast<float>(payloads.size());
   for (size_t r = 0; r < payloads.size(); ++r) {
     absl::Status s = DecodeAdd(payloads[r], weight, absl::MakeSpan(average));
-    if (!s.ok()) {
-      return absl::Status(
-          s.code(), absl::StrFormat("%s: payload of rank %d: %s", info().name,
-                                    r, s.message()));
-    }
+    if (!s.ok()) return GatherPayloadError(r, s);
   }
   std::copy(average.begin(), average.end(), out.begin());
   return absl::OkStatus();
@@ -79,6 +95,10 @@ class SingleRoundSession : public CodecSession {
       stage_ = Stage::kAwaitingResult;
       Round round;
       round.collective = collective();
+      if (!ctx_.keep_own) {
+        round.payload = std::move(own_);
+        return std::optional<Round>(std::move(round));
+      }
       round.payload.reserve(own_.size());
       AdviseHugePages(round.payload.data(), own_.size());
       round.payload.assign(own_);
@@ -119,7 +139,19 @@ class SingleRoundSession : public CodecSession {
     }
     GC_RETURN_IF_ERROR(CheckOutSize(out));
     if (collective() == Collective::kSum) {
-      return codec_.FinishSum(result_.sum, result_.world_size, ctx_, out);
+      if (result_.summed_into.empty()) {
+        return codec_.FinishSum(result_.sum, result_.world_size, ctx_, out);
+      }
+      if (result_.summed_into.data() != out.data() ||
+          result_.summed_into.size() != out.size() ||
+          !codec_.FinishSumInPlace()) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s: the sum was written into a buffer of %d elements that is "
+            "not this output; expected the output itself, with a codec that "
+            "finishes a sum in place",
+            name(), result_.summed_into.size()));
+      }
+      return codec_.FinishSum(out, result_.world_size, ctx_, out);
     }
     return codec_.FinishGather(result_.payloads, ctx_, out);
   }
@@ -127,6 +159,11 @@ class SingleRoundSession : public CodecSession {
   absl::Status DecodeOwn(absl::Span<float> out) override {
     if (stage_ == Stage::kStart) {
       return Error("DecodeOwn", "NextRound() has not run");
+    }
+    if (!ctx_.keep_own) {
+      return Error("DecodeOwn",
+                   "the session was started with keep_own false, so its "
+                   "payload went to the round without a copy");
     }
     GC_RETURN_IF_ERROR(CheckOutSize(out));
     std::fill(out.begin(), out.end(), 0.0f);

@@ -45,6 +45,11 @@ absl::string_view CollectiveName(Collective c);
 struct Round {
   Collective collective = Collective::kGather;
   Bytes payload;  // wire format, wire.h
+  // kSum, set by the caller or left empty: where the collective may write
+  // the sum instead of RoundResult::sum when it has the summed body's
+  // length (the caller's output, which the codec then finishes in place:
+  // SingleRoundCodec::FinishSumInPlace). Must stay valid during the run.
+  absl::Span<float> sum_into;
 };
 
 struct RoundResult {
@@ -52,17 +57,26 @@ struct RoundResult {
   // kSum: the fp32 element-wise sum over all workers of the payloads' dense
   // bodies (wire::AddDenseBody of each).
   std::vector<float> sum;
+  // kSum: the round's `sum_into` when the collective wrote the sum there
+  // (then `sum` is empty); empty otherwise.
+  absl::Span<float> summed_into;
   // kGather: every worker's payload, in rank order.
   std::vector<Bytes> payloads;
 };
 
-// Identifies one tensor of one step on every rank, for reproducible randomness.
+// Identifies one tensor of one step on every rank, for reproducible
+// randomness, and says what the caller will ask of the session.
 struct StepContext {
   uint64_t seed = 0;       // job seed, the same on every rank
   uint64_t tensor_id = 0;  // TensorId(name), random.h
   int64_t step = 0;
   int rank = 0;
   int world_size = 1;
+  // Whether the caller may call DecodeOwn. When false, a single-round
+  // session hands its payload to the round instead of a copy (for a dense
+  // tensor, one tensor-sized copy less per step) and DecodeOwn is a
+  // FailedPrecondition error.
+  bool keep_own = true;
 };
 
 struct CodecInfo {
@@ -140,6 +154,12 @@ class SingleRoundCodec : public Codec {
                                  const StepContext& ctx,
                                  absl::Span<float> out) const;
 
+  // Whether FinishSum works with `sum` and `out` the same memory, so that a
+  // caller may have the collective sum straight into the output
+  // (Round::sum_into). The default FinishSum does; an override that does
+  // says so itself.
+  virtual bool FinishSumInPlace() const { return false; }
+
   // For gathered codecs: turns every worker's payload (rank order) into the
   // average. The default is the mean of the decodes. A bad payload is an
   // error naming its rank and leaves `out` untouched.
@@ -150,6 +170,11 @@ class SingleRoundCodec : public Codec {
   absl::StatusOr<std::unique_ptr<CodecSession>> Start(
       const TensorView& grad, TensorState& state,
       const StepContext& ctx) const final;
+
+ protected:
+  // FinishGather's error for a bad payload of rank `rank`, for overrides
+  // that check every payload before they write.
+  absl::Status GatherPayloadError(size_t rank, const absl::Status& s) const;
 };
 
 }  // namespace gradcomp::codecs

@@ -1,5 +1,6 @@
 #include "codecs/codec.h"
 
+#include <cstring>
 #include <vector>
 
 #include "codecs/testing/rounding_codec.h"
@@ -127,6 +128,84 @@ TEST_F(SingleRoundSessionTest, BadGatheredPayloadLeavesOutputUntouched) {
   std::vector<float> wrong_size(2);
   EXPECT_EQ(session->Finish(absl::MakeSpan(wrong_size)).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SingleRoundSessionTest, WithoutKeepOwnThePayloadIsHandedOver) {
+  RoundingCodec codec(1.0f, /*summable=*/false);
+  auto kept = *codec.Start(view_, state_, ctx_);
+  StepContext no_own = ctx_;
+  no_own.keep_own = false;
+  auto handed = *codec.Start(view_, state_, no_own);
+  std::optional<Round> a = *kept->NextRound();
+  std::optional<Round> b = *handed->NextRound();
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  EXPECT_EQ(a->payload, b->payload);
+  EXPECT_EQ(a->collective, b->collective);
+
+  RoundResult result;
+  result.world_size = 2;
+  result.payloads = {b->payload, b->payload};
+  ASSERT_TRUE(handed->Absorb(std::move(result)).ok());
+  std::vector<float> out(3);
+  ASSERT_TRUE(handed->Finish(absl::MakeSpan(out)).ok());
+  EXPECT_THAT(out, ElementsAre(0.0f, -1.0f, 3.0f));
+  absl::Status own = handed->DecodeOwn(absl::MakeSpan(out));
+  EXPECT_EQ(own.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(own.message(), HasSubstr("keep_own false"));
+  EXPECT_TRUE(kept->DecodeOwn(absl::MakeSpan(out)).ok());
+}
+
+// RoundingCodec, able to finish a sum in place (the base FinishSum is).
+class InPlaceRoundingCodec : public RoundingCodec {
+ public:
+  InPlaceRoundingCodec() : RoundingCodec(1.0f, /*summable=*/true) {}
+  bool FinishSumInPlace() const override { return true; }
+};
+
+TEST_F(SingleRoundSessionTest, SumWrittenIntoTheOutputIsFinishedInPlace) {
+  InPlaceRoundingCodec codec;
+  auto session = *codec.Start(view_, state_, ctx_);
+  ASSERT_TRUE(session->NextRound().ok());
+  std::vector<float> out = {4.0f, -2.0f, 1.0f};  // the collective's sum
+  RoundResult result;
+  result.world_size = 2;
+  result.summed_into = absl::MakeSpan(out);
+  ASSERT_TRUE(session->Absorb(std::move(result)).ok());
+  std::vector<float> elsewhere(3);
+  absl::Status wrong = session->Finish(absl::MakeSpan(elsewhere));
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(wrong.message(), HasSubstr("not this output"));
+  ASSERT_TRUE(session->Finish(absl::MakeSpan(out)).ok());
+  EXPECT_THAT(out, ElementsAre(2.0f, -1.0f, 0.5f));
+
+  // A codec that does not finish in place refuses such a result.
+  RoundingCodec not_in_place(1.0f, /*summable=*/true);
+  EXPECT_FALSE(not_in_place.FinishSumInPlace());
+  auto other = *not_in_place.Start(view_, state_, ctx_);
+  ASSERT_TRUE(other->NextRound().ok());
+  RoundResult in_out;
+  in_out.world_size = 2;
+  in_out.summed_into = absl::MakeSpan(out);
+  ASSERT_TRUE(other->Absorb(std::move(in_out)).ok());
+  EXPECT_EQ(other->Finish(absl::MakeSpan(out)).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SingleRoundSessionTest, SumRoundDividesOddLengthsElementByElement) {
+  // 11 elements: two blocks of four and a tail of three; W = 3 is not a
+  // power of two, so a reciprocal multiply would differ in the last bit.
+  RoundingCodec codec(1.0f, /*summable=*/true);
+  std::vector<float> sum(11);
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = 0.1f * (i + 1) - 0.37f;
+  std::vector<float> out(11);
+  ASSERT_TRUE(codec.FinishSum(sum, 3, ctx_, absl::MakeSpan(out)).ok());
+  for (size_t i = 0; i < sum.size(); ++i) {
+    const float expected = sum[i] / 3.0f;
+    EXPECT_EQ(std::memcmp(&out[i], &expected, sizeof(float)), 0) << i;
+  }
+  // In place (sum and out the same memory), the same values.
+  ASSERT_TRUE(codec.FinishSum(sum, 3, ctx_, absl::MakeSpan(sum)).ok());
+  EXPECT_EQ(std::memcmp(sum.data(), out.data(), sum.size() * sizeof(float)), 0);
 }
 
 TEST_F(SingleRoundSessionTest, StartRejectsRankOutsideTheWorld) {

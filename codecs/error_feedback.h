@@ -38,6 +38,7 @@ class ErrorFeedback : public SingleRoundCodec {
   absl::Status FinishSum(absl::Span<const float> sum, int world_size,
                          const StepContext& ctx,
                          absl::Span<float> out) const override;
+  bool FinishSumInPlace() const override { return inner_->FinishSumInPlace(); }
   absl::Status FinishGather(absl::Span<const Bytes> payloads,
                             const StepContext& ctx,
                             absl::Span<float> out) const override;

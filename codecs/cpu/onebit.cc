@@ -150,34 +150,45 @@ absl::StatusOr<std::unique_ptr<SingleRoundCodec>> OneBitCodec::Create(
 
 OneBitCodec::OneBitCodec() : info_(OneBitInfo()) {}
 
-absl::Status OneBitCodec::Encode(const TensorView& grad, TensorState& /*state*/,
-                                 const StepContext& /*ctx*/,
-                                 Bytes* payload) const {
-  const size_t n = grad.numel();
-  const int64_t rows = grad.rows();
-  if (n > 0 && (rows <= 0 || n % static_cast<uint64_t>(rows) != 0)) {
+absl::StatusOr<size_t> OneBitColumns(size_t n, int64_t rows) {
+  if (n == 0) return 0;
+  if (rows <= 0 || n % static_cast<uint64_t>(rows) != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "onebit: expected shape[0] to divide the %d elements, got %d", n,
         rows));
   }
-  const size_t columns = n == 0 ? 0 : n / static_cast<size_t>(rows);
+  return n / static_cast<size_t>(rows);
+}
+
+float OneBitMean(double sum, double count) {
+  return count > 0 ? static_cast<float>(sum / count) : 0.0f;
+}
+
+char* BeginOneBitPayload(size_t n, size_t columns, Bytes* payload) {
   char params[kParamBytes];
   const uint64_t columns64 = columns;
   std::memcpy(params, &columns64, sizeof(columns64));
   WireHeader header;
   header.codec = CodecId::kOneBit;
   header.numel = n;
-  char* body = BeginPayload(header, absl::string_view(params, kParamBytes),
-                            BodyBytes(n, columns), payload);
+  return BeginPayload(header, absl::string_view(params, kParamBytes),
+                      BodyBytes(n, columns), payload);
+}
+
+absl::Status OneBitCodec::Encode(const TensorView& grad, TensorState& /*state*/,
+                                 const StepContext& /*ctx*/,
+                                 Bytes* payload) const {
+  const size_t n = grad.numel();
+  const int64_t rows = grad.rows();
+  GC_ASSIGN_OR_RETURN(const size_t columns, OneBitColumns(n, rows));
+  char* body = BeginOneBitPayload(n, columns, payload);
   const Sums sums = ColumnSums(grad.values, n == 0 ? 0 : rows, columns);
   bool finite = true;
   for (size_t j = 0; j < columns; ++j) {
     const double negatives = sums.negatives[j];
-    const double others = static_cast<double>(rows) - negatives;
     const float pos =
-        others > 0 ? static_cast<float>(sums.pos[j] / others) : 0.0f;
-    const float neg =
-        negatives > 0 ? static_cast<float>(sums.neg[j] / negatives) : 0.0f;
+        OneBitMean(sums.pos[j], static_cast<double>(rows) - negatives);
+    const float neg = OneBitMean(sums.neg[j], negatives);
     finite = finite && std::isfinite(pos) && std::isfinite(neg);
     std::memcpy(body + 4 * j, &pos, sizeof(pos));
     std::memcpy(body + 4 * (columns + j), &neg, sizeof(neg));

@@ -20,6 +20,7 @@
 #define GRADCOMP_CODECS_CPU_ONEBIT_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -58,6 +59,19 @@ class OneBitCodec : public SingleRoundCodec {
 };
 
 CodecInfo OneBitInfo();
+
+// The column count of a tensor of n elements whose shape[0] is `rows`:
+// n / rows (0 when n is 0); InvalidArgument unless rows divides n.
+absl::StatusOr<size_t> OneBitColumns(size_t n, int64_t rows);
+
+// A column's mean of one side: sum / count, 0 for an empty side.
+float OneBitMean(double sum, double count);
+
+// Writes the header and parameter block of the onebit payload of n elements
+// in `columns` columns and returns its body (OneBitPayload's layout: 2 *
+// columns fp32 means, then SignBytes(n) bytes of signs) for the caller to
+// fill. Every backend's encoder writes these bytes (codecs/cuda too).
+char* BeginOneBitPayload(size_t n, size_t columns, Bytes* payload);
 
 // A onebit payload for a tensor of n elements, checked as DecodeAdd checks
 // it (the GPU decoder's checks too).

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "Eigen/Dense"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "codecs/cpu/linalg.h"
@@ -102,94 +103,23 @@ class Bands {
 // a thread.
 constexpr size_t kMinBandsPerPart = 4;
 
-class PowerSgdSession : public CodecSession {
+// The CPU's products: M in bands (above), Eigen for the band products.
+class CpuPowerSgdSession : public PowerSgdSession {
  public:
-  PowerSgdSession(const PowerSgdOptions& options, const PowerSgdPlan& plan,
-                  const TensorView& grad, TensorState& state,
-                  const StepContext& ctx)
-      : options_(options),
-        plan_(plan),
-        bands_(plan.rows, plan.cols),
-        grad_(grad),
-        state_(state),
-        ctx_(ctx) {}
-
-  absl::StatusOr<std::optional<Round>> NextRound() override {
-    switch (stage_) {
-      case Stage::kStart:
-        if (plan_.dense()) {
-          stage_ = Stage::kAwaitDense;
-          return MakeRound(0, grad_.values);
-        }
-        GC_RETURN_IF_ERROR(ComputeP());
-        stage_ = Stage::kAwaitP;
-        return MakeRound(0, p_);
-      case Stage::kHaveP:
-        stage_ = Stage::kAwaitQ;
-        return MakeRound(1, own_q_);
-      case Stage::kDone:
-        return std::optional<Round>();
-      default:
-        return OutOfOrder("NextRound", "the last round was not absorbed");
-    }
-  }
-
-  absl::Status Absorb(RoundResult result) override {
-    if (result.world_size < 1) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "powersgd: expected a world size >= 1, got %d", result.world_size));
-    }
-    switch (stage_) {
-      case Stage::kAwaitDense:
-        GC_RETURN_IF_ERROR(
-            CheckPowerSgdSum(result.sum, grad_.numel(), "dense values"));
-        sum_ = std::move(result.sum);
-        world_size_ = result.world_size;
-        stage_ = Stage::kDone;
-        return absl::OkStatus();
-      case Stage::kAwaitP:
-        GC_RETURN_IF_ERROR(
-            CheckPowerSgdSum(result.sum, plan_.rows * plan_.rank, "P"));
-        return AbsorbP(std::move(result.sum));
-      case Stage::kAwaitQ:
-        GC_RETURN_IF_ERROR(
-            CheckPowerSgdSum(result.sum, plan_.cols * plan_.rank, "Q"));
-        return AbsorbQ(std::move(result.sum), result.world_size);
-      default:
-        return OutOfOrder("Absorb", "no round is waiting for its result");
-    }
-  }
-
-  absl::Status Finish(absl::Span<float> out) override {
-    GC_RETURN_IF_ERROR(CheckDone("Finish", out));
-    if (plan_.dense()) {
-      const float w = static_cast<float>(world_size_);
-      for (size_t i = 0; i < out.size(); ++i) out[i] = sum_[i] / w;
-      return absl::OkStatus();
-    }
-    Expand(q_mean_, out);
-    return absl::OkStatus();
-  }
-
-  absl::Status DecodeOwn(absl::Span<float> out) override {
-    GC_RETURN_IF_ERROR(CheckDone("DecodeOwn", out));
-    if (plan_.dense()) {
-      std::copy(grad_.values.begin(), grad_.values.end(), out.begin());
-      return absl::OkStatus();
-    }
-    Expand(own_q_, out);
-    return absl::OkStatus();
-  }
+  CpuPowerSgdSession(const PowerSgdOptions& options, const PowerSgdPlan& plan,
+                     const TensorView& grad, TensorState& state,
+                     const StepContext& ctx)
+      : PowerSgdSession(options, plan, grad, state, ctx, /*backend=*/""),
+        bands_(plan.rows, plan.cols) {}
 
  private:
-  enum class Stage { kStart, kAwaitDense, kAwaitP, kHaveP, kAwaitQ, kDone };
-
   // Rows [first, first + count) of M = g + e into `m`. The residual, if
-  // any, is the one of the step's start: the state changes in AbsorbQ only.
+  // any, is the one of the step's start: the state changes in
+  // UpdateResidual only.
   void LoadRows(int64_t first, int64_t count, float* m) const {
-    const size_t begin = static_cast<size_t>(first * plan_.cols);
-    const size_t size = static_cast<size_t>(count * plan_.cols);
-    const float* g = grad_.values.data() + begin;
+    const size_t begin = static_cast<size_t>(first * plan().cols);
+    const size_t size = static_cast<size_t>(count * plan().cols);
+    const float* g = grad().values.data() + begin;
     if (error_ == nullptr) {
       std::copy_n(g, size, m);
       return;
@@ -198,113 +128,93 @@ class PowerSgdSession : public CodecSession {
     for (size_t i = 0; i < size; ++i) m[i] = g[i] + e[i];
   }
 
-  // The step's Q, then P = M Q.
-  absl::Status ComputeP() {
-    const size_t n = grad_.numel();
-    std::optional<absl::Span<float>> error = state_.Find(kPowerSgdErrorBuffer);
-    error_ = error.has_value() && error->size() == n ? error->data() : nullptr;
-    const size_t q_size = static_cast<size_t>(plan_.cols * plan_.rank);
-    std::vector<float> q;
-    std::optional<absl::Span<float>> warm = state_.Find(kPowerSgdQBuffer);
-    if (options_.warm_start && warm.has_value() && warm->size() == q_size) {
-      q.assign(warm->begin(), warm->end());
-    }
-    if (q.empty() ||
-        OrthonormalizeColumns(absl::MakeSpan(q), plan_.cols, plan_.rank) > 0) {
-      q.resize(q_size);
-      FillGaussian(PhiloxStream(ctx_.seed, ctx_.tensor_id, ctx_.step, 0), 0,
-                   absl::MakeSpan(q));
-      OrthonormalizeColumns(absl::MakeSpan(q), plan_.cols, plan_.rank);
-    }
-    p_.resize(static_cast<size_t>(plan_.rows * plan_.rank));
+  absl::StatusOr<std::vector<float>> MultiplyP(
+      const std::vector<float>& q) override {
+    const PowerSgdPlan& plan = this->plan();
+    error_ = FindResidual();
+    std::vector<float> p(static_cast<size_t>(plan.rows * plan.rank));
     std::vector<char> finite(bands_.Parts(kMinBandsPerPart), 1);
     bands_.For(kMinBandsPerPart, [&](size_t first, size_t last, int part) {
-      std::vector<float> m(
-          static_cast<size_t>(bands_.band_rows() * plan_.cols));
+      std::vector<float> m(static_cast<size_t>(bands_.band_rows() * plan.cols));
       for (size_t band = first; band < last; ++band) {
         const int64_t row = bands_.first_row(band), rows = bands_.rows(band);
         LoadRows(row, rows, m.data());
         finite[part] &= AllFinite(absl::MakeConstSpan(
-            m.data(), static_cast<size_t>(rows * plan_.cols)));
-        MatrixMap(p_.data() + row * plan_.rank, rows, plan_.rank).noalias() =
-            ConstMatrixMap(m.data(), rows, plan_.cols) *
-            View(q, plan_.cols, plan_.rank);
+            m.data(), static_cast<size_t>(rows * plan.cols)));
+        MatrixMap(p.data() + row * plan.rank, rows, plan.rank).noalias() =
+            ConstMatrixMap(m.data(), rows, plan.cols) *
+            View(q, plan.cols, plan.rank);
       }
     });
     if (!std::all_of(finite.begin(), finite.end(), [](char c) { return c; })) {
-      return absl::InvalidArgumentError(
-          "powersgd: the gradient plus its error feedback holds NaN or Inf; "
-          "expected finite values");
+      return NonFiniteInput();
     }
-    return absl::OkStatus();
+    return p;
   }
 
-  absl::Status AbsorbP(std::vector<float> p_sum) {
+  absl::StatusOr<std::vector<float>> MultiplyQ(
+      std::vector<float> p_sum) override {
+    const PowerSgdPlan& plan = this->plan();
     p_hat_ = std::move(p_sum);
-    OrthonormalizeColumns(absl::MakeSpan(p_hat_), plan_.rows, plan_.rank);
+    OrthonormalizeColumns(absl::MakeSpan(p_hat_), plan.rows, plan.rank);
     // M^T P_hat = sum over bands of M_band^T P_hat_band: summed band by band
     // within each group, then group by group, in order.
-    const size_t q_size = static_cast<size_t>(plan_.cols * plan_.rank);
+    const size_t q_size = static_cast<size_t>(plan.cols * plan.rank);
     const size_t groups = std::min(kProductGroups, bands_.count());
     std::vector<std::vector<float>> partial(groups);
     const auto group_first = [&](size_t group) {
       return group * bands_.count() / groups;
     };
-    ParallelFor(
-        groups,
-        {/*min_per_part=*/static_cast<size_t>(plan_.rows * plan_.cols) >=
-                 kThreadedValues
-             ? 1
-             : groups,
-         /*align=*/1},
-        [&](size_t first_group, size_t last_group, int) {
-          std::vector<float> m(
-              static_cast<size_t>(bands_.band_rows() * plan_.cols));
-          for (size_t group = first_group; group < last_group; ++group) {
-            partial[group].resize(q_size);
-            MatrixMap sum(partial[group].data(), plan_.cols, plan_.rank);
-            for (size_t band = group_first(group);
-                 band < group_first(group + 1); ++band) {
-              const int64_t row = bands_.first_row(band);
-              const int64_t rows = bands_.rows(band);
-              LoadRows(row, rows, m.data());
-              const ConstMatrixMap m_band(m.data(), rows, plan_.cols);
-              const ConstMatrixMap p_band(p_hat_.data() + row * plan_.rank,
-                                          rows, plan_.rank);
-              if (band == group_first(group)) {
-                sum.noalias() = m_band.transpose() * p_band;
-              } else {
-                sum.noalias() += m_band.transpose() * p_band;
-              }
-            }
-          }
-        });
-    own_q_ = std::move(partial[0]);
+    ParallelFor(groups,
+                {/*min_per_part=*/static_cast<size_t>(plan.rows * plan.cols) >=
+                         kThreadedValues
+                     ? 1
+                     : groups,
+                 /*align=*/1},
+                [&](size_t first_group, size_t last_group, int) {
+                  std::vector<float> m(
+                      static_cast<size_t>(bands_.band_rows() * plan.cols));
+                  for (size_t group = first_group; group < last_group;
+                       ++group) {
+                    partial[group].resize(q_size);
+                    MatrixMap sum(partial[group].data(), plan.cols, plan.rank);
+                    for (size_t band = group_first(group);
+                         band < group_first(group + 1); ++band) {
+                      const int64_t row = bands_.first_row(band);
+                      const int64_t rows = bands_.rows(band);
+                      LoadRows(row, rows, m.data());
+                      const ConstMatrixMap m_band(m.data(), rows, plan.cols);
+                      const ConstMatrixMap p_band(
+                          p_hat_.data() + row * plan.rank, rows, plan.rank);
+                      if (band == group_first(group)) {
+                        sum.noalias() = m_band.transpose() * p_band;
+                      } else {
+                        sum.noalias() += m_band.transpose() * p_band;
+                      }
+                    }
+                  }
+                });
+    std::vector<float> own_q = std::move(partial[0]);
     for (size_t group = 1; group < groups; ++group) {
-      for (size_t i = 0; i < q_size; ++i) own_q_[i] += partial[group][i];
+      for (size_t i = 0; i < q_size; ++i) own_q[i] += partial[group][i];
     }
-    stage_ = Stage::kHaveP;
-    return absl::OkStatus();
+    return own_q;
   }
 
-  // The step's result is known: the state moves on (residual, warm start).
-  absl::Status AbsorbQ(std::vector<float> q_sum, int world_size) {
-    q_mean_ = std::move(q_sum);
-    const float w = static_cast<float>(world_size);
-    for (float& v : q_mean_) v /= w;
-    // The same storage as error_ when there was a residual: Buffer keeps a
-    // buffer of the right size as it is.
-    absl::Span<float> error =
-        state_.Buffer(kPowerSgdErrorBuffer, grad_.numel());
-    const std::vector<float> qt = Transposed(q_mean_);
+  // `error` is the same storage as error_ when there was a residual: the
+  // state's Buffer keeps a buffer of the right size as it is.
+  absl::Status UpdateResidual(const std::vector<float>& q_mean,
+                              absl::Span<float> error) override {
+    const PowerSgdPlan& plan = this->plan();
+    const std::vector<float> qt = Transposed(q_mean);
     bands_.For(kMinBandsPerPart, [&](size_t first, size_t last, int) {
-      std::vector<float> approx(static_cast<size_t>(plan_.cols));
-      const size_t cols = static_cast<size_t>(plan_.cols);
+      std::vector<float> approx(static_cast<size_t>(plan.cols));
+      const size_t cols = static_cast<size_t>(plan.cols);
       for (int64_t row = bands_.first_row(first);
            row < bands_.first_row(first) + RowsOf(first, last); ++row) {
         ExpandRow(qt, row, approx.data());
-        const float* g = grad_.values.data() + row * plan_.cols;
-        float* e = error.data() + row * plan_.cols;
+        const float* g = grad().values.data() + row * plan.cols;
+        float* e = error.data() + row * plan.cols;
         // e <- M - P_hat Q_mean^T, M = g + e (the old e, read before it is
         // written over) or g alone.
         if (error_ != nullptr) {
@@ -315,11 +225,19 @@ class PowerSgdSession : public CodecSession {
       }
     });
     error_ = nullptr;
-    if (options_.warm_start) {
-      absl::Span<float> warm = state_.Buffer(kPowerSgdQBuffer, q_mean_.size());
-      std::copy(q_mean_.begin(), q_mean_.end(), warm.begin());
-    }
-    stage_ = Stage::kDone;
+    return absl::OkStatus();
+  }
+
+  // out = P_hat q^T, rows x cols.
+  absl::Status Expand(const std::vector<float>& q,
+                      absl::Span<float> out) override {
+    const std::vector<float> qt = Transposed(q);
+    bands_.For(kMinBandsPerPart, [&](size_t first, size_t last, int) {
+      for (int64_t row = bands_.first_row(first);
+           row < bands_.first_row(first) + RowsOf(first, last); ++row) {
+        ExpandRow(qt, row, out.data() + row * plan().cols);
+      }
+    });
     return absl::OkStatus();
   }
 
@@ -333,10 +251,11 @@ class PowerSgdSession : public CodecSession {
   // q (cols x rank) as rank x cols, so that expanding a row reads each of
   // q's columns contiguously.
   std::vector<float> Transposed(const std::vector<float>& q) const {
+    const PowerSgdPlan& plan = this->plan();
     std::vector<float> qt(q.size());
-    for (int64_t j = 0; j < plan_.cols; ++j) {
-      for (int64_t k = 0; k < plan_.rank; ++k) {
-        qt[k * plan_.cols + j] = q[j * plan_.rank + k];
+    for (int64_t j = 0; j < plan.cols; ++j) {
+      for (int64_t k = 0; k < plan.rank; ++k) {
+        qt[k * plan.cols + j] = q[j * plan.rank + k];
       }
     }
     return qt;
@@ -346,65 +265,21 @@ class PowerSgdSession : public CodecSession {
   // once, the rank-r terms added in order (a general matrix product would
   // zero the 100 MB output first and then read it back).
   void ExpandRow(const std::vector<float>& qt, int64_t row, float* out) const {
-    const size_t cols = static_cast<size_t>(plan_.cols);
-    const float* p = p_hat_.data() + row * plan_.rank;
+    const PowerSgdPlan& plan = this->plan();
+    const size_t cols = static_cast<size_t>(plan.cols);
+    const float* p = p_hat_.data() + row * plan.rank;
     const float p0 = p[0];
     for (size_t j = 0; j < cols; ++j) out[j] = p0 * qt[j];
-    for (int64_t k = 1; k < plan_.rank; ++k) {
+    for (int64_t k = 1; k < plan.rank; ++k) {
       const float pk = p[k];
-      const float* qk = qt.data() + k * plan_.cols;
+      const float* qk = qt.data() + k * plan.cols;
       for (size_t j = 0; j < cols; ++j) out[j] += pk * qk[j];
     }
   }
 
-  // out = P_hat q^T, rows x cols.
-  void Expand(const std::vector<float>& q, absl::Span<float> out) const {
-    const std::vector<float> qt = Transposed(q);
-    bands_.For(kMinBandsPerPart, [&](size_t first, size_t last, int) {
-      for (int64_t row = bands_.first_row(first);
-           row < bands_.first_row(first) + RowsOf(first, last); ++row) {
-        ExpandRow(qt, row, out.data() + row * plan_.cols);
-      }
-    });
-  }
-
-  std::optional<Round> MakeRound(uint8_t round_index,
-                                 absl::Span<const float> body) const {
-    return MakePowerSgdRound(plan_, grad_.numel(), round_index, body);
-  }
-
-  absl::Status CheckDone(absl::string_view call, absl::Span<float> out) const {
-    if (stage_ != Stage::kDone) {
-      return OutOfOrder(call, "the step's rounds have not all been absorbed");
-    }
-    if (out.size() != grad_.numel()) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("powersgd: expected an output of %d elements, got %d",
-                          grad_.numel(), out.size()));
-    }
-    return absl::OkStatus();
-  }
-
-  static absl::Status OutOfOrder(absl::string_view call,
-                                 absl::string_view why) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "powersgd session: %s called out of order: %s", call, why));
-  }
-
-  const PowerSgdOptions options_;
-  const PowerSgdPlan plan_;
   const Bands bands_;
-  const TensorView grad_;
-  TensorState& state_;
-  const StepContext ctx_;
-  Stage stage_ = Stage::kStart;
   const float* error_ = nullptr;  // e at the step's start, if any (numel)
-  std::vector<float> p_;          // M Q, this worker's round-0 body
   std::vector<float> p_hat_;      // orthonormalised sum of P
-  std::vector<float> own_q_;      // M^T P_hat, this worker's round-1 body
-  std::vector<float> q_mean_;     // sum of Q / W
-  std::vector<float> sum_;        // dense: the sum of g
-  int world_size_ = 1;
 };
 
 }  // namespace
@@ -446,6 +321,152 @@ absl::Status CheckPowerSgdSum(absl::Span<const float> sum, int64_t expected,
         what));
   }
   return absl::OkStatus();
+}
+
+PowerSgdSession::PowerSgdSession(const PowerSgdOptions& options,
+                                 const PowerSgdPlan& plan,
+                                 const TensorView& grad, TensorState& state,
+                                 const StepContext& ctx,
+                                 absl::string_view backend)
+    : options_(options),
+      plan_(plan),
+      grad_(grad),
+      state_(state),
+      ctx_(ctx),
+      backend_(backend) {}
+
+absl::StatusOr<std::optional<Round>> PowerSgdSession::NextRound() {
+  switch (stage_) {
+    case Stage::kStart: {
+      if (plan_.dense()) {
+        stage_ = Stage::kAwaitDense;
+        return MakePowerSgdRound(plan_, grad_.numel(), 0, grad_.values);
+      }
+      GC_ASSIGN_OR_RETURN(const std::vector<float> p, MultiplyP(InitialQ()));
+      stage_ = Stage::kAwaitP;
+      return MakePowerSgdRound(plan_, grad_.numel(), 0, p);
+    }
+    case Stage::kHaveP:
+      stage_ = Stage::kAwaitQ;
+      return MakePowerSgdRound(plan_, grad_.numel(), 1, own_q_);
+    case Stage::kDone:
+      return std::optional<Round>();
+    default:
+      return OutOfOrder("NextRound", "the last round was not absorbed");
+  }
+}
+
+absl::Status PowerSgdSession::Absorb(RoundResult result) {
+  if (result.world_size < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "powersgd: expected a world size >= 1, got %d", result.world_size));
+  }
+  switch (stage_) {
+    case Stage::kAwaitDense:
+      GC_RETURN_IF_ERROR(
+          CheckPowerSgdSum(result.sum, grad_.numel(), "dense values"));
+      sum_ = std::move(result.sum);
+      world_size_ = result.world_size;
+      stage_ = Stage::kDone;
+      return absl::OkStatus();
+    case Stage::kAwaitP: {
+      GC_RETURN_IF_ERROR(
+          CheckPowerSgdSum(result.sum, plan_.rows * plan_.rank, "P"));
+      GC_ASSIGN_OR_RETURN(own_q_, MultiplyQ(std::move(result.sum)));
+      stage_ = Stage::kHaveP;
+      return absl::OkStatus();
+    }
+    case Stage::kAwaitQ:
+      GC_RETURN_IF_ERROR(
+          CheckPowerSgdSum(result.sum, plan_.cols * plan_.rank, "Q"));
+      return AbsorbQ(std::move(result.sum), result.world_size);
+    default:
+      return OutOfOrder("Absorb", "no round is waiting for its result");
+  }
+}
+
+absl::Status PowerSgdSession::Finish(absl::Span<float> out) {
+  GC_RETURN_IF_ERROR(CheckDone("Finish", out));
+  if (plan_.dense()) {
+    const float w = static_cast<float>(world_size_);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = sum_[i] / w;
+    return absl::OkStatus();
+  }
+  return Expand(q_mean_, out);
+}
+
+absl::Status PowerSgdSession::DecodeOwn(absl::Span<float> out) {
+  GC_RETURN_IF_ERROR(CheckDone("DecodeOwn", out));
+  if (plan_.dense()) {
+    std::copy(grad_.values.begin(), grad_.values.end(), out.begin());
+    return absl::OkStatus();
+  }
+  return Expand(own_q_, out);
+}
+
+const float* PowerSgdSession::FindResidual() {
+  std::optional<absl::Span<float>> error = state_.Find(kPowerSgdErrorBuffer);
+  return error.has_value() && error->size() == grad_.numel() ? error->data()
+                                                             : nullptr;
+}
+
+absl::Status PowerSgdSession::NonFiniteInput() {
+  return absl::InvalidArgumentError(
+      "powersgd: the gradient plus its error feedback holds NaN or Inf; "
+      "expected finite values");
+}
+
+std::vector<float> PowerSgdSession::InitialQ() {
+  const size_t q_size = static_cast<size_t>(plan_.cols * plan_.rank);
+  std::vector<float> q;
+  std::optional<absl::Span<float>> warm = state_.Find(kPowerSgdQBuffer);
+  if (options_.warm_start && warm.has_value() && warm->size() == q_size) {
+    q.assign(warm->begin(), warm->end());
+  }
+  if (q.empty() ||
+      OrthonormalizeColumns(absl::MakeSpan(q), plan_.cols, plan_.rank) > 0) {
+    q.resize(q_size);
+    FillGaussian(PhiloxStream(ctx_.seed, ctx_.tensor_id, ctx_.step, 0), 0,
+                 absl::MakeSpan(q));
+    OrthonormalizeColumns(absl::MakeSpan(q), plan_.cols, plan_.rank);
+  }
+  return q;
+}
+
+// The step's result is known: the state moves on (residual, warm start).
+absl::Status PowerSgdSession::AbsorbQ(std::vector<float> q_sum,
+                                      int world_size) {
+  q_mean_ = std::move(q_sum);
+  const float w = static_cast<float>(world_size);
+  for (float& v : q_mean_) v /= w;
+  GC_RETURN_IF_ERROR(UpdateResidual(
+      q_mean_, state_.Buffer(kPowerSgdErrorBuffer, grad_.numel())));
+  if (options_.warm_start) {
+    absl::Span<float> warm = state_.Buffer(kPowerSgdQBuffer, q_mean_.size());
+    std::copy(q_mean_.begin(), q_mean_.end(), warm.begin());
+  }
+  stage_ = Stage::kDone;
+  return absl::OkStatus();
+}
+
+absl::Status PowerSgdSession::CheckDone(absl::string_view call,
+                                        absl::Span<float> out) const {
+  if (stage_ != Stage::kDone) {
+    return OutOfOrder(call, "the step's rounds have not all been absorbed");
+  }
+  if (out.size() != grad_.numel()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("powersgd: expected an output of %d elements, got %d",
+                        grad_.numel(), out.size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PowerSgdSession::OutOfOrder(absl::string_view call,
+                                         absl::string_view why) const {
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "powersgd session%s: %s called out of order: %s",
+      backend_.empty() ? "" : absl::StrCat(" (", backend_, ")"), call, why));
 }
 
 PowerSgdPlan PlanPowerSgd(const PowerSgdOptions& options,
@@ -528,7 +549,7 @@ absl::StatusOr<std::unique_ptr<CodecSession>> PowerSgdCodec::Start(
         "powersgd: the shape holds %d elements but the tensor has %d", n,
         grad.numel()));
   }
-  return std::unique_ptr<CodecSession>(std::make_unique<PowerSgdSession>(
+  return std::unique_ptr<CodecSession>(std::make_unique<CpuPowerSgdSession>(
       options_, PlanPowerSgd(options_, grad.shape), grad, state, ctx));
 }
 

@@ -45,10 +45,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "codecs/codec.h"
 #include "codecs/params.h"
 #include "codecs/registry.h"
@@ -88,6 +92,70 @@ Round MakePowerSgdRound(const PowerSgdPlan& plan, uint64_t numel,
 // InvalidArgument naming `what` ("P", "Q", "dense values").
 absl::Status CheckPowerSgdSum(absl::Span<const float> sum, int64_t expected,
                               absl::string_view what);
+
+// One tensor's PowerSGD step: the bookkeeping every backend's session
+// shares (codecs/cuda/powersgd.cc too). It orders the calls, checks each
+// round's sum, sends a dense plan's values, makes the step's first Q (the
+// warm start, or Philox normals, orthonormalised), takes Q's mean, and
+// moves the state on (residual, warm start) when the last round is in. A
+// backend supplies the four products of a low-rank step.
+class PowerSgdSession : public CodecSession {
+ public:
+  absl::StatusOr<std::optional<Round>> NextRound() final;
+  absl::Status Absorb(RoundResult result) final;
+  absl::Status Finish(absl::Span<float> out) final;
+  absl::Status DecodeOwn(absl::Span<float> out) final;
+
+ protected:
+  // `backend` names the session in out-of-order errors ("", "GPU").
+  PowerSgdSession(const PowerSgdOptions& options, const PowerSgdPlan& plan,
+                  const TensorView& grad, TensorState& state,
+                  const StepContext& ctx, absl::string_view backend);
+
+  // P = M Q for the step's Q (cols x rank): this worker's round-0 body
+  // (rows x rank). M = g + FindResidual(). InvalidArgument (NonFiniteInput)
+  // when M holds NaN or Inf.
+  virtual absl::StatusOr<std::vector<float>> MultiplyP(
+      const std::vector<float>& q) = 0;
+  // M^T P_hat, P_hat = p_sum orthonormalised: this worker's round-1 body
+  // (cols x rank).
+  virtual absl::StatusOr<std::vector<float>> MultiplyQ(
+      std::vector<float> p_sum) = 0;
+  // error <- M - P_hat q_mean^T. `error` is the state's residual buffer: the
+  // residual of the step's start, when FindResidual found one.
+  virtual absl::Status UpdateResidual(const std::vector<float>& q_mean,
+                                      absl::Span<float> error) = 0;
+  // out = P_hat q^T.
+  virtual absl::Status Expand(const std::vector<float>& q,
+                              absl::Span<float> out) = 0;
+
+  // The residual of the step's start (numel values), or null.
+  const float* FindResidual();
+  static absl::Status NonFiniteInput();
+
+  const PowerSgdPlan& plan() const { return plan_; }
+  const TensorView& grad() const { return grad_; }
+
+ private:
+  enum class Stage { kStart, kAwaitDense, kAwaitP, kHaveP, kAwaitQ, kDone };
+
+  std::vector<float> InitialQ();
+  absl::Status AbsorbQ(std::vector<float> q_sum, int world_size);
+  absl::Status CheckDone(absl::string_view call, absl::Span<float> out) const;
+  absl::Status OutOfOrder(absl::string_view call, absl::string_view why) const;
+
+  const PowerSgdOptions options_;
+  const PowerSgdPlan plan_;
+  const TensorView grad_;
+  TensorState& state_;
+  const StepContext ctx_;
+  const std::string backend_;
+  Stage stage_ = Stage::kStart;
+  std::vector<float> own_q_;   // M^T P_hat, this worker's round-1 body
+  std::vector<float> q_mean_;  // sum of Q / W
+  std::vector<float> sum_;     // dense: the sum of g
+  int world_size_ = 1;
+};
 
 class PowerSgdCodec : public Codec {
  public:

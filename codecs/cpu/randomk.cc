@@ -103,26 +103,12 @@ RandomKCodec::RandomKCodec(const RandomKOptions& options)
   info_.unbiased = options.scale;
 }
 
-uint64_t RandomKCodec::KFor(uint64_t numel) const {
-  if (numel == 0) return 0;
-  // The 1e-9 absorbs the rounding of ratio * numel (0.01 * 25e6 is not
-  // exactly 250000 in double), which would otherwise add one.
-  const double k =
-      std::ceil(options_.ratio * static_cast<double>(numel) - 1e-9);
-  return static_cast<uint64_t>(std::clamp(k, 1.0, static_cast<double>(numel)));
+PhiloxStream RandomKStream(const StepContext& ctx) {
+  return PhiloxStream(ctx.seed, ctx.tensor_id, ctx.step, /*round=*/0);
 }
 
-absl::Status RandomKCodec::Encode(const TensorView& grad,
-                                  TensorState& /*state*/,
-                                  const StepContext& ctx,
-                                  Bytes* payload) const {
-  const uint64_t n = grad.numel();
-  const uint64_t k = KFor(n);
-  const float scale =
-      options_.scale && k > 0
-          ? static_cast<float>(static_cast<double>(n) / static_cast<double>(k))
-          : 1.0f;
-
+char* BeginRandomKPayload(uint64_t n, uint64_t k, const StepContext& ctx,
+                          Bytes* payload) {
   char params[kParamBytes] = {static_cast<char>(ElemType::kF32),
                               static_cast<char>(kFloydPhilox)};
   const uint64_t key[4] = {k, ctx.seed, ctx.tensor_id,
@@ -132,10 +118,37 @@ absl::Status RandomKCodec::Encode(const TensorView& grad,
   header.codec = CodecId::kRandomK;
   header.flags = kFlagDenseBody;
   header.numel = n;
-  char* body = BeginPayload(header, absl::string_view(params, kParamBytes),
-                            k * sizeof(float), payload);
-  const std::vector<uint64_t> bitmap = DrawRandomKBitmap(
-      n, k, PhiloxStream(ctx.seed, ctx.tensor_id, ctx.step, /*round=*/0));
+  return BeginPayload(header, absl::string_view(params, kParamBytes),
+                      k * sizeof(float), payload);
+}
+
+uint64_t RandomKCodec::KFor(uint64_t numel) const {
+  if (numel == 0) return 0;
+  // The 1e-9 absorbs the rounding of ratio * numel (0.01 * 25e6 is not
+  // exactly 250000 in double), which would otherwise add one.
+  const double k =
+      std::ceil(options_.ratio * static_cast<double>(numel) - 1e-9);
+  return static_cast<uint64_t>(std::clamp(k, 1.0, static_cast<double>(numel)));
+}
+
+float RandomKCodec::ScaleFor(uint64_t numel) const {
+  const uint64_t k = KFor(numel);
+  return options_.scale && k > 0
+             ? static_cast<float>(static_cast<double>(numel) /
+                                  static_cast<double>(k))
+             : 1.0f;
+}
+
+absl::Status RandomKCodec::Encode(const TensorView& grad,
+                                  TensorState& /*state*/,
+                                  const StepContext& ctx,
+                                  Bytes* payload) const {
+  const uint64_t n = grad.numel();
+  const uint64_t k = KFor(n);
+  const float scale = ScaleFor(n);
+  char* body = BeginRandomKPayload(n, k, ctx, payload);
+  const std::vector<uint64_t> bitmap =
+      DrawRandomKBitmap(n, k, RandomKStream(ctx));
   const float* g = grad.values.data();
   ForEachIndex(bitmap, [&](uint64_t j, uint64_t i) {
     const float value = g[i] * scale;
@@ -212,9 +225,8 @@ absl::Status RandomKCodec::FinishSum(absl::Span<const float> sum,
         "randomk: expected a sum of k = %d values for %d elements, got %d", k,
         out.size(), sum.size()));
   }
-  const std::vector<uint64_t> bitmap = DrawRandomKBitmap(
-      out.size(), k,
-      PhiloxStream(ctx.seed, ctx.tensor_id, ctx.step, /*round=*/0));
+  const std::vector<uint64_t> bitmap =
+      DrawRandomKBitmap(out.size(), k, RandomKStream(ctx));
   std::fill(out.begin(), out.end(), 0.0f);
   const float w = static_cast<float>(world_size);
   ForEachIndex(bitmap, [&](uint64_t j, uint64_t i) { out[i] = sum[j] / w; });

@@ -75,6 +75,9 @@ class RandomKCodec : public SingleRoundCodec {
   // k = ceil(ratio * n), at least 1 for a nonempty tensor.
   uint64_t KFor(uint64_t numel) const;
 
+  // The factor of the values sent: n / k with `scale`, else 1.
+  float ScaleFor(uint64_t numel) const;
+
   const RandomKOptions& options() const { return options_; }
 
  private:
@@ -83,6 +86,17 @@ class RandomKCodec : public SingleRoundCodec {
 };
 
 CodecInfo RandomKInfo();
+
+// The stream a step's indices are drawn from: (seed, tensor, step, round 0).
+PhiloxStream RandomKStream(const StepContext& ctx);
+
+// Writes the header and parameter block of the randomk payload of step `ctx`
+// for a tensor of n elements with k values (the key that lets a decoder draw
+// the indices again) and returns its body: k fp32, unaligned, for the caller
+// to fill in ascending index order. Every backend's encoder writes these
+// bytes (codecs/cuda too).
+char* BeginRandomKPayload(uint64_t n, uint64_t k, const StepContext& ctx,
+                          Bytes* payload);
 
 // A randomk payload for a tensor of n elements, checked as DecodeAdd checks
 // it (the GPU decoder's checks too).

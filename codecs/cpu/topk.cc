@@ -25,6 +25,16 @@ constexpr uint8_t kIndexDeltaPacked = 1;  // index_coding.h
 constexpr size_t kParamBytes = 8;
 constexpr double kWarmupDensities[] = {0.25, 0.0625, 0.0156, 0.004};
 
+// acc[index] += alpha * value for each checked pair.
+void AddPairs(const TopKPairs& pairs, float alpha, absl::Span<float> acc) {
+  const char* values = pairs.values.data();
+  for (size_t j = 0; j < pairs.indices.size(); ++j) {
+    float value;
+    std::memcpy(&value, values + 4 * j, sizeof(value));
+    acc[pairs.indices[j]] += alpha * value;
+  }
+}
+
 uint32_t Load32(const char* p) {
   uint32_t v;
   std::memcpy(&v, p, sizeof(v));
@@ -212,12 +222,27 @@ absl::Status TopKCodec::DecodeAdd(absl::string_view payload, float alpha,
                                   absl::Span<float> acc) const {
   GC_ASSIGN_OR_RETURN(const TopKPairs pairs,
                       ParseTopKPayload(payload, acc.size()));
-  const char* values = pairs.values.data();
-  for (size_t j = 0; j < pairs.indices.size(); ++j) {
-    float value;
-    std::memcpy(&value, values + 4 * j, sizeof(value));
-    acc[pairs.indices[j]] += alpha * value;
+  AddPairs(pairs, alpha, acc);
+  return absl::OkStatus();
+}
+
+absl::Status TopKCodec::FinishGather(absl::Span<const Bytes> payloads,
+                                     const StepContext& /*ctx*/,
+                                     absl::Span<float> out) const {
+  if (payloads.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: expected at least one gathered payload, got none", info().name));
   }
+  std::vector<TopKPairs> parsed;
+  parsed.reserve(payloads.size());
+  for (size_t r = 0; r < payloads.size(); ++r) {
+    absl::StatusOr<TopKPairs> pairs = ParseTopKPayload(payloads[r], out.size());
+    if (!pairs.ok()) return GatherPayloadError(r, pairs.status());
+    parsed.push_back(*std::move(pairs));
+  }
+  std::fill(out.begin(), out.end(), 0.0f);
+  const float weight = 1.0f / static_cast<float>(payloads.size());
+  for (const TopKPairs& pairs : parsed) AddPairs(pairs, weight, out);
   return absl::OkStatus();
 }
 

@@ -66,6 +66,14 @@ class TopKCodec : public SingleRoundCodec {
   absl::Status DecodeAdd(absl::string_view payload, float alpha,
                          absl::Span<float> acc) const override;
 
+  // The base's mean of the decodes (same order, same values), written
+  // straight into `out` once every payload has been checked: no
+  // tensor-sized zeroed scratch and copy. A bad payload still leaves `out`
+  // untouched and gives the base's error.
+  absl::Status FinishGather(absl::Span<const Bytes> payloads,
+                            const StepContext& ctx,
+                            absl::Span<float> out) const override;
+
   // How Encode picks the indices of the accumulated v to send: SelectTopK
   // here; the GPU twin (codecs/cuda) selects on the device, same result.
   using Selector = absl::FunctionRef<absl::StatusOr<TopKSelection>(

@@ -253,6 +253,46 @@ TEST(TopKCodecTest, DecodeRejectsBadPayloadsAndLeavesAccUntouched) {
           .ok());
 }
 
+TEST(TopKCodecTest, FinishGatherIsTheBaseMeanOfTheDecodes) {
+  const auto codec = Make({{"ratio", "0.05"}});
+  std::vector<Bytes> payloads;
+  for (uint32_t r = 0; r < 3; ++r) {
+    TensorState state;
+    payloads.push_back(
+        EncodeStep(*codec, Normal(1000, 20 + r), state, 0).payload);
+  }
+  std::vector<float> direct(1000, 7.0f), base(1000, 7.0f);
+  ASSERT_TRUE(codec->FinishGather(payloads, {}, absl::MakeSpan(direct)).ok());
+  ASSERT_TRUE(
+      codec->SingleRoundCodec::FinishGather(payloads, {}, absl::MakeSpan(base))
+          .ok());
+  for (size_t i = 0; i < direct.size(); ++i) {
+    ASSERT_EQ(std::memcmp(&direct[i], &base[i], sizeof(float)), 0) << i;
+  }
+  EXPECT_GT(std::count(direct.begin(), direct.end(), 0.0f), 800);
+}
+
+TEST(TopKCodecTest, FinishGatherWithABadPayloadLeavesOutputUntouched) {
+  const auto codec = Make({});
+  const std::vector<Bytes> payloads = {Payload(10, {1, 2}, 2, 2),
+                                       Payload(10, {2, 7}, 2, 2)};  // 2, 10
+  std::vector<float> out(10, 7.0f);
+  const std::vector<float> untouched = out;
+  const absl::Status s = codec->FinishGather(payloads, {}, absl::MakeSpan(out));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("topk: payload of rank 1: "),
+            absl::string_view::npos)
+      << s.message();
+  EXPECT_EQ(out, untouched);
+  std::vector<float> base_out = untouched;
+  EXPECT_EQ(codec->SingleRoundCodec::FinishGather(payloads, {},
+                                                  absl::MakeSpan(base_out)),
+            s);
+  EXPECT_EQ(codec->FinishGather({}, {}, absl::MakeSpan(out)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(out, untouched);
+}
+
 TEST(TopKCodecTest, PayloadIsSmallerThanInt32Pairs) {
   const auto codec = Make({{"ratio", "0.001"}});
   TensorState state;

@@ -47,19 +47,20 @@ namespace {
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "parameter blocks are written with host-order memcpy");
 
-// Writes a payload whose body `launch` fills in device memory: launch gets
-// the device body and a zeroed device flag it sets when the input is not
-// finite. Returns whether the flag was set.
-absl::StatusOr<bool> EncodeWith(
-    const WireHeader& header, absl::string_view params, size_t body_bytes,
-    const std::function<cudaError_t(void* body, int* nonfinite)>& launch,
-    Bytes* payload) {
+using BodyLaunch = std::function<cudaError_t(void* body, int* nonfinite)>;
+
+// Writes a payload whose header and parameter block `begin` writes (it
+// returns the host body of body_bytes) and whose body `launch` fills in
+// device memory: launch gets the device body and a zeroed device flag it
+// sets when the input is not finite. Returns whether the flag was set.
+absl::StatusOr<bool> EncodeWith(const std::function<char*()>& begin,
+                                size_t body_bytes, const BodyLaunch& launch) {
   GC_RETURN_IF_ERROR(CudaDeviceAvailable());
   GC_ASSIGN_OR_RETURN(DeviceBuffer body, DeviceBuffer::Create(body_bytes));
   GC_ASSIGN_OR_RETURN(DeviceBuffer flag, DeviceBuffer::Create(sizeof(int)));
   GC_CUDA_RETURN_IF_ERROR(cudaMemset(flag.data(), 0, sizeof(int)));
   GC_CUDA_RETURN_IF_ERROR(launch(body.data(), flag.as<int>()));
-  char* out = BeginPayload(header, params, body_bytes, payload);
+  char* out = begin();
   if (body_bytes > 0) {
     GC_CUDA_RETURN_IF_ERROR(
         cudaMemcpy(out, body.data(), body_bytes, cudaMemcpyDeviceToHost));
@@ -68,6 +69,15 @@ absl::StatusOr<bool> EncodeWith(
   GC_CUDA_RETURN_IF_ERROR(
       cudaMemcpy(&nonfinite, flag.data(), sizeof(int), cudaMemcpyDeviceToHost));
   return nonfinite != 0;
+}
+
+// EncodeWith for a payload of `header` and `params`.
+absl::StatusOr<bool> EncodeWith(const WireHeader& header,
+                                absl::string_view params, size_t body_bytes,
+                                const BodyLaunch& launch, Bytes* payload) {
+  return EncodeWith(
+      [&] { return BeginPayload(header, params, body_bytes, payload); },
+      body_bytes, launch);
 }
 
 // Copies a checked payload body to the device, runs `launch` on the copy
@@ -82,8 +92,7 @@ absl::Status DecodeWith(
                                        cudaMemcpyHostToDevice));
   }
   GC_CUDA_RETURN_IF_ERROR(launch(device.as<const char>()));
-  GC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(nullptr));
-  return absl::OkStatus();
+  return SynchronizeStream();
 }
 
 // The dense codecs' parameter block (codecs/cpu/dense.cc): the element
@@ -573,21 +582,8 @@ class CudaOneBit : public CudaCodec {
                                 TensorState& state, const StepContext& ctx,
                                 Bytes* payload) const override {
     GC_RETURN_IF_ERROR(CudaDeviceAvailable());
-    if (n > 0 && (rows <= 0 || n % static_cast<uint64_t>(rows) != 0)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "onebit: expected shape[0] to divide the %d elements, got %d", n,
-          rows));
-    }
-    const size_t columns = n == 0 ? 0 : n / static_cast<size_t>(rows);
-    char params[kOneBitParamBytes];
-    const uint64_t columns64 = columns;
-    std::memcpy(params, &columns64, sizeof(columns64));
-    WireHeader header;
-    header.codec = CodecId::kOneBit;
-    header.numel = n;
-    char* body =
-        BeginPayload(header, absl::string_view(params, kOneBitParamBytes),
-                     8 * columns + SignBytes(n), payload);
+    GC_ASSIGN_OR_RETURN(const size_t columns, OneBitColumns(n, rows));
+    char* body = BeginOneBitPayload(n, columns, payload);
     if (n == 0) return absl::OkStatus();
     GC_ASSIGN_OR_RETURN(DeviceBuffer sums,
                         DeviceBuffer::Create(3 * sizeof(double) * columns));
@@ -667,8 +663,6 @@ class CudaOneBit : public CudaCodec {
   }
 
  private:
-  static constexpr size_t kOneBitParamBytes = 8;  // u64 column count
-
   // onebit.cc Encode's means of column j from its sums (host: positive,
   // negative, counts), into the body. With chain > 0 the sums are the CPU
   // chain's terms (chain of them at most) in another order: returns false,
@@ -680,10 +674,10 @@ class CudaOneBit : public CudaCodec {
     const double negatives = sums[2 * columns + j];
     const double others = static_cast<double>(rows) - negatives;
     const auto pos_of = [others](double sum) {
-      return others > 0 ? static_cast<float>(sum / others) : 0.0f;
+      return OneBitMean(sum, others);
     };
     const auto neg_of = [negatives](double sum) {
-      return negatives > 0 ? static_cast<float>(sum / negatives) : 0.0f;
+      return OneBitMean(sum, negatives);
     };
     float pos = pos_of(sums[j]);
     float neg = neg_of(sums[columns + j]);
@@ -827,21 +821,8 @@ class CudaRandomK : public CudaCodec {
     GC_RETURN_IF_ERROR(CudaDeviceAvailable());
     GC_RETURN_IF_ERROR(CheckIndexable(n));
     const uint64_t k = twin_->KFor(n);
-    const float scale = twin_->options().scale && k > 0
-                            ? static_cast<float>(static_cast<double>(n) /
-                                                 static_cast<double>(k))
-                            : 1.0f;
-    char params[kRandomKParamBytes] = {static_cast<char>(ElemType::kF32),
-                                       static_cast<char>(kFloydPhilox)};
-    const uint64_t key[4] = {k, ctx.seed, ctx.tensor_id,
-                             static_cast<uint64_t>(ctx.step)};
-    std::memcpy(params + 8, key, sizeof(key));
-    WireHeader header;
-    header.codec = CodecId::kRandomK;
-    header.flags = kFlagDenseBody;
-    header.numel = n;
-    const std::vector<uint32_t> indices = Indices(
-        n, k, PhiloxStream(ctx.seed, ctx.tensor_id, ctx.step, /*round=*/0));
+    const float scale = twin_->ScaleFor(n);
+    const std::vector<uint32_t> indices = Indices(n, k, RandomKStream(ctx));
     GC_ASSIGN_OR_RETURN(DeviceBuffer device_indices,
                         DeviceBuffer::Create(sizeof(uint32_t) * k));
     if (k > 0) {
@@ -849,15 +830,13 @@ class CudaRandomK : public CudaCodec {
                                          sizeof(uint32_t) * k,
                                          cudaMemcpyHostToDevice));
     }
-    return EncodeWith(
-               header, absl::string_view(params, sizeof(params)),
-               sizeof(float) * k,
-               [&](void* body, int*) {
-                 return LaunchRandomKGather(grad, device_indices.as<uint32_t>(),
-                                            k, scale, static_cast<float*>(body),
-                                            nullptr);
-               },
-               payload)
+    return EncodeWith([&] { return BeginRandomKPayload(n, k, ctx, payload); },
+                      sizeof(float) * k,
+                      [&](void* body, int*) {
+                        return LaunchRandomKGather(
+                            grad, device_indices.as<uint32_t>(), k, scale,
+                            static_cast<float*>(body), nullptr);
+                      })
         .status();
   }
 
@@ -883,11 +862,6 @@ class CudaRandomK : public CudaCodec {
   }
 
  private:
-  // codecs/cpu/randomk.cc's parameter block: [0] f32, [1] the draw, [2..7]
-  // zero, then u64 k, seed, tensor id, step.
-  static constexpr size_t kRandomKParamBytes = 40;
-  static constexpr uint8_t kFloydPhilox = 1;
-
   static absl::Status CheckIndexable(size_t n) {
     if (n > std::numeric_limits<uint32_t>::max()) {
       return absl::InvalidArgumentError(absl::StrFormat(

@@ -41,6 +41,10 @@ absl::Status CudaDeviceAvailable() {
   return *status;
 }
 
+absl::Status SynchronizeStream(cudaStream_t stream) {
+  return CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
+
 absl::StatusOr<DeviceBuffer> DeviceBuffer::Create(size_t bytes) {
   DeviceBuffer buffer;
   if (bytes == 0) return buffer;

@@ -31,6 +31,14 @@ absl::Status CudaStatus(cudaError_t error, const char* what);
 // cudaErrorInsufficientDriver or cudaErrorNoDevice). Asked once per process.
 absl::Status CudaDeviceAvailable();
 
+// Waits for the work queued so far on `stream` (null: the default stream)
+// of the current device. A call that hands device memory back to a client
+// ends with it: a device-to-device cudaMemcpy, and the DMA of a
+// host-to-device one from pageable memory, may still run when the call
+// returns. Unlike cudaDeviceSynchronize it does not wait for the device's
+// other streams, which serve other clients.
+absl::Status SynchronizeStream(cudaStream_t stream = nullptr);
+
 // A cudaMalloc'd block, freed on destruction. Move-only.
 class DeviceBuffer {
  public:

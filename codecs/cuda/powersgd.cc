@@ -5,15 +5,12 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
-#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
-#include "codecs/cpu/linalg.h"
 #include "codecs/cuda/powersgd_kernels.h"
-#include "codecs/random.h"
 
 namespace gradcomp::codecs::cuda {
 namespace {
@@ -169,89 +166,29 @@ absl::Status PowerSgdGpu::Orthonormalize(float* a, size_t rows, size_t cols) {
   return absl::OkStatus();
 }
 
-// One tensor, one step: the CPU twin's session (codecs/cpu/powersgd.cc)
-// with M, P and Q on the GPU. M is formed once, in device memory, and
-// becomes the residual in place at the end of the step.
-class CudaPowerSgdSession : public CodecSession {
+// One tensor, one step: the CPU twin's bookkeeping (PowerSgdSession) with
+// M, P and Q on the GPU. M is formed once, in device memory, and becomes
+// the residual in place at the end of the step.
+class CudaPowerSgdSession : public PowerSgdSession {
  public:
   CudaPowerSgdSession(const CudaPowerSgdCodec& codec, const PowerSgdPlan& plan,
                       const TensorView& grad, TensorState& state,
                       const StepContext& ctx)
-      : codec_(codec), plan_(plan), grad_(grad), state_(state), ctx_(ctx) {}
-
-  absl::StatusOr<std::optional<Round>> NextRound() override {
-    switch (stage_) {
-      case Stage::kStart:
-        GC_RETURN_IF_ERROR(ComputeP());
-        stage_ = Stage::kAwaitP;
-        return MakePowerSgdRound(plan_, grad_.numel(), 0, p_);
-      case Stage::kHaveP:
-        stage_ = Stage::kAwaitQ;
-        return MakePowerSgdRound(plan_, grad_.numel(), 1, own_q_);
-      case Stage::kDone:
-        return std::optional<Round>();
-      default:
-        return OutOfOrder("NextRound", "the last round was not absorbed");
-    }
-  }
-
-  absl::Status Absorb(RoundResult result) override {
-    if (result.world_size < 1) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "powersgd: expected a world size >= 1, got %d", result.world_size));
-    }
-    switch (stage_) {
-      case Stage::kAwaitP:
-        GC_RETURN_IF_ERROR(
-            CheckPowerSgdSum(result.sum, plan_.rows * plan_.rank, "P"));
-        return AbsorbP(result.sum);
-      case Stage::kAwaitQ:
-        GC_RETURN_IF_ERROR(
-            CheckPowerSgdSum(result.sum, plan_.cols * plan_.rank, "Q"));
-        return AbsorbQ(std::move(result.sum), result.world_size);
-      default:
-        return OutOfOrder("Absorb", "no round is waiting for its result");
-    }
-  }
-
-  absl::Status Finish(absl::Span<float> out) override {
-    GC_RETURN_IF_ERROR(CheckDone("Finish", out));
-    return Expand(q_mean_, out);
-  }
-
-  absl::Status DecodeOwn(absl::Span<float> out) override {
-    GC_RETURN_IF_ERROR(CheckDone("DecodeOwn", out));
-    return Expand(own_q_, out);
-  }
+      : PowerSgdSession(codec.options(), plan, grad, state, ctx,
+                        /*backend=*/"GPU"),
+        codec_(codec) {}
 
  private:
-  enum class Stage { kStart, kAwaitP, kHaveP, kAwaitQ, kDone };
-
-  size_t p_size() const { return static_cast<size_t>(plan_.rows * plan_.rank); }
-  size_t q_size() const { return static_cast<size_t>(plan_.cols * plan_.rank); }
-
-  // The step's Q, exactly as the CPU twin makes it (on the host, with its
-  // functions): the warm start, orthonormalised, or Philox normals.
-  std::vector<float> InitialQ() {
-    std::vector<float> q;
-    std::optional<absl::Span<float>> warm = state_.Find(kPowerSgdQBuffer);
-    if (codec_.options().warm_start && warm.has_value() &&
-        warm->size() == q_size()) {
-      q.assign(warm->begin(), warm->end());
-    }
-    if (q.empty() ||
-        OrthonormalizeColumns(absl::MakeSpan(q), plan_.cols, plan_.rank) > 0) {
-      q.resize(q_size());
-      FillGaussian(PhiloxStream(ctx_.seed, ctx_.tensor_id, ctx_.step, 0), 0,
-                   absl::MakeSpan(q));
-      OrthonormalizeColumns(absl::MakeSpan(q), plan_.cols, plan_.rank);
-    }
-    return q;
+  size_t p_size() const {
+    return static_cast<size_t>(plan().rows * plan().rank);
+  }
+  size_t q_size() const {
+    return static_cast<size_t>(plan().cols * plan().rank);
   }
 
-  absl::Status ComputeP() {
-    const size_t n = grad_.numel();
-    const std::vector<float> q = InitialQ();
+  absl::StatusOr<std::vector<float>> MultiplyP(
+      const std::vector<float>& q) override {
+    const size_t n = grad().numel();
     absl::MutexLock lock(&codec_.mu_);
     GC_ASSIGN_OR_RETURN(PowerSgdGpu * gpu, codec_.Gpu());
     GC_ASSIGN_OR_RETURN(m_, DeviceBuffer::Create(n * sizeof(float)));
@@ -259,111 +196,68 @@ class CudaPowerSgdSession : public CodecSession {
                         DeviceBuffer::Create(p_size() * sizeof(float)));
     GC_ASSIGN_OR_RETURN(q_device_,
                         DeviceBuffer::Create(q_size() * sizeof(float)));
-    GC_RETURN_IF_ERROR(Upload(grad_.values, m_.as<float>()));
+    GC_RETURN_IF_ERROR(Upload(grad().values, m_.as<float>()));
     GC_RETURN_IF_ERROR(Upload(q, q_device_.as<float>()));
-    // The residual of the step's start, if any; the state changes in
-    // AbsorbQ only.
-    std::optional<absl::Span<float>> error = state_.Find(kPowerSgdErrorBuffer);
-    if (error.has_value() && error->size() == n) {
+    if (const float* error = FindResidual(); error != nullptr) {
       GC_ASSIGN_OR_RETURN(DeviceBuffer e,
                           DeviceBuffer::Create(n * sizeof(float)));
-      GC_RETURN_IF_ERROR(Upload(*error, e.as<float>()));
+      GC_RETURN_IF_ERROR(Upload(absl::MakeConstSpan(error, n), e.as<float>()));
       GC_RETURN_IF_ERROR(gpu->FormMAndMultiplyP(
-          plan_, m_.as<float>(), e.as<float>(), nullptr, nullptr,
+          plan(), m_.as<float>(), e.as<float>(), nullptr, nullptr,
           q_device_.as<float>(), m_.as<float>(), p_device_.as<float>()));
     } else {
-      GC_RETURN_IF_ERROR(gpu->MultiplyP(
-          plan_, m_.as<float>(), q_device_.as<float>(), p_device_.as<float>()));
+      GC_RETURN_IF_ERROR(gpu->MultiplyP(plan(), m_.as<float>(),
+                                        q_device_.as<float>(),
+                                        p_device_.as<float>()));
     }
-    p_.resize(p_size());
-    GC_RETURN_IF_ERROR(Download(p_device_.as<float>(), absl::MakeSpan(p_)));
+    std::vector<float> p(p_size());
+    GC_RETURN_IF_ERROR(Download(p_device_.as<float>(), absl::MakeSpan(p)));
     // A NaN or Inf in M reaches P (the CPU twin checks M itself; a finite M
     // whose products overflow is caught by the sum's check instead).
-    if (!AllFinite(p_)) {
-      return absl::InvalidArgumentError(
-          "powersgd: the gradient plus its error feedback holds NaN or Inf; "
-          "expected finite values");
-    }
-    return absl::OkStatus();
+    if (!AllFinite(p)) return NonFiniteInput();
+    return p;
   }
 
-  absl::Status AbsorbP(const std::vector<float>& p_sum) {
+  absl::StatusOr<std::vector<float>> MultiplyQ(
+      std::vector<float> p_sum) override {
     absl::MutexLock lock(&codec_.mu_);
     GC_ASSIGN_OR_RETURN(PowerSgdGpu * gpu, codec_.Gpu());
     GC_RETURN_IF_ERROR(Upload(p_sum, p_device_.as<float>()));
     GC_RETURN_IF_ERROR(
-        gpu->Orthonormalize(p_device_.as<float>(), plan_.rows, plan_.rank));
+        gpu->Orthonormalize(p_device_.as<float>(), plan().rows, plan().rank));
     GC_RETURN_IF_ERROR(gpu->MultiplyQ(
-        plan_, m_.as<float>(), p_device_.as<float>(), q_device_.as<float>()));
-    own_q_.resize(q_size());
-    GC_RETURN_IF_ERROR(Download(q_device_.as<float>(), absl::MakeSpan(own_q_)));
-    stage_ = Stage::kHaveP;
-    return absl::OkStatus();
+        plan(), m_.as<float>(), p_device_.as<float>(), q_device_.as<float>()));
+    std::vector<float> own_q(q_size());
+    GC_RETURN_IF_ERROR(Download(q_device_.as<float>(), absl::MakeSpan(own_q)));
+    return own_q;
   }
 
-  // The step's result is known: the state moves on (residual, warm start).
-  absl::Status AbsorbQ(std::vector<float> q_sum, int world_size) {
-    q_mean_ = std::move(q_sum);
-    const float w = static_cast<float>(world_size);
-    for (float& v : q_mean_) v /= w;
-    {
-      absl::MutexLock lock(&codec_.mu_);
-      GC_ASSIGN_OR_RETURN(PowerSgdGpu * gpu, codec_.Gpu());
-      GC_RETURN_IF_ERROR(Upload(q_mean_, q_device_.as<float>()));
-      GC_RETURN_IF_ERROR(gpu->SubtractLowRank(
-          plan_, p_device_.as<float>(), q_device_.as<float>(), m_.as<float>()));
-      GC_RETURN_IF_ERROR(Download(
-          m_.as<float>(), state_.Buffer(kPowerSgdErrorBuffer, grad_.numel())));
-    }
-    if (codec_.options().warm_start) {
-      absl::Span<float> warm = state_.Buffer(kPowerSgdQBuffer, q_mean_.size());
-      std::copy(q_mean_.begin(), q_mean_.end(), warm.begin());
-    }
-    stage_ = Stage::kDone;
-    return absl::OkStatus();
+  absl::Status UpdateResidual(const std::vector<float>& q_mean,
+                              absl::Span<float> error) override {
+    absl::MutexLock lock(&codec_.mu_);
+    GC_ASSIGN_OR_RETURN(PowerSgdGpu * gpu, codec_.Gpu());
+    GC_RETURN_IF_ERROR(Upload(q_mean, q_device_.as<float>()));
+    GC_RETURN_IF_ERROR(gpu->SubtractLowRank(
+        plan(), p_device_.as<float>(), q_device_.as<float>(), m_.as<float>()));
+    return Download(m_.as<float>(), error);
   }
 
   // out = P_hat q^T, expanded on the GPU in M's buffer (free once the
   // residual is on the host).
-  absl::Status Expand(const std::vector<float>& q, absl::Span<float> out) {
+  absl::Status Expand(const std::vector<float>& q,
+                      absl::Span<float> out) override {
     absl::MutexLock lock(&codec_.mu_);
     GC_ASSIGN_OR_RETURN(PowerSgdGpu * gpu, codec_.Gpu());
     GC_RETURN_IF_ERROR(Upload(q, q_device_.as<float>()));
-    GC_RETURN_IF_ERROR(gpu->Expand(plan_, p_device_.as<float>(),
+    GC_RETURN_IF_ERROR(gpu->Expand(plan(), p_device_.as<float>(),
                                    q_device_.as<float>(), m_.as<float>()));
     return Download(m_.as<float>(), out);
   }
 
-  absl::Status CheckDone(absl::string_view call, absl::Span<float> out) const {
-    if (stage_ != Stage::kDone) {
-      return OutOfOrder(call, "the step's rounds have not all been absorbed");
-    }
-    if (out.size() != grad_.numel()) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("powersgd: expected an output of %d elements, got %d",
-                          grad_.numel(), out.size()));
-    }
-    return absl::OkStatus();
-  }
-
-  static absl::Status OutOfOrder(absl::string_view call,
-                                 absl::string_view why) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "powersgd session (GPU): %s called out of order: %s", call, why));
-  }
-
   const CudaPowerSgdCodec& codec_;
-  const PowerSgdPlan plan_;
-  const TensorView grad_;
-  TensorState& state_;
-  const StepContext ctx_;
-  Stage stage_ = Stage::kStart;
-  DeviceBuffer m_;             // M = g + e, then the new residual, then outputs
-  DeviceBuffer p_device_;      // P, then P_hat
-  DeviceBuffer q_device_;      // Q, then M^T P_hat, then a Q to expand
-  std::vector<float> p_;       // M Q, this worker's round-0 body
-  std::vector<float> own_q_;   // M^T P_hat, this worker's round-1 body
-  std::vector<float> q_mean_;  // sum of Q / W
+  DeviceBuffer m_;         // M = g + e, then the new residual, then outputs
+  DeviceBuffer p_device_;  // P, then P_hat
+  DeviceBuffer q_device_;  // Q, then M^T P_hat, then a Q to expand
 };
 
 absl::StatusOr<std::unique_ptr<CudaPowerSgdCodec>> CudaPowerSgdCodec::Create(

@@ -22,6 +22,38 @@ MessageKey ToMessageKey(const RoundKey& key, Phase phase) {
   return MessageKey{key.job, key.tensor, key.step, key.round, phase};
 }
 
+bool IsF32Body(const codecs::ParsedPayload& part) {
+  return static_cast<codecs::ElemType>(part.params[0]) ==
+         codecs::ElemType::kF32;
+}
+
+// InvalidArgument unless `part` has a dense body of `expected` elements.
+absl::Status CheckDenseBody(const codecs::ParsedPayload& part,
+                            size_t expected) {
+  GC_ASSIGN_OR_RETURN(const size_t n, codecs::DenseBodyElements(part));
+  if (n != expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected a dense body of ", expected, " elements, got ",
+                     n, " (", part.body.size(), " bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+// Writes the out.size() elements of `part`'s dense body, as fp32, over
+// `out`: fp32 bodies copied, fp16 and bf16 ones added onto zeros.
+absl::Status WriteDenseBody(const codecs::ParsedPayload& part,
+                            absl::Span<float> out) {
+  GC_RETURN_IF_ERROR(CheckDenseBody(part, out.size()));
+  if (IsF32Body(part)) {
+    if (!out.empty()) {
+      std::memcpy(out.data(), part.body.data(), out.size() * sizeof(float));
+    }
+    return absl::OkStatus();
+  }
+  std::fill(out.begin(), out.end(), 0.0f);
+  return codecs::AddDenseBody(part, 1.0f, out);
+}
+
 // Appends the `expected` elements of `part`'s dense body, as fp32, to `out`.
 // fp32 bodies are copied, never zero-filled first (the body lies at an odd
 // offset in its message, so it goes through a small aligned block that
@@ -30,13 +62,9 @@ MessageKey ToMessageKey(const RoundKey& key, Phase phase) {
 // was a memset over fresh pages per step.
 absl::Status AppendDenseBody(const codecs::ParsedPayload& part, size_t expected,
                              std::vector<float>* out) {
-  GC_ASSIGN_OR_RETURN(const size_t n, codecs::DenseBodyElements(part));
-  if (n != expected) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expected a dense body of ", expected, " elements, got ",
-                     n, " (", part.body.size(), " bytes)"));
-  }
-  if (static_cast<codecs::ElemType>(part.params[0]) == codecs::ElemType::kF32) {
+  GC_RETURN_IF_ERROR(CheckDenseBody(part, expected));
+  const size_t n = expected;
+  if (IsF32Body(part)) {
     constexpr size_t kBlock = 1024;
     float block[kBlock];
     for (size_t i = 0; i < n; i += kBlock) {
@@ -125,7 +153,7 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::Run(const RoundKey& key,
   } else {
     result = ReduceScatterAllgather(
         key, std::make_shared<const codecs::Bytes>(std::move(round.payload)),
-        deadline);
+        round.sum_into, deadline);
   }
   if (result.ok() && metrics_ != nullptr) {
     metrics_->ObserveCollective(algorithm, SecondsSince(start));
@@ -185,7 +213,7 @@ absl::StatusOr<std::vector<codecs::Bytes>> PeerCollective::Allgather(
 
 absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(
     const RoundKey& key, std::shared_ptr<const codecs::Bytes> payload,
-    absl::Time deadline) {
+    absl::Span<float> sum_into, absl::Time deadline) {
   const int w = world_size();
   const int me = rank();
   GC_ASSIGN_OR_RETURN(const codecs::ParsedPayload own,
@@ -275,19 +303,29 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(
   // Allgather of the summed slices. The result is put together once they
   // have all come, from the bytes each owner sent (this rank's too), so
   // every rank decodes exactly the same values, and it is not allocated
-  // (nor zero-filled) while this rank waits.
+  // (nor zero-filled) while this rank waits. Written straight into the
+  // caller's `sum_into` when that fits: no tensor-sized vector to fill and
+  // read back.
   const MessageKey gather = ToMessageKey(key, Phase::kAllgather);
   GC_RETURN_IF_ERROR(SendToOthers(gather, reduced, deadline));
   GC_ASSIGN_OR_RETURN(got, CollectFromOthers(gather, deadline));
   codecs::RoundResult result;
   result.world_size = w;
-  result.sum.reserve(m);
+  const bool in_place = sum_into.size() == m;
+  if (in_place) {
+    result.summed_into = sum_into;
+  } else {
+    result.sum.reserve(m);
+  }
   for (int r = 0; r < w; ++r) {
     absl::StatusOr<codecs::ParsedPayload> part =
         codecs::PeekPayload(r == me ? *reduced : got[r]);
     absl::Status status = part.status();
+    const Slice s = SliceOf(m, w, r);
     if (status.ok()) {
-      status = AppendDenseBody(*part, SliceOf(m, w, r).size, &result.sum);
+      status = in_place
+                   ? WriteDenseBody(*part, sum_into.subspan(s.begin, s.size))
+                   : AppendDenseBody(*part, s.size, &result.sum);
     }
     if (!status.ok()) {
       return absl::Status(status.code(),

@@ -55,9 +55,11 @@ class PeerCollective : public Collective {
  private:
   absl::StatusOr<std::vector<codecs::Bytes>> AllgatherPhase(
       const MessageKey& key, codecs::Bytes payload, absl::Time deadline);
+  // The sum goes into `sum_into` when that has the body's length (the
+  // round's), else into the result's own vector.
   absl::StatusOr<codecs::RoundResult> ReduceScatterAllgather(
       const RoundKey& key, std::shared_ptr<const codecs::Bytes> payload,
-      absl::Time deadline);
+      absl::Span<float> sum_into, absl::Time deadline);
 
   // Sends `data` to every other rank, starting after this one so that the
   // ranks do not all write to rank 0 first.

@@ -149,6 +149,61 @@ TEST(PeerCollectiveTest, SumIsTheRankOrderFp32SumBitForBitOnEveryRank) {
   }
 }
 
+TEST(PeerCollectiveTest, SumIntoTheRoundsBufferIsTheSameSumBitForBit) {
+  constexpr int kW = 4, kTensors = 4;
+  constexpr size_t kSize = 1003;
+  Group group(kW);
+  // Tensors 0 and 1 fp32, 2 fp16, 3 with a buffer of the wrong size (the
+  // sum then comes in the result's vector and the buffer stays as it was).
+  const float kSentinel = -7.5f;
+  std::vector<std::vector<std::vector<float>>> into(
+      kW, std::vector<std::vector<float>>(kTensors));
+  for (int r = 0; r < kW; ++r) {
+    for (int t = 0; t < kTensors; ++t) {
+      into[r][t].assign(t == 3 ? kSize - 1 : kSize, kSentinel);
+    }
+  }
+  Results results = RunAll(group, kW, kTensors, 0, [&](int r, int t) {
+    codecs::Round round{
+        codecs::Collective::kSum,
+        t == 2 ? DensePayload(Values(r, t, 0, kSize), codecs::ElemType::kF16,
+                              codecs::CodecId::kFp16)
+               : DensePayload(Values(r, t, 0, kSize))};
+    round.sum_into = absl::MakeSpan(into[r][t]);
+    return round;
+  });
+  std::vector<std::vector<float>> by_vector(kTensors);
+  Group reference(kW);
+  Results plain = RunAll(reference, kW, kTensors, 0, [&](int r, int t) {
+    return codecs::Round{
+        codecs::Collective::kSum,
+        t == 2 ? DensePayload(Values(r, t, 0, kSize), codecs::ElemType::kF16,
+                              codecs::CodecId::kFp16)
+               : DensePayload(Values(r, t, 0, kSize))};
+  });
+  for (int r = 0; r < kW; ++r) {
+    for (int t = 0; t < kTensors; ++t) {
+      ASSERT_TRUE(results[r][t].ok()) << results[r][t].status();
+      ASSERT_TRUE(plain[r][t].ok()) << plain[r][t].status();
+      const std::vector<float>& expected = plain[r][t]->sum;
+      ASSERT_EQ(expected.size(), kSize);
+      if (t == 3) {
+        EXPECT_TRUE(results[r][t]->summed_into.empty());
+        EXPECT_EQ(results[r][t]->sum, expected);
+        EXPECT_EQ(into[r][t], std::vector<float>(kSize - 1, kSentinel));
+        continue;
+      }
+      EXPECT_TRUE(results[r][t]->sum.empty());
+      EXPECT_EQ(results[r][t]->summed_into.data(), into[r][t].data());
+      EXPECT_EQ(results[r][t]->summed_into.size(), kSize);
+      EXPECT_EQ(std::memcmp(into[r][t].data(), expected.data(),
+                            kSize * sizeof(float)),
+                0)
+          << "rank " << r << " tensor " << t;
+    }
+  }
+}
+
 TEST(PeerCollectiveTest, Fp16SumsTravelAsFp16UnlessTheyOverflow) {
   constexpr int kW = 4;
   Group group(kW);

@@ -17,14 +17,7 @@ namespace {
 
 using codecs::cuda::CudaCodec;
 using codecs::cuda::DeviceBuffer;
-
-// Waits for the default stream: a device-to-device cudaMemcpy, and the DMA
-// of a host-to-device one from pageable memory, may still run when the call
-// returns, and the client reads the output as soon as the reduce answers.
-absl::Status Synchronize() {
-  GC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(nullptr));
-  return absl::OkStatus();
-}
+using codecs::cuda::SynchronizeStream;
 
 class CudaTwin : public DeviceCodec {
  public:
@@ -56,7 +49,7 @@ class CudaTwin : public DeviceCodec {
                                                     absl::MakeSpan(average)));
       GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(out, average.data(), n * sizeof(float),
                                          cudaMemcpyHostToDevice));
-      return Synchronize();
+      return SynchronizeStream();
     }
     // SingleRoundCodec::FinishGather on the GPU: into zeroed scratch with
     // weight 1/W per payload, so that a bad payload leaves `out` as it was.
@@ -82,7 +75,7 @@ class CudaTwin : public DeviceCodec {
     }
     GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(out, scratch.data(), n * sizeof(float),
                                        cudaMemcpyDeviceToDevice));
-    return Synchronize();
+    return SynchronizeStream();
   }
 
  private:
@@ -129,7 +122,7 @@ absl::Status CopyHostToDevice(int device_id, absl::Span<const char> host,
   GC_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_id));
   GC_CUDA_RETURN_IF_ERROR(
       cudaMemcpy(device, host.data(), host.size(), cudaMemcpyHostToDevice));
-  return Synchronize();
+  return SynchronizeStream();
 }
 
 }  // namespace gradcomp::service

@@ -497,7 +497,11 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   absl::Cleanup record_state = [&] {
     budget_.AddState(quotas_.RecordState(in.job, in.tensor, state->ByteSize()));
   };
-  const codecs::StepContext ctx = StepContextOf(in);
+  // Decided before the session starts: a session that will not be asked
+  // for its own decode hands its payload over instead of copying it.
+  const bool sample_error = nonfinite.count == 0 && SampleError();
+  codecs::StepContext ctx = StepContextOf(in);
+  ctx.keep_own = sample_error;
   const codecs::TensorView view{grad, in.shape};
 
   Clock::time_point t = Clock::now();
@@ -518,12 +522,24 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   } else {
     GC_ASSIGN_OR_RETURN(session, codec->Start(view, *state, ctx));
   }
+  // The average goes straight into the result when that is aligned fp32
+  // (the caller's span, or the response string); otherwise through fp32
+  // scratch and a conversion. A single-round codec that finishes a sum in
+  // place has the collective write the sum there too.
+  const ResultFloats average(in, numel, width, &out.data);
+  const auto* single =
+      dynamic_cast<const codecs::SingleRoundCodec*>(codec.get());
+  const bool sum_in_place =
+      sharded == nullptr && single != nullptr && single->FinishSumInPlace();
   for (int round_index = 0;; ++round_index) {
     batch_round = round_index;
     GC_ASSIGN_OR_RETURN(std::optional<codecs::Round> round,
                         session->NextRound());
     stats.encode_seconds += SecondsSince(t);
     if (!round.has_value()) break;
+    if (sum_in_place && round->collective == codecs::Collective::kSum) {
+      round->sum_into = average.values();
+    }
     stats.wire_bytes += round->payload.size();
     t = Clock::now();
     const RoundKey key{in.job, in.tensor, in.step, round_index};
@@ -538,10 +554,6 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
     t = Clock::now();
   }
   t = Clock::now();
-  // The average goes straight into the result when that is aligned fp32
-  // (the caller's span, or the response string); otherwise through fp32
-  // scratch and a conversion.
-  const ResultFloats average(in, numel, width, &out.data);
   GC_RETURN_IF_ERROR(session->Finish(average.values()));
   GC_RETURN_IF_ERROR(average.Commit());
   stats.decode_seconds += SecondsSince(t);
@@ -554,7 +566,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
 
   stats.raw_bytes = numel * sizeof(float);
   stats.relative_error = std::numeric_limits<double>::quiet_NaN();
-  if (nonfinite.count == 0 && SampleError()) {
+  if (sample_error) {
     std::unique_ptr<float[]> own = UninitializedFloats(numel);
     GC_RETURN_IF_ERROR(session->DecodeOwn({own.get(), numel}));
     stats.relative_error = RelativeError(grad, {own.get(), numel});

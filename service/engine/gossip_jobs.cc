@@ -64,7 +64,15 @@ absl::StatusOr<GossipOptions> GossipOptionsFromSpec(const GossipSpec& spec) {
   }
   const double diffusion = spec.diffusion == 0 ? 1.0 : spec.diffusion;
   options.gamma = diffusion;
-  options.exact_gamma = diffusion;
+  // A PowerGossip job's 1-D tensors gossip exactly, whose rate stays in
+  // (0, 2]: above 2, they gossip at 1, the mixing matrix itself.
+  options.exact_gamma = diffusion <= 2 ? diffusion : 1.0;
+  if (options.mode != GossipOptions::Mode::kPowerGossip && diffusion > 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gossip.diffusion is ", diffusion,
+        ", expected a step size in (0, 2] for exact gossip and Choco-Gossip "
+        "(only PowerGossip, gossip.rank > 0, takes more)"));
+  }
   if (spec.rank > 1024 || spec.power_steps > 64) {
     return absl::InvalidArgumentError(
         absl::StrCat("gossip.rank is ", spec.rank, " and gossip.power_steps ",
@@ -76,7 +84,7 @@ absl::StatusOr<GossipOptions> GossipOptionsFromSpec(const GossipSpec& spec) {
   if (!valid.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("gossip.diffusion is ", diffusion,
-                     ", expected a step size in (0, 2]: ", valid.message()));
+                     ", expected a step size > 0: ", valid.message()));
   }
   return options;
 }
@@ -148,6 +156,12 @@ absl::StatusOr<GossipNode*> GossipJobs::Node(absl::string_view job,
     return absl::InvalidArgumentError(absl::StrCat(
         "job '", job, "': gossip topology '", spec.topology, "' for ",
         collective_->world_size(), " workers: ", topology.status().message()));
+  }
+  absl::Status rate = ValidateGossipRate(options, *topology);
+  if (!rate.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job '", job, "': gossip.diffusion for ",
+                     collective_->world_size(), " workers: ", rate.message()));
   }
   entry->node =
       std::make_unique<GossipNode>(*std::move(topology), me, options, seed_);

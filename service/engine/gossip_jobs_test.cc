@@ -74,9 +74,21 @@ TEST(GossipSpecTest, DefaultsAndRanges) {
                 "round, in (0, 1]"));
   EXPECT_THAT(GossipOptionsFromSpec({}).status().message(),
               HasSubstr("gossip mode needs gossip.topology"));
-  EXPECT_THAT(GossipOptionsFromSpec({"ring", 1, 1, 2.5}).status().message(),
+  EXPECT_THAT(GossipOptionsFromSpec({"ring", 0, 1, 2.5}).status().message(),
               HasSubstr("gossip.diffusion is 2.5, expected a step size in "
-                        "(0, 2]"));
+                        "(0, 2] for exact gossip and Choco-Gossip"));
+  EXPECT_THAT(
+      GossipOptionsFromSpec({"ring", 0, 0, 2.5, 0.02}).status().message(),
+      HasSubstr("gossip.diffusion is 2.5, expected a step size in (0, 2]"));
+  EXPECT_THAT(GossipOptionsFromSpec({"ring", 1, 1, -1}).status().message(),
+              HasSubstr("gossip.diffusion is -1, expected a step size > 0"));
+  // PowerGossip's bound needs the topology (Node); above 2, its 1-D
+  // tensors gossip exactly at 1.
+  absl::StatusOr<GossipOptions> fast =
+      GossipOptionsFromSpec({"ring", 1, 1, 2.5});
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  EXPECT_EQ(fast->gamma, 2.5);
+  EXPECT_EQ(fast->exact_gamma, 1.0);
   EXPECT_THAT(GossipOptionsFromSpec({"ring", 2000}).status().message(),
               HasSubstr("gossip.rank is 2000"));
 }
@@ -109,6 +121,23 @@ TEST_F(GossipJobsTest, RanksThatDisagreeAreRefusedNamingBoth) {
   // Once all agree, the next check passes.
   got = NodeOnEveryRank(jobs_, "job",
                         std::vector<GossipSpec>(4, GossipSpec{"full", 1}));
+  for (int r = 0; r < 4; ++r) EXPECT_TRUE(got[r].ok()) << got[r].status();
+}
+
+TEST_F(GossipJobsTest, APowerGossipDiffusionAboveTheEdgeBoundIsRefused) {
+  // Ring of 4: every edge weighs 1/3, so PowerGossip needs diffusion < 3.
+  auto got = NodeOnEveryRank(
+      jobs_, "job", std::vector<GossipSpec>(4, GossipSpec{"ring", 1, 1, 3}));
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(got[r].status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(got[r].status().message(),
+                HasSubstr("job 'job': gossip.diffusion for 4 workers: "
+                          "PowerGossip diffusion 3 on topology 'ring' "
+                          "(largest edge weight 0.333333): expected gamma < "
+                          "1 / 0.333333 = 3"));
+  }
+  got = NodeOnEveryRank(
+      jobs_, "job2", std::vector<GossipSpec>(4, GossipSpec{"ring", 1, 1, 2.9}));
   for (int r = 0; r < 4; ++r) EXPECT_TRUE(got[r].ok()) << got[r].status();
 }
 

@@ -84,15 +84,49 @@ absl::Status ValidateGossipOptions(const GossipOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "gossip iterations ", options.iterations, " is not in [1, 64]"));
   }
-  for (auto [name, value] : {std::pair{"gamma", options.gamma},
-                             std::pair{"exact_gamma", options.exact_gamma}}) {
-    if (!(value > 0 && value <= 2)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("gossip ", name, " ", value, " is not in (0, 2]"));
-    }
+  if (!(options.exact_gamma > 0 && options.exact_gamma <= 2)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gossip exact_gamma ", options.exact_gamma, " is not in (0, 2]"));
+  }
+  if (options.mode == GossipOptions::Mode::kChoco &&
+      !(options.gamma > 0 && options.gamma <= 2)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gossip gamma ", options.gamma,
+                     " is not in (0, 2] (Choco-Gossip's consensus step size)"));
+  }
+  // PowerGossip's bound depends on the edge weights: ValidateGossipRate.
+  if (!(options.gamma > 0 && std::isfinite(options.gamma))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gossip gamma ", options.gamma, " is not a finite value > 0"));
   }
   if (options.mode == GossipOptions::Mode::kChoco) {
     return ValidateChocoFraction(options.choco_fraction);
+  }
+  return absl::OkStatus();
+}
+
+double MaxEdgeWeight(const Topology& topology) {
+  double w = 0;
+  for (int i = 0; i < topology.world_size(); ++i) {
+    for (const Neighbour& n : topology.neighbours(i)) w = std::max(w, n.weight);
+  }
+  return w;
+}
+
+absl::Status ValidateGossipRate(const GossipOptions& options,
+                                const Topology& topology) {
+  GC_RETURN_IF_ERROR(ValidateGossipOptions(options));
+  if (options.mode != GossipOptions::Mode::kPowerGossip) {
+    return absl::OkStatus();
+  }
+  const double w = MaxEdgeWeight(topology);
+  if (options.gamma * w >= 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PowerGossip diffusion ", options.gamma, " on topology '",
+        topology.name(), "' (largest edge weight ", w,
+        "): expected gamma < 1 / ", w, " = ", 1 / w,
+        "; a power step scales an edge's difference in its factors' span by "
+        "1 - 2 gamma w_ij, which must lie in (-1, 1)"));
   }
   return absl::OkStatus();
 }
@@ -290,7 +324,7 @@ absl::StatusOr<GossipStats> GossipNode::RoundOn(TensorGossip& tensor,
                                                 absl::Span<const int64_t> shape,
                                                 absl::Span<float> x) {
   TensorGossip* t = &tensor;
-  GC_RETURN_IF_ERROR(ValidateGossipOptions(options_));
+  GC_RETURN_IF_ERROR(ValidateGossipRate(options_, topology_));
   if (collective.rank() != rank_ ||
       collective.world_size() != topology_.world_size()) {
     return absl::FailedPreconditionError(absl::StrCat(

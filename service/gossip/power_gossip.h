@@ -65,7 +65,9 @@ struct GossipOptions {
   bool warm_start = true;
   // Diffusion rate of the low-rank steps (the paper's default): each step
   // removes only the part of the difference in the factors' span, so a
-  // rate above 1 mixes faster. In (0, 2].
+  // rate above 1 mixes faster. > 0, and below 1 / (the topology's largest
+  // edge weight): ValidateGossipRate (docs/gossip.md, "How large a
+  // diffusion"). Mode::kChoco: in (0, 2].
   double gamma = 1.308;
   // Diffusion rate of plain gossip, which removes the whole difference: 1
   // is the mixing matrix itself. In (0, 2].
@@ -75,7 +77,20 @@ struct GossipOptions {
   double choco_fraction = 0.01;
 };
 
+// The checks that need no topology: ranges of rank, iterations, the rates
+// (gamma > 0; Choco's and exact_gamma in (0, 2]) and Choco's fraction.
 absl::Status ValidateGossipOptions(const GossipOptions& options);
+
+// ValidateGossipOptions, and for PowerGossip gamma w_ij < 1 on every edge of
+// `topology`: a power step multiplies an edge's difference in its factors'
+// span by 1 - 2 gamma w_ij, so a larger gamma makes even two nodes diverge.
+// (Every data converges for gamma <= 2 / lambda_max(I - W), exact gossip's
+// bound; between the two it depends on the data: docs/gossip.md.)
+absl::Status ValidateGossipRate(const GossipOptions& options,
+                                const Topology& topology);
+
+// The largest w_ij over the edges of `topology` (0 without edges).
+double MaxEdgeWeight(const Topology& topology);
 
 // One edge's PowerGossip factors for one tensor, identical at both ends.
 struct EdgeFactors {

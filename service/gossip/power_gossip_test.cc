@@ -305,6 +305,88 @@ TEST(PowerGossipTest, PlainGossipOnARingContractsAtItsSpectralRate) {
   }
 }
 
+// PowerGossip's diffusion is refused where even two nodes diverge: gamma
+// w_ij >= 1 on some edge (a step scales the difference in the factors' span
+// by 1 - 2 gamma w_ij). Choco's step and exact gossip's stay in (0, 2].
+TEST(PowerGossipTest, ADiffusionAtOrAboveOneOverTheEdgeWeightIsRefused) {
+  GossipOptions options;
+  options.gamma = 3;
+  absl::Status status = ValidateGossipRate(options, Make("ring", 8));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(),
+              HasSubstr("PowerGossip diffusion 3 on topology 'ring' (largest "
+                        "edge weight 0.333333): expected gamma < 1 / 0.333333 "
+                        "= 3; a power step scales an edge's difference"));
+  options.gamma = 2.99;
+  EXPECT_TRUE(ValidateGossipRate(options, Make("ring", 8)).ok());
+  options.gamma = 3.99;  // 2 x 4 torus: 3 neighbours at 1/4
+  EXPECT_TRUE(ValidateGossipRate(options, Make("torus", 8)).ok());
+  EXPECT_EQ(MaxEdgeWeight(Make("torus", 8)), 0.25);
+  options.gamma = 1.5;  // a given weight of 0.8 allows less than 1.25
+  EXPECT_THAT(
+      ValidateGossipRate(options, Make("edges:0-1:0.8,1-2:0.2", 3)).message(),
+      HasSubstr("expected gamma < 1 / 0.8 = 1.25"));
+  options.gamma = -1;
+  EXPECT_THAT(ValidateGossipOptions(options).message(),
+              HasSubstr("gossip gamma -1 is not a finite value > 0"));
+  options.gamma = 1;
+  options.exact_gamma = 2.5;
+  EXPECT_THAT(ValidateGossipOptions(options).message(),
+              HasSubstr("gossip exact_gamma 2.5 is not in (0, 2]"));
+  GossipOptions choco{Mode::kChoco};
+  choco.gamma = 2.5;
+  EXPECT_THAT(ValidateGossipRate(choco, Make("ring", 8)).message(),
+              HasSubstr("gossip gamma 2.5 is not in (0, 2] (Choco-Gossip's"));
+  // A round checks it too, on every rank.
+  options = GossipOptions{};
+  options.gamma = 3;
+  Network net(Make("ring", 4), options);
+  std::vector<std::vector<float>> xs = RandomTensors(4, 4 * 4, 1);
+  for (const absl::Status& s : net.Rounds("w", {4, 4}, xs, 0, 1)) {
+    EXPECT_THAT(s.message(), HasSubstr("expected gamma < 1 / 0.333333 = 3"));
+  }
+}
+
+// Below 1 / w_max, stability depends on the data. Differences of rank 1,
+// x_i = a_i u v^T, fall into every edge's factors' span, and PowerGossip
+// then acts as exact gossip on a with rate gamma: with a the ring's
+// alternating vector (the eigenvector of I - W's largest eigenvalue, 4/3)
+// it diverges above exact gossip's bound 2 / (4/3) = 1.5, though gamma < 3
+// passes ValidateGossipRate. Full-rank random differences, spread over
+// many directions, still converge at a gamma well above 1.5.
+TEST(PowerGossipTest, RankOneDifferencesDivergeAboveExactGossipsBound) {
+  constexpr int kW = 8;
+  constexpr int kSide = 12;
+  const std::vector<std::vector<float>> uv = RandomTensors(2, kSide, 5);
+  std::vector<std::vector<float>> rank_one(kW,
+                                           std::vector<float>(kSide * kSide));
+  for (int i = 0; i < kW; ++i) {
+    for (int k = 0; k < kSide * kSide; ++k) {
+      rank_one[i][k] =
+          (i % 2 == 0 ? 1.0f : -1.0f) * uv[0][k / kSide] * uv[1][k % kSide];
+    }
+  }
+  const std::vector<std::vector<float>> random =
+      RandomTensors(kW, kSide * kSide, 6);
+  // The relative distance after 40 steps.
+  auto after = [&](double gamma, std::vector<std::vector<float>> xs) {
+    GossipOptions options;
+    options.gamma = gamma;
+    Network net(Make("ring", kW), options);
+    const double d0 = ConsensusDistance(xs);
+    ExpectAllOk(net.Rounds("w", {kSide, kSide}, xs, 0, 40));
+    return ConsensusDistance(xs) / d0;
+  };
+  const double stable = after(1.4, rank_one);
+  const double unstable = after(1.6, rank_one);
+  const double random_fast = after(2.5, random);
+  std::printf("rank one at 1.4: %g, at 1.6: %g; random at 2.5: %g\n", stable,
+              unstable, random_fast);
+  EXPECT_LT(stable, 1e-3);
+  EXPECT_GT(unstable, 1e3);
+  EXPECT_LT(random_fast, 0.1);
+}
+
 // Bytes per neighbour and step: one rows x r (or cols x r) factor.
 TEST(PowerGossipTest, SendsOneFactorPerNeighbourAndStep) {
   Network net(Make("ring", 4), {Mode::kPowerGossip, 2, 1});

@@ -132,8 +132,7 @@ absl::Status CudaIpcRegion::CopyFromHost(uint64_t offset,
                                      cudaMemcpyHostToDevice));
   // From pageable memory cudaMemcpy may return once the bytes are staged,
   // before the DMA lands; the client reads the output as soon as we answer.
-  GC_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-  return absl::OkStatus();
+  return codecs::cuda::SynchronizeStream();
 }
 
 }  // namespace gradcomp::service

@@ -8,24 +8,12 @@
 #include "gtest/gtest.h"
 #include "service/transport/nccl_transport.h"
 #include "service/transport/nccl_transport_exchange.h"
+#include "service/transport/nccl_transport_testing.h"
 
 namespace gradcomp::service {
 namespace {
 
 using ::testing::HasSubstr;
-
-struct NoMessages : Receiver {
-  void OnMessage(int from, const MessageKey&, codecs::Bytes) override {
-    ADD_FAILURE() << "unexpected message from rank " << from;
-  }
-  void OnPeerLost(int rank, const absl::Status& why) override {
-    ADD_FAILURE() << "unexpected loss of rank " << rank << ": " << why;
-  }
-  void OnCorruptMessage(int from, const MessageKey&,
-                        const absl::Status& why) override {
-    ADD_FAILURE() << "unexpected corrupt message from " << from << ": " << why;
-  }
-};
 
 TEST(NcclTransportFallbackTest, UniqueIdNeedsNoGpu) {
   absl::StatusOr<std::string> a = NewNcclUniqueId();
@@ -40,20 +28,16 @@ TEST(NcclTransportFallbackTest, CreateWithoutGpuIsUnavailable) {
   if (codecs::cuda::CudaDeviceAvailable().ok()) {
     GTEST_SKIP() << "a GPU answered; the fallback is not taken";
   }
-  absl::StatusOr<std::string> id = NewNcclUniqueId();
-  ASSERT_TRUE(id.ok()) << id.status();
-  NoMessages receiver;
-  NcclTransport::Options options;
-  options.unique_id = *id;
+  FailingReceiver receiver;
   absl::StatusOr<std::unique_ptr<NcclTransport>> transport =
-      NcclTransport::Create(options, &receiver);
+      CreateOneRankNcclTransport(&receiver);
   ASSERT_EQ(transport.status().code(), absl::StatusCode::kUnavailable)
       << transport.status();
   EXPECT_THAT(transport.status().message(), HasSubstr("CUDA"));
 }
 
 TEST(NcclTransportFallbackTest, BadArgumentsAreRejectedBeforeTheGpu) {
-  NoMessages receiver;
+  FailingReceiver receiver;
   NcclTransport::Options options;
   options.unique_id = "short";
   absl::Status status = NcclTransport::Create(options, &receiver).status();

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "service/transport/nccl_transport_exchange.h"
+#include "service/transport/nccl_transport_testing.h"
 
 namespace gradcomp::service {
 namespace {
@@ -100,28 +101,11 @@ TEST(NcclExchangeTest, RankThatNeverJoinsEndsInDeadlineExceeded) {
   EXPECT_THAT(status.message(), HasSubstr("rank 0"));
 }
 
-struct NoMessages : Receiver {
-  void OnMessage(int from, const MessageKey&, codecs::Bytes) override {
-    ADD_FAILURE() << "unexpected message from rank " << from;
-  }
-  void OnPeerLost(int rank, const absl::Status& why) override {
-    ADD_FAILURE() << "unexpected loss of rank " << rank << ": " << why;
-  }
-  void OnCorruptMessage(int from, const MessageKey&,
-                        const absl::Status& why) override {
-    ADD_FAILURE() << "unexpected corrupt message from " << from << ": " << why;
-  }
-};
-
 TEST(NcclTransportTest, OneRankStartsRejectsSendsAndStops) {
   SKIP_WITHOUT_GPU();
-  absl::StatusOr<std::string> id = NewNcclUniqueId();
-  ASSERT_TRUE(id.ok()) << id.status();
-  NoMessages receiver;
-  NcclTransport::Options options;
-  options.unique_id = *id;
+  FailingReceiver receiver;
   absl::StatusOr<std::unique_ptr<NcclTransport>> transport =
-      NcclTransport::Create(options, &receiver);
+      CreateOneRankNcclTransport(&receiver);
   ASSERT_TRUE(transport.ok()) << transport.status();
   EXPECT_EQ((*transport)->rank(), 0);
   EXPECT_EQ((*transport)->world_size(), 1);
