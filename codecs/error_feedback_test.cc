@@ -80,6 +80,20 @@ TEST(ErrorFeedbackTest, WorksThroughSessionsAndKeepsTheInnerCollective) {
   EXPECT_NEAR(e[1], -0.4f, 1e-6f);
 }
 
+// A rounding codec that declares an in-place FinishSum.
+class InPlaceRoundingCodec : public RoundingCodec {
+ public:
+  InPlaceRoundingCodec() : RoundingCodec(1.0f, /*summable=*/true) {}
+  bool FinishSumInPlace() const override { return true; }
+};
+
+TEST(ErrorFeedbackTest, FinishesSumsInPlaceWhenTheInnerCodecDoes) {
+  EXPECT_TRUE(ErrorFeedback(std::make_unique<InPlaceRoundingCodec>())
+                  .FinishSumInPlace());
+  EXPECT_FALSE(ErrorFeedback(std::make_unique<RoundingCodec>(1.0f, true))
+                   .FinishSumInPlace());
+}
+
 TEST(ErrorFeedbackTest, BadPayloadIsTheInnerCodecsError) {
   ErrorFeedback ef(std::make_unique<RoundingCodec>(1.0f, false));
   std::vector<float> acc(2, 0.0f);

@@ -163,6 +163,21 @@ TEST_F(DenseTest, PrescaleDividesBeforeTheCastAndTheSumIsTheAverage) {
   EXPECT_EQ(out, std::vector<float>({2.0f, 1.0f, 0.5f}));
 }
 
+TEST_F(DenseTest, FinishSumInPlaceGivesTheSameAverage) {
+  StepContext ctx;
+  ctx.world_size = 4;
+  for (const CodecParams& params :
+       {CodecParams{}, CodecParams({{"prescale", "true"}})}) {
+    auto codec = Make("none", params);
+    ASSERT_TRUE(codec->FinishSumInPlace());
+    std::vector<float> sum = {8.0f, 4.0f, 2.0f, -1.0f, 3.0f};
+    std::vector<float> out(sum.size());
+    ASSERT_TRUE(codec->FinishSum(sum, 4, ctx, absl::MakeSpan(out)).ok());
+    ASSERT_TRUE(codec->FinishSum(sum, 4, ctx, absl::MakeSpan(sum)).ok());
+    EXPECT_EQ(sum, out);
+  }
+}
+
 TEST_F(DenseTest, DecodeRejectsBadParameterBlocksAndLeavesAccUntouched) {
   auto codec = Make("bf16");
   const Bytes good = Encode(*codec, {1.0f, 2.0f});

