@@ -4,7 +4,9 @@ bytes each method needs to reach a few distances and PowerGossip's bytes as
 a ratio to the best baseline's (the tables in docs/gossip.md). A third
 argument, bench/gossip_consensus_daemons.cc's CSV (the same runs through 8
 real daemons), adds those runs as markers and prints, per run, whether its
-logged points equal the in-process ones. The matrices' side is read off
+logged points equal the in-process ones. A CSV of several starts
+(`gossip_consensus OUT --seeds=N`, data "random-seed<k>") also prints the
+ratios' median and range over the starts. The matrices' side is read off
 the CSV (Choco's smallest k is side / 2), so the 100 x 100 run
 (`gossip_consensus OUT 100`) plots and tabulates the same way.
 
@@ -59,7 +61,7 @@ def label(method: str, gamma: float, side: int) -> str:
         return (f"Choco top-{k}{match.get(k, ' (5 %)')}, "
                 f"gamma {gamma:.3g}")
     if method.startswith("powergossip-r"):
-        rank = method[len("powergossip-r")]
+        rank = method[len("powergossip-r"):].split("-")[0]
         how = "tuned" if method.endswith("-tuned") else "paper's"
         return f"PowerGossip r = {rank}, diffusion {gamma:.3g} ({how})"
     return f"exact gossip, diffusion {gamma:.3g}"
@@ -69,12 +71,56 @@ def kb(b: float) -> str:
     return "not reached" if b == float("inf") else f"{b / 1024:.1f}"
 
 
+def ratios(methods: Dict[str, Points], pg: str) -> List[float]:
+    """pg's bytes / the best baseline's at each level (inf: pg never
+    reaches it; nan: no baseline does)."""
+    out = []
+    for lv in LEVELS:
+        base = min(bytes_to(p, lv) for m, p in methods.items()
+                   if not m.startswith("powergossip"))
+        mine = bytes_to(methods[pg], lv)
+        out.append(float("inf") if mine == float("inf") else
+                   float("nan") if base == float("inf") else mine / base)
+    return out
+
+
+def print_seed_spread(runs: Runs) -> None:
+    """For runs from several starts (data "random-seed<k>"): per topology
+    and PowerGossip method, the ratio to the best baseline at each level
+    as the median and range over the starts, and how many starts it wins
+    (ratio < 1)."""
+    by: Dict[Tuple[str, str], List[List[float]]] = defaultdict(list)
+    seeds = sorted({data for data, _ in runs})
+    for (data, topology), methods in runs.items():
+        for pg in methods:
+            if pg.startswith("powergossip"):
+                by[(topology, pg)].append(ratios(methods, pg))
+    print()
+    print(f"Over {len(seeds)} starts ({', '.join(seeds)}): PowerGossip's "
+          "bytes / the best baseline's, median [min, max], wins")
+    print("| topology | method | " +
+          " | ".join(f"to {lv:g}" for lv in LEVELS) + " |")
+    print("| --- | --- |" + " ---: |" * len(LEVELS))
+    for (topology, pg), rows in sorted(by.items()):
+        cells = []
+        for i in range(len(LEVELS)):
+            vals = sorted(r[i] for r in rows)
+            median = vals[len(vals) // 2] if len(vals) % 2 else \
+                (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2
+            wins = sum(v < 1 for v in vals)
+            cells.append(f"{median:.2f} [{vals[0]:.2f}, {vals[-1]:.2f}], "
+                         f"{wins}/{len(vals)}")
+        print(f"| {topology} | {pg} | " + " | ".join(cells) + " |")
+
+
 def main(argv: List[str]) -> int:
     runs, gammas = load(argv[1])
     daemons: Runs = load(argv[3])[0] if len(argv) > 3 else {}
     side = side_of(runs)
     keys = sorted(runs)
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9), squeeze=False)
+    nrows = (len(keys) + 1) // 2
+    fig, axes = plt.subplots(nrows, 2, figsize=(13, 4.5 * nrows),
+                             squeeze=False)
     for ax in axes.flat[len(keys):]:
         ax.set_visible(False)
     for ax, key in zip(axes.flat, keys):
@@ -132,6 +178,8 @@ def main(argv: List[str]) -> int:
             print(f"| {key[0]} | {key[1]} | "
                   f"{label(pg, gammas[key + (pg,)], side)} | "
                   + " | ".join(cells) + " |")
+    if any("-seed" in data for data, _ in keys):
+        print_seed_spread(runs)
     if daemons:
         print()
         for key in sorted(daemons):

@@ -338,7 +338,7 @@ grpc::Status GradcompService::RegisterCudaSharedMemory(
   }
   return ToGrpcStatus(shm_->RegisterCuda(
       ClientId(*context), request->name(), request->raw_handle(),
-      request->device_id(), request->byte_size()));
+      request->device_id(), request->byte_size(), request->lock_key()));
 }
 
 grpc::Status GradcompService::UnregisterSharedMemory(

@@ -379,11 +379,9 @@ TEST(PowerGossipTest, RankOneDifferencesDivergeAboveExactGossipsBound) {
   const double stable = after(1.4, rank_one, kSide, 40);
   const double unstable = after(1.6, rank_one, kSide, 40);
   const double random = after(1.8, RandomTensors(kW, 32 * 32, 6), 32, 200);
-  std::printf("rank one at 1.4: %g, at 1.6: %g; random at 1.8: %g\n", stable,
-              unstable, random);
   EXPECT_LT(stable, 1e-3);
   EXPECT_GT(unstable, 1e3);
-  EXPECT_LT(random, 0.5);
+  EXPECT_LT(random, 0.05);
 }
 
 // Bytes per neighbour and step: one rows x r (or cols x r) factor.

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "service/memory/device_region.h"
 
 namespace gradcomp::service {
 
@@ -36,7 +37,7 @@ inline constexpr size_t kCudaIpcHandleBytes = 64;
 absl::Status ValidateCudaIpcRequest(absl::string_view raw_handle, int device_id,
                                     uint64_t byte_size);
 
-class CudaIpcRegion {
+class CudaIpcRegion : public DeviceRegion {
  public:
   // OK when this build has CUDA and a device answers; otherwise
   // FailedPrecondition "this gradcompd has no usable CUDA device: <why>".
@@ -53,22 +54,23 @@ class CudaIpcRegion {
 
   CudaIpcRegion(const CudaIpcRegion&) = delete;
   CudaIpcRegion& operator=(const CudaIpcRegion&) = delete;
-  ~CudaIpcRegion();  // cudaIpcCloseMemHandle
+  ~CudaIpcRegion() override;  // cudaIpcCloseMemHandle
 
-  uint64_t byte_size() const { return byte_size_; }
-  int device_id() const { return device_id_; }
+  uint64_t byte_size() const override { return byte_size_; }
+  int device_id() const override { return device_id_; }
   // The device address of byte `offset` of the region, for kernels that
   // read or write it in place; the caller has bounds-checked the range
   // (SharedMemoryRegistry::Acquire does).
-  void* device_address(uint64_t offset) const {
+  void* device_address(uint64_t offset) const override {
     return static_cast<char*>(base_) + offset;
   }
 
   // Copies [offset, offset + out.size()) of the region to `out` / `in` to
   // it, synchronously. InvalidArgument if the range ends past byte_size()
   // (overflow-safe); the CUDA error otherwise.
-  absl::Status CopyToHost(uint64_t offset, absl::Span<char> out) const;
-  absl::Status CopyFromHost(uint64_t offset, absl::Span<const char> in) const;
+  absl::Status CopyToHost(uint64_t offset, absl::Span<char> out) const override;
+  absl::Status CopyFromHost(uint64_t offset,
+                            absl::Span<const char> in) const override;
 
  private:
   CudaIpcRegion(void* base, int device_id, uint64_t byte_size)

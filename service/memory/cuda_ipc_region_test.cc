@@ -82,7 +82,7 @@ TEST_F(CudaRegistryTest, WithoutAGpuTheRefusalIsCountedOnceAndShmStillWorks) {
   }
   for (int attempt = 0; attempt < 3; ++attempt) {
     const absl::Status status =
-        registry_.RegisterCuda("c1", "dev", kZeroHandle, 0, 4096);
+        registry_.RegisterCuda("c1", "dev", kZeroHandle, 0, 4096, "");
     EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_THAT(status.message(),
                 HasSubstr("this gradcompd has no usable CUDA device: "));
@@ -114,16 +114,16 @@ TEST_F(CudaRegistryTest, RequestChecksComeBeforeTheGpuQuestion) {
   ASSERT_TRUE(
       registry_.RegisterSystem("c1", "grads", (*shm)->key(), 0, 64).ok());
   const absl::Status clash =
-      registry_.RegisterCuda("c2", "grads", kZeroHandle, 0, 64);
+      registry_.RegisterCuda("c2", "grads", kZeroHandle, 0, 64, "");
   EXPECT_EQ(clash.code(), absl::StatusCode::kAlreadyExists);
   EXPECT_THAT(clash.message(), HasSubstr("another client ('c1')"));
-  EXPECT_EQ(registry_.RegisterCuda("c1", "", kZeroHandle, 0, 64).code(),
+  EXPECT_EQ(registry_.RegisterCuda("c1", "", kZeroHandle, 0, 64, "").code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(registry_.RegisterCuda("c1", "dev", "short", 0, 64).code(),
+  EXPECT_EQ(registry_.RegisterCuda("c1", "dev", "short", 0, 64, "").code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(registry_.RegisterCuda("c1", "dev", kZeroHandle, 0, 0).code(),
+  EXPECT_EQ(registry_.RegisterCuda("c1", "dev", kZeroHandle, 0, 0, "").code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(registry_.RegisterCuda("c1", "dev", kZeroHandle, -3, 64).code(),
+  EXPECT_EQ(registry_.RegisterCuda("c1", "dev", kZeroHandle, -3, 64, "").code(),
             absl::StatusCode::kInvalidArgument);
   // None of these is the missing GPU: nothing was counted.
   EXPECT_EQ(Metric("gradcomp_gpu_unavailable_total"), 0);

@@ -51,7 +51,8 @@ SharedMemoryRegistry::SharedMemoryRegistry(const SharedMemoryOptions& options,
                                            Metrics* metrics)
     : metrics_(metrics),
       key_prefix_(options.key_prefix),
-      owner_uids_(options.owner_uids) {
+      owner_uids_(options.owner_uids),
+      device_region_opener_(options.device_region_opener) {
   if (options.reclaim_interval > absl::ZeroDuration()) {
     reclaimer_ = std::thread(
         [this, interval = options.reclaim_interval] { ReclaimLoop(interval); });
@@ -103,24 +104,24 @@ absl::Status SharedMemoryRegistry::Insert(
   return absl::OkStatus();
 }
 
-absl::Status SharedMemoryRegistry::RegisterSystem(absl::string_view client,
-                                                  absl::string_view name,
-                                                  const std::string& key,
-                                                  uint64_t offset,
-                                                  uint64_t byte_size) {
-  if (absl::Status fresh = CheckNewName(client, name); !fresh.ok()) {
-    return fresh;
-  }
+absl::StatusOr<std::unique_ptr<MappedRegion>>
+SharedMemoryRegistry::MapHeldObject(absl::string_view field,
+                                    const std::string& key, uint64_t offset,
+                                    uint64_t byte_size,
+                                    absl::string_view held_for) const {
   if (!absl::StartsWith(key, key_prefix_)) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "shm_key '", key, "' is outside the allowed prefix '", key_prefix_,
+        field, " '", key, "' is outside the allowed prefix '", key_prefix_,
         "': this daemon maps only shared-memory objects named '", key_prefix_,
         "...' (gradcompd --shm_prefix; gradcomp's shm helpers name theirs "
         "so)"));
   }
   absl::StatusOr<std::unique_ptr<MappedRegion>> mapping =
       MappedRegion::Map(key, offset, byte_size);
-  if (!mapping.ok()) return mapping.status();
+  if (!mapping.ok()) {
+    return absl::Status(mapping.status().code(),
+                        absl::StrCat(field, ": ", mapping.status().message()));
+  }
   absl::StatusOr<uid_t> owner = (*mapping)->OwnerUid();
   if (!owner.ok()) return owner.status();
   const uid_t self = geteuid();
@@ -140,9 +141,25 @@ absl::Status SharedMemoryRegistry::RegisterSystem(absl::string_view client,
     return absl::FailedPreconditionError(absl::StrCat(
         "shared memory '", key,
         "' is not locked by its creator: hold flock(fd, LOCK_SH) on it for "
-        "as long as it is registered (gradcomp's shm helpers do), so that "
-        "gradcompd can reclaim it when your process exits"));
+        "as long as ",
+        held_for,
+        " (gradcomp's clients do), so that gradcompd can reclaim it when "
+        "your process exits"));
   }
+  return mapping;
+}
+
+absl::Status SharedMemoryRegistry::RegisterSystem(absl::string_view client,
+                                                  absl::string_view name,
+                                                  const std::string& key,
+                                                  uint64_t offset,
+                                                  uint64_t byte_size) {
+  if (absl::Status fresh = CheckNewName(client, name); !fresh.ok()) {
+    return fresh;
+  }
+  absl::StatusOr<std::unique_ptr<MappedRegion>> mapping =
+      MapHeldObject("shm_key", key, offset, byte_size, "it is registered");
+  if (!mapping.ok()) return mapping.status();
   auto region = std::make_shared<SharedMemoryRegion>();
   region->name = std::string(name);
   region->owner = std::string(client);
@@ -154,7 +171,8 @@ absl::Status SharedMemoryRegistry::RegisterCuda(absl::string_view client,
                                                 absl::string_view name,
                                                 absl::string_view raw_handle,
                                                 int device_id,
-                                                uint64_t byte_size) {
+                                                uint64_t byte_size,
+                                                const std::string& lock_key) {
   if (absl::Status fresh = CheckNewName(client, name); !fresh.ok()) {
     return fresh;
   }
@@ -163,24 +181,32 @@ absl::Status SharedMemoryRegistry::RegisterCuda(absl::string_view client,
       !valid.ok()) {
     return valid;
   }
-  if (absl::Status available = CudaIpcRegion::DeviceAvailable();
-      !available.ok()) {
+  // The lock is checked before the handle is opened: a bad lock opens
+  // nothing on the device.
+  std::unique_ptr<MappedRegion> lock;
+  if (!lock_key.empty()) {
+    absl::StatusOr<std::unique_ptr<MappedRegion>> held = MapHeldObject(
+        "lock_key", lock_key, 0, 1, "the CUDA region should stay registered");
+    if (!held.ok()) return held.status();
+    lock = std::move(*held);
+  }
+  absl::StatusOr<std::unique_ptr<DeviceRegion>> cuda =
+      device_region_opener_(raw_handle, device_id, byte_size);
+  if (absl::IsFailedPrecondition(cuda.status())) {
     absl::call_once(gpu_unavailable_once_, [&] {
       std::fprintf(stderr,
                    "gradcompd: %s; CUDA shared memory is refused, tensors "
                    "run on CPU\n",
-                   std::string(available.message()).c_str());
+                   std::string(cuda.status().message()).c_str());
       metrics_->CountGpuUnavailable();
     });
-    return available;
   }
-  absl::StatusOr<std::unique_ptr<CudaIpcRegion>> cuda =
-      CudaIpcRegion::Open(raw_handle, device_id, byte_size);
   if (!cuda.ok()) return cuda.status();
   auto region = std::make_shared<SharedMemoryRegion>();
   region->name = std::string(name);
   region->owner = std::string(client);
   region->cuda = std::move(*cuda);
+  region->lock = std::move(lock);
   return Insert(std::move(region));
 }
 
@@ -301,8 +327,10 @@ int SharedMemoryRegistry::ReclaimAbandoned() {
   // flock() outside the lock: requests keep acquiring slices meanwhile.
   std::vector<std::shared_ptr<SharedMemoryRegion>> abandoned;
   for (auto& region : candidates) {
-    if (region->mapping == nullptr) continue;  // CUDA: unregistered by hand
-    absl::StatusOr<bool> alive = region->mapping->CreatorAlive();
+    const MappedRegion* held =
+        region->mapping != nullptr ? region->mapping.get() : region->lock.get();
+    if (held == nullptr) continue;  // CUDA without a lock: unregistered only
+    absl::StatusOr<bool> alive = held->CreatorAlive();
     if (alive.ok() && !*alive) abandoned.push_back(std::move(region));
   }
   if (abandoned.empty()) return 0;

@@ -23,6 +23,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -39,6 +40,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "service/memory/cuda_ipc_region.h"
+#include "service/memory/device_region.h"
 #include "service/memory/mapped_region.h"
 #include "service/metrics/metrics.h"
 
@@ -47,6 +49,12 @@ namespace gradcomp::service {
 // The prefix of the objects gradcomp's helpers create ("/gradcomp.<tag>.
 // <pid>.<random>", client/python/gradcomp/shm.py, client/cpp/shm_region.h).
 inline constexpr char kDefaultShmPrefix[] = "/gradcomp.";
+
+// Opens RegisterCuda's handle as device memory: CudaIpcRegion::Open in the
+// daemon; tests without a GPU supply their own.
+using DeviceRegionOpener =
+    std::function<absl::StatusOr<std::unique_ptr<DeviceRegion>>(
+        absl::string_view raw_handle, int device_id, uint64_t byte_size)>;
 
 struct SharedMemoryOptions {
   // The only POSIX shared-memory objects a client may register: names that
@@ -61,6 +69,9 @@ struct SharedMemoryOptions {
   // How often regions whose creator is gone are looked for; zero: never in
   // the background (call ReclaimAbandoned yourself).
   absl::Duration reclaim_interval = absl::Seconds(1);
+  // Opens CUDA regions. A FailedPrecondition from it means "no usable CUDA
+  // device": logged and counted once.
+  DeviceRegionOpener device_region_opener = CudaIpcRegion::Open;
 };
 
 struct SharedMemoryRegionInfo {
@@ -78,7 +89,10 @@ struct SharedMemoryRegion {
   std::string owner;
   // Exactly one of these: a system region's mapping or a CUDA region.
   std::unique_ptr<MappedRegion> mapping;
-  std::unique_ptr<CudaIpcRegion> cuda;
+  std::unique_ptr<DeviceRegion> cuda;
+  // A CUDA region's liveness lock (RegisterCuda's lock_key), or null: the
+  // region is reclaimed once nobody holds a flock on it.
+  std::unique_ptr<MappedRegion> lock;
   std::atomic<int> in_flight{0};
 
   uint64_t byte_size() const {
@@ -148,12 +162,18 @@ class SharedMemoryRegistry {
   // InvalidArgument for a malformed or refused handle; FailedPrecondition
   // "this gradcompd has no usable CUDA device: ..." in a CPU-only build or
   // without a GPU, which is logged and counted
-  // (gradcomp_gpu_unavailable_total) the first time only. CUDA regions are
-  // not reclaimed by ReclaimAbandoned (no flock to watch): the client
-  // unregisters them.
+  // (gradcomp_gpu_unavailable_total) the first time only.
+  //
+  // `lock_key`, when not empty, names a POSIX shm object (at least 1 byte,
+  // under the key prefix, of an allowed uid, like RegisterSystem's key) on
+  // which the client holds a shared flock for as long as the region should
+  // live: ReclaimAbandoned drops the region once nobody holds it. A lock
+  // that is missing, refused or not locked is an error and nothing is
+  // opened. Without a lock_key the region lives until unregistered.
   absl::Status RegisterCuda(absl::string_view client, absl::string_view name,
                             absl::string_view raw_handle, int device_id,
-                            uint64_t byte_size) ABSL_LOCKS_EXCLUDED(mu_);
+                            uint64_t byte_size, const std::string& lock_key)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Unregisters `name`, or every region of `client` when `name` is empty
   // (all or none: nothing is unregistered if one of them is in use).
@@ -174,8 +194,10 @@ class SharedMemoryRegistry {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Drops every region whose creator no longer holds its flock (the client
-  // exited or was killed); returns how many. Counted in
-  // gradcomp_shm_regions_reclaimed_total.
+  // exited or was killed): system regions' objects and CUDA regions' lock
+  // objects; returns how many. Counted in
+  // gradcomp_shm_regions_reclaimed_total. A dropped region stays mapped
+  // (its IPC handle open) until its last in-flight slice is released.
   int ReclaimAbandoned() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -186,6 +208,12 @@ class SharedMemoryRegistry {
   absl::Status CheckNewName(absl::string_view client,
                             absl::string_view name) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Maps [offset, offset + byte_size) of `key` (request field `field`)
+  // after the prefix check, and checks its owner uid and that some process
+  // holds a flock on it (`held_for` says why it must).
+  absl::StatusOr<std::unique_ptr<MappedRegion>> MapHeldObject(
+      absl::string_view field, const std::string& key, uint64_t offset,
+      uint64_t byte_size, absl::string_view held_for) const;
   // Adds `region`; AlreadyExists if its name was taken meanwhile.
   absl::Status Insert(std::shared_ptr<SharedMemoryRegion> region)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -200,6 +228,7 @@ class SharedMemoryRegistry {
   Metrics* const metrics_;
   const std::string key_prefix_;
   const std::vector<uid_t> owner_uids_;
+  const DeviceRegionOpener device_region_opener_;
   mutable absl::Mutex mu_;
   Regions regions_ ABSL_GUARDED_BY(mu_);
   absl::once_flag gpu_unavailable_once_;

@@ -12,8 +12,10 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "client/cpp/shm_region.h"
 #include "gmock/gmock.h"
@@ -315,6 +317,161 @@ TEST_F(SharedMemoryRegistryTest, AKilledClientsRegionsAreReclaimed) {
   EXPECT_EQ(in_flight->bytes()[4095], 'w');
   EXPECT_TRUE(registry_.Acquire("parent", "p", 0, 64).ok());
   shm_unlink(key.c_str());
+}
+
+// Device memory without a GPU: counts its opens and closes, so the tests
+// see when the registry would have closed a CUDA IPC handle.
+class FakeDeviceRegion : public DeviceRegion {
+ public:
+  FakeDeviceRegion(uint64_t byte_size, int* closed)
+      : byte_size_(byte_size), closed_(closed) {}
+  ~FakeDeviceRegion() override { ++*closed_; }
+  uint64_t byte_size() const override { return byte_size_; }
+  int device_id() const override { return 0; }
+  void* device_address(uint64_t) const override { return nullptr; }
+  absl::Status CopyToHost(uint64_t, absl::Span<char>) const override {
+    return absl::OkStatus();
+  }
+  absl::Status CopyFromHost(uint64_t, absl::Span<const char>) const override {
+    return absl::OkStatus();
+  }
+
+ private:
+  const uint64_t byte_size_;
+  int* const closed_;
+};
+
+const std::string kHandle(kCudaIpcHandleBytes, '\0');
+
+class CudaRegionLockTest : public SharedMemoryRegistryTest {
+ protected:
+  static SharedMemoryOptions FakeDevice(int* opened, int* closed) {
+    SharedMemoryOptions options = NoBackgroundReclaim();
+    options.device_region_opener = [opened, closed](absl::string_view, int,
+                                                    uint64_t byte_size)
+        -> absl::StatusOr<std::unique_ptr<DeviceRegion>> {
+      ++*opened;
+      return std::make_unique<FakeDeviceRegion>(byte_size, closed);
+    };
+    return options;
+  }
+
+  int opened_ = 0;
+  int closed_ = 0;
+  SharedMemoryRegistry cuda_{FakeDevice(&opened_, &closed_), &metrics_};
+};
+
+TEST_F(CudaRegionLockTest, AHeldLockKeepsTheRegion) {
+  std::unique_ptr<ShmRegion> lock = NewRegion(1);
+  ASSERT_NE(lock, nullptr);
+  ASSERT_TRUE(
+      cuda_.RegisterCuda("c", "dev", kHandle, 0, 4096, lock->key()).ok());
+  EXPECT_EQ(cuda_.ReclaimAbandoned(), 0);
+  EXPECT_EQ(cuda_.ReclaimAbandoned(), 0);
+  EXPECT_TRUE(cuda_.Acquire("c", "dev", 0, 4096).ok());
+  EXPECT_EQ(cuda_.Status("c", "dev").value()[0].kind, "cuda");
+  EXPECT_EQ(closed_, 0);
+  // Released by the client: the next scan drops it and closes the handle.
+  lock.reset();
+  EXPECT_EQ(cuda_.ReclaimAbandoned(), 1);
+  EXPECT_EQ(closed_, 1);
+}
+
+// A real client process holds the lock and is killed with SIGKILL: the next
+// scan drops its CUDA region and counts it, but the handle stays open until
+// the request in flight lets go. A CUDA region registered without a lock is
+// left alone, as before.
+TEST_F(CudaRegionLockTest, AKilledHoldersRegionIsReclaimedAfterItsLastSlice) {
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(pipe_fds[0]);
+    auto lock = ShmRegion::Create(1, "registry-test-cuda-lock");
+    const std::string key = lock.ok() ? (*lock)->key() : "";
+    if (write(pipe_fds[1], key.data(), key.size()) < 0) _exit(2);
+    close(pipe_fds[1]);
+    pause();
+    _exit(0);
+  }
+  close(pipe_fds[1]);
+  char buffer[256];
+  const ssize_t n = read(pipe_fds[0], buffer, sizeof(buffer));
+  close(pipe_fds[0]);
+  ASSERT_GT(n, 0) << "the child could not create its lock object";
+  const std::string key(buffer, static_cast<size_t>(n));
+
+  ASSERT_TRUE(cuda_.RegisterCuda("child", "dev", kHandle, 0, 4096, key).ok());
+  ASSERT_TRUE(cuda_.RegisterCuda("other", "unlocked", kHandle, 0, 64, "").ok());
+  EXPECT_EQ(cuda_.ReclaimAbandoned(), 0);
+  std::optional<SharedMemorySlice> in_flight;
+  {
+    absl::StatusOr<SharedMemorySlice> slice =
+        cuda_.Acquire("child", "dev", 0, 4096);
+    ASSERT_TRUE(slice.ok()) << slice.status();
+    in_flight.emplace(std::move(*slice));
+  }
+
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  EXPECT_EQ(cuda_.ReclaimAbandoned(), 1);
+  EXPECT_EQ(Metric("gradcomp_shm_regions_reclaimed_total"), 1);
+  EXPECT_EQ(Metric("gradcomp_shm_regions"), 1);
+  EXPECT_EQ(Metric("gradcomp_shm_bytes"), 64);
+  EXPECT_EQ(cuda_.Acquire("child", "dev", 0, 1).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(closed_, 0) << "closed under a request in flight";
+  EXPECT_NE(in_flight->device_id(), -1);
+  in_flight.reset();  // the request returns
+  EXPECT_EQ(closed_, 1);
+  EXPECT_EQ(cuda_.ReclaimAbandoned(), 0);
+  EXPECT_TRUE(cuda_.Acquire("other", "unlocked", 0, 64).ok());
+  shm_unlink(key.c_str());
+}
+
+TEST_F(CudaRegionLockTest, BadLocksAreRefusedAndNothingIsOpened) {
+  std::unique_ptr<ShmRegion> held = NewRegion(1);
+  ASSERT_NE(held, nullptr);
+  // Absent, outside the prefix, not locked by anyone, and empty (a lock
+  // must hold at least one byte).
+  const std::string absent = held->key() + "-absent";
+  const std::string outside = "/gradcomp-lock-" + std::to_string(getpid());
+  const std::string unlocked = held->key() + "-unlocked";
+  const std::string empty = held->key() + "-empty";
+  std::vector<int> fds;
+  for (const std::string& key : {outside, unlocked, empty}) {
+    const int fd = shm_open(key.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    ASSERT_GE(fd, 0) << key;
+    ASSERT_EQ(ftruncate(fd, key == empty ? 0 : 1), 0);
+    if (key != unlocked) ASSERT_EQ(flock(fd, LOCK_SH), 0);
+    fds.push_back(fd);
+  }
+  struct Case {
+    std::string key;
+    absl::StatusCode code;
+    std::string says;
+  };
+  for (const Case& c :
+       {Case{absent, absl::StatusCode::kNotFound, "lock_key: cannot open"},
+        Case{outside, absl::StatusCode::kPermissionDenied,
+             "lock_key '" + outside + "' is outside the allowed prefix"},
+        Case{unlocked, absl::StatusCode::kFailedPrecondition,
+             "not locked by its creator"},
+        Case{empty, absl::StatusCode::kInvalidArgument, "holds 0 bytes"},
+        Case{"gradcomp.no-slash", absl::StatusCode::kPermissionDenied,
+             "outside the allowed prefix"}}) {
+    const absl::Status status =
+        cuda_.RegisterCuda("c", "dev", kHandle, 0, 4096, c.key);
+    EXPECT_EQ(status.code(), c.code) << c.key << ": " << status;
+    EXPECT_THAT(status.message(), HasSubstr(c.says)) << c.key;
+  }
+  EXPECT_EQ(opened_, 0);
+  EXPECT_TRUE(cuda_.Status("c", "").value().empty());
+  for (const int fd : fds) close(fd);
+  for (const std::string& key : {outside, unlocked, empty}) {
+    shm_unlink(key.c_str());
+  }
 }
 
 TEST(SharedMemoryRegistryBackgroundTest, TheReclaimerRunsOnItsOwn) {

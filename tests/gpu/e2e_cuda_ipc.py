@@ -14,6 +14,9 @@ step:
   or within fp32 / fp16 / bf16 rounding;
 - the average is within the codec's documented error of the true mean
   (docs/codecs.md; the first step only for codecs with state);
+- a client process that registered a CUDA tensor and is killed with
+  SIGKILL has its region reclaimed by the daemon (its liveness lock is
+  gone): gradcomp_shm_regions_reclaimed_total counts it;
 - the daemons say which backend served: gradcomp_reduce_backend_total
   {backend="cuda"} for codecs with a GPU twin, "cpu" for the one without,
   and GetInfo names the GPU as their device.
@@ -31,6 +34,7 @@ import os
 import pathlib
 import sys
 import tempfile
+import time
 import traceback
 
 import numpy as np
@@ -135,6 +139,50 @@ def run_worker(rank: int, target: str, out_path: str) -> None:
         sys.exit(1)
 
 
+def register_and_wait(target: str, ready) -> None:
+    """A trainer that registers a CUDA tensor and is then killed."""
+    import torch
+
+    import gradcomp
+    client = gradcomp.Client(target)
+    buffer = torch.zeros(1 << 20, dtype=torch.float32, device="cuda:0")
+    client.register_cuda_tensor("killed.grads", buffer)
+    ready.set()
+    time.sleep(600)
+
+
+def metric(daemon, name: str) -> float:
+    from gradcomp import metrics
+    return sum(s.value for s in metrics.scrape(daemon.metrics_url)
+               if s.name == name)
+
+
+def killed_client_is_reclaimed(daemon) -> str | None:
+    """None if the daemon reclaims a SIGKILLed client's CUDA region within
+    30 s (its scan runs every second), else what went wrong."""
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    before = metric(daemon, "gradcomp_shm_regions_reclaimed_total")
+    proc = context.Process(target=register_and_wait,
+                           args=(daemon.target, ready))
+    proc.start()
+    try:
+        if not ready.wait(120):
+            return "the client did not register its CUDA tensor"
+        if metric(daemon, "gradcomp_shm_regions") != 1:
+            return "the registered CUDA region is not counted"
+    finally:
+        proc.kill()
+        proc.join()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if (metric(daemon, "gradcomp_shm_regions_reclaimed_total") == before + 1
+                and metric(daemon, "gradcomp_shm_regions") == 0):
+            return None
+        time.sleep(0.2)
+    return "the killed client's CUDA region was not reclaimed within 30 s"
+
+
 def backend_counts(daemon) -> dict[tuple[str, str], float]:
     from gradcomp import metrics
     counts = {}
@@ -200,6 +248,10 @@ def main() -> int:
                 return 1
             ranks = [dict(np.load(path)) for path in paths]
         counts = [backend_counts(d) for d in daemons]
+        lost = killed_client_is_reclaimed(daemons[0])
+        print(f"killed client's CUDA region: {lost or 'reclaimed'}")
+        if lost:
+            failures.append(lost)
         for r, daemon in enumerate(daemons):
             said = [line for line in daemon.log().splitlines()
                     if "no GPU twin" in line or "no usable GPU" in line]

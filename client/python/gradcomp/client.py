@@ -269,9 +269,16 @@ class Client:
         self._reduce_stream = self._channel.stream_stream(
             "/gradcomp.v1.Gradcomp/ReduceStream",
             response_deserializer=inline_wire.decode_stream_response)
+        # Made by the first CUDA registration (_cuda_lock_key).
+        self._cuda_lock: ShmRegion | None = None
 
     def close(self) -> None:
+        """Closes the channel and releases the CUDA regions' liveness lock:
+        the daemon drops this client's CUDA regions at its next scan."""
         self._channel.close()
+        if self._cuda_lock is not None:
+            self._cuda_lock.release()
+            self._cuda_lock = None
 
     def __enter__(self) -> "Client":
         return self
@@ -510,16 +517,28 @@ class Client:
                                   gradcomp_pb2.SharedMemoryStatusRequest(name=name))
         return {region.name: region.byte_size for region in response.regions}
 
+    def _cuda_lock_key(self) -> str:
+        """The key of this client's liveness lock for its CUDA regions: a
+        1-byte shm object whose shared flock it holds until close() (or the
+        process dies), after which the daemon reclaims the regions. A child
+        forked meanwhile inherits the lock and keeps them alive too."""
+        if self._cuda_lock is None:
+            self._cuda_lock = ShmRegion(1, tag="cuda-lock")
+        return self._cuda_lock.key
+
     def register_cuda_shm(self, name: str, raw_handle: bytes, device_id: int,
                           byte_size: int) -> None:
         """Registers `byte_size` bytes of CUDA device memory that this process
-        exported (cudaIpcGetMemHandle), from the allocation's start, as `name`.
+        exported (cudaIpcGetMemHandle), from the allocation's start, as `name`,
+        tied to this client's liveness lock (reclaimed by the daemon once
+        this client is closed or its process exits).
         FAILED_PRECONDITION "this gradcompd has no usable CUDA device" on a
         daemon without a GPU; INVALID_ARGUMENT for a handle it cannot open."""
         self._shm_call("RegisterCudaSharedMemory",
                        gradcomp_pb2.RegisterCudaSharedMemoryRequest(
                            name=name, raw_handle=raw_handle,
-                           device_id=device_id, byte_size=byte_size))
+                           device_id=device_id, byte_size=byte_size,
+                           lock_key=self._cuda_lock_key()))
 
     def register_cuda_tensor(self, name: str, tensor) -> ShmTensor:
         """Registers a contiguous torch CUDA tensor's memory as region `name`

@@ -8,6 +8,8 @@ registered and reduced through, and must equal the inline path.
 
 Needs the daemon binary: `bazel build //service:gradcompd`, or $GRADCOMPD.
 """
+import fcntl
+import os
 import unittest
 
 import grpc
@@ -17,6 +19,7 @@ import torch
 import gradcomp
 from gradcomp import cuda_ipc
 from gradcomp.testing import Daemon
+from gradcomp.v1 import gradcomp_pb2
 
 
 class CudaIpcHandleTest(unittest.TestCase):
@@ -76,6 +79,67 @@ class CudaRegistrationTest(unittest.TestCase):
             np.testing.assert_array_equal(target.cpu().numpy(), inline)
             client.unregister_shm("py.src")
             client.unregister_shm("py.dst")
+
+
+def lock_held(key: str) -> bool:
+    """True while some open file description holds a flock on /dev/shm/key."""
+    fd = os.open("/dev/shm" + key, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+class CudaLivenessLockTest(unittest.TestCase):
+    """The lock object a Client ties its CUDA regions to, and what the
+    daemon makes of lock keys (it checks the lock before any GPU)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = Daemon(["--allow_client_shm"]).start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.stop()
+
+    def test_one_held_lock_per_client_until_close(self):
+        client = gradcomp.Client(self.daemon.target)
+        key = client._cuda_lock_key()
+        self.assertTrue(key.startswith("/gradcomp.cuda-lock."), key)
+        self.assertEqual(client._cuda_lock_key(), key)
+        self.assertEqual(os.path.getsize("/dev/shm" + key), 1)
+        self.assertTrue(lock_held(key))
+        other = gradcomp.Client(self.daemon.target)
+        self.assertNotEqual(other._cuda_lock_key(), key)
+        other.close()
+        client.close()
+        self.assertFalse(os.path.exists("/dev/shm" + key))
+        client.close()  # twice is fine
+
+    def test_registration_sends_the_lock(self):
+        with gradcomp.Client(self.daemon.target) as client:
+            with self.assertRaises(gradcomp.GradcompError):
+                client.register_cuda_shm("dev", bytes(64), 0, 4096)
+            # Made before the call, held while the client lives.
+            self.assertTrue(lock_held(client._cuda_lock_key()))
+
+    def test_bad_lock_keys_are_refused_before_the_device(self):
+        cases = (("/gradcomp.absent-lock", grpc.StatusCode.NOT_FOUND, "lock_key: "),
+                 ("/elsewhere", grpc.StatusCode.PERMISSION_DENIED,
+                  "lock_key '/elsewhere' is outside the allowed prefix"))
+        with gradcomp.Client(self.daemon.target) as client:
+            for key, code, says in cases:
+                request = gradcomp_pb2.RegisterCudaSharedMemoryRequest(
+                    name="dev", raw_handle=bytes(64), device_id=0,
+                    byte_size=4096, lock_key=key)
+                with self.assertRaises(gradcomp.GradcompError) as error:
+                    client._shm_call("RegisterCudaSharedMemory", request)
+                self.assertEqual(error.exception.code, code, key)
+                self.assertIn(says, error.exception.details)
+            self.assertEqual(client.shm_status(), {})
 
 
 if __name__ == "__main__":
