@@ -4,7 +4,7 @@
 // normal, or a tile of Fashion-MNIST images: bench/gossip_consensus_setup.h)
 // and gossip; the consensus distance (sum_i ||x_i - mean||^2 / W, relative
 // to its start) is recorded against the bytes each worker sent, for plain
-// (exact) gossip, PowerGossip rank 1 and 2 and Choco-Gossip with top-k
+// (exact) gossip, PowerGossip rank 1, 2, 4 and 8 and Choco-Gossip with top-k
 // (Koloskova et al., ICML 2019), all run by service/gossip's GossipNode over
 // the in-process neighbour exchange, so every byte counted is a message
 // sent.
@@ -15,18 +15,18 @@
 // Every method's step size is tuned per run by one rule (Tune): 20
 // log-spaced values, the one that reaches 1e-4 with the fewest bytes, or,
 // when none does within kMaxBytes / 4, the one with the lowest distance
-// there. Grids: Choco's consensus step in [1e-4, 1.308]; exact gossip's and
-// PowerGossip's diffusion in [0.1, 2] (GossipOptions allows up to 2).
-// PowerGossip also runs at the paper's fixed diffusion 1.308, untuned.
+// there. Grids: Choco's consensus step in [1e-4, 1.308]; exact gossip's
+// diffusion in [0.1, 2]; PowerGossip's in [0.1, 0.99 / max w_ij], the whole
+// range ValidateGossipRate allows. PowerGossip r = 1 and 2 also run at the
+// paper's fixed diffusion 1.308, untuned.
 //
-//   bazel run -c opt //bench:gossip_consensus -- /tmp/consensus.csv
+//   bazel build -c opt //bench:gossip_consensus
+//   bazel-out/k8-opt/bin/bench/gossip_consensus /tmp/consensus.csv
 //
 // and plot it with bench/plot_gossip_consensus.py (docs/gossip.md).
-//
-// With a second argument SIDE it runs the random data only, at SIDE x SIDE
-// (the paper's matrices are 100 x 100), and no images:
-//
-//   bazel-bin/bench/gossip_consensus /tmp/consensus100.csv 100
+// Options (after the file): SIDE runs the random data only, at SIDE x SIDE
+// (the paper's matrices are 100 x 100); --seeds=N the random data from N
+// starts; --topologies=ring,torus and --methods=NAME,... a subset.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

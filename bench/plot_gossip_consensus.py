@@ -124,6 +124,7 @@ def main(argv: List[str]) -> int:
     for ax in axes.flat[len(keys):]:
         ax.set_visible(False)
     for ax, key in zip(axes.flat, keys):
+        ax.set_prop_cycle(color=plt.cm.tab20.colors)  # > 10 methods
         for method, points in sorted(runs[key].items()):
             line, = ax.loglog([max(b, 1.0) for _, b, _ in points],
                               [d for _, _, d in points],

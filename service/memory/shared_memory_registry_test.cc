@@ -444,7 +444,9 @@ TEST_F(CudaRegionLockTest, BadLocksAreRefusedAndNothingIsOpened) {
     const int fd = shm_open(key.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
     ASSERT_GE(fd, 0) << key;
     ASSERT_EQ(ftruncate(fd, key == empty ? 0 : 1), 0);
-    if (key != unlocked) ASSERT_EQ(flock(fd, LOCK_SH), 0);
+    if (key != unlocked) {
+      ASSERT_EQ(flock(fd, LOCK_SH), 0);
+    }
     fds.push_back(fd);
   }
   struct Case {
