@@ -218,7 +218,8 @@ class _CudaStaging:
 
     def probe(self) -> None:
         """Registers a buffer with no slots yet: GradcompError if the daemon
-        cannot open this process's CUDA memory."""
+        cannot open this process's CUDA memory, OSError if the client cannot
+        make the regions' liveness lock object in /dev/shm."""
         self._allocate(_CUDA_ALIGN)
 
     def slot(self, index: int, nbytes: int) -> tuple[str, int, int, torch.Tensor, torch.Tensor]:
@@ -427,7 +428,7 @@ class HookState:
             staging = _CudaStaging(self.client, self.job, device)
             try:
                 staging.probe()
-            except GradcompError as error:
+            except (GradcompError, OSError) as error:  # OSError: no lock object
                 if self._cuda_wanted:
                     raise
                 reason = str(error)
