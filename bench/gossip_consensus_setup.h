@@ -65,8 +65,9 @@ struct Method {
 };
 
 // Exact gossip at diffusion 1 and tuned; PowerGossip r = 1 and 2 at the
-// paper's 1.308 and tuned, and r = 4 and 8 tuned; Choco top-k with k = r (rows + cols) / 4 (PowerGossip rank
-// r's bytes per step) for r = 1 and 2, and k = 5 % of the entries.
+// paper's 1.308 and tuned, and r = 4 and 8 tuned; Choco top-k with k = r (rows
+// + cols) / 4 (PowerGossip rank r's bytes per step) for r = 1 and 2, and k = 5
+// % of the entries.
 std::vector<Method> Methods(int rows, int cols);
 
 // Every step of the first 50, then about 50 steps per decade.

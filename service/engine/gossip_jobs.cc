@@ -65,7 +65,8 @@ absl::StatusOr<GossipOptions> GossipOptionsFromSpec(const GossipSpec& spec) {
   const double diffusion = spec.diffusion == 0 ? 1.0 : spec.diffusion;
   options.gamma = diffusion;
   // A PowerGossip job's 1-D tensors gossip exactly, whose rate stays in
-  // (0, 2]: above 2, they gossip at 1, the mixing matrix itself.
+  // (0, 2]: above 2, they gossip at 1, the mixing matrix itself (and Node
+  // lowers it to 1 wherever the topology makes plain gossip diverge).
   options.exact_gamma = diffusion <= 2 ? diffusion : 1.0;
   if (options.mode != GossipOptions::Mode::kPowerGossip && diffusion > 2) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -157,14 +158,21 @@ absl::StatusOr<GossipNode*> GossipJobs::Node(absl::string_view job,
         "job '", job, "': gossip topology '", spec.topology, "' for ",
         collective_->world_size(), " workers: ", topology.status().message()));
   }
-  absl::Status rate = ValidateGossipRate(options, *topology);
+  // A PowerGossip job's 1-D tensors gossip exactly: at its diffusion where
+  // that is stable for plain gossip, else at 1, the mixing matrix itself.
+  GossipOptions checked = options;
+  if (checked.mode == GossipOptions::Mode::kPowerGossip &&
+      checked.exact_gamma * MaxNeighbourWeightSum(*topology) >= 1) {
+    checked.exact_gamma = 1.0;
+  }
+  absl::Status rate = ValidateGossipRate(checked, *topology);
   if (!rate.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("job '", job, "': gossip.diffusion for ",
                      collective_->world_size(), " workers: ", rate.message()));
   }
   entry->node =
-      std::make_unique<GossipNode>(*std::move(topology), me, options, seed_);
+      std::make_unique<GossipNode>(*std::move(topology), me, checked, seed_);
   entry->spec = described;
   return entry->node.get();
 }

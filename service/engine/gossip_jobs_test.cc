@@ -141,6 +141,35 @@ TEST_F(GossipJobsTest, APowerGossipDiffusionAboveTheEdgeBoundIsRefused) {
   for (int r = 0; r < 4; ++r) EXPECT_TRUE(got[r].ok()) << got[r].status();
 }
 
+TEST_F(GossipJobsTest, PlainGossipOnlyAtARateThatConverges) {
+  // Ring of 4: each rank's edges weigh 2/3 together, so plain gossip needs
+  // a diffusion < 1.5.
+  auto got = NodeOnEveryRank(
+      jobs_, "exact",
+      std::vector<GossipSpec>(4, GossipSpec{"ring", 0, 1, 1.6}));
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_THAT(got[r].status().message(),
+                HasSubstr("job 'exact': gossip.diffusion for 4 workers: exact "
+                          "gossip diffusion 1.6 on topology 'ring'"));
+  }
+  // A PowerGossip job there keeps 1.6 for its matrices and mixes its 1-D
+  // tensors with the mixing matrix itself; at 1.4 it uses 1.4 for both.
+  got = NodeOnEveryRank(
+      jobs_, "power",
+      std::vector<GossipSpec>(4, GossipSpec{"ring", 1, 1, 1.6}));
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(got[r].ok()) << got[r].status();
+    EXPECT_EQ((*got[r])->options().gamma, 1.6);
+    EXPECT_EQ((*got[r])->options().exact_gamma, 1.0);
+  }
+  got = NodeOnEveryRank(
+      jobs_, "slow", std::vector<GossipSpec>(4, GossipSpec{"ring", 1, 1, 1.4}));
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(got[r].ok()) << got[r].status();
+    EXPECT_EQ((*got[r])->options().exact_gamma, 1.4);
+  }
+}
+
 TEST_F(GossipJobsTest, ATopologyThatDoesNotFitTheWorldIsRefused) {
   auto got =
       NodeOnEveryRank(jobs_, "job", std::vector<GossipSpec>(4, {"torus:3x3"}));

@@ -113,9 +113,32 @@ double MaxEdgeWeight(const Topology& topology) {
   return w;
 }
 
+double MaxNeighbourWeightSum(const Topology& topology) {
+  double most = 0;
+  for (int i = 0; i < topology.world_size(); ++i) {
+    double sum = 0;
+    for (const Neighbour& n : topology.neighbours(i)) sum += n.weight;
+    most = std::max(most, sum);
+  }
+  return most;
+}
+
 absl::Status ValidateGossipRate(const GossipOptions& options,
                                 const Topology& topology) {
   GC_RETURN_IF_ERROR(ValidateGossipOptions(options));
+  if (options.mode == GossipOptions::Mode::kChoco) return absl::OkStatus();
+  const double s = MaxNeighbourWeightSum(topology);
+  if (options.exact_gamma * s >= 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options.mode == GossipOptions::Mode::kExact
+            ? "exact gossip diffusion "
+            : "exact gossip diffusion (of the 1-D tensors) ",
+        options.exact_gamma, " on topology '", topology.name(),
+        "' (largest sum of a rank's edge weights ", s,
+        "): expected gamma < 1 / ", s, " = ", 1 / s,
+        "; above it the eigenvalues of I - gamma (I - W) may leave (-1, 1) "
+        "and plain gossip diverge"));
+  }
   if (options.mode != GossipOptions::Mode::kPowerGossip) {
     return absl::OkStatus();
   }

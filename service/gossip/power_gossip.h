@@ -81,16 +81,26 @@ struct GossipOptions {
 // (gamma > 0; Choco's and exact_gamma in (0, 2]) and Choco's fraction.
 absl::Status ValidateGossipOptions(const GossipOptions& options);
 
-// ValidateGossipOptions, and for PowerGossip gamma w_ij < 1 on every edge of
-// `topology`: a power step multiplies an edge's difference in its factors'
-// span by 1 - 2 gamma w_ij, so a larger gamma makes even two nodes diverge.
-// (Every data converges for gamma <= 2 / lambda_max(I - W), exact gossip's
-// bound; between the two it depends on the data: docs/gossip.md.)
+// ValidateGossipOptions, and with `topology`:
+// - exact gossip (Mode::kExact, and PowerGossip's 1-D tensors): exact_gamma
+//   s < 1, s = MaxNeighbourWeightSum. I - W's eigenvalues lie in [0, 2 s]
+//   (Gershgorin), so every mode of plain gossip then contracts; on regular
+//   bipartite graphs (an even ring, a 2 x 4 torus) 2 s is an eigenvalue and
+//   the bound is exact (ring of 8: 1.5).
+// - PowerGossip: gamma w_ij < 1 on every edge: a power step multiplies an
+//   edge's difference in its factors' span by 1 - 2 gamma w_ij, so a larger
+//   gamma makes even two nodes diverge. (Every data converges below exact
+//   gossip's bound 2 / lambda_max(I - W); between the two it depends on the
+//   data: docs/gossip.md.)
 absl::Status ValidateGossipRate(const GossipOptions& options,
                                 const Topology& topology);
 
 // The largest w_ij over the edges of `topology` (0 without edges).
 double MaxEdgeWeight(const Topology& topology);
+
+// The largest sum of one rank's edge weights, max_i sum_j w_ij = max_i (1 -
+// w_ii) (0 without edges).
+double MaxNeighbourWeightSum(const Topology& topology);
 
 // One edge's PowerGossip factors for one tensor, identical at both ends.
 struct EdgeFactors {

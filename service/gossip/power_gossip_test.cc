@@ -322,7 +322,8 @@ TEST(PowerGossipTest, ADiffusionAtOrAboveOneOverTheEdgeWeightIsRefused) {
   options.gamma = 3.99;  // 2 x 4 torus: 3 neighbours at 1/4
   EXPECT_TRUE(ValidateGossipRate(options, Make("torus", 8)).ok());
   EXPECT_EQ(MaxEdgeWeight(Make("torus", 8)), 0.25);
-  options.gamma = 1.5;  // a given weight of 0.8 allows less than 1.25
+  options.gamma = 1.5;        // a given weight of 0.8 allows less than 1.25
+  options.exact_gamma = 0.5;  // rank 1's edges weigh 1 together
   EXPECT_THAT(
       ValidateGossipRate(options, Make("edges:0-1:0.8,1-2:0.2", 3)).message(),
       HasSubstr("expected gamma < 1 / 0.8 = 1.25"));
@@ -345,6 +346,37 @@ TEST(PowerGossipTest, ADiffusionAtOrAboveOneOverTheEdgeWeightIsRefused) {
   for (const absl::Status& s : net.Rounds("w", {4, 4}, xs, 0, 1)) {
     EXPECT_THAT(s.message(), HasSubstr("expected gamma < 1 / 0.333333 = 3"));
   }
+}
+
+// Plain gossip's rate: I - W's eigenvalues lie in [0, 2 s], s the largest
+// sum of a rank's edge weights, and an even ring reaches 2 s, so exact_gamma
+// s >= 1 is refused, for exact gossip and for PowerGossip's 1-D tensors.
+TEST(PowerGossipTest, AnExactGossipRateAtOrAboveOneOverTheWeightSumIsRefused) {
+  EXPECT_DOUBLE_EQ(MaxNeighbourWeightSum(Make("ring", 8)), 2.0 / 3);
+  EXPECT_DOUBLE_EQ(MaxNeighbourWeightSum(Make("torus", 8)), 0.75);
+  GossipOptions exact{Mode::kExact};
+  exact.exact_gamma = 1.5;
+  EXPECT_THAT(ValidateGossipRate(exact, Make("ring", 8)).message(),
+              HasSubstr("exact gossip diffusion 1.5 on topology 'ring' "
+                        "(largest sum of a rank's edge weights 0.666667): "
+                        "expected gamma < 1 / 0.666667 = 1.5"));
+  exact.exact_gamma = 1.49;
+  EXPECT_TRUE(ValidateGossipRate(exact, Make("ring", 8)).ok());
+  EXPECT_FALSE(ValidateGossipRate(exact, Make("torus", 8)).ok());
+  GossipOptions power;  // PowerGossip: its 1-D tensors gossip exactly
+  power.exact_gamma = 1.4;
+  EXPECT_THAT(ValidateGossipRate(power, Make("torus", 8)).message(),
+              HasSubstr("exact gossip diffusion (of the 1-D tensors) 1.4"));
+  // A ring whose ranks keep no weight of their own: even 1 oscillates.
+  power.exact_gamma = 1;
+  EXPECT_THAT(ValidateGossipRate(
+                  power, Make("edges:0-1:0.5,1-2:0.5,2-3:0.5,0-3:0.5", 4))
+                  .message(),
+              HasSubstr("expected gamma < 1 / 1 = 1"));
+  // Choco's step is not plain gossip's rate.
+  GossipOptions choco{Mode::kChoco};
+  choco.exact_gamma = 2;
+  EXPECT_TRUE(ValidateGossipRate(choco, Make("ring", 8)).ok());
 }
 
 // Below 1 / w_max, stability depends on the data. Differences of rank 1,
