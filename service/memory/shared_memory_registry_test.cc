@@ -35,6 +35,35 @@ SharedMemoryOptions NoBackgroundReclaim() {
   return options;
 }
 
+// A child process that creates a POSIX shm object of `bytes` bytes, so it
+// holds the object's shared lock, and waits to be killed. pid -1 if the fork
+// failed; an empty key if the child could not create the object.
+struct Holder {
+  pid_t pid = -1;
+  std::string key;
+};
+
+Holder ForkHolder(size_t bytes, const char* tag) {
+  int pipe_fds[2];
+  if (pipe(pipe_fds) != 0) return {};
+  const pid_t child = fork();
+  if (child < 0) return {};
+  if (child == 0) {
+    close(pipe_fds[0]);
+    auto object = ShmRegion::Create(bytes, tag);
+    const std::string key = object.ok() ? (*object)->key() : "";
+    if (write(pipe_fds[1], key.data(), key.size()) < 0) _exit(2);
+    close(pipe_fds[1]);
+    pause();
+    _exit(0);
+  }
+  close(pipe_fds[1]);
+  char buffer[256];
+  const ssize_t n = read(pipe_fds[0], buffer, sizeof(buffer));
+  close(pipe_fds[0]);
+  return {child, n > 0 ? std::string(buffer, static_cast<size_t>(n)) : ""};
+}
+
 class SharedMemoryRegistryTest : public ::testing::Test {
  protected:
   std::unique_ptr<ShmRegion> NewRegion(uint64_t size) {
@@ -274,25 +303,10 @@ TEST_F(SharedMemoryRegistryTest, UnregisterRefusesWhileASliceIsInFlight) {
 // A real client process holds a region and is killed with SIGKILL: the
 // kernel drops its lock, and the registry reclaims the region and counts it.
 TEST_F(SharedMemoryRegistryTest, AKilledClientsRegionsAreReclaimed) {
-  int pipe_fds[2];
-  ASSERT_EQ(pipe(pipe_fds), 0);
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    close(pipe_fds[0]);
-    auto region = ShmRegion::Create(4096, "registry-test-child");
-    const std::string key = region.ok() ? (*region)->key() : "";
-    if (write(pipe_fds[1], key.data(), key.size()) < 0) _exit(2);
-    close(pipe_fds[1]);
-    pause();
-    _exit(0);
-  }
-  close(pipe_fds[1]);
-  char buffer[256];
-  const ssize_t n = read(pipe_fds[0], buffer, sizeof(buffer));
-  close(pipe_fds[0]);
-  ASSERT_GT(n, 0) << "the child could not create its region";
-  const std::string key(buffer, static_cast<size_t>(n));
+  const Holder child = ForkHolder(4096, "registry-test-child");
+  ASSERT_GT(child.pid, 0);
+  ASSERT_FALSE(child.key.empty()) << "the child could not create its region";
+  const std::string& key = child.key;
 
   std::unique_ptr<ShmRegion> survivor = NewRegion(64);
   ASSERT_NE(survivor, nullptr);
@@ -304,8 +318,8 @@ TEST_F(SharedMemoryRegistryTest, AKilledClientsRegionsAreReclaimed) {
       registry_.Acquire("child", "c", 0, 4096);
   ASSERT_TRUE(in_flight.ok());
 
-  ASSERT_EQ(kill(child, SIGKILL), 0);
-  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  ASSERT_EQ(kill(child.pid, SIGKILL), 0);
+  ASSERT_EQ(waitpid(child.pid, nullptr, 0), child.pid);
   EXPECT_EQ(registry_.ReclaimAbandoned(), 1);
   EXPECT_EQ(Metric("gradcomp_shm_regions_reclaimed_total"), 1);
   EXPECT_EQ(Metric("gradcomp_shm_regions"), 1);
@@ -382,25 +396,11 @@ TEST_F(CudaRegionLockTest, AHeldLockKeepsTheRegion) {
 // the request in flight lets go. A CUDA region registered without a lock is
 // left alone, as before.
 TEST_F(CudaRegionLockTest, AKilledHoldersRegionIsReclaimedAfterItsLastSlice) {
-  int pipe_fds[2];
-  ASSERT_EQ(pipe(pipe_fds), 0);
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    close(pipe_fds[0]);
-    auto lock = ShmRegion::Create(1, "registry-test-cuda-lock");
-    const std::string key = lock.ok() ? (*lock)->key() : "";
-    if (write(pipe_fds[1], key.data(), key.size()) < 0) _exit(2);
-    close(pipe_fds[1]);
-    pause();
-    _exit(0);
-  }
-  close(pipe_fds[1]);
-  char buffer[256];
-  const ssize_t n = read(pipe_fds[0], buffer, sizeof(buffer));
-  close(pipe_fds[0]);
-  ASSERT_GT(n, 0) << "the child could not create its lock object";
-  const std::string key(buffer, static_cast<size_t>(n));
+  const Holder child = ForkHolder(1, "registry-test-cuda-lock");
+  ASSERT_GT(child.pid, 0);
+  ASSERT_FALSE(child.key.empty())
+      << "the child could not create its lock object";
+  const std::string& key = child.key;
 
   ASSERT_TRUE(cuda_.RegisterCuda("child", "dev", kHandle, 0, 4096, key).ok());
   ASSERT_TRUE(cuda_.RegisterCuda("other", "unlocked", kHandle, 0, 64, "").ok());
@@ -413,8 +413,8 @@ TEST_F(CudaRegionLockTest, AKilledHoldersRegionIsReclaimedAfterItsLastSlice) {
     in_flight.emplace(std::move(*slice));
   }
 
-  ASSERT_EQ(kill(child, SIGKILL), 0);
-  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  ASSERT_EQ(kill(child.pid, SIGKILL), 0);
+  ASSERT_EQ(waitpid(child.pid, nullptr, 0), child.pid);
   EXPECT_EQ(cuda_.ReclaimAbandoned(), 1);
   EXPECT_EQ(Metric("gradcomp_shm_regions_reclaimed_total"), 1);
   EXPECT_EQ(Metric("gradcomp_shm_regions"), 1);

@@ -33,7 +33,8 @@ class CudaIpcHandleTest(unittest.TestCase):
                          np.dtype(np.float16))
 
 
-class CudaRegistrationTest(unittest.TestCase):
+class _DaemonTest(unittest.TestCase):
+    """One daemon with client shared memory on for the class's tests."""
 
     @classmethod
     def setUpClass(cls):
@@ -42,6 +43,9 @@ class CudaRegistrationTest(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.daemon.stop()
+
+
+class CudaRegistrationTest(_DaemonTest):
 
     def test_malformed_requests_are_invalid_arguments(self):
         with gradcomp.Client(self.daemon.target) as client:
@@ -93,17 +97,9 @@ def lock_held(key: str) -> bool:
         os.close(fd)
 
 
-class CudaLivenessLockTest(unittest.TestCase):
+class CudaLivenessLockTest(_DaemonTest):
     """The lock object a Client ties its CUDA regions to, and what the
     daemon makes of lock keys (it checks the lock before any GPU)."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.daemon = Daemon(["--allow_client_shm"]).start()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.daemon.stop()
 
     def test_one_held_lock_per_client_until_close(self):
         client = gradcomp.Client(self.daemon.target)
