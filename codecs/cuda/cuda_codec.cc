@@ -361,20 +361,8 @@ class CudaTopK : public CudaCodec {
 absl::StatusOr<DeviceBuffer> Upload(absl::Span<const float> host) {
   GC_ASSIGN_OR_RETURN(DeviceBuffer device,
                       DeviceBuffer::Create(host.size() * sizeof(float)));
-  if (!host.empty()) {
-    GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(device.data(), host.data(),
-                                       host.size() * sizeof(float),
-                                       cudaMemcpyHostToDevice));
-  }
+  GC_RETURN_IF_ERROR(CopyToDevice(host, device.as<float>()));
   return device;
-}
-
-absl::Status Download(const float* device, absl::Span<float> host) {
-  if (host.empty()) return absl::OkStatus();
-  GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(host.data(), device,
-                                     host.size() * sizeof(float),
-                                     cudaMemcpyDeviceToHost));
-  return absl::OkStatus();
 }
 
 // The ErrorFeedback decorator (codecs/error_feedback.h) around a GPU codec:
@@ -413,7 +401,7 @@ class CudaErrorFeedback : public CudaCodec {
       GC_CUDA_RETURN_IF_ERROR(
           LaunchAddFloat(grad, n, -1.0f, p.as<float>(), nullptr));
     }
-    GC_RETURN_IF_ERROR(Download(p.as<float>(), residual));
+    GC_RETURN_IF_ERROR(CopyToHost(p.as<float>(), residual));
     return status;
   }
 
@@ -454,7 +442,7 @@ class CudaSign : public CudaCodec {
     GC_ASSIGN_OR_RETURN(DeviceBuffer m, Upload(momentum));
     GC_CUDA_RETURN_IF_ERROR(LaunchMomentumUpdate(
         grad, n, momentum_, 1.0f - momentum_, m.as<float>(), nullptr));
-    GC_RETURN_IF_ERROR(Download(m.as<float>(), momentum));
+    GC_RETURN_IF_ERROR(CopyToHost(m.as<float>(), momentum));
     const absl::Status status = EncodeSigns(m.as<float>(), n, payload);
     if (status.code() == absl::StatusCode::kInvalidArgument) {
       // As the CPU: a momentum holding NaN would poison every later step.
@@ -546,7 +534,7 @@ class CudaSign : public CudaCodec {
   // The CPU's own scale of x[0, len) (device memory), by PackSigns.
   static absl::StatusOr<float> HostScale(const float* x, size_t len) {
     std::vector<float> host(len);
-    GC_RETURN_IF_ERROR(Download(x, absl::MakeSpan(host)));
+    GC_RETURN_IF_ERROR(CopyToHost(x, absl::MakeSpan(host)));
     std::vector<char> signs(SignBytes(len));
     const double l1 = PackSigns(host, signs.data());
     return static_cast<float>(l1 / len);
@@ -703,7 +691,7 @@ class CudaOneBit : public CudaCodec {
                           TensorState& state, const StepContext& ctx,
                           Bytes* payload) const {
     std::vector<float> values(n);
-    GC_RETURN_IF_ERROR(Download(grad, absl::MakeSpan(values)));
+    GC_RETURN_IF_ERROR(CopyToHost(grad, absl::MakeSpan(values)));
     const std::vector<int64_t> shape = {
         rows, static_cast<int64_t>(n / static_cast<size_t>(rows))};
     payload->clear();
@@ -798,7 +786,7 @@ class CudaTernGrad : public CudaCodec {
     const SumInterval in = SumIntervalOf(sum, 8 * (n / 256) + n % 256);
     if (clip_of(in.lo) == clip_of(in.hi)) return clip_of(in.lo);
     std::vector<float> host(n);
-    GC_RETURN_IF_ERROR(Download(grad, absl::MakeSpan(host)));
+    GC_RETURN_IF_ERROR(CopyToHost(grad, absl::MakeSpan(host)));
     const double exact = SumOfSquares(host);
     if (!std::isfinite(exact)) return std::nullopt;
     return clip_of(exact);

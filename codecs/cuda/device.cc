@@ -45,6 +45,22 @@ absl::Status SynchronizeStream(cudaStream_t stream) {
   return CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 }
 
+absl::Status CopyToDevice(absl::Span<const float> host, float* device) {
+  if (host.empty()) return absl::OkStatus();
+  GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(device, host.data(),
+                                     host.size() * sizeof(float),
+                                     cudaMemcpyHostToDevice));
+  return absl::OkStatus();
+}
+
+absl::Status CopyToHost(const float* device, absl::Span<float> host) {
+  if (host.empty()) return absl::OkStatus();
+  GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(host.data(), device,
+                                     host.size() * sizeof(float),
+                                     cudaMemcpyDeviceToHost));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DeviceBuffer> DeviceBuffer::Create(size_t bytes) {
   DeviceBuffer buffer;
   if (bytes == 0) return buffer;

@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "base/status_macros.h"
 
 namespace gradcomp::codecs::cuda {
@@ -38,6 +39,12 @@ absl::Status CudaDeviceAvailable();
 // returns. Unlike cudaDeviceSynchronize it does not wait for the device's
 // other streams, which serve other clients.
 absl::Status SynchronizeStream(cudaStream_t stream = nullptr);
+
+// Copies host.size() floats from host memory to `device` / from `device`
+// to host memory (cudaMemcpy: synchronous for pageable host memory); an
+// empty span copies nothing.
+absl::Status CopyToDevice(absl::Span<const float> host, float* device);
+absl::Status CopyToHost(const float* device, absl::Span<float> host);
 
 // A cudaMalloc'd block, freed on destruction. Move-only.
 class DeviceBuffer {

@@ -35,22 +35,6 @@ absl::Status CheckGemmSize(const PowerSgdPlan& plan) {
   return absl::OkStatus();
 }
 
-absl::Status Upload(absl::Span<const float> host, float* device) {
-  if (host.empty()) return absl::OkStatus();
-  GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(device, host.data(),
-                                     host.size() * sizeof(float),
-                                     cudaMemcpyHostToDevice));
-  return absl::OkStatus();
-}
-
-absl::Status Download(const float* device, absl::Span<float> host) {
-  if (host.empty()) return absl::OkStatus();
-  GC_CUDA_RETURN_IF_ERROR(cudaMemcpy(host.data(), device,
-                                     host.size() * sizeof(float),
-                                     cudaMemcpyDeviceToHost));
-  return absl::OkStatus();
-}
-
 bool AllFinite(absl::Span<const float> v) {
   return std::all_of(v.begin(), v.end(),
                      [](float x) { return std::isfinite(x); });
@@ -196,12 +180,13 @@ class CudaPowerSgdSession : public PowerSgdSession {
                         DeviceBuffer::Create(p_size() * sizeof(float)));
     GC_ASSIGN_OR_RETURN(q_device_,
                         DeviceBuffer::Create(q_size() * sizeof(float)));
-    GC_RETURN_IF_ERROR(Upload(grad().values, m_.as<float>()));
-    GC_RETURN_IF_ERROR(Upload(q, q_device_.as<float>()));
+    GC_RETURN_IF_ERROR(CopyToDevice(grad().values, m_.as<float>()));
+    GC_RETURN_IF_ERROR(CopyToDevice(q, q_device_.as<float>()));
     if (const float* error = FindResidual(); error != nullptr) {
       GC_ASSIGN_OR_RETURN(DeviceBuffer e,
                           DeviceBuffer::Create(n * sizeof(float)));
-      GC_RETURN_IF_ERROR(Upload(absl::MakeConstSpan(error, n), e.as<float>()));
+      GC_RETURN_IF_ERROR(
+          CopyToDevice(absl::MakeConstSpan(error, n), e.as<float>()));
       GC_RETURN_IF_ERROR(gpu->FormMAndMultiplyP(
           plan(), m_.as<float>(), e.as<float>(), nullptr, nullptr,
           q_device_.as<float>(), m_.as<float>(), p_device_.as<float>()));
@@ -211,7 +196,7 @@ class CudaPowerSgdSession : public PowerSgdSession {
                                         p_device_.as<float>()));
     }
     std::vector<float> p(p_size());
-    GC_RETURN_IF_ERROR(Download(p_device_.as<float>(), absl::MakeSpan(p)));
+    GC_RETURN_IF_ERROR(CopyToHost(p_device_.as<float>(), absl::MakeSpan(p)));
     // A NaN or Inf in M reaches P (the CPU twin checks M itself; a finite M
     // whose products overflow is caught by the sum's check instead).
     if (!AllFinite(p)) return NonFiniteInput();
@@ -222,13 +207,14 @@ class CudaPowerSgdSession : public PowerSgdSession {
       std::vector<float> p_sum) override {
     absl::MutexLock lock(&codec_.mu_);
     GC_ASSIGN_OR_RETURN(PowerSgdGpu * gpu, codec_.Gpu());
-    GC_RETURN_IF_ERROR(Upload(p_sum, p_device_.as<float>()));
+    GC_RETURN_IF_ERROR(CopyToDevice(p_sum, p_device_.as<float>()));
     GC_RETURN_IF_ERROR(
         gpu->Orthonormalize(p_device_.as<float>(), plan().rows, plan().rank));
     GC_RETURN_IF_ERROR(gpu->MultiplyQ(
         plan(), m_.as<float>(), p_device_.as<float>(), q_device_.as<float>()));
     std::vector<float> own_q(q_size());
-    GC_RETURN_IF_ERROR(Download(q_device_.as<float>(), absl::MakeSpan(own_q)));
+    GC_RETURN_IF_ERROR(
+        CopyToHost(q_device_.as<float>(), absl::MakeSpan(own_q)));
     return own_q;
   }
 
@@ -236,10 +222,10 @@ class CudaPowerSgdSession : public PowerSgdSession {
                               absl::Span<float> error) override {
     absl::MutexLock lock(&codec_.mu_);
     GC_ASSIGN_OR_RETURN(PowerSgdGpu * gpu, codec_.Gpu());
-    GC_RETURN_IF_ERROR(Upload(q_mean, q_device_.as<float>()));
+    GC_RETURN_IF_ERROR(CopyToDevice(q_mean, q_device_.as<float>()));
     GC_RETURN_IF_ERROR(gpu->SubtractLowRank(
         plan(), p_device_.as<float>(), q_device_.as<float>(), m_.as<float>()));
-    return Download(m_.as<float>(), error);
+    return CopyToHost(m_.as<float>(), error);
   }
 
   // out = P_hat q^T, expanded on the GPU in M's buffer (free once the
@@ -248,10 +234,10 @@ class CudaPowerSgdSession : public PowerSgdSession {
                       absl::Span<float> out) override {
     absl::MutexLock lock(&codec_.mu_);
     GC_ASSIGN_OR_RETURN(PowerSgdGpu * gpu, codec_.Gpu());
-    GC_RETURN_IF_ERROR(Upload(q, q_device_.as<float>()));
+    GC_RETURN_IF_ERROR(CopyToDevice(q, q_device_.as<float>()));
     GC_RETURN_IF_ERROR(gpu->Expand(plan(), p_device_.as<float>(),
                                    q_device_.as<float>(), m_.as<float>()));
-    return Download(m_.as<float>(), out);
+    return CopyToHost(m_.as<float>(), out);
   }
 
   const CudaPowerSgdCodec& codec_;
