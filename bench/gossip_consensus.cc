@@ -1,13 +1,13 @@
 // The consensus experiment of PowerGossip (issue 10), at the paper's
 // setting (epfml/powergossip, experiments/consensus_2.py): W = 8 ranks on a
 // ring and on a 2 x 4 torus start from their own 56 x 56 matrix (random
-// normal, or a tile of Fashion-MNIST images: bench/gossip_consensus_setup.h)
-// and gossip; the consensus distance (sum_i ||x_i - mean||^2 / W, relative
-// to its start) is recorded against the bytes each worker sent, for plain
-// (exact) gossip, PowerGossip rank 1, 2, 4 and 8 and Choco-Gossip with top-k
-// (Koloskova et al., ICML 2019), all run by service/gossip's GossipNode over
-// the in-process neighbour exchange, so every byte counted is a message
-// sent.
+// normal, a tile of Fashion-MNIST images, or one trained layer of 8 MLPs:
+// bench/gossip_consensus_setup.h) and gossip; the consensus distance (sum_i
+// ||x_i - mean||^2 / W, relative to its start) is recorded against the bytes
+// each worker sent, for plain (exact) gossip, PowerGossip rank 1, 2, 4 and 8
+// and Choco-Gossip with top-k (Koloskova et al., ICML 2019), all run by
+// service/gossip's GossipNode over the in-process neighbour exchange, so every
+// byte counted is a message sent.
 //
 // Choco's k is matched to PowerGossip's bytes per step, as in the paper:
 // k = r (rows + cols) / 4 (indices and values: the numbers a rank-r power
@@ -22,13 +22,18 @@
 // PowerGossip r = 1 and 2 also run at the paper's fixed diffusion 1.308,
 // untuned.
 //
+//   /usr/bin/python3 bench/gossip_weights.py /tmp/gossip_consensus_weights.bin
 //   bazel build -c opt //bench:gossip_consensus
 //   bazel-out/k8-opt/bin/bench/gossip_consensus /tmp/consensus.csv
 //
 // and plot it with bench/plot_gossip_consensus.py (docs/gossip.md).
 // Options (after the file): SIDE runs the random data only, at SIDE x SIDE
 // (the paper's matrices are 100 x 100); --seeds=N the random data from N
-// starts; --topologies=ring,torus and --methods=NAME,... a subset.
+// starts; --workers=N the random data on N ranks (data "random-w<N>");
+// --data=random,fashion-mnist,weights, --topologies=ring,torus and
+// --methods=NAME,... a subset (--methods may also name the methods run only
+// when named: bench::AllMethods); --weights=FILE where the trained weights
+// are.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -59,7 +64,6 @@ using bench::kDiverged;
 using bench::kMaxBytes;
 using bench::kRows;
 using bench::kTarget;
-using bench::kW;
 using bench::Logged;
 using bench::Method;
 using Tensors = std::vector<std::vector<float>>;
@@ -75,14 +79,15 @@ struct Point {
 std::vector<Point> Run(const Topology& topology, const GossipOptions& options,
                        const std::vector<int64_t>& shape, const Tensors& start,
                        double target, double max_bytes) {
+  const int workers = static_cast<int>(start.size());
   Tensors xs = start;
   const double d0 = ConsensusDistance(xs);
-  InProcessGroup group(kW);
+  InProcessGroup group(workers);
   std::vector<std::unique_ptr<GossipNode>> nodes;
-  for (int r = 0; r < kW; ++r) {
+  for (int r = 0; r < workers; ++r) {
     nodes.push_back(std::make_unique<GossipNode>(topology, r, options, 7));
   }
-  std::vector<double> bytes(kW, 0);
+  std::vector<double> bytes(workers, 0);
   std::vector<Point> points = {{0, 0, 1}};
   int64_t step = 0;
   while (true) {
@@ -90,7 +95,7 @@ std::vector<Point> Run(const Topology& topology, const GossipOptions& options,
     int64_t next = step + 1;
     while (!Logged(next)) ++next;
     std::vector<std::thread> threads;
-    for (int r = 0; r < kW; ++r) {
+    for (int r = 0; r < workers; ++r) {
       threads.emplace_back([&, r] {
         for (int64_t s = step; s < next; ++s) {
           absl::StatusOr<GossipStats> stats =
@@ -108,7 +113,7 @@ std::vector<Point> Run(const Topology& topology, const GossipOptions& options,
     for (auto& t : threads) t.join();
     step = next;
     const double mean_bytes =
-        std::accumulate(bytes.begin(), bytes.end(), 0.0) / kW;
+        std::accumulate(bytes.begin(), bytes.end(), 0.0) / workers;
     const double d = ConsensusDistance(xs) / d0;
     points.push_back({step, mean_bytes, d});
     if (d < target || mean_bytes > max_bytes || !(d < kDiverged)) break;
@@ -196,13 +201,15 @@ double Tune(const Topology& topology, GossipOptions options,
   return best_gamma;
 }
 
-// Runs the methods of bench::Methods named in `only` (all when empty) on
-// `topology` from `start`, tuning the step sizes, and writes the runs to
-// `out` as data `name`.
+// Runs the methods of bench::AllMethods named in `only` (bench::Methods
+// when empty) on `topology` from `start`, tuning the step sizes, and writes
+// the runs to `out` as data `name`.
 void RunAll(FILE* out, const std::string& name, const char* spec,
             const Topology& topology, const std::vector<int64_t>& shape,
             const Tensors& start, const std::vector<std::string>& only) {
-  for (const Method& method : bench::Methods(shape[0], shape[1])) {
+  for (const Method& method : only.empty()
+                                  ? bench::Methods(shape[0], shape[1])
+                                  : bench::AllMethods(shape[0], shape[1])) {
     if (!only.empty() &&
         std::find(only.begin(), only.end(), method.name) == only.end()) {
       continue;
@@ -218,6 +225,7 @@ void RunAll(FILE* out, const std::string& name, const char* spec,
       case Method::Kind::kPowerGossip:
         options.rank = method.rank;
         options.iterations = method.iterations;
+        options.warm_start = method.warm_start;
         grid = PowerGossipGrid(topology);
         break;
       case Method::Kind::kChoco:
@@ -240,19 +248,26 @@ void RunAll(FILE* out, const std::string& name, const char* spec,
 int Usage(const std::string& why) {
   std::fprintf(stderr,
                "%s\nusage: gossip_consensus OUT.csv [SIDE] [--seeds=N] "
-               "[--topologies=ring,torus] [--methods=NAME,...]\n",
+               "[--workers=N] [--data=random,fashion-mnist,weights] "
+               "[--topologies=ring,torus] [--methods=NAME,...] "
+               "[--weights=FILE]\n",
                why.c_str());
   return 2;
 }
 
-// OUT.csv [SIDE]: both data types at 56 x 56, or random only at SIDE x
-// SIDE. --seeds=N: random only, from N starts (seeds 1..N, data
-// "random-seed<k>"). --topologies and --methods: a subset (method names
-// as in the CSV).
+// OUT.csv [SIDE]: the three data types at 56 x 56, or random only at SIDE
+// x SIDE. --seeds=N: random only, from N starts (seeds 1..N, data
+// "random-seed<k>"). --workers=N: random only, on N ranks (data
+// "random-w<N>"). --data, --topologies and --methods: a subset (names as
+// in the CSV). --weights=FILE: the trained weights' file.
 int Main(int argc, char** argv) {
   if (argc < 2) return Usage("no output file");
   int side = 0;
   int seeds = 0;
+  int workers = 0;
+  std::vector<Data> data_types(std::begin(bench::kData),
+                               std::end(bench::kData));
+  std::string weights_file = bench::kWeightsFile;
   std::vector<std::string> topologies = {"ring", "torus"};
   std::vector<std::string> only;
   for (int i = 2; i < argc; ++i) {
@@ -262,6 +277,20 @@ int Main(int argc, char** argv) {
         return Usage(
             absl::StrCat("--seeds=", arg, ": expected an integer >= 1"));
       }
+    } else if (absl::ConsumePrefix(&arg, "--workers=")) {
+      if (!absl::SimpleAtoi(arg, &workers) || workers < 2) {
+        return Usage(
+            absl::StrCat("--workers=", arg, ": expected an integer >= 2"));
+      }
+    } else if (absl::ConsumePrefix(&arg, "--data=")) {
+      data_types.clear();
+      for (absl::string_view name : absl::StrSplit(arg, ',')) {
+        absl::StatusOr<Data> data = bench::ParseData(std::string(name));
+        if (!data.ok()) return Usage(std::string(data.status().message()));
+        data_types.push_back(*data);
+      }
+    } else if (absl::ConsumePrefix(&arg, "--weights=")) {
+      weights_file = std::string(arg);
     } else if (absl::ConsumePrefix(&arg, "--topologies=")) {
       topologies = absl::StrSplit(arg, ',');
     } else if (absl::ConsumePrefix(&arg, "--methods=")) {
@@ -278,7 +307,7 @@ int Main(int argc, char** argv) {
   }
   std::fprintf(out,
                "data,topology,method,gamma,step,bytes_per_worker,distance\n");
-  // Both data types first, so that missing images fail before any run.
+  // Every data type first, so that a missing file fails before any run.
   std::vector<std::pair<std::string, Tensors>> starts;
   const int rows = side > 0 ? side : kRows;
   const int cols = side > 0 ? side : kCols;
@@ -287,11 +316,14 @@ int Main(int argc, char** argv) {
       starts.push_back({absl::StrCat("random-seed", seed),
                         bench::StartRandom(rows, cols, seed)});
     }
+  } else if (workers > 0) {
+    starts.push_back({absl::StrCat("random-w", workers),
+                      bench::StartRandom(rows, cols, 1, workers)});
   } else if (side > 0) {
     starts.push_back({"random", bench::StartRandom(side, side)});
   } else {
-    for (Data data : bench::kData) {
-      absl::StatusOr<Tensors> start = bench::Start(data);
+    for (Data data : data_types) {
+      absl::StatusOr<Tensors> start = bench::Start(data, weights_file);
       if (!start.ok()) {
         std::fprintf(stderr, "%s\n", start.status().ToString().c_str());
         return 1;
@@ -302,7 +334,8 @@ int Main(int argc, char** argv) {
   const std::vector<int64_t> shape = {rows, cols};
   for (const auto& [name, start] : starts) {
     for (const std::string& spec : topologies) {
-      absl::StatusOr<Topology> topology = Topology::Parse(spec, kW);
+      absl::StatusOr<Topology> topology =
+          Topology::Parse(spec, static_cast<int>(start.size()));
       if (!topology.ok()) {
         return Usage(absl::StrCat("topology '", spec,
                                   "': ", topology.status().message()));

@@ -3,17 +3,19 @@
 // thread per daemon sending Reduce requests in gossip mode: every method of
 // bench::Methods (exact gossip, PowerGossip at the paper's
 // diffusion and tuned, Choco-Gossip top-k) on a ring and on a 2 x 4 torus,
-// for both data types, from the same matrices, seed, tensor name and
-// options as bench/gossip_consensus.cc, so the curves should match the
-// in-process ones step for step. Every method runs at the step size that
-// run used (tuned or fixed), read from its CSV (the first argument). Bytes
-// per worker are the daemons' own counts (ReduceStats.wire_bytes: the
-// gossip messages each daemon sent).
+// for every data type of the in-process CSV (the first argument), from the
+// same matrices, seed, tensor name and options as bench/gossip_consensus.cc,
+// so the curves should match the in-process ones step for step. Every
+// method runs at the step size that run used (tuned or fixed), read from
+// its CSV. Bytes per worker are the daemons' own counts
+// (ReduceStats.wire_bytes: the gossip messages each daemon sent). The
+// in-process-only rows (PowerGossip without warm start, which the gossip
+// spec cannot ask for) are not run.
 //
 //   bazel build -c opt //service:gradcompd //bench:gossip_consensus_daemons
-//   GRADCOMPD=$PWD/bazel-bin/service/gradcompd \
-//       bazel-bin/bench/gossip_consensus_daemons /tmp/consensus.csv \
-//       /tmp/consensus_daemons.csv
+//   GRADCOMPD=$PWD/bazel-out/k8-opt/bin/service/gradcompd \
+//       bazel-out/k8-opt/bin/bench/gossip_consensus_daemons \
+//       /tmp/consensus.csv /tmp/consensus_daemons.csv [WEIGHTS_FILE]
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -133,23 +135,32 @@ Gammas ReadGammas(const char* path) {
 }
 
 int Main(int argc, char** argv) {
-  if (argc != 3) {
+  if (argc != 3 && argc != 4) {
     std::fprintf(stderr,
-                 "usage: %s IN_PROCESS_CSV OUT_CSV (the first from "
-                 "bench/gossip_consensus.cc, for Choco's tuned steps)\n",
-                 argv[0]);
+                 "usage: %s IN_PROCESS_CSV OUT_CSV [WEIGHTS_FILE] (the first "
+                 "from bench/gossip_consensus.cc, for the tuned steps; the "
+                 "last bench/gossip_weights.py's, default %s)\n",
+                 argv[0], bench::kWeightsFile);
     return 2;
   }
   const Gammas gammas = ReadGammas(argv[1]);
   if (gammas.empty()) return 1;
-  std::vector<Tensors> starts;
+  // The data types the in-process run has.
+  std::vector<std::pair<Data, Tensors>> starts;
   for (Data data : bench::kData) {
-    absl::StatusOr<Tensors> start = bench::Start(data);
+    const std::string name = bench::DataName(data);
+    if (std::none_of(gammas.begin(), gammas.end(), [&](const auto& g) {
+          return std::get<0>(g.first) == name;
+        })) {
+      continue;
+    }
+    absl::StatusOr<Tensors> start =
+        bench::Start(data, argc == 4 ? argv[3] : bench::kWeightsFile);
     if (!start.ok()) {
       std::fprintf(stderr, "%s\n", start.status().ToString().c_str());
       return 1;
     }
-    starts.push_back(*std::move(start));
+    starts.push_back({data, *std::move(start)});
   }
   FILE* out = std::fopen(argv[2], "w");
   if (out == nullptr) {
@@ -169,9 +180,8 @@ int Main(int argc, char** argv) {
   }
   std::fprintf(out,
                "data,topology,method,gamma,step,bytes_per_worker,distance\n");
-  for (size_t d = 0; d < starts.size(); ++d) {
-    const Data data = bench::kData[d];
-    const Tensors* start = &starts[d];
+  for (const auto& [data, start_values] : starts) {
+    const Tensors* start = &start_values;
     const std::string name = bench::DataName(data);
     for (const std::string topology : {"ring", "torus"}) {
       std::vector<std::pair<std::string, v1::GossipSpec>> runs;

@@ -3,6 +3,8 @@
 #include <zlib.h>
 
 #include <cmath>
+#include <cstring>
+#include <fstream>
 #include <random>
 
 #include "absl/status/status.h"
@@ -57,22 +59,86 @@ absl::StatusOr<std::vector<std::vector<float>>> FashionMnist() {
   return xs;
 }
 
+// bench/gossip_weights.py's file: "GCWT", int32 W, rows, cols
+// (little-endian, as on every machine this runs on), W x rows x cols fp32.
+absl::StatusOr<std::vector<std::vector<float>>> Weights(
+    const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(
+        "trained weights not found at ", path,
+        ": write them with `/usr/bin/python3 bench/gossip_weights.py ", path,
+        "`"));
+  }
+  char magic[4];
+  int32_t dims[3];
+  in.read(magic, sizeof(magic));
+  in.read(reinterpret_cast<char*>(dims), sizeof(dims));
+  if (!in || std::memcmp(magic, "GCWT", 4) != 0 || dims[0] != kW ||
+      dims[1] != kRows || dims[2] != kCols) {
+    return absl::DataLossError(absl::StrCat(
+        path, " is not bench/gossip_weights.py's file of ", kW, " ", kRows,
+        " x ", kCols, " matrices (header ",
+        in ? absl::StrCat(dims[0], " x ", dims[1], " x ", dims[2])
+           : "truncated",
+        "): write it again with `/usr/bin/python3 bench/gossip_weights.py ",
+        path, "`"));
+  }
+  std::vector<std::vector<float>> xs(kW, std::vector<float>(kN));
+  for (auto& x : xs) {
+    in.read(reinterpret_cast<char*>(x.data()), kN * sizeof(float));
+  }
+  if (!in || in.peek() != std::ifstream::traits_type::eof()) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": expected exactly ", kW * kN,
+        " floats after the header: write it again with `/usr/bin/python3 "
+        "bench/gossip_weights.py ",
+        path, "`"));
+  }
+  return xs;
+}
+
 }  // namespace
 
 std::string DataName(Data data) {
-  return data == Data::kRandom ? "random" : "fashion-mnist";
+  switch (data) {
+    case Data::kRandom:
+      return "random";
+    case Data::kFashionMnist:
+      return "fashion-mnist";
+    case Data::kWeights:
+      return "weights";
+  }
+  return "";
 }
 
-absl::StatusOr<std::vector<std::vector<float>>> Start(Data data) {
-  if (data == Data::kFashionMnist) return FashionMnist();
+absl::StatusOr<Data> ParseData(const std::string& name) {
+  for (Data data : kData) {
+    if (DataName(data) == name) return data;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "data '", name, "': expected random, fashion-mnist or weights"));
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> Start(
+    Data data, const std::string& weights_file) {
+  switch (data) {
+    case Data::kFashionMnist:
+      return FashionMnist();
+    case Data::kWeights:
+      return Weights(weights_file);
+    case Data::kRandom:
+      break;
+  }
   return StartRandom(kRows, kCols);
 }
 
-std::vector<std::vector<float>> StartRandom(int rows, int cols, uint32_t seed) {
+std::vector<std::vector<float>> StartRandom(int rows, int cols, uint32_t seed,
+                                            int workers) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal;
   std::vector<std::vector<float>> xs(
-      kW, std::vector<float>(static_cast<size_t>(rows) * cols));
+      workers, std::vector<float>(static_cast<size_t>(rows) * cols));
   for (auto& x : xs) {
     for (float& v : x) v = normal(rng);
   }
@@ -101,6 +167,17 @@ std::vector<Method> Methods(int rows, int cols) {
   for (int k : {(rows + cols) / 4, (rows + cols) / 2,
                 static_cast<int>(std::ceil(0.05 * entries))}) {
     methods.push_back({Kind::kChoco, absl::StrCat("choco-k", k), 0, k});
+  }
+  return methods;
+}
+
+std::vector<Method> AllMethods(int rows, int cols) {
+  std::vector<Method> methods = Methods(rows, cols);
+  for (int rank : {1, 2}) {
+    Method cold = {Method::Kind::kPowerGossip,
+                   absl::StrCat("powergossip-r", rank, "-cold-tuned"), rank};
+    cold.warm_start = false;
+    methods.push_back(cold);
   }
   return methods;
 }

@@ -87,6 +87,14 @@ void WritePayload(const WireHeader& header, absl::string_view params,
 char* BeginPayload(const WireHeader& header, absl::string_view params,
                    size_t body_bytes, Bytes* out);
 
+// Starts a payload whose body the caller appends rather than writes in place:
+// `out` holds header + params and has room for body_bytes more, which the
+// caller must append (AppendDenseValues, or append()). For bodies copied or
+// converted from other memory, this skips the zero fill that BeginPayload's
+// resize does before they are written over it (a tensor-sized memset).
+void BeginPayloadForAppend(const WireHeader& header, absl::string_view params,
+                           size_t body_bytes, Bytes* out);
+
 // The header and parameter block of a payload whose body of `body_bytes` is
 // kept elsewhere: followed by that body, it is the payload WritePayload
 // writes. For senders that send a slice of a body without copying it.
@@ -114,6 +122,12 @@ void AdviseHugePages(void* data, size_t bytes);
 // numel stays the caller's (the tensor's), and kFlagDenseBody is set.
 void WriteDensePayload(const WireHeader& header, ElemType type,
                        absl::Span<const float> values, Bytes* out);
+
+// Appends `values` times `scale`, converted to `type`, to `out` (fp32 copied
+// as they are when `scale` is 1). Converted values go through a small
+// buffer, so the payload's memory is written once.
+void AppendDenseValues(ElemType type, absl::Span<const float> values,
+                       float scale, Bytes* out);
 
 // For a kFlagDenseBody payload: the number of elements its body holds
 // (InvalidArgument if it has no dense body, an unknown element type, or a

@@ -81,6 +81,50 @@ TEST(WireTest, BeginPayloadReturnsTheBodyStart) {
   EXPECT_EQ(parsed->body, "wxyz");
 }
 
+TEST(WireTest, BeginPayloadForAppendLeavesRoomForTheBody) {
+  Bytes out = "left over";
+  BeginPayloadForAppend(Header(CodecId::kQsgd, 0, 4), "pp", 4, &out);
+  EXPECT_EQ(out.size(), 32u + 2);
+  EXPECT_GE(out.capacity(), 32u + 2 + 4);
+  out.append("wxyz");
+  Bytes written;
+  BeginPayload(Header(CodecId::kQsgd, 0, 4), "pp", 4, &written);
+  std::memcpy(written.data() + 34, "wxyz", 4);
+  EXPECT_EQ(out, written);
+}
+
+// Appended in chunks through a buffer, the values are the whole-span
+// conversions, also past a chunk boundary and for a ragged tail.
+TEST(WireTest, AppendDenseValuesMatchesTheWholeConversion) {
+  std::vector<float> values(4096 * 2 + 37);
+  for (size_t i = 0; i < values.size(); ++i) {
+    values[i] = 0.37f * static_cast<float>(i) - 1000.0f;
+  }
+  const float scale = 1.0f / 3.0f;
+  for (const ElemType type :
+       {ElemType::kF32, ElemType::kF16, ElemType::kBF16}) {
+    Bytes expected(values.size() * ElemTypeBytes(type), '\0');
+    switch (type) {
+      case ElemType::kF32:
+        ScaleFloat(values, scale, expected.data());
+        break;
+      case ElemType::kF16:
+        FloatToHalf(values, scale, expected.data());
+        break;
+      case ElemType::kBF16:
+        FloatToBf16(values, scale, expected.data());
+        break;
+    }
+    Bytes out = "head";
+    AppendDenseValues(type, values, scale, &out);
+    EXPECT_EQ(out, "head" + expected) << static_cast<int>(type);
+  }
+  Bytes same;
+  AppendDenseValues(ElemType::kF32, values, 1.0f, &same);
+  ASSERT_EQ(same.size(), values.size() * sizeof(float));
+  EXPECT_EQ(std::memcmp(same.data(), values.data(), same.size()), 0);
+}
+
 TEST(WireTest, PayloadHeadPlusBodyIsTheWrittenPayload) {
   Bytes whole;
   WritePayload(Header(CodecId::kNone, 1, 9), "p", "bodybytes", &whole);

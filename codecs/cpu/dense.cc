@@ -1,7 +1,6 @@
 #include "codecs/cpu/dense.h"
 
 #include <cmath>
-#include <cstring>
 #include <memory>
 #include <utility>
 
@@ -60,26 +59,10 @@ class DenseCodec : public SingleRoundCodec {
     header.codec = info_.id;
     header.flags = kFlagDenseBody;
     header.numel = grad.numel();
-    char* body = BeginPayload(header, absl::string_view(params, sizeof(params)),
-                              grad.numel() * ElemTypeBytes(type_), payload);
-    const float scale = 1.0f / static_cast<float>(divisor);
-    switch (type_) {
-      case ElemType::kF32:
-        if (divisor == 1) {
-          if (grad.numel() > 0) {
-            std::memcpy(body, grad.values.data(), grad.numel() * sizeof(float));
-          }
-        } else {
-          ScaleFloat(grad.values, scale, body);
-        }
-        break;
-      case ElemType::kF16:
-        FloatToHalf(grad.values, scale, body);
-        break;
-      case ElemType::kBF16:
-        FloatToBf16(grad.values, scale, body);
-        break;
-    }
+    BeginPayloadForAppend(header, absl::string_view(params, sizeof(params)),
+                          grad.numel() * ElemTypeBytes(type_), payload);
+    AppendDenseValues(type_, grad.values, 1.0f / static_cast<float>(divisor),
+                      payload);
     return absl::OkStatus();
   }
 

@@ -324,10 +324,10 @@ absl::StatusOr<QsgdPayload> ParseQsgdPayload(absl::string_view payload,
                      parsed.body};
 }
 
-absl::Status QsgdCodec::DecodeAdd(absl::string_view payload, float alpha,
-                                  absl::Span<float> acc) const {
-  const size_t n = acc.size();
-  GC_ASSIGN_OR_RETURN(const QsgdPayload parsed, ParseQsgdPayload(payload, n));
+namespace {
+
+// acc += alpha * the values of a parsed payload of acc.size() elements.
+void AddParsed(const QsgdPayload& parsed, float alpha, absl::Span<float> acc) {
   const size_t bucket = parsed.bucket;
   const QsgdOptions o{static_cast<int64_t>(bucket), parsed.bits};
   const char* norms = parsed.body.data();
@@ -335,10 +335,40 @@ absl::Status QsgdCodec::DecodeAdd(absl::string_view payload, float alpha,
       reinterpret_cast<const uint8_t*>(norms) + 4 * parsed.buckets;
   const DecodeJob job{norms, codes, bucket, o.levels(), alpha, acc.data()};
   WithBits(o.bits, [&](auto b) {
-    ParallelFor(n, PartsFor(bucket), [&](size_t begin, size_t end, int) {
-      DecodeRange<decltype(b)::value>(job, begin, end);
-    });
+    ParallelFor(acc.size(), PartsFor(bucket),
+                [&](size_t begin, size_t end, int) {
+                  DecodeRange<decltype(b)::value>(job, begin, end);
+                });
   });
+}
+
+}  // namespace
+
+absl::Status QsgdCodec::DecodeAdd(absl::string_view payload, float alpha,
+                                  absl::Span<float> acc) const {
+  GC_ASSIGN_OR_RETURN(const QsgdPayload parsed,
+                      ParseQsgdPayload(payload, acc.size()));
+  AddParsed(parsed, alpha, acc);
+  return absl::OkStatus();
+}
+
+absl::Status QsgdCodec::FinishGather(absl::Span<const Bytes> payloads,
+                                     const StepContext& /*ctx*/,
+                                     absl::Span<float> out) const {
+  if (payloads.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: expected at least one gathered payload, got none", info().name));
+  }
+  std::vector<QsgdPayload> parsed;
+  parsed.reserve(payloads.size());
+  for (size_t r = 0; r < payloads.size(); ++r) {
+    absl::StatusOr<QsgdPayload> one = ParseQsgdPayload(payloads[r], out.size());
+    if (!one.ok()) return GatherPayloadError(r, one.status());
+    parsed.push_back(*std::move(one));
+  }
+  std::fill(out.begin(), out.end(), 0.0f);
+  const float weight = 1.0f / static_cast<float>(payloads.size());
+  for (const QsgdPayload& one : parsed) AddParsed(one, weight, out);
   return absl::OkStatus();
 }
 

@@ -57,6 +57,13 @@ class QsgdCodec : public SingleRoundCodec {
   absl::Status DecodeAdd(absl::string_view payload, float alpha,
                          absl::Span<float> acc) const override;
 
+  // The base's mean of the decodes, bit for bit, without its zero-filled
+  // scratch: every payload is parsed (checked) first, then decoded into
+  // `out`, so a bad one still leaves `out` untouched.
+  absl::Status FinishGather(absl::Span<const Bytes> payloads,
+                            const StepContext& ctx,
+                            absl::Span<float> out) const override;
+
   const QsgdOptions& options() const { return options_; }
 
  private:

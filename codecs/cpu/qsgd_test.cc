@@ -259,6 +259,48 @@ TEST(QsgdCodecTest, DecodeRejectsBadPayloadsAndLeavesAccUntouched) {
   EXPECT_TRUE(codec->DecodeAdd(good, 1.0f, absl::MakeSpan(acc)).ok());
 }
 
+TEST(QsgdCodecTest, FinishGatherIsTheBaseMeanOfTheDecodes) {
+  const auto codec = Make(4, 128);
+  std::vector<Bytes> payloads;
+  for (int r = 0; r < 3; ++r) {
+    payloads.push_back(Encode(*codec, Normal(1000, 20 + r), 0, r));
+  }
+  std::vector<float> direct(1000, 7.0f), base(1000, 7.0f);
+  ASSERT_TRUE(codec->FinishGather(payloads, {}, absl::MakeSpan(direct)).ok());
+  ASSERT_TRUE(
+      codec->SingleRoundCodec::FinishGather(payloads, {}, absl::MakeSpan(base))
+          .ok());
+  for (size_t i = 0; i < direct.size(); ++i) {
+    ASSERT_EQ(std::memcmp(&direct[i], &base[i], sizeof(float)), 0) << i;
+  }
+  EXPECT_NE(direct, std::vector<float>(1000, 7.0f));
+}
+
+TEST(QsgdCodecTest, FinishGatherWithABadPayloadLeavesOutputUntouched) {
+  const auto codec = Make(3, 4);
+  Bytes bad = Encode(*codec, Normal(10, 5), 0, 1);
+  const float nan = NAN;
+  std::memcpy(&bad[kWireHeaderBytes + 8], &nan, sizeof(nan));  // first norm
+  const std::vector<Bytes> payloads = {Encode(*codec, Normal(10, 4), 0, 0),
+                                       bad};
+  std::vector<float> out(10, 7.0f);
+  const std::vector<float> untouched = out;
+  const absl::Status s = codec->FinishGather(payloads, {}, absl::MakeSpan(out));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(
+      s.message().find("qsgd: payload of rank 1: qsgd: bucket 0 has norm"),
+      absl::string_view::npos)
+      << s.message();
+  EXPECT_EQ(out, untouched);
+  std::vector<float> base_out = untouched;
+  EXPECT_EQ(codec->SingleRoundCodec::FinishGather(payloads, {},
+                                                  absl::MakeSpan(base_out)),
+            s);
+  EXPECT_EQ(codec->FinishGather({}, {}, absl::MakeSpan(out)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(out, untouched);
+}
+
 TEST(QsgdCodecTest, DecodesWhateverValidBucketAndBitsThePayloadNames) {
   const std::vector<float> g = Normal(100, 5);
   const Bytes payload = Encode(*Make(6, 10), g, 0);

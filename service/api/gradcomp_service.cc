@@ -365,6 +365,9 @@ grpc::Status GradcompService::SharedMemoryStatus(
     region->set_name(info.name);
     region->set_kind(info.kind);
     region->set_byte_size(info.byte_size);
+    region->set_key(info.key);
+    region->set_in_flight(info.in_flight);
+    region->set_lock_key(info.lock_key);
   }
   return grpc::Status::OK;
 }

@@ -258,12 +258,23 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(
 
   // This rank's slice: the W contributions added in fp32 in rank order,
   // whatever order they arrived in, so the sum is the same on every rank.
-  // Rank 0's is copied, the others added to it.
+  // Rank 0's is copied, the others added to it. When the result goes into
+  // `sum_into`, the slice is summed where it ends up (no slice-sized
+  // buffer, and no copy back from the bytes this rank sends); otherwise in
+  // uninitialised scratch.
+  const bool in_place = sum_into.size() == m;
   const Slice mine = SliceOf(m, w, me);
   auto reduced = std::make_shared<codecs::Bytes>();
+  codecs::ElemType sent_type = elem_type;
   {
-    std::vector<float> sum;
-    sum.reserve(mine.size);
+    std::unique_ptr<float[]> scratch;
+    absl::Span<float> sum;
+    if (in_place) {
+      sum = sum_into.subspan(mine.begin, mine.size);
+    } else {
+      scratch.reset(new float[mine.size]);
+      sum = absl::MakeSpan(scratch.get(), mine.size);
+    }
     for (int r = 0; r < w; ++r) {
       absl::StatusOr<codecs::ParsedPayload> part;
       if (r == me) {
@@ -284,9 +295,8 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(
                          "; expected the same policy on every rank"));
       }
       if (status.ok()) {
-        status = r == 0
-                     ? AppendDenseBody(*part, mine.size, &sum)
-                     : codecs::AddDenseBody(*part, 1.0f, absl::MakeSpan(sum));
+        status = r == 0 ? WriteDenseBody(*part, sum)
+                        : codecs::AddDenseBody(*part, 1.0f, sum);
       }
       if (!status.ok()) {
         return absl::Status(
@@ -296,8 +306,8 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(
       }
       if (r != me) got[r] = codecs::Bytes();  // freed as soon as added
     }
-    codecs::WriteDensePayload(header, SumType(elem_type, sum), sum,
-                              reduced.get());
+    sent_type = SumType(elem_type, sum);
+    codecs::WriteDensePayload(header, sent_type, sum, reduced.get());
   }
 
   // Allgather of the summed slices. The result is put together once they
@@ -311,13 +321,16 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(
   GC_ASSIGN_OR_RETURN(got, CollectFromOthers(gather, deadline));
   codecs::RoundResult result;
   result.world_size = w;
-  const bool in_place = sum_into.size() == m;
   if (in_place) {
     result.summed_into = sum_into;
   } else {
     result.sum.reserve(m);
   }
   for (int r = 0; r < w; ++r) {
+    // Sent as fp32, this rank's slice is already in `sum_into` exactly as
+    // the others decode it; a narrower type is written back rounded, as
+    // they see it.
+    if (r == me && in_place && sent_type == codecs::ElemType::kF32) continue;
     absl::StatusOr<codecs::ParsedPayload> part =
         codecs::PeekPayload(r == me ? *reduced : got[r]);
     absl::Status status = part.status();

@@ -232,6 +232,34 @@ TEST_F(EngineTest, CompressingCodecsRejectNanWithCountAndFirstIndex) {
   EXPECT_TRUE(engine_->Reduce(Matrix(FloatBytes(Ramp(4096)))).ok());
 }
 
+// The count reads exponent bits four lanes at a time, then the ragged tail:
+// every kind of NaN and Inf counts, in any lane and in the tail, and no
+// finite value does (largest, subnormal, negative zero).
+TEST_F(EngineTest, NonfiniteCountCoversEveryLaneAndTheTail) {
+  const auto bits = [](uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, sizeof(f));
+    return f;
+  };
+  std::vector<float> g = Ramp(4099);
+  g[0] = std::numeric_limits<float>::max();
+  g[1] = std::numeric_limits<float>::denorm_min();
+  g[2] = -0.0f;
+  g[3] = -std::numeric_limits<float>::max();
+  g[5] = bits(0xffc00001u);     // negative quiet NaN with a payload
+  g[2050] = bits(0x7f800001u);  // signalling NaN
+  g[4095] = std::numeric_limits<float>::infinity();
+  g[4098] = -std::numeric_limits<float>::infinity();  // in the tail
+  ReduceInput in = Matrix(FloatBytes(g));
+  in.shape = {4099};
+  in.codec = CodecSpec{"topk", {{"ratio", "0.01"}}};
+  auto out = engine_->Reduce(in);
+  ASSERT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(out.status().message(),
+              HasSubstr("4 NaN/Inf values (first at index 5: "));
+  EXPECT_EQ(Metric("gradcomp_nonfinite_values_total"), 4);
+}
+
 TEST_F(EngineTest, HalfAndDoubleInputsComeBackInTheirOwnDType) {
   // Values exact in every dtype, so a dense round trip is exact.
   std::vector<float> g(4096);

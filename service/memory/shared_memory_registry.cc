@@ -282,7 +282,8 @@ SharedMemoryRegistry::Status(absl::string_view client,
     if (region->cuda != nullptr) {
       infos.push_back({region->name, "cuda", region->cuda->byte_size(),
                        absl::StrCat("cuda:", region->cuda->device_id()),
-                       region->in_flight.load()});
+                       region->in_flight.load(),
+                       region->lock != nullptr ? region->lock->key() : ""});
     } else {
       infos.push_back({region->name, "system", region->mapping->bytes().size(),
                        region->mapping->key(), region->in_flight.load()});

@@ -79,7 +79,8 @@ struct SharedMemoryRegionInfo {
   std::string kind;  // "system" or "cuda"
   uint64_t byte_size = 0;
   std::string key;
-  int in_flight = 0;  // slices held by requests right now
+  int in_flight = 0;     // slices held by requests right now
+  std::string lock_key;  // a CUDA region's liveness lock, or empty
 };
 
 // A registered region and its request count, shared by the registry and the

@@ -103,6 +103,7 @@ TEST_F(SharedMemoryRegistryTest, RegisterAcquireStatusUnregister) {
     EXPECT_EQ((*status)[0].byte_size, 8192u);
     EXPECT_EQ((*status)[0].key, region->key());
     EXPECT_EQ((*status)[0].in_flight, 1);
+    EXPECT_EQ((*status)[0].lock_key, "");
   }
   EXPECT_EQ(registry_.Status("c1", "grads").value()[0].in_flight, 0);
   EXPECT_TRUE(registry_.Status("c2", "").value().empty());
@@ -383,7 +384,9 @@ TEST_F(CudaRegionLockTest, AHeldLockKeepsTheRegion) {
   EXPECT_EQ(cuda_.ReclaimAbandoned(), 0);
   EXPECT_EQ(cuda_.ReclaimAbandoned(), 0);
   EXPECT_TRUE(cuda_.Acquire("c", "dev", 0, 4096).ok());
-  EXPECT_EQ(cuda_.Status("c", "dev").value()[0].kind, "cuda");
+  const SharedMemoryRegionInfo info = cuda_.Status("c", "dev").value()[0];
+  EXPECT_EQ(info.kind, "cuda");
+  EXPECT_EQ(info.lock_key, lock->key());
   EXPECT_EQ(closed_, 0);
   // Released by the client: the next scan drops it and closes the handle.
   lock.reset();

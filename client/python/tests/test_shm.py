@@ -19,6 +19,7 @@ import gradcomp
 from gradcomp import metrics
 from gradcomp.shm import ShmRegion, ShmTensor
 from gradcomp.testing import Daemon, free_port
+from gradcomp.v1 import gradcomp_pb2
 
 
 def _gradient(shape, seed):
@@ -89,6 +90,18 @@ class ShmDaemonTest(unittest.TestCase):
         self.region = ShmRegion(1 << 20, tag="py-test")
         self.addCleanup(self.region.release)
         self.addCleanup(self.client.unregister_shm)
+
+    def test_status_names_the_regions_key(self):
+        self.client.register_shm("grads", self.region)
+        response = self.client._shm_call(
+            "SharedMemoryStatus", gradcomp_pb2.SharedMemoryStatusRequest())
+        self.assertEqual(len(response.regions), 1)
+        region = response.regions[0]
+        self.assertEqual((region.name, region.kind, region.byte_size),
+                         ("grads", "system", 1 << 20))
+        self.assertEqual(region.key, self.region.key)
+        self.assertEqual(region.in_flight, 0)
+        self.assertEqual(region.lock_key, "")
 
     def test_reduce_reads_and_writes_the_region(self):
         self.client.register_shm("grads", self.region)
