@@ -32,6 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "base/status_macros.h"
 #include "codecs/builtin.h"
 #include "codecs/state.h"
@@ -454,6 +455,11 @@ void KeepFreedMemoryForReuse() {
 
 int main(int argc, char** argv) {
   KeepFreedMemoryForReuse();
+  // Debian's Abseil is built without NDEBUG, so every Mutex lock and
+  // destruction would update a process-wide lock-order graph under one
+  // global lock; that is a debugging aid (the unit tests keep it), not
+  // something a serving daemon pays for. See docs/decisions.md.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage(
       "gradcompd: gradient-compression sidecar daemon (see docs/daemon.md)");
   const std::set<std::string> named = gradcomp::service::NamedFlags(argc, argv);
