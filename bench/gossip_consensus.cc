@@ -29,7 +29,8 @@
 // and plot it with bench/plot_gossip_consensus.py (docs/gossip.md).
 // Options (after the file): SIDE runs the random data only, at SIDE x SIDE
 // (the paper's matrices are 100 x 100); --seeds=N the random data from N
-// starts; --workers=N the random data on N ranks (data "random-w<N>");
+// starts; --workers=N the data on N ranks (data "<data>-w<N>"; the weights
+// file must hold N workers);
 // --data=random,fashion-mnist,weights, --topologies=ring,torus and
 // --methods=NAME,... a subset (--methods may also name the methods run only
 // when named: bench::AllMethods); --weights=FILE where the trained weights
@@ -257,9 +258,9 @@ int Usage(const std::string& why) {
 
 // OUT.csv [SIDE]: the three data types at 56 x 56, or random only at SIDE
 // x SIDE. --seeds=N: random only, from N starts (seeds 1..N, data
-// "random-seed<k>"). --workers=N: random only, on N ranks (data
-// "random-w<N>"). --data, --topologies and --methods: a subset (names as
-// in the CSV). --weights=FILE: the trained weights' file.
+// "random-seed<k>"). --workers=N: --data's types on N ranks (data
+// "<data>-w<N>"; W = 8 otherwise). --data, --topologies and --methods: a subset
+// (names as in the CSV). --weights=FILE: the trained weights' file.
 int Main(int argc, char** argv) {
   if (argc < 2) return Usage("no output file");
   int side = 0;
@@ -300,6 +301,11 @@ int Main(int argc, char** argv) {
           absl::StrCat("SIDE is '", arg, "': expected an integer >= 2"));
     }
   }
+  if (workers > 0 && (seeds > 0 || side > 0)) {
+    return Usage(
+        "--workers runs W = 8's data on other worker counts: it "
+        "goes with neither SIDE nor --seeds");
+  }
   FILE* out = std::fopen(argv[1], "w");
   if (out == nullptr) {
     std::perror(argv[1]);
@@ -316,19 +322,20 @@ int Main(int argc, char** argv) {
       starts.push_back({absl::StrCat("random-seed", seed),
                         bench::StartRandom(rows, cols, seed)});
     }
-  } else if (workers > 0) {
-    starts.push_back({absl::StrCat("random-w", workers),
-                      bench::StartRandom(rows, cols, 1, workers)});
   } else if (side > 0) {
     starts.push_back({"random", bench::StartRandom(side, side)});
   } else {
     for (Data data : data_types) {
-      absl::StatusOr<Tensors> start = bench::Start(data, weights_file);
+      absl::StatusOr<Tensors> start =
+          bench::Start(data, weights_file, workers > 0 ? workers : bench::kW);
       if (!start.ok()) {
         std::fprintf(stderr, "%s\n", start.status().ToString().c_str());
         return 1;
       }
-      starts.push_back({bench::DataName(data), *std::move(start)});
+      starts.push_back(
+          {absl::StrCat(bench::DataName(data),
+                        workers > 0 ? absl::StrCat("-w", workers) : ""),
+           *std::move(start)});
     }
   }
   const std::vector<int64_t> shape = {rows, cols};

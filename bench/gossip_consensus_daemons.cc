@@ -13,9 +13,10 @@
 // spec cannot ask for) are not run.
 //
 //   bazel build -c opt //service:gradcompd //bench:gossip_consensus_daemons
-//   GRADCOMPD=$PWD/bazel-out/k8-opt/bin/service/gradcompd \
-//       bazel-out/k8-opt/bin/bench/gossip_consensus_daemons \
-//       /tmp/consensus.csv /tmp/consensus_daemons.csv [WEIGHTS_FILE]
+//   B=$PWD/bazel-out/k8-opt/bin; export GRADCOMPD=$B/service/gradcompd
+//   $B/bench/gossip_consensus_daemons /tmp/consensus.csv /tmp/daemons.csv
+//
+// (a third argument: bench/gossip_weights.py's file, if not the default).
 #include <algorithm>
 #include <cstdio>
 #include <fstream>

@@ -22,7 +22,7 @@ uint32_t BigEndian(const unsigned char* p) {
          (uint32_t{p[2]} << 8) | uint32_t{p[3]};
 }
 
-absl::StatusOr<std::vector<std::vector<float>>> FashionMnist() {
+absl::StatusOr<std::vector<std::vector<float>>> FashionMnist(int workers) {
   gzFile file = gzopen(kFashionMnistImages, "rb");
   if (file == nullptr) {
     return absl::NotFoundError(absl::StrCat(
@@ -30,7 +30,7 @@ absl::StatusOr<std::vector<std::vector<float>>> FashionMnist() {
         ": expected the Debian package dataset-fashion-mnist (tools/setup "
         "installs it)"));
   }
-  const int images = kW * kTile * kTile;
+  const int images = workers * kTile * kTile;
   std::vector<unsigned char> bytes(16 + images * kSide * kSide);
   const int got = gzread(file, bytes.data(), bytes.size());
   gzclose(file);
@@ -43,8 +43,8 @@ absl::StatusOr<std::vector<std::vector<float>>> FashionMnist() {
         kFashionMnistImages, " is not an IDX file of at least ", images, " ",
         kSide, " x ", kSide, " images (read ", got, " bytes)"));
   }
-  std::vector<std::vector<float>> xs(kW, std::vector<float>(kN));
-  for (int r = 0; r < kW; ++r) {
+  std::vector<std::vector<float>> xs(workers, std::vector<float>(kN));
+  for (int r = 0; r < workers; ++r) {
     for (int t = 0; t < kTile * kTile; ++t) {
       const unsigned char* image =
           bytes.data() + 16 + (r * kTile * kTile + t) * kSide * kSide;
@@ -61,36 +61,36 @@ absl::StatusOr<std::vector<std::vector<float>>> FashionMnist() {
 
 // bench/gossip_weights.py's file: "GCWT", int32 W, rows, cols
 // (little-endian, as on every machine this runs on), W x rows x cols fp32.
-absl::StatusOr<std::vector<std::vector<float>>> Weights(
-    const std::string& path) {
+absl::StatusOr<std::vector<std::vector<float>>> Weights(const std::string& path,
+                                                        int workers) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::NotFoundError(absl::StrCat(
         "trained weights not found at ", path,
         ": write them with `/usr/bin/python3 bench/gossip_weights.py ", path,
-        "`"));
+        workers == kW ? "" : absl::StrCat(" --workers=", workers), "`"));
   }
   char magic[4];
   int32_t dims[3];
   in.read(magic, sizeof(magic));
   in.read(reinterpret_cast<char*>(dims), sizeof(dims));
-  if (!in || std::memcmp(magic, "GCWT", 4) != 0 || dims[0] != kW ||
+  if (!in || std::memcmp(magic, "GCWT", 4) != 0 || dims[0] != workers ||
       dims[1] != kRows || dims[2] != kCols) {
     return absl::DataLossError(absl::StrCat(
-        path, " is not bench/gossip_weights.py's file of ", kW, " ", kRows,
+        path, " is not bench/gossip_weights.py's file of ", workers, " ", kRows,
         " x ", kCols, " matrices (header ",
         in ? absl::StrCat(dims[0], " x ", dims[1], " x ", dims[2])
            : "truncated",
         "): write it again with `/usr/bin/python3 bench/gossip_weights.py ",
-        path, "`"));
+        path, workers == kW ? "" : absl::StrCat(" --workers=", workers), "`"));
   }
-  std::vector<std::vector<float>> xs(kW, std::vector<float>(kN));
+  std::vector<std::vector<float>> xs(workers, std::vector<float>(kN));
   for (auto& x : xs) {
     in.read(reinterpret_cast<char*>(x.data()), kN * sizeof(float));
   }
   if (!in || in.peek() != std::ifstream::traits_type::eof()) {
     return absl::DataLossError(absl::StrCat(
-        path, ": expected exactly ", kW * kN,
+        path, ": expected exactly ", workers * kN,
         " floats after the header: write it again with `/usr/bin/python3 "
         "bench/gossip_weights.py ",
         path, "`"));
@@ -121,16 +121,16 @@ absl::StatusOr<Data> ParseData(const std::string& name) {
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Start(
-    Data data, const std::string& weights_file) {
+    Data data, const std::string& weights_file, int workers) {
   switch (data) {
     case Data::kFashionMnist:
-      return FashionMnist();
+      return FashionMnist(workers);
     case Data::kWeights:
-      return Weights(weights_file);
+      return Weights(weights_file, workers);
     case Data::kRandom:
       break;
   }
-  return StartRandom(kRows, kCols);
+  return StartRandom(kRows, kCols, 1, workers);
 }
 
 std::vector<std::vector<float>> StartRandom(int rows, int cols, uint32_t seed,

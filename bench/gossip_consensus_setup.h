@@ -47,14 +47,16 @@ std::string DataName(Data data);
 // The Data named `name`; InvalidArgument naming the three otherwise.
 absl::StatusOr<Data> ParseData(const std::string& name);
 
-// Every rank's starting kRows x kCols matrix, row-major: standard normal
-// with a fixed seed (StartRandom), rank i's tile of Fashion-MNIST training
-// images 4i..4i+3 (pixels / 255), or worker i's trained layer read from
-// `weights_file`. NotFound naming the file and the package (images) or the
-// command that writes it (weights) when it is missing; DataLoss when the
-// file is not what it should be.
+// Each of `workers` ranks' starting kRows x kCols matrix, row-major:
+// standard normal with a fixed seed (StartRandom), rank i's tile of
+// Fashion-MNIST training images 4i..4i+3 (pixels / 255), or worker i's
+// trained layer read from `weights_file`. NotFound naming the file and the
+// package (images) or the command that writes it (weights) when it is
+// missing; DataLoss when the file is not what it should be (another
+// worker count or shape included).
 absl::StatusOr<std::vector<std::vector<float>>> Start(
-    Data data, const std::string& weights_file = kWeightsFile);
+    Data data, const std::string& weights_file = kWeightsFile,
+    int workers = kW);
 
 // Every one of `workers` ranks' rows x cols standard normal matrix,
 // row-major, from a fixed seed: Start(Data::kRandom) at kRows x kCols

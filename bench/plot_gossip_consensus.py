@@ -8,7 +8,9 @@ logged points equal the in-process ones. A CSV of several starts
 (`gossip_consensus OUT --seeds=N`, data "random-seed<k>") also prints the
 ratios' median and range over the starts. The matrices' side is read off
 the CSV (Choco's smallest k is side / 2), so the 100 x 100 run
-(`gossip_consensus OUT 100`) plots and tabulates the same way.
+(`gossip_consensus OUT 100`) plots and tabulates the same way, and the
+number of workers off the data's name ("random-w16": 16, else 8), for
+`gossip_consensus OUT --workers=16`.
 
     /usr/bin/python3 bench/plot_gossip_consensus.py consensus.csv \\
         docs/gossip_consensus.png [consensus_daemons.csv]
@@ -63,7 +65,8 @@ def label(method: str, gamma: float, side: int) -> str:
     if method.startswith("powergossip-r"):
         rank = method[len("powergossip-r"):].split("-")[0]
         how = "tuned" if method.endswith("-tuned") else "paper's"
-        return f"PowerGossip r = {rank}, diffusion {gamma:.3g} ({how})"
+        cold = ", no warm start" if "-cold" in method else ""
+        return f"PowerGossip r = {rank}{cold}, diffusion {gamma:.3g} ({how})"
     return f"exact gossip, diffusion {gamma:.3g}"
 
 
@@ -139,7 +142,8 @@ def main(argv: List[str]) -> int:
                           [d for _, _, d in dpoints], linestyle="none",
                           marker=".", markersize=3, color=line.get_color())
         data, topology = key
-        ax.set_title(f"W = 8, {topology}, {data} {side} x {side}"
+        workers = data.split("-w")[1] if "-w" in data else "8"
+        ax.set_title(f"W = {workers}, {topology}, {data} {side} x {side}"
                      + (" (dots: 8 daemons)" if daemons else ""))
         ax.set_xlabel("bytes sent per worker")
         ax.set_ylabel("consensus distance / initial")

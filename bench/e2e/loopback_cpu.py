@@ -9,7 +9,8 @@ each reducing the ResNet-50 gradient set over one ReduceStream per step
 (the workload of bench/run_e2e_bench without the namespaces, so no root).
 Prints, per codec, the median over the timed steps (step 0 is warm-up) of
 the CPU seconds each daemon and each client spent in the step, averaged
-over the 4 ranks, and the slowest rank's wall time. On a shared machine
+over the 4 ranks, and the slowest rank's wall time; and the daemons' peak
+resident memory and minor page faults over the whole run. On a shared machine
 compare the CPU seconds, not the wall time: the wall time moves with
 whatever else runs. $GRADCOMPD picks another daemon binary and --daemon_arg
 adds flags to every daemon, for A/B runs of two builds or settings.
@@ -31,6 +32,17 @@ sys.path.insert(0, str(HERE))
 import e2e_bench  # noqa: E402
 
 W = 4
+
+
+def daemon_memory(pid: int) -> dict[str, float]:
+    """Peak resident MiB and minor page faults of a daemon so far (fresh
+    pages cost a fault each, and their clearing, on first touch)."""
+    status = pathlib.Path(f"/proc/{pid}/status").read_text()
+    hwm_kb = next(int(line.split()[1]) for line in status.splitlines()
+                  if line.startswith("VmHWM:"))
+    stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    minflt = int(stat[stat.rindex(")") + 2:].split()[7])
+    return {"peak_rss_mib": hwm_kb / 1024, "minor_faults": minflt}
 
 
 def main() -> int:
@@ -78,6 +90,7 @@ def main() -> int:
                 env=env, stdout=open(work / f"worker.{i}.log", "wb"),
                 stderr=subprocess.STDOUT))
         e2e_bench.wait_all(workers, daemons, args.timeout, "loopback")
+        memory = [daemon_memory(d.pid) for d in daemons]
     finally:
         for w in workers:
             if w.poll() is None:
@@ -88,6 +101,10 @@ def main() -> int:
     print(f"daemon {binary} {' '.join(args.daemon_arg)}")
     print(f"io {args.io}; 1-minute load {load_before:.1f} before, {load_after:.1f} after; "
           f"logs in {work}")
+    peak = statistics.mean(m["peak_rss_mib"] for m in memory)
+    faults = statistics.mean(m["minor_faults"] for m in memory)
+    print(f"daemons over the run (mean of the {W}): peak RSS {peak:.0f} MiB, "
+          f"{faults:.0f} minor page faults")
     print("| codec | daemon CPU s / step | client CPU s / step | step wall s |")
     print("| --- | ---: | ---: | ---: |")
     summary = {}
@@ -106,6 +123,7 @@ def main() -> int:
     (work / "summary.json").write_text(json.dumps(
         {"io": args.io, "daemon": binary, "daemon_args": args.daemon_arg,
          "load_before": load_before, "load_after": load_after,
+         "daemon_peak_rss_mib": peak, "daemon_minor_faults": faults,
          "codecs": summary}, indent=1))
     return 0
 

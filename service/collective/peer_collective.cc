@@ -309,6 +309,11 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(
     sent_type = SumType(elem_type, sum);
     codecs::WriteDensePayload(header, sent_type, sum, reduced.get());
   }
+  // The encoded tensor is needed no more here (the slices still on their
+  // way to the other ranks hold it): freed before the allgather's wait
+  // rather than after, so that the many tensors of a step in flight at once
+  // do not each keep theirs, and the heap grows into fewer fresh pages.
+  payload.reset();
 
   // Allgather of the summed slices. The result is put together once they
   // have all come, from the bytes each owner sent (this rank's too), so

@@ -223,6 +223,46 @@ TEST(PeerCollectiveTest, Fp16SumsTravelAsFp16UnlessTheyOverflow) {
   }
 }
 
+// Summed in place, a slice this rank sends as fp16 is written back rounded
+// as the others decode it; one that overflows fp16 travels as fp32 and stays.
+TEST(PeerCollectiveTest, Fp16SumsIntoTheRoundsBufferMatchTheVectorSums) {
+  constexpr int kW = 4;
+  std::vector<std::vector<std::vector<float>>> into(
+      kW, std::vector<std::vector<float>>(2, std::vector<float>(kW, -7.5f)));
+  const auto values = [](int r, int t) {
+    // Tensor 1's slices 0 and 2 sum to 4 * 40000, above fp16's 65504.
+    return t == 0 ? std::vector<float>{0.1f * r, -1.3f, 3.7f + r, 0.01f}
+                  : std::vector<float>{40000.0f, 1.1f * r, 40000.0f, 2.0f};
+  };
+  Group group(kW);
+  Results results = RunAll(group, kW, 2, 0, [&](int r, int t) {
+    codecs::Round round{codecs::Collective::kSum,
+                        DensePayload(values(r, t), codecs::ElemType::kF16,
+                                     codecs::CodecId::kFp16)};
+    round.sum_into = absl::MakeSpan(into[r][t]);
+    return round;
+  });
+  Group reference(kW);
+  Results plain = RunAll(reference, kW, 2, 0, [&](int r, int t) {
+    return codecs::Round{codecs::Collective::kSum,
+                         DensePayload(values(r, t), codecs::ElemType::kF16,
+                                      codecs::CodecId::kFp16)};
+  });
+  for (int r = 0; r < kW; ++r) {
+    for (int t = 0; t < 2; ++t) {
+      ASSERT_TRUE(results[r][t].ok()) << results[r][t].status();
+      ASSERT_TRUE(plain[r][t].ok()) << plain[r][t].status();
+      ASSERT_EQ(plain[r][t]->sum.size(), size_t{kW});
+      EXPECT_EQ(std::memcmp(into[r][t].data(), plain[r][t]->sum.data(),
+                            kW * sizeof(float)),
+                0)
+          << "rank " << r << " tensor " << t;
+    }
+  }
+  EXPECT_EQ(into[1][1][0], 160000.0f);
+  EXPECT_EQ(into[3][1][2], 160000.0f);
+}
+
 TEST(PeerCollectiveTest, RanksWithDifferentCodecsAreRefusedNamingBoth) {
   constexpr int kW = 3;
   Group group(kW);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "base/crc32c.h"
+#include "codecs/wire.h"
 #include "gradcomp/v1/peer.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/rpc_method.h"
@@ -356,6 +357,9 @@ class GrpcTransport::Impl final : public grpc::Service {
         }
         buffer.clear();
         buffer.reserve(std::min<uint64_t>(total, uint64_t{256} << 20));
+        // A message of a large tensor's slice lands in fresh heap in the
+        // first steps: 2 MiB pages fault 512 times less often.
+        codecs::AdviseHugePages(buffer.data(), buffer.capacity());
         received = 0;
         damaged = absl::OkStatus();
         in_message = true;
