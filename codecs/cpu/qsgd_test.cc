@@ -10,6 +10,7 @@
 
 #include "codecs/registry.h"
 #include "codecs/state.h"
+#include "codecs/testing/gather_checks.h"
 #include "codecs/wire.h"
 #include "gtest/gtest.h"
 
@@ -283,22 +284,8 @@ TEST(QsgdCodecTest, FinishGatherWithABadPayloadLeavesOutputUntouched) {
   std::memcpy(&bad[kWireHeaderBytes + 8], &nan, sizeof(nan));  // first norm
   const std::vector<Bytes> payloads = {Encode(*codec, Normal(10, 4), 0, 0),
                                        bad};
-  std::vector<float> out(10, 7.0f);
-  const std::vector<float> untouched = out;
-  const absl::Status s = codec->FinishGather(payloads, {}, absl::MakeSpan(out));
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(
-      s.message().find("qsgd: payload of rank 1: qsgd: bucket 0 has norm"),
-      absl::string_view::npos)
-      << s.message();
-  EXPECT_EQ(out, untouched);
-  std::vector<float> base_out = untouched;
-  EXPECT_EQ(codec->SingleRoundCodec::FinishGather(payloads, {},
-                                                  absl::MakeSpan(base_out)),
-            s);
-  EXPECT_EQ(codec->FinishGather({}, {}, absl::MakeSpan(out)).code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(out, untouched);
+  testing::ExpectGatherRefusedLikeTheDefault(
+      *codec, payloads, 10, "qsgd: payload of rank 1: qsgd: bucket 0 has norm");
 }
 
 TEST(QsgdCodecTest, DecodesWhateverValidBucketAndBitsThePayloadNames) {

@@ -12,6 +12,7 @@
 #include "base/status_macros.h"
 #include "codecs/registry.h"
 #include "codecs/state.h"
+#include "codecs/testing/gather_checks.h"
 #include "codecs/wire.h"
 #include "gtest/gtest.h"
 
@@ -276,21 +277,8 @@ TEST(TopKCodecTest, FinishGatherWithABadPayloadLeavesOutputUntouched) {
   const auto codec = Make({});
   const std::vector<Bytes> payloads = {Payload(10, {1, 2}, 2, 2),
                                        Payload(10, {2, 7}, 2, 2)};  // 2, 10
-  std::vector<float> out(10, 7.0f);
-  const std::vector<float> untouched = out;
-  const absl::Status s = codec->FinishGather(payloads, {}, absl::MakeSpan(out));
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("topk: payload of rank 1: "),
-            absl::string_view::npos)
-      << s.message();
-  EXPECT_EQ(out, untouched);
-  std::vector<float> base_out = untouched;
-  EXPECT_EQ(codec->SingleRoundCodec::FinishGather(payloads, {},
-                                                  absl::MakeSpan(base_out)),
-            s);
-  EXPECT_EQ(codec->FinishGather({}, {}, absl::MakeSpan(out)).code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(out, untouched);
+  testing::ExpectGatherRefusedLikeTheDefault(*codec, payloads, 10,
+                                             "topk: payload of rank 1: ");
 }
 
 TEST(TopKCodecTest, PayloadIsSmallerThanInt32Pairs) {
