@@ -50,6 +50,11 @@ absl::Status SingleRoundCodec::FinishSum(absl::Span<const float> sum,
   return absl::OkStatus();
 }
 
+absl::Status SingleRoundCodec::NoPayloadsError() const {
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s: expected at least one gathered payload, got none", info().name));
+}
+
 absl::Status SingleRoundCodec::GatherPayloadError(size_t rank,
                                                   const absl::Status& s) const {
   return absl::Status(
@@ -60,10 +65,7 @@ absl::Status SingleRoundCodec::GatherPayloadError(size_t rank,
 absl::Status SingleRoundCodec::FinishGather(absl::Span<const Bytes> payloads,
                                             const StepContext& /*ctx*/,
                                             absl::Span<float> out) const {
-  if (payloads.empty()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: expected at least one gathered payload, got none", info().name));
-  }
+  if (payloads.empty()) return NoPayloadsError();
   // Decode into scratch first: a bad payload from any worker must leave
   // `out` as it was.
   std::vector<float> average;

@@ -15,10 +15,13 @@
 #ifndef GRADCOMP_CODECS_CODEC_H_
 #define GRADCOMP_CODECS_CODEC_H_
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -172,8 +175,35 @@ class SingleRoundCodec : public Codec {
       const StepContext& ctx) const final;
 
  protected:
-  // FinishGather's error for a bad payload of rank `rank`, for overrides
-  // that check every payload before they write.
+  // The body of a FinishGather override that parses every payload before it
+  // writes, so that it needs no scratch and a bad payload still leaves `out`
+  // untouched with the default's error: `parse(payload, out.size())` gives
+  // an absl::StatusOr of a parsed view of the payload, and `add(parsed,
+  // weight, out)` adds weight times its decode to `out`.
+  template <typename Parse, typename Add>
+  absl::Status ParseAllThenAverage(absl::Span<const Bytes> payloads,
+                                   absl::Span<float> out, Parse parse,
+                                   Add add) const {
+    using Parsed = typename std::invoke_result_t<Parse, absl::string_view,
+                                                 size_t>::value_type;
+    if (payloads.empty()) return NoPayloadsError();
+    std::vector<Parsed> parsed;
+    parsed.reserve(payloads.size());
+    for (size_t r = 0; r < payloads.size(); ++r) {
+      absl::StatusOr<Parsed> one = parse(payloads[r], out.size());
+      if (!one.ok()) return GatherPayloadError(r, one.status());
+      parsed.push_back(*std::move(one));
+    }
+    std::fill(out.begin(), out.end(), 0.0f);
+    const float weight = 1.0f / static_cast<float>(payloads.size());
+    for (const Parsed& one : parsed) add(one, weight, out);
+    return absl::OkStatus();
+  }
+
+ private:
+  // FinishGather's errors: no payloads at all, and a bad payload of rank
+  // `rank`.
+  absl::Status NoPayloadsError() const;
   absl::Status GatherPayloadError(size_t rank, const absl::Status& s) const;
 };
 

@@ -355,21 +355,7 @@ absl::Status QsgdCodec::DecodeAdd(absl::string_view payload, float alpha,
 absl::Status QsgdCodec::FinishGather(absl::Span<const Bytes> payloads,
                                      const StepContext& /*ctx*/,
                                      absl::Span<float> out) const {
-  if (payloads.empty()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: expected at least one gathered payload, got none", info().name));
-  }
-  std::vector<QsgdPayload> parsed;
-  parsed.reserve(payloads.size());
-  for (size_t r = 0; r < payloads.size(); ++r) {
-    absl::StatusOr<QsgdPayload> one = ParseQsgdPayload(payloads[r], out.size());
-    if (!one.ok()) return GatherPayloadError(r, one.status());
-    parsed.push_back(*std::move(one));
-  }
-  std::fill(out.begin(), out.end(), 0.0f);
-  const float weight = 1.0f / static_cast<float>(payloads.size());
-  for (const QsgdPayload& one : parsed) AddParsed(one, weight, out);
-  return absl::OkStatus();
+  return ParseAllThenAverage(payloads, out, ParseQsgdPayload, AddParsed);
 }
 
 absl::Status RegisterQsgd(CodecRegistry& registry) {

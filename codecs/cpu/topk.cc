@@ -229,21 +229,7 @@ absl::Status TopKCodec::DecodeAdd(absl::string_view payload, float alpha,
 absl::Status TopKCodec::FinishGather(absl::Span<const Bytes> payloads,
                                      const StepContext& /*ctx*/,
                                      absl::Span<float> out) const {
-  if (payloads.empty()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: expected at least one gathered payload, got none", info().name));
-  }
-  std::vector<TopKPairs> parsed;
-  parsed.reserve(payloads.size());
-  for (size_t r = 0; r < payloads.size(); ++r) {
-    absl::StatusOr<TopKPairs> pairs = ParseTopKPayload(payloads[r], out.size());
-    if (!pairs.ok()) return GatherPayloadError(r, pairs.status());
-    parsed.push_back(*std::move(pairs));
-  }
-  std::fill(out.begin(), out.end(), 0.0f);
-  const float weight = 1.0f / static_cast<float>(payloads.size());
-  for (const TopKPairs& pairs : parsed) AddPairs(pairs, weight, out);
-  return absl::OkStatus();
+  return ParseAllThenAverage(payloads, out, ParseTopKPayload, AddPairs);
 }
 
 absl::Status RegisterTopK(CodecRegistry& registry) {

@@ -1,11 +1,29 @@
 #include "codecs/testing/gather_checks.h"
 
+#include <cstring>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 
 namespace gradcomp::codecs::testing {
+
+std::vector<float> ExpectGatherMatchesTheDefault(
+    const SingleRoundCodec& codec, absl::Span<const Bytes> payloads,
+    size_t numel) {
+  std::vector<float> direct(numel, 7.0f), default_out(numel, 7.0f);
+  EXPECT_TRUE(codec.FinishGather(payloads, {}, absl::MakeSpan(direct)).ok());
+  EXPECT_TRUE(codec
+                  .SingleRoundCodec::FinishGather(payloads, {},
+                                                  absl::MakeSpan(default_out))
+                  .ok());
+  for (size_t i = 0; i < numel; ++i) {
+    EXPECT_EQ(std::memcmp(&direct[i], &default_out[i], sizeof(float)), 0)
+        << "value " << i << ": " << direct[i] << " against the default's "
+        << default_out[i];
+  }
+  return direct;
+}
 
 void ExpectGatherRefusedLikeTheDefault(const SingleRoundCodec& codec,
                                        absl::Span<const Bytes> payloads,
