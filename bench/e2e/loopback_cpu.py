@@ -1,7 +1,7 @@
 """CPU seconds per step of 4 gradcompd (world size 4) on loopback.
 
     PYTHONPATH=client/python /usr/bin/python3 bench/e2e/loopback_cpu.py \\
-        [--codecs none,qsgd] [--steps 4] [--io shm|inline] [--base_port 47100] \\
+        [--codecs none,qsgd] [--steps 4] [--io shm|inline] [--base_port 21100] \\
         [--daemon_arg=--error_sample_rate=1 ...]
 
 Starts 4 daemons peered over 127.0.0.1 and 4 tests/e2e/worker.py clients,
@@ -50,7 +50,10 @@ def main() -> int:
     p.add_argument("--codecs", default="none,qsgd")
     p.add_argument("--steps", type=int, default=4, help="per codec, the first is warm-up")
     p.add_argument("--io", choices=("inline", "shm"), default="shm")
-    p.add_argument("--base_port", type=int, default=47100)
+    p.add_argument("--base_port", type=int, default=21100,
+                   help="peer ports from here, API +10, metrics +20; below the "
+                   "kernel's ephemeral range (32768-60999), where an outgoing "
+                   "connection may already hold a port")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--out", default=None, help="keep logs and results here")
     p.add_argument("--daemon_arg", action="append", default=[],
