@@ -77,6 +77,22 @@ class SharedMemoryRegistryTest : public ::testing::Test {
     return MetricValue(*metrics_.collectable(), name);
   }
 
+  // Kills `child` with SIGKILL and expects the next scan of `registry` to
+  // drop and count the region `owner` registered as `name` on its lock,
+  // leaving the one 64-byte region each test registers beside it.
+  void KillAndExpectReclaimed(SharedMemoryRegistry& registry,
+                              const Holder& child, absl::string_view owner,
+                              absl::string_view name) {
+    ASSERT_EQ(kill(child.pid, SIGKILL), 0);
+    ASSERT_EQ(waitpid(child.pid, nullptr, 0), child.pid);
+    EXPECT_EQ(registry.ReclaimAbandoned(), 1);
+    EXPECT_EQ(Metric("gradcomp_shm_regions_reclaimed_total"), 1);
+    EXPECT_EQ(Metric("gradcomp_shm_regions"), 1);
+    EXPECT_EQ(Metric("gradcomp_shm_bytes"), 64);
+    EXPECT_EQ(registry.Acquire(owner, name, 0, 1).status().code(),
+              absl::StatusCode::kNotFound);
+  }
+
   Metrics metrics_{nullptr, "test"};
   SharedMemoryRegistry registry_{NoBackgroundReclaim(), &metrics_};
 };
@@ -319,14 +335,8 @@ TEST_F(SharedMemoryRegistryTest, AKilledClientsRegionsAreReclaimed) {
       registry_.Acquire("child", "c", 0, 4096);
   ASSERT_TRUE(in_flight.ok());
 
-  ASSERT_EQ(kill(child.pid, SIGKILL), 0);
-  ASSERT_EQ(waitpid(child.pid, nullptr, 0), child.pid);
-  EXPECT_EQ(registry_.ReclaimAbandoned(), 1);
-  EXPECT_EQ(Metric("gradcomp_shm_regions_reclaimed_total"), 1);
-  EXPECT_EQ(Metric("gradcomp_shm_regions"), 1);
-  EXPECT_EQ(Metric("gradcomp_shm_bytes"), 64);
-  EXPECT_EQ(registry_.Acquire("child", "c", 0, 1).status().code(),
-            absl::StatusCode::kNotFound);
+  ASSERT_NO_FATAL_FAILURE(
+      KillAndExpectReclaimed(registry_, child, "child", "c"));
   // The slice taken before the kill still reads and writes its mapping.
   in_flight->bytes()[4095] = 'w';
   EXPECT_EQ(in_flight->bytes()[4095], 'w');
@@ -416,14 +426,7 @@ TEST_F(CudaRegionLockTest, AKilledHoldersRegionIsReclaimedAfterItsLastSlice) {
     in_flight.emplace(std::move(*slice));
   }
 
-  ASSERT_EQ(kill(child.pid, SIGKILL), 0);
-  ASSERT_EQ(waitpid(child.pid, nullptr, 0), child.pid);
-  EXPECT_EQ(cuda_.ReclaimAbandoned(), 1);
-  EXPECT_EQ(Metric("gradcomp_shm_regions_reclaimed_total"), 1);
-  EXPECT_EQ(Metric("gradcomp_shm_regions"), 1);
-  EXPECT_EQ(Metric("gradcomp_shm_bytes"), 64);
-  EXPECT_EQ(cuda_.Acquire("child", "dev", 0, 1).status().code(),
-            absl::StatusCode::kNotFound);
+  ASSERT_NO_FATAL_FAILURE(KillAndExpectReclaimed(cuda_, child, "child", "dev"));
   EXPECT_EQ(closed_, 0) << "closed under a request in flight";
   EXPECT_NE(in_flight->device_id(), -1);
   in_flight.reset();  // the request returns
