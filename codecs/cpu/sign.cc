@@ -128,8 +128,12 @@ absl::StatusOr<SignPayload> ParseSignPayload(SignCodec::Variant variant,
         info.name, n, body_bytes, parsed.body.size()));
   }
   out.scales.resize(ScaleCount(n, out.bucket));
-  std::memcpy(out.scales.data(), parsed.body.data(),
-              kScaleBytes * out.scales.size());
+  // An empty tensor in buckets has no scales, and memcpy of an empty vector's
+  // data() (null) is undefined even for 0 bytes.
+  if (!out.scales.empty()) {
+    std::memcpy(out.scales.data(), parsed.body.data(),
+                kScaleBytes * out.scales.size());
+  }
   for (float scale : out.scales) {
     if (!(scale >= 0) || !std::isfinite(scale)) {
       return absl::InvalidArgumentError(absl::StrFormat(
