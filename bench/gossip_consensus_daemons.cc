@@ -1,22 +1,24 @@
-// The consensus experiment of PowerGossip (issue 10) through eight real
-// gradcompd processes on loopback (tests/integration/cluster.h), one client
-// thread per daemon sending Reduce requests in gossip mode: every method of
-// bench::Methods (exact gossip, PowerGossip at the paper's
-// diffusion and tuned, Choco-Gossip top-k) on a ring and on a 2 x 4 torus,
-// for every data type of the in-process CSV (the first argument), from the
-// same matrices, seed, tensor name and options as bench/gossip_consensus.cc,
-// so the curves should match the in-process ones step for step. Every
-// method runs at the step size that run used (tuned or fixed), read from
-// its CSV. Bytes per worker are the daemons' own counts
-// (ReduceStats.wire_bytes: the gossip messages each daemon sent). The
-// in-process-only rows (PowerGossip without warm start, which the gossip
-// spec cannot ask for) are not run.
+// The consensus experiment of PowerGossip (issue 10) through real gradcompd
+// processes on loopback (tests/integration/cluster.h; 8, or --workers=N),
+// one client thread per daemon sending Reduce requests in gossip mode:
+// every run of the in-process CSV (the first argument) whose method is one
+// of bench::AllMethods (exact gossip, PowerGossip at the paper's diffusion,
+// tuned, and tuned with fresh factors every round, Choco-Gossip top-k), on
+// the topologies and data types that CSV holds, from the same matrices,
+// seed, tensor name and options as bench/gossip_consensus.cc, so the curves
+// should match the in-process ones step for step. Every method runs at the
+// step size that run used (tuned or fixed), read from its CSV. Bytes per
+// worker are the daemons' own counts (ReduceStats.wire_bytes: the gossip
+// messages each daemon sent).
 //
-//   bazel build -c opt //service:gradcompd //bench:gossip_consensus_daemons
-//   B=$PWD/bazel-out/k8-opt/bin; export GRADCOMPD=$B/service/gradcompd
-//   $B/bench/gossip_consensus_daemons /tmp/consensus.csv /tmp/daemons.csv
+//   bazel build //service:gradcompd //bench:gossip_consensus_daemons
+//   GRADCOMPD=$PWD/bazel-bin/service/gradcompd \
+//       bazel-bin/bench/gossip_consensus_daemons /tmp/consensus.csv \
+//       /tmp/daemons.csv
 //
-// (a third argument: bench/gossip_weights.py's file, if not the default).
+// (a third argument: bench/gossip_weights.py's file, if not the default;
+// --workers=N: N daemons, for an in-process CSV run with --workers=N, whose
+// data are named "<data>-w<N>").
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -31,6 +33,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "bench/gossip_consensus_setup.h"
 #include "client/cpp/client.h"
 #include "service/gossip/power_gossip.h"
@@ -57,10 +61,11 @@ bool Run(std::vector<std::unique_ptr<client::Client>>& clients,
          const Tensors& start, const std::string& job, const std::string& data,
          const std::string& topology, const std::string& method,
          const v1::GossipSpec& spec, FILE* out) {
+  const int workers = static_cast<int>(clients.size());
   Tensors xs = start;
   const double d0 = ConsensusDistance(xs);
-  std::vector<double> bytes(kW, 0);
-  std::vector<std::string> errors(kW);
+  std::vector<double> bytes(workers, 0);
+  std::vector<std::string> errors(workers);
   const double gamma = spec.diffusion() == 0 ? 1.0 : spec.diffusion();
   const std::string prefix =
       absl::StrCat(data, ",", topology, ",", method, ",");
@@ -71,7 +76,7 @@ bool Run(std::vector<std::unique_ptr<client::Client>>& clients,
     int64_t next = step + 1;
     while (!Logged(next)) ++next;
     std::vector<std::thread> threads;
-    for (int r = 0; r < kW; ++r) {
+    for (int r = 0; r < workers; ++r) {
       threads.emplace_back([&, r] {
         for (int64_t s = step; s < next && errors[r].empty(); ++s) {
           auto got =
@@ -86,7 +91,7 @@ bool Run(std::vector<std::unique_ptr<client::Client>>& clients,
       });
     }
     for (auto& t : threads) t.join();
-    for (int r = 0; r < kW; ++r) {
+    for (int r = 0; r < workers; ++r) {
       if (!errors[r].empty()) {
         std::fprintf(stderr, "%s rank %d: %s\n", job.c_str(), r,
                      errors[r].c_str());
@@ -94,7 +99,7 @@ bool Run(std::vector<std::unique_ptr<client::Client>>& clients,
       }
     }
     step = next;
-    mean_bytes = std::accumulate(bytes.begin(), bytes.end(), 0.0) / kW;
+    mean_bytes = std::accumulate(bytes.begin(), bytes.end(), 0.0) / workers;
     d = ConsensusDistance(xs) / d0;
     std::fprintf(out, "%s%.17g,%lld,%.0f,%.6e\n", prefix.c_str(), gamma,
                  static_cast<long long>(step), mean_bytes, d);
@@ -135,64 +140,98 @@ Gammas ReadGammas(const char* path) {
   return gammas;
 }
 
+int Usage(const char* argv0) {
+  std::fprintf(stderr,
+               "usage: %s IN_PROCESS_CSV OUT_CSV [WEIGHTS_FILE] [--workers=N] "
+               "(the first from bench/gossip_consensus.cc, for the tuned "
+               "steps; the weights bench/gossip_weights.py's, default %s; "
+               "N daemons, default %d, for a CSV run with --workers=N)\n",
+               argv0, bench::kWeightsFile, kW);
+  return 2;
+}
+
 int Main(int argc, char** argv) {
-  if (argc != 3 && argc != 4) {
-    std::fprintf(stderr,
-                 "usage: %s IN_PROCESS_CSV OUT_CSV [WEIGHTS_FILE] (the first "
-                 "from bench/gossip_consensus.cc, for the tuned steps; the "
-                 "last bench/gossip_weights.py's, default %s)\n",
-                 argv[0], bench::kWeightsFile);
-    return 2;
+  std::vector<std::string> args;
+  int workers = 0;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (absl::ConsumePrefix(&arg, "--workers=")) {
+      if (!absl::SimpleAtoi(arg, &workers) || workers < 2) {
+        std::fprintf(stderr, "--workers=%s: expected an integer >= 2\n",
+                     std::string(arg).c_str());
+        return Usage(argv[0]);
+      }
+    } else {
+      args.push_back(std::string(arg));
+    }
   }
-  const Gammas gammas = ReadGammas(argv[1]);
+  if (args.size() != 2 && args.size() != 3) return Usage(argv[0]);
+  const std::string weights_file =
+      args.size() == 3 ? args[2] : bench::kWeightsFile;
+  // bench/gossip_consensus.cc names the data of a --workers=N run
+  // "<data>-w<N>".
+  const std::string suffix =
+      workers > 0 ? absl::StrCat("-w", workers) : std::string();
+  if (workers == 0) workers = kW;
+  const Gammas gammas = ReadGammas(args[0].c_str());
   if (gammas.empty()) return 1;
-  // The data types the in-process run has.
-  std::vector<std::pair<Data, Tensors>> starts;
+  // The data types and topologies the in-process run has.
+  std::vector<std::pair<std::string, Tensors>> starts;
+  std::vector<std::string> topologies;
+  for (const auto& [run, gamma] : gammas) {
+    if (std::find(topologies.begin(), topologies.end(), std::get<1>(run)) ==
+        topologies.end()) {
+      topologies.push_back(std::get<1>(run));
+    }
+  }
   for (Data data : bench::kData) {
-    const std::string name = bench::DataName(data);
+    const std::string name = bench::DataName(data) + suffix;
     if (std::none_of(gammas.begin(), gammas.end(), [&](const auto& g) {
           return std::get<0>(g.first) == name;
         })) {
       continue;
     }
-    absl::StatusOr<Tensors> start =
-        bench::Start(data, argc == 4 ? argv[3] : bench::kWeightsFile);
+    absl::StatusOr<Tensors> start = bench::Start(data, weights_file, workers);
     if (!start.ok()) {
       std::fprintf(stderr, "%s\n", start.status().ToString().c_str());
       return 1;
     }
-    starts.push_back({data, *std::move(start)});
+    starts.push_back({name, *std::move(start)});
   }
-  FILE* out = std::fopen(argv[2], "w");
-  if (out == nullptr) {
-    std::perror(argv[2]);
+  if (starts.empty()) {
+    std::fprintf(
+        stderr,
+        "%s holds no data named random%s, fashion-mnist%s or "
+        "weights%s: expected bench/gossip_consensus.cc's CSV%s\n",
+        args[0].c_str(), suffix.c_str(), suffix.c_str(), suffix.c_str(),
+        suffix.empty()
+            ? " of W = 8"
+            : absl::StrCat(" of a --workers=", workers, " run").c_str());
     return 1;
   }
-  Cluster cluster(kW, absl::Seconds(60));
+  FILE* out = std::fopen(args[1].c_str(), "w");
+  if (out == nullptr) {
+    std::perror(args[1].c_str());
+    return 1;
+  }
+  Cluster cluster(workers, absl::Seconds(60));
   if (absl::Status up = cluster.StartAll(); !up.ok()) {
     std::fprintf(stderr, "%s\n", up.ToString().c_str());
     return 1;
   }
   std::vector<std::unique_ptr<client::Client>> clients;
-  for (int r = 0; r < kW; ++r) {
+  for (int r = 0; r < workers; ++r) {
     auto client = client::Client::Connect(cluster.daemon(r).target());
     if (!client.ok()) return 1;
     clients.push_back(std::move(*client));
   }
   std::fprintf(out,
                "data,topology,method,gamma,step,bytes_per_worker,distance\n");
-  for (const auto& [data, start_values] : starts) {
-    const Tensors* start = &start_values;
-    const std::string name = bench::DataName(data);
-    for (const std::string topology : {"ring", "torus"}) {
-      std::vector<std::pair<std::string, v1::GossipSpec>> runs;
-      for (const Method& method : bench::Methods(kRows, kCols)) {
+  for (const auto& [name, start] : starts) {
+    for (const std::string& topology : topologies) {
+      for (const Method& method : bench::AllMethods(kRows, kCols)) {
         auto gamma = gammas.find({name, topology, method.name});
-        if (gamma == gammas.end()) {
-          std::fprintf(stderr, "%s has no %s %s %s run\n", argv[1],
-                       name.c_str(), topology.c_str(), method.name.c_str());
-          return 1;
-        }
+        if (gamma == gammas.end()) continue;
         v1::GossipSpec spec;
         spec.set_topology(topology);
         spec.set_diffusion(gamma->second);
@@ -202,19 +241,19 @@ int Main(int argc, char** argv) {
           case Method::Kind::kPowerGossip:
             spec.set_rank(method.rank);
             spec.set_power_steps(method.iterations);
+            spec.set_fresh_factors(!method.warm_start);
             break;
           case Method::Kind::kChoco:
             spec.set_choco_topk_fraction(static_cast<double>(method.k) /
                                          (kRows * kCols));
             break;
         }
-        runs.push_back({method.name, spec});
-      }
-      for (const auto& [method, spec] : runs) {
-        const std::string job = absl::StrCat(name, "-", topology, "-", method);
-        if (!Run(clients, *start, job, name, topology, method, spec, out)) {
+        const std::string job =
+            absl::StrCat(name, "-", topology, "-", method.name);
+        if (!Run(clients, start, job, name, topology, method.name, spec, out)) {
           return 1;
         }
+        std::fflush(out);
       }
     }
   }

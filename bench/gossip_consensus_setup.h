@@ -76,8 +76,8 @@ struct Method {
   int k = 0;           // kChoco: entries sent per neighbour and step
   bool tuned = true;   // false: the default diffusion (1.308, exact: 1)
   int iterations = 1;  // kPowerGossip: power steps per round
-  // kPowerGossip: false restarts every edge's factors each round. The
-  // daemon's gossip spec has no such switch: these rows run in process only.
+  // kPowerGossip: false restarts every edge's factors each round (the
+  // daemon's GossipSpec.fresh_factors).
   bool warm_start = true;
 };
 

@@ -12,8 +12,20 @@ the CSV (Choco's smallest k is side / 2), so the 100 x 100 run
 number of workers off the data's name ("random-w16": 16, else 8), for
 `gossip_consensus OUT --workers=16`.
 
+`--accounting=paper` recounts every run's bytes the way the paper's code
+(epfml/powergossip) counts them, before plotting and tabulating: no message
+headers (our 32 bytes per message), PowerGossip and exact gossip at 4
+bytes per float, and Choco's top-k at 12 bytes per kept entry (an int64
+index, torch.topk's, and an fp32 value) where our messages send 8 (uint32
+index, fp32 value); it then also prints PowerGossip's ratios under both
+counts side by side. `--accounting=bodies` drops only the headers (Choco
+at our 8 bytes per entry), to separate the two effects. The default,
+`--accounting=wire`, is the bytes the daemons send (docs/gossip.md, "Why
+the paper's ring looks better").
+
     /usr/bin/python3 bench/plot_gossip_consensus.py consensus.csv \\
-        docs/gossip_consensus.png [consensus_daemons.csv]
+        docs/gossip_consensus.png [consensus_daemons.csv] \\
+        [--accounting=wire|bodies|paper]
 """
 import csv
 import sys
@@ -87,6 +99,45 @@ def ratios(methods: Dict[str, Points], pg: str) -> List[float]:
     return out
 
 
+def message_bytes(method: str, side: int) -> Dict[str, int]:
+    """The bytes of one message of `method` on side x side matrices, by
+    accounting: "wire", as our daemons send it (a 32-byte header, then the
+    body); "bodies", the body only; "paper", as the paper's code counts it
+    (num_bits(buffer) / 8 of the buffers it sends: fp32 values, and for
+    top-k also the int64 indices of torch.topk)."""
+    if method.startswith("choco-k"):
+        k = int(method[len("choco-k"):])
+        return {"wire": 32 + 8 * k, "bodies": 8 * k, "paper": 12 * k}
+    if method.startswith("powergossip-r"):
+        rank = min(int(method[len("powergossip-r"):].split("-")[0]), side)
+        body = 4 * rank * side
+    else:
+        body = 4 * side * side
+    return {"wire": 32 + body, "bodies": body, "paper": body}
+
+
+def recount(runs: Runs, side: int, accounting: str) -> Runs:
+    """`runs` with every point's bytes recounted by `accounting` (see
+    message_bytes): the messages sent (bytes / our bytes per message, every
+    message of a run being the same size) times that count's bytes per
+    message."""
+    out: Runs = defaultdict(lambda: defaultdict(list))
+    for key, methods in runs.items():
+        for method, points in methods.items():
+            sizes = message_bytes(method, side)
+            wire, paper = sizes["wire"], sizes[accounting]
+            for step, b, d in points:
+                messages = b / wire
+                if abs(messages - round(messages)) > 1e-6 * max(messages, 1):
+                    raise ValueError(
+                        f"{key} {method} step {step}: {b} bytes per worker is "
+                        f"not a whole number of {wire}-byte messages; the "
+                        "paper's count needs the CSV of "
+                        "bench/gossip_consensus.cc on square matrices")
+                out[key][method].append((step, round(messages) * paper, d))
+    return out
+
+
 def print_seed_spread(runs: Runs) -> None:
     """For runs from several starts (data "random-seed<k>"): per topology
     and PowerGossip method, the ratio to the best baseline at each level
@@ -117,9 +168,22 @@ def print_seed_spread(runs: Runs) -> None:
 
 
 def main(argv: List[str]) -> int:
+    accounting = "wire"
+    for arg in [a for a in argv if a.startswith("--accounting=")]:
+        accounting = arg[len("--accounting="):]
+        argv.remove(arg)
+    if accounting not in ("wire", "bodies", "paper") or len(argv) < 3:
+        print("usage: plot_gossip_consensus.py CONSENSUS.csv OUT.png "
+              "[DAEMONS.csv] [--accounting=wire|bodies|paper]",
+              file=sys.stderr)
+        return 2
     runs, gammas = load(argv[1])
     daemons: Runs = load(argv[3])[0] if len(argv) > 3 else {}
     side = side_of(runs)
+    wire_runs = runs
+    if accounting != "wire":
+        runs = recount(runs, side, accounting)
+        daemons = recount(daemons, side, accounting) if daemons else {}
     keys = sorted(runs)
     nrows = (len(keys) + 1) // 2
     fig, axes = plt.subplots(nrows, 2, figsize=(13, 4.5 * nrows),
@@ -145,7 +209,9 @@ def main(argv: List[str]) -> int:
         workers = data.split("-w")[1] if "-w" in data else "8"
         ax.set_title(f"W = {workers}, {topology}, {data} {side} x {side}"
                      + (" (dots: 8 daemons)" if daemons else ""))
-        ax.set_xlabel("bytes sent per worker")
+        ax.set_xlabel("bytes sent per worker" +
+                      {"wire": "", "bodies": " (no headers)",
+                       "paper": " (the paper's count)"}[accounting])
         ax.set_ylabel("consensus distance / initial")
         ax.set_ylim(1e-7, 2)
         ax.grid(True, which="both", alpha=0.3)
@@ -183,6 +249,22 @@ def main(argv: List[str]) -> int:
             print(f"| {key[0]} | {key[1]} | "
                   f"{label(pg, gammas[key + (pg,)], side)} | "
                   + " | ".join(cells) + " |")
+    if accounting != "wire":
+        print()
+        print(f"PowerGossip's bytes / the best baseline's, {accounting} "
+              "count / ours (wire)")
+        print("| data | topology | method | " +
+              " | ".join(f"to {lv:g}" for lv in LEVELS) + " |")
+        print("| --- | --- | --- |" + " ---: |" * len(LEVELS))
+        for key in keys:
+            for pg in sorted(m for m in runs[key]
+                             if m.startswith("powergossip")):
+                paper = ratios(runs[key], pg)
+                wire = ratios(wire_runs[key], pg)
+                print(f"| {key[0]} | {key[1]} | "
+                      f"{label(pg, gammas[key + (pg,)], side)} | "
+                      + " | ".join(f"{p:.2f} / {w:.2f}"
+                                   for p, w in zip(paper, wire)) + " |")
     if any("-seed" in data for data, _ in keys):
         print_seed_spread(runs)
     if daemons:

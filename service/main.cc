@@ -33,6 +33,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "base/buffer_pool.h"
 #include "base/status_macros.h"
 #include "codecs/builtin.h"
 #include "codecs/state.h"
@@ -114,6 +115,10 @@ ABSL_FLAG(absl::Duration, peer_startup_timeout, absl::Minutes(5),
 ABSL_FLAG(uint64_t, peer_buffer_bytes, uint64_t{1} << 30,
           "Bytes of peer messages held for tensors this rank has not reached "
           "yet; beyond it they are dropped and their reduce fails.");
+ABSL_FLAG(int64_t, buffer_pool_bytes, -1,
+          "Bytes of large buffers (peer messages, dense payloads) kept across "
+          "steps for reuse, reserved from the memory budget; -1: the smaller "
+          "of 512 MiB and an eighth of the budget; 0: none kept.");
 ABSL_FLAG(uint64_t, seed, 0,
           "Job seed of the codecs' random streams; the same on every rank.");
 ABSL_FLAG(double, error_sample_rate, 0.1,
@@ -284,6 +289,15 @@ absl::Status Run(const std::set<std::string>& named_flags) {
   Metrics metrics(&store, kVersion);
   const int rank = static_cast<int>(config->rank());
   const int world_size = static_cast<int>(config->world_size());
+  EngineOptions engine_options = EngineOptionsFromConfig(*config);
+  const int64_t pool_flag = absl::GetFlag(FLAGS_buffer_pool_bytes);
+  const uint64_t pool_bytes =
+      pool_flag >= 0 ? static_cast<uint64_t>(pool_flag)
+                     : std::min(uint64_t{512} << 20,
+                                engine_options.memory_budget_bytes / 8);
+  // Outlives the engine, the transport and the collective that use it.
+  BufferPool buffers(pool_bytes);
+  if (world_size > 1 && pool_bytes > 0) engine_options.buffers = &buffers;
   // Declared first, destroyed last: the transport reads its policy hash
   // for every handshake until it stops.
   std::unique_ptr<Engine> engine;
@@ -301,6 +315,7 @@ absl::Status Run(const std::set<std::string>& named_flags) {
     options.peers.assign(config->peers().begin(), config->peers().end());
     options.listen = absl::GetFlag(FLAGS_peer_listen);
     options.max_message_bytes = PeerMessageLimit(config->max_tensor_bytes());
+    options.buffers = engine_options.buffers;
     PeerTlsFiles tls = PeerTlsFilesFromConfig(*config);
     tls.refresh = absl::GetFlag(FLAGS_peer_tls_refresh);
     GC_ASSIGN_OR_RETURN(options.credentials, MakePeerCredentials(tls));
@@ -330,10 +345,10 @@ absl::Status Run(const std::set<std::string>& named_flags) {
                                        &mailbox, &peer_metrics));
     collective = std::make_unique<PeerCollective>(
         transport.get(), &mailbox,
-        PeerCollectiveOptions{absl::GetFlag(FLAGS_collective_timeout)},
+        PeerCollectiveOptions{absl::GetFlag(FLAGS_collective_timeout),
+                              engine_options.buffers},
         &peer_metrics);
   }
-  EngineOptions engine_options = EngineOptionsFromConfig(*config);
   // Members of a batch wait for each other as long as ranks do.
   engine_options.batch_timeout = absl::GetFlag(FLAGS_collective_timeout);
   GC_ASSIGN_OR_RETURN(

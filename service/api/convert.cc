@@ -53,10 +53,12 @@ absl::StatusOr<ReduceInput> ReduceInputFromProto(
       break;
     case v1::REDUCE_MODE_GOSSIP:
       input.mode = ReduceMode::kGossip;
-      input.gossip = GossipSpec{
-          request.gossip().topology(), request.gossip().rank(),
-          request.gossip().power_steps(), request.gossip().diffusion(),
-          request.gossip().choco_topk_fraction()};
+      input.gossip = GossipSpec{request.gossip().topology(),
+                                request.gossip().rank(),
+                                request.gossip().power_steps(),
+                                request.gossip().diffusion(),
+                                request.gossip().choco_topk_fraction(),
+                                request.gossip().fresh_factors()};
       break;
     default:
       return absl::InvalidArgumentError(absl::StrCat(

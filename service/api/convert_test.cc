@@ -15,6 +15,8 @@ TEST(ConvertTest, GossipModeAndSpec) {
   request.mutable_gossip()->set_power_steps(3);
   request.mutable_gossip()->set_diffusion(1.308);
   request.set_consensus_distance(0.5);
+  EXPECT_FALSE(ReduceInputFromProto(request)->gossip.fresh_factors);
+  request.mutable_gossip()->set_fresh_factors(true);
   auto input = ReduceInputFromProto(request);
   ASSERT_TRUE(input.ok()) << input.status();
   EXPECT_EQ(input->mode, ReduceMode::kGossip);
@@ -22,6 +24,7 @@ TEST(ConvertTest, GossipModeAndSpec) {
   EXPECT_EQ(input->gossip.rank, 2u);
   EXPECT_EQ(input->gossip.power_steps, 3u);
   EXPECT_EQ(input->gossip.diffusion, 1.308);
+  EXPECT_TRUE(input->gossip.fresh_factors);
   EXPECT_EQ(input->consensus_distance, 0.5);
   EXPECT_EQ(ReduceInputFromProto(v1::ReduceRequest())->mode,
             ReduceMode::kAverage);

@@ -29,7 +29,8 @@ std::string DescribeGossipSpec(const GossipSpec& spec) {
                       spec.rank == 0 ? " (exact gossip)" : "", ", ",
                       spec.power_steps == 0 ? 1 : spec.power_steps,
                       " power step(s), diffusion ",
-                      spec.diffusion == 0 ? 1.0 : spec.diffusion);
+                      spec.diffusion == 0 ? 1.0 : spec.diffusion,
+                      spec.fresh_factors ? ", fresh factors every round" : "");
 }
 
 absl::StatusOr<GossipOptions> GossipOptionsFromSpec(const GossipSpec& spec) {
@@ -53,12 +54,23 @@ absl::StatusOr<GossipOptions> GossipOptionsFromSpec(const GossipSpec& spec) {
         ": Choco-Gossip and PowerGossip exclude each other, expected rank 0 "
         "with a Choco fraction"));
   }
+  if (spec.fresh_factors && (choco || spec.rank == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gossip.fresh_factors is set with gossip.rank ", spec.rank,
+        choco ? absl::StrCat(" and gossip.choco_topk_fraction ",
+                             spec.choco_topk_fraction)
+              : "",
+        ": fresh factors every round are a PowerGossip option, expected "
+        "rank > 0 without a Choco fraction (exact gossip and Choco-Gossip "
+        "have no factors)"));
+  }
   GossipOptions options;
   options.mode = choco            ? GossipOptions::Mode::kChoco
                  : spec.rank == 0 ? GossipOptions::Mode::kExact
                                   : GossipOptions::Mode::kPowerGossip;
   if (choco) options.choco_fraction = spec.choco_topk_fraction;
   if (spec.rank > 0) options.rank = static_cast<int>(spec.rank);
+  options.warm_start = !spec.fresh_factors;
   if (spec.power_steps > 0) {
     options.iterations = static_cast<int>(spec.power_steps);
   }

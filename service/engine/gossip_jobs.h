@@ -41,6 +41,9 @@ struct GossipSpec {
   // > 0: Choco-Gossip sending this fraction of each tensor's entries per
   // round (rank must be 0).
   double choco_topk_fraction = 0;
+  // PowerGossip (rank > 0) only: every round starts every edge from fresh
+  // factors (GossipOptions::warm_start = false).
+  bool fresh_factors = false;
 };
 
 // "topology 'ring', rank 1, 1 power step(s), diffusion 1" with defaults

@@ -1,6 +1,7 @@
 #include "service/engine/gossip_jobs.h"
 
 #include <memory>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -93,6 +94,29 @@ TEST(GossipSpecTest, DefaultsAndRanges) {
               HasSubstr("gossip.rank is 2000"));
 }
 
+TEST(GossipSpecTest, FreshFactorsOnlyForPowerGossip) {
+  GossipSpec fresh{"ring", 2, 1, 1.308};
+  EXPECT_TRUE(GossipOptionsFromSpec(fresh)->warm_start);
+  fresh.fresh_factors = true;
+  absl::StatusOr<GossipOptions> options = GossipOptionsFromSpec(fresh);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_FALSE(options->warm_start);
+  // Ranks compare the description, so one that asks for fresh factors
+  // while the others warm-start is refused naming both.
+  EXPECT_EQ(DescribeGossipSpec(fresh),
+            "topology 'ring', rank 2, 1 power step(s), diffusion 1.308, "
+            "fresh factors every round");
+  fresh.rank = 0;
+  EXPECT_THAT(GossipOptionsFromSpec(fresh).status().message(),
+              HasSubstr("gossip.fresh_factors is set with gossip.rank 0: "
+                        "fresh factors every round are a PowerGossip option, "
+                        "expected rank > 0 without a Choco fraction"));
+  fresh.choco_topk_fraction = 0.05;
+  EXPECT_THAT(GossipOptionsFromSpec(fresh).status().message(),
+              HasSubstr("gossip.fresh_factors is set with gossip.rank 0 and "
+                        "gossip.choco_topk_fraction 0.05: fresh factors"));
+}
+
 TEST_F(GossipJobsTest, RanksThatAgreeGetOneNodePerJob) {
   const GossipSpec ring{"ring", 1};
   auto got = NodeOnEveryRank(jobs_, "job", std::vector<GossipSpec>(4, ring));
@@ -167,6 +191,71 @@ TEST_F(GossipJobsTest, PlainGossipOnlyAtARateThatConverges) {
   for (int r = 0; r < 4; ++r) {
     ASSERT_TRUE(got[r].ok()) << got[r].status();
     EXPECT_EQ((*got[r])->options().exact_gamma, 1.4);
+  }
+}
+
+// `rounds` PowerGossip rounds of tensor "x" (shape `shape`) on every rank's
+// node at once, from `xs`, in place.
+void RunRounds(InProcessGroup& group,
+               std::vector<absl::StatusOr<GossipNode*>>& nodes,
+               const std::string& job, int rounds,
+               const std::vector<int64_t>& shape,
+               std::vector<std::vector<float>>& xs) {
+  for (int step = 0; step < rounds; ++step) {
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < nodes.size(); ++r) {
+      threads.emplace_back([&, r] {
+        absl::StatusOr<GossipStats> stats = (*nodes[r])->Round(
+            group.collective(static_cast<int>(r)), {job, "x", step, 0}, shape,
+            absl::MakeSpan(xs[r]));
+        EXPECT_TRUE(stats.ok()) << stats.status();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+}
+
+TEST_F(GossipJobsTest, FreshFactorsReachTheNode) {
+  GossipSpec warm_spec{"ring", 1, 1, 1.308};
+  GossipSpec fresh_spec = warm_spec;
+  fresh_spec.fresh_factors = true;
+  auto warm =
+      NodeOnEveryRank(jobs_, "warm", std::vector<GossipSpec>(4, warm_spec));
+  auto fresh =
+      NodeOnEveryRank(jobs_, "fresh", std::vector<GossipSpec>(4, fresh_spec));
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(warm[r].ok()) << warm[r].status();
+    ASSERT_TRUE(fresh[r].ok()) << fresh[r].status();
+    EXPECT_TRUE((*warm[r])->options().warm_start);
+    EXPECT_FALSE((*fresh[r])->options().warm_start);
+  }
+  const std::vector<int64_t> shape = {6, 5};
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  std::vector<std::vector<float>> start(4, std::vector<float>(30));
+  for (auto& x : start) {
+    for (float& v : x) v = normal(rng);
+  }
+  // The first round draws the same factors either way (the edge's stream
+  // does not depend on the job); the second starts warm from the first's
+  // factors, or fresh from a new draw.
+  std::vector<std::vector<float>> xw = start, xf = start;
+  RunRounds(group_, warm, "warm", 1, shape, xw);
+  RunRounds(group_, fresh, "fresh", 1, shape, xf);
+  EXPECT_EQ(xw, xf);
+  RunRounds(group_, warm, "warm", 1, shape, xw);
+  RunRounds(group_, fresh, "fresh", 1, shape, xf);
+  EXPECT_NE(xw, xf);
+  // Both ends of every edge still hold the same fresh factors, bit for bit.
+  for (int r = 0; r < 4; ++r) {
+    for (const Neighbour& n : (*fresh[r])->topology().neighbours(r)) {
+      absl::StatusOr<EdgeFactors> mine = (*fresh[r])->Factors("x", n.rank);
+      absl::StatusOr<EdgeFactors> theirs = (*fresh[n.rank])->Factors("x", r);
+      ASSERT_TRUE(mine.ok() && theirs.ok());
+      EXPECT_EQ(mine->power_steps, 2u);
+      EXPECT_EQ(mine->p, theirs->p) << r << "-" << n.rank;
+      EXPECT_EQ(mine->q, theirs->q) << r << "-" << n.rank;
+    }
   }
 }
 

@@ -111,13 +111,16 @@ class Gossip:
     size gamma (0 = 1.0; the PowerGossip paper's default is 1.308).
     `choco_topk_fraction` > 0 (with rank 0) runs Choco-Gossip instead,
     sending the top fraction of each tensor's entries per round, with
-    `diffusion` as its consensus step size.
+    `diffusion` as its consensus step size. `fresh_factors` (PowerGossip,
+    rank > 0, only) starts every edge's factors from a fresh random draw
+    each round instead of warm-starting them from the last round's.
     Every worker of a job must name the same spec."""
     topology: str = "ring"
     rank: int = 1
     power_steps: int = 1
     diffusion: float = 0.0
     choco_topk_fraction: float = 0.0
+    fresh_factors: bool = False
 
     def __post_init__(self):
         if not self.topology:
@@ -136,6 +139,12 @@ class Gossip:
             raise ValueError(f"Gossip: Choco-Gossip (choco_topk_fraction "
                              f"{self.choco_topk_fraction}) needs rank 0, got "
                              f"rank {self.rank}")
+        if self.fresh_factors and (self.rank == 0 or
+                                   self.choco_topk_fraction > 0):
+            raise ValueError(f"Gossip: fresh_factors is a PowerGossip option "
+                             f"and needs rank > 0 without Choco-Gossip, got "
+                             f"rank {self.rank}, choco_topk_fraction "
+                             f"{self.choco_topk_fraction}")
 
 
 def _set_mode(request: gradcomp_pb2.ReduceRequest, gossip: Gossip | None,
@@ -154,7 +163,8 @@ def _set_mode(request: gradcomp_pb2.ReduceRequest, gossip: Gossip | None,
         request.gossip.CopyFrom(gradcomp_pb2.GossipSpec(
             topology=gossip.topology, rank=gossip.rank,
             power_steps=gossip.power_steps, diffusion=gossip.diffusion,
-            choco_topk_fraction=gossip.choco_topk_fraction))
+            choco_topk_fraction=gossip.choco_topk_fraction,
+            fresh_factors=gossip.fresh_factors))
     if consensus_distance is not None:
         request.consensus_distance = consensus_distance
 

@@ -6,7 +6,9 @@
   with its two neighbours' at weight 1/3 (the ring's Metropolis-Hastings
   weights), inline and through shared memory; PowerGossip rank 1 keeps the
   network mean of a matrix and shrinks the consensus distance round by
-  round; the daemon exports the consensus distance the client reports.
+  round; the daemon exports the consensus distance the client reports;
+  PowerGossip with fresh factors every round matches warm start in the
+  first round (the same first draw) and differs from it in the second.
 
 Needs the daemon: `bazel build //service:gradcompd` or $GRADCOMPD. Skipped,
 with the reason, while the daemon does not know the gossip mode.
@@ -49,6 +51,18 @@ class GossipSpecTest(unittest.TestCase):
             Gossip("ring", rank=1, choco_topk_fraction=0.02)
         with self.assertRaisesRegex(ValueError, "must be in"):
             Gossip("ring", rank=0, choco_topk_fraction=1.5)
+
+    def test_fresh_factors_set_the_request_and_need_power_gossip(self):
+        request = gradcomp_pb2.ReduceRequest()
+        _set_mode(request, Gossip("ring", rank=1), None)
+        self.assertFalse(request.gossip.fresh_factors)
+        _set_mode(request, Gossip("ring", rank=1, fresh_factors=True), None)
+        self.assertTrue(request.gossip.fresh_factors)
+        with self.assertRaisesRegex(ValueError, "needs rank > 0"):
+            Gossip("ring", rank=0, fresh_factors=True)
+        with self.assertRaisesRegex(ValueError, "needs rank 0"):
+            Gossip("ring", rank=1, choco_topk_fraction=0.1,
+                   fresh_factors=True)
 
     def test_no_spec_leaves_the_average(self):
         request = gradcomp_pb2.ReduceRequest()
@@ -223,6 +237,28 @@ class GossipRingTest(unittest.TestCase):
         for before, after in zip(distances, distances[1:]):
             self.assertLess(after, before)
         self.assertLess(distances[-1], 0.5 * distances[0])
+
+    def test_fresh_factors_differ_from_warm_start_from_the_second_round(self):
+        rng = np.random.default_rng(5)
+        start = [rng.standard_normal((9, 7), dtype=np.float32)
+                 for _ in range(W)]
+        mean = np.mean(start, axis=0)
+        runs = {}
+        for job, fresh in (("warm", False), ("fresh", True)):
+            xs, rounds = start, []
+            spec = Gossip("ring", rank=1, diffusion=1.308,
+                          fresh_factors=fresh)
+            for step in range(2):
+                xs = self._on_every_rank(lambda r, c: c.reduce(
+                    xs[r], "m", step, job=job, gossip=spec)[0])
+                rounds.append(xs)
+            runs[job] = rounds
+            np.testing.assert_allclose(np.mean(xs, axis=0), mean, atol=1e-5)
+        for r in range(W):
+            np.testing.assert_array_equal(runs["warm"][0][r],
+                                          runs["fresh"][0][r])
+        self.assertFalse(all(np.array_equal(w, f) for w, f in
+                             zip(runs["warm"][1], runs["fresh"][1])))
 
     def test_reported_consensus_distance_is_exported(self):
         xs = [np.full(4, float(r), np.float32) for r in range(W)]
