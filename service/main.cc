@@ -12,7 +12,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -466,9 +469,36 @@ void KeepFreedMemoryForReuse() {
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
 }
+
+// That high-water mark is still faulted in once, 4 KiB at a time: tens of
+// thousands of faults per daemon over the first steps, each ~10 us of
+// kernel entry on the benchmark VM besides clearing the page (round 6 in
+// docs/benchmarks.md, "CPU per step"). glibc (>= 2.35) backs its heap with
+// transparent huge pages when the tunable glibc.malloc.hugetlb is 1, but
+// reads tunables only when a process starts and has no mallopt for this
+// one: so the daemon starts itself again with it set, unless whoever
+// started it chose a value (glibc.malloc.hugetlb=0 keeps 4 KiB pages). If
+// the exec fails, it goes on as it is.
+void RestartWithHugePageHeap(char** argv) {
+  constexpr char kTunable[] = "glibc.malloc.hugetlb";
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  if (tunables != nullptr && std::strstr(tunables, kTunable) != nullptr) {
+    return;
+  }
+  const std::string value = tunables == nullptr || *tunables == '\0'
+                                ? absl::StrCat(kTunable, "=1")
+                                : absl::StrCat(tunables, ":", kTunable, "=1");
+  if (setenv("GLIBC_TUNABLES", value.c_str(), 1) != 0) return;
+  execv("/proc/self/exe", argv);
+  std::fprintf(stderr,
+               "gradcompd: could not restart with %s=1 (%s); the heap stays "
+               "on 4 KiB pages\n",
+               kTunable, std::strerror(errno));
+}
 }  // namespace
 
 int main(int argc, char** argv) {
+  RestartWithHugePageHeap(argv);
   KeepFreedMemoryForReuse();
   // Debian's Abseil is built without NDEBUG, so every Mutex lock and
   // destruction would update a process-wide lock-order graph under one

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/buffer_pool.h"
 #include "codecs/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

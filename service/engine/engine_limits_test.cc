@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "base/buffer_pool.h"
 #include "codecs/builtin.h"
 #include "codecs/state.h"
 #include "gmock/gmock.h"
