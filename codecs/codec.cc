@@ -83,10 +83,6 @@ absl::Status SingleRoundCodec::FinishGather(absl::Span<const Bytes> payloads,
 
 namespace {
 
-// Bytes of parameters a dense codec's payload carries at most (the body's
-// element type, a scale).
-constexpr size_t kMaxDenseParams = 16;
-
 // The session every single-round codec shares: encode once, hand the payload
 // to the collective, then decode what came back.
 class SingleRoundSession : public CodecSession {
@@ -97,15 +93,6 @@ class SingleRoundSession : public CodecSession {
 
   absl::StatusOr<std::optional<Round>> NextRound() override {
     if (stage_ == Stage::kStart) {
-      if (ctx_.payload_buffers != nullptr && codec_.info().family == "dense") {
-        // Room for an fp32 body and a head with its parameters: what a
-        // dense payload holds at most (a narrower type uses part of it). A
-        // payload that needs more would be written into fresh memory, as
-        // without a pool.
-        own_ = ctx_.payload_buffers->Take(kWireHeaderBytes + kMaxDenseParams +
-                                          grad_.numel() * sizeof(float));
-        AdviseHugePages(own_.data(), own_.capacity());
-      }
       GC_RETURN_IF_ERROR(codec_.Encode(grad_, state_, ctx_, &own_));
       stage_ = Stage::kAwaitingResult;
       Round round;

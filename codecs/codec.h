@@ -28,7 +28,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "base/buffer_pool.h"
 #include "codecs/state.h"
 #include "codecs/tensor.h"
 #include "codecs/wire.h"
@@ -81,10 +80,6 @@ struct StepContext {
   // tensor, one tensor-sized copy less per step) and DecodeOwn is a
   // FailedPrecondition error.
   bool keep_own = true;
-  // May be null. Where a dense codec's session takes the buffer its
-  // payload is encoded into (one of an earlier step's, rather than fresh
-  // pages); the collective gives it back once sent.
-  BufferPool* payload_buffers = nullptr;
 };
 
 struct CodecInfo {

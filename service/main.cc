@@ -36,7 +36,6 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
-#include "base/buffer_pool.h"
 #include "base/status_macros.h"
 #include "codecs/builtin.h"
 #include "codecs/state.h"
@@ -118,10 +117,6 @@ ABSL_FLAG(absl::Duration, peer_startup_timeout, absl::Minutes(5),
 ABSL_FLAG(uint64_t, peer_buffer_bytes, uint64_t{1} << 30,
           "Bytes of peer messages held for tensors this rank has not reached "
           "yet; beyond it they are dropped and their reduce fails.");
-ABSL_FLAG(int64_t, buffer_pool_bytes, -1,
-          "Bytes of large buffers (peer messages, dense payloads) kept across "
-          "steps for reuse, reserved from the memory budget; -1: the smaller "
-          "of 512 MiB and an eighth of the budget; 0: none kept.");
 ABSL_FLAG(uint64_t, seed, 0,
           "Job seed of the codecs' random streams; the same on every rank.");
 ABSL_FLAG(double, error_sample_rate, 0.1,
@@ -292,15 +287,6 @@ absl::Status Run(const std::set<std::string>& named_flags) {
   Metrics metrics(&store, kVersion);
   const int rank = static_cast<int>(config->rank());
   const int world_size = static_cast<int>(config->world_size());
-  EngineOptions engine_options = EngineOptionsFromConfig(*config);
-  const int64_t pool_flag = absl::GetFlag(FLAGS_buffer_pool_bytes);
-  const uint64_t pool_bytes =
-      pool_flag >= 0 ? static_cast<uint64_t>(pool_flag)
-                     : std::min(uint64_t{512} << 20,
-                                engine_options.memory_budget_bytes / 8);
-  // Outlives the engine, the transport and the collective that use it.
-  BufferPool buffers(pool_bytes);
-  if (world_size > 1 && pool_bytes > 0) engine_options.buffers = &buffers;
   // Declared first, destroyed last: the transport reads its policy hash
   // for every handshake until it stops.
   std::unique_ptr<Engine> engine;
@@ -318,7 +304,6 @@ absl::Status Run(const std::set<std::string>& named_flags) {
     options.peers.assign(config->peers().begin(), config->peers().end());
     options.listen = absl::GetFlag(FLAGS_peer_listen);
     options.max_message_bytes = PeerMessageLimit(config->max_tensor_bytes());
-    options.buffers = engine_options.buffers;
     PeerTlsFiles tls = PeerTlsFilesFromConfig(*config);
     tls.refresh = absl::GetFlag(FLAGS_peer_tls_refresh);
     GC_ASSIGN_OR_RETURN(options.credentials, MakePeerCredentials(tls));
@@ -348,10 +333,10 @@ absl::Status Run(const std::set<std::string>& named_flags) {
                                        &mailbox, &peer_metrics));
     collective = std::make_unique<PeerCollective>(
         transport.get(), &mailbox,
-        PeerCollectiveOptions{absl::GetFlag(FLAGS_collective_timeout),
-                              engine_options.buffers},
+        PeerCollectiveOptions{absl::GetFlag(FLAGS_collective_timeout)},
         &peer_metrics);
   }
+  EngineOptions engine_options = EngineOptionsFromConfig(*config);
   // Members of a batch wait for each other as long as ranks do.
   engine_options.batch_timeout = absl::GetFlag(FLAGS_collective_timeout);
   GC_ASSIGN_OR_RETURN(
@@ -470,10 +455,12 @@ void KeepFreedMemoryForReuse() {
   mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
 }
 
-// That high-water mark is still faulted in once, 4 KiB at a time: tens of
-// thousands of faults per daemon over the first steps, each ~10 us of
-// kernel entry on the benchmark VM besides clearing the page (round 6 in
-// docs/benchmarks.md, "CPU per step"). glibc (>= 2.35) backs its heap with
+// That high-water mark is still faulted in 4 KiB at a time (tens of
+// thousands of faults per daemon over the first steps), and every copy and
+// checksum through the step's 100 MB of buffers misses the TLB page after
+// page (costly under a VM's nested page tables): 2 MiB pages cut the
+// daemon's CPU per dense step by 44 % on the benchmark VM (docs/
+// benchmarks.md, "CPU per step, round 6"). glibc (>= 2.35) backs its heap with
 // transparent huge pages when the tunable glibc.malloc.hugetlb is 1, but
 // reads tunables only when a process starts and has no mallopt for this
 // one: so the daemon starts itself again with it set, unless whoever

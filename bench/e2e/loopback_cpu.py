@@ -13,7 +13,9 @@ over the 4 ranks, and the slowest rank's wall time; and the daemons' peak
 resident memory and minor page faults over the whole run. On a shared machine
 compare the CPU seconds, not the wall time: the wall time moves with
 whatever else runs. $GRADCOMPD picks another daemon binary and --daemon_arg
-adds flags to every daemon, for A/B runs of two builds or settings.
+adds flags to every daemon, for A/B runs of two builds or settings; the
+daemons inherit the environment, so GLIBC_TUNABLES=glibc.malloc.hugetlb=0
+runs them with their heap on 4 KiB pages (docs/daemon.md, Limits).
 """
 from __future__ import annotations
 

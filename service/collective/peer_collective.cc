@@ -114,22 +114,6 @@ PeerCollective::PeerCollective(Transport* transport, Mailbox* mailbox,
   for (int i = 1; i < w; ++i) others_.push_back((transport_->rank() + i) % w);
 }
 
-std::shared_ptr<const codecs::Bytes> PeerCollective::Share(
-    codecs::Bytes data) const {
-  if (options_.buffers == nullptr) {
-    return std::make_shared<const codecs::Bytes>(std::move(data));
-  }
-  return options_.buffers->Share(std::move(data));
-}
-
-void PeerCollective::Recycle(codecs::Bytes& data) const {
-  if (options_.buffers != nullptr) {
-    options_.buffers->Give(std::exchange(data, codecs::Bytes()));
-  } else {
-    data = codecs::Bytes();
-  }
-}
-
 absl::Status PeerCollective::SendToOthers(
     const MessageKey& key, std::shared_ptr<const codecs::Bytes> data,
     absl::Time deadline) {
@@ -167,8 +151,9 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::Run(const RoundKey& key,
       result = payloads.status();
     }
   } else {
-    result = ReduceScatterAllgather(key, Share(std::move(round.payload)),
-                                    round.sum_into, deadline);
+    result = ReduceScatterAllgather(
+        key, std::make_shared<const codecs::Bytes>(std::move(round.payload)),
+        round.sum_into, deadline);
   }
   if (result.ok() && metrics_ != nullptr) {
     metrics_->ObserveCollective(algorithm, SecondsSince(start));
@@ -279,7 +264,7 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(
   // uninitialised scratch.
   const bool in_place = sum_into.size() == m;
   const Slice mine = SliceOf(m, w, me);
-  std::shared_ptr<const codecs::Bytes> reduced;
+  auto reduced = std::make_shared<codecs::Bytes>();
   codecs::ElemType sent_type = elem_type;
   {
     std::unique_ptr<float[]> scratch;
@@ -319,19 +304,10 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(
             absl::StrCat("reduce-scatter slice ", me, " from rank ", r, ": ",
                          status.message()));
       }
-      if (r != me) Recycle(got[r]);  // let go of as soon as added
+      if (r != me) got[r] = codecs::Bytes();  // freed as soon as added
     }
     sent_type = SumType(elem_type, sum);
-    // The payload's head (header, one type byte) and the body.
-    codecs::Bytes summed =
-        options_.buffers == nullptr
-            ? codecs::Bytes()
-            : options_.buffers->Take(codecs::kWireHeaderBytes + 1 +
-                                     sum.size() *
-                                         codecs::ElemTypeBytes(sent_type));
-    codecs::AdviseHugePages(summed.data(), summed.capacity());
-    codecs::WriteDensePayload(header, sent_type, sum, &summed);
-    reduced = Share(std::move(summed));
+    codecs::WriteDensePayload(header, sent_type, sum, reduced.get());
   }
   // The encoded tensor is needed no more here (the slices still on their
   // way to the other ranks hold it): freed before the allgather's wait
@@ -374,7 +350,7 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(
                           absl::StrCat("summed slice ", r, " from rank ", r,
                                        ": ", status.message()));
     }
-    Recycle(got[r]);
+    got[r] = codecs::Bytes();
   }
   return result;
 }

@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "base/buffer_pool.h"
 #include "service/collective/collective.h"
 #include "service/collective/mailbox.h"
 #include "service/metrics/peer_metrics.h"
@@ -28,11 +27,6 @@ struct PeerCollectiveOptions {
   // How long one Run may wait for the other ranks (their calls, their
   // bytes), from the moment this rank calls it.
   absl::Duration timeout = absl::Seconds(60);
-  // SUM rounds (may be null): where the summed slices' buffers come from,
-  // and where those, the received slices and the round's payload go once
-  // used (the transport takes received messages' buffers from the same
-  // pool). Must outlive the collective and whatever it sent.
-  BufferPool* buffers = nullptr;
 };
 
 class PeerCollective : public Collective {
@@ -69,12 +63,6 @@ class PeerCollective : public Collective {
 
   // Sends `data` to every other rank, starting after this one so that the
   // ranks do not all write to rank 0 first.
-  // `data` shared, given back to the pool (when there is one) by its last
-  // owner.
-  std::shared_ptr<const codecs::Bytes> Share(codecs::Bytes data) const;
-  // `data`'s buffer back to the pool, or freed.
-  void Recycle(codecs::Bytes& data) const;
-
   absl::Status SendToOthers(const MessageKey& key,
                             std::shared_ptr<const codecs::Bytes> data,
                             absl::Time deadline);

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "base/buffer_pool.h"
 #include "codecs/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -26,28 +25,19 @@ using ::testing::HasSubstr;
 // W daemons' collectives in one process, over an InProcessHub.
 class Group {
  public:
-  // With `pool_bytes` > 0, each rank's collective has a buffer pool of that
-  // cap (buffers from 1 KiB).
-  explicit Group(int world_size, absl::Duration timeout = absl::Seconds(60),
-                 uint64_t pool_bytes = 0)
+  explicit Group(int world_size, absl::Duration timeout = absl::Seconds(60))
       : hub_(world_size) {
     for (int r = 0; r < world_size; ++r) {
       metrics_.push_back(std::make_unique<PeerMetrics>(r, world_size));
       mailboxes_.push_back(std::make_unique<Mailbox>(
           world_size, MailboxOptions{}, metrics_[r].get()));
       transports_.push_back(hub_.Connect(r, mailboxes_[r].get()));
-      if (pool_bytes > 0) {
-        pools_.push_back(std::make_unique<BufferPool>(pool_bytes, 1024));
-      }
       collectives_.push_back(std::make_unique<PeerCollective>(
           transports_[r].get(), mailboxes_[r].get(),
-          PeerCollectiveOptions{timeout,
-                                pool_bytes > 0 ? pools_[r].get() : nullptr},
-          metrics_[r].get()));
+          PeerCollectiveOptions{timeout}, metrics_[r].get()));
     }
   }
   InProcessHub& hub() { return hub_; }
-  BufferPool& pool(int rank) { return *pools_[rank]; }
   PeerCollective& collective(int rank) { return *collectives_[rank]; }
   double Waiting(int rank, int peer) const {
     return MetricValue(*metrics_[rank]->collectable(), "gradcomp_peer_waiting",
@@ -56,7 +46,6 @@ class Group {
 
  private:
   InProcessHub hub_;
-  std::vector<std::unique_ptr<BufferPool>> pools_;  // outlive the collectives
   std::vector<std::unique_ptr<PeerMetrics>> metrics_;
   std::vector<std::unique_ptr<Mailbox>> mailboxes_;
   std::vector<std::unique_ptr<Transport>> transports_;
@@ -212,51 +201,6 @@ TEST(PeerCollectiveTest, SumIntoTheRoundsBufferIsTheSameSumBitForBit) {
                 0)
           << "rank " << r << " tensor " << t;
     }
-  }
-}
-
-TEST(PeerCollectiveTest, PooledBuffersAreReusedAndTheSumsStayTheSame) {
-  constexpr int kW = 4, kTensors = 6;
-  constexpr uint64_t kCap = uint64_t{1} << 20;
-  Group pooled(kW, absl::Seconds(60), kCap);
-  Group plain(kW);
-  // fp32 and fp16 bodies, sizes not divisible by W.
-  auto make = [](int r, int t, int step) {
-    const size_t n = 2001 + 7 * t;
-    return t % 2 == 0
-               ? DensePayload(Values(r, t, step, n))
-               : DensePayload(Values(r, t, step, n), codecs::ElemType::kF16,
-                              codecs::CodecId::kFp16);
-  };
-  for (int step = 0; step < 3; ++step) {
-    std::vector<std::vector<std::vector<float>>> into(
-        kW, std::vector<std::vector<float>>(kTensors));
-    Results got = RunAll(pooled, kW, kTensors, step, [&](int r, int t) {
-      codecs::Round round{codecs::Collective::kSum, make(r, t, step)};
-      into[r][t].assign(2001 + 7 * t, 0.0f);
-      round.sum_into = absl::MakeSpan(into[r][t]);
-      return round;
-    });
-    Results expected = RunAll(plain, kW, kTensors, step, [&](int r, int t) {
-      return codecs::Round{codecs::Collective::kSum, make(r, t, step)};
-    });
-    for (int r = 0; r < kW; ++r) {
-      for (int t = 0; t < kTensors; ++t) {
-        ASSERT_TRUE(got[r][t].ok()) << got[r][t].status();
-        ASSERT_TRUE(expected[r][t].ok()) << expected[r][t].status();
-        EXPECT_EQ(std::memcmp(into[r][t].data(), expected[r][t]->sum.data(),
-                              into[r][t].size() * sizeof(float)),
-                  0)
-            << "rank " << r << " tensor " << t << " step " << step;
-      }
-    }
-  }
-  for (int r = 0; r < kW; ++r) {
-    // Payloads, received slices and summed slices went back to the pool,
-    // and later steps' summed slices were written into them.
-    EXPECT_GT(pooled.pool(r).reused(), 0u) << "rank " << r;
-    EXPECT_GT(pooled.pool(r).pooled_bytes(), 0u) << "rank " << r;
-    EXPECT_LE(pooled.pool(r).pooled_bytes(), kCap) << "rank " << r;
   }
 }
 

@@ -242,22 +242,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   std::string hash = PolicyHash(policy);
   auto snapshot = std::make_shared<const PolicySnapshot>(
       PolicySnapshot{std::move(policy), std::move(hash)});
-  auto engine = std::unique_ptr<Engine>(new Engine(
+  return std::unique_ptr<Engine>(new Engine(
       options, registry, store, collective, metrics, std::move(snapshot)));
-  if (options.buffers != nullptr) {
-    const uint64_t cap = options.buffers->max_pooled_bytes();
-    if (cap > options.memory_budget_bytes / 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the buffer pool's cap of ", cap, " bytes is more than half the ",
-          options.memory_budget_bytes,
-          "-byte memory budget; expected a smaller --buffer_pool_bytes or a "
-          "larger --memory_budget_bytes"));
-    }
-    GC_ASSIGN_OR_RETURN(
-        engine->pooled_,
-        engine->budget_.Reserve(cap, "the buffer pool", absl::ZeroDuration()));
-  }
-  return engine;
 }
 
 Engine::Engine(const EngineOptions& options,
@@ -650,7 +636,6 @@ codecs::StepContext Engine::StepContextOf(const ReduceInput& in) const {
   ctx.step = in.step;
   ctx.rank = collective_->rank();
   ctx.world_size = collective_->world_size();
-  ctx.payload_buffers = options_.buffers;
   return ctx;
 }
 

@@ -25,7 +25,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "base/buffer_pool.h"
 #include "codecs/codec.h"
 #include "codecs/registry.h"
 #include "codecs/state.h"
@@ -66,11 +65,6 @@ struct EngineOptions {
   uint64_t memory_budget_bytes = uint64_t{8} << 30;
   absl::Duration memory_wait = absl::Seconds(10);
   JobQuotaOptions quotas;
-  // May be null. Buffers kept across steps (dense payloads here; the peer
-  // collective's messages): the pool's whole cap is reserved from the memory
-  // budget for the engine's life, so that what it keeps always counts, and
-  // may be at most half of it. Must outlive the engine.
-  BufferPool* buffers = nullptr;
 };
 
 // A request's batch (gradcomp.proto ReduceBatch): members in any order.
@@ -255,8 +249,6 @@ class Engine {
   DeviceCodecs device_codecs_;
   DeclaredTensors declared_;
   MemoryBudget budget_;
-  // options_.buffers' cap, held while the engine lives.
-  MemoryBudget::Reservation pooled_;
   JobQuotas quotas_;
   GossipJobs gossip_;
   std::atomic<uint64_t> reduces_{0};

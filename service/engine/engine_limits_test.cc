@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "base/buffer_pool.h"
 #include "codecs/builtin.h"
 #include "codecs/state.h"
 #include "gmock/gmock.h"
@@ -148,36 +147,6 @@ TEST_F(EngineLimitsTest, CallersReservationGrowsByTheWorkingMemory) {
   EXPECT_EQ(InUse(), 4 * data.size());
   held->Release();
   EXPECT_EQ(InUse(), 0);
-}
-
-TEST_F(EngineLimitsTest, TheBufferPoolsCapIsHeldFromTheBudget) {
-  BufferPool buffers(256 << 10, /*min_buffer_bytes=*/1024);
-  EngineOptions options;
-  options.memory_budget_bytes = 1 << 20;
-  options.buffers = &buffers;
-  Build(options);
-  EXPECT_EQ(InUse(), 256 << 10);
-  const std::string data = Floats(64 * 64, 1);
-  auto served = engine_->Reduce(Square(data, 64));
-  ASSERT_TRUE(served.ok()) << served.status();
-  EXPECT_EQ(served->data, data);
-  EXPECT_EQ(buffers.taken(), 1u);  // the dense payload's buffer
-  EXPECT_EQ(InUse(), 256 << 10);
-  engine_.reset();
-  EXPECT_EQ(InUse(), 0);
-}
-
-TEST_F(EngineLimitsTest, ABufferPoolOverHalfTheBudgetIsRefused) {
-  BufferPool buffers(600 << 10);
-  EngineOptions options;
-  options.memory_budget_bytes = 1 << 20;
-  options.buffers = &buffers;
-  auto engine = Engine::Create(options, codecs::BuiltinCodecs(), &store_,
-                               &collective_, &metrics_, Policy());
-  ASSERT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(engine.status().message(),
-              HasSubstr("the buffer pool's cap of 614400 bytes is more than "
-                        "half the 1048576-byte memory budget"));
 }
 
 TEST_F(EngineLimitsTest, CodecStateCountsAgainstTheBudget) {

@@ -355,16 +355,8 @@ class GrpcTransport::Impl final : public grpc::Service {
               " bytes for tensor '", h.tensor(), "', over the ",
               options_.max_message_bytes, "-byte limit on peer messages"));
         }
-        // Up to 256 MiB ahead: the rest, if it comes, grows the buffer.
-        const size_t ahead = std::min<uint64_t>(total, uint64_t{256} << 20);
-        if (options_.buffers != nullptr) {
-          // A buffer of the last step's message of this size: no fresh
-          // pages to fault and clear.
-          buffer = options_.buffers->Take(ahead);
-        } else {
-          buffer.clear();
-          buffer.reserve(ahead);
-        }
+        buffer.clear();
+        buffer.reserve(std::min<uint64_t>(total, uint64_t{256} << 20));
         // A message of a large tensor's slice lands in fresh heap in the
         // first steps: 2 MiB pages fault 512 times less often.
         codecs::AdviseHugePages(buffer.data(), buffer.capacity());

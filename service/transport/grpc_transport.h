@@ -24,7 +24,6 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "base/buffer_pool.h"
 #include "service/metrics/peer_metrics.h"
 #include "service/peers/handshake.h"
 #include "service/transport/peer_credentials.h"
@@ -52,9 +51,6 @@ struct GrpcTransportOptions {
   // Plaintext unless set (MakePeerCredentials): both the listener and the
   // dialler use them, so a TLS daemon and a plaintext one never connect.
   PeerCredentials credentials;
-  // Where received messages' buffers come from (may be null: fresh ones);
-  // their consumer may give them back to it. Must outlive the transport.
-  BufferPool* buffers = nullptr;
 };
 
 class GrpcTransport : public Transport {

@@ -2,12 +2,10 @@
 
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "base/buffer_pool.h"
 #include "base/free_port.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -56,13 +54,6 @@ class Inbox : public Receiver {
     auto enough = [&]() { return messages_.size() >= n; };
     mu_.Await(absl::Condition(&enough));
     return messages_;
-  }
-  // Waits for `n` messages and moves them out (their buffers as received).
-  std::vector<Message> TakeMessages(size_t n) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [&]() { return messages_.size() >= n; };
-    mu_.Await(absl::Condition(&enough));
-    return std::exchange(messages_, {});
   }
   absl::Status WaitLost(int rank) {
     absl::MutexLock lock(&mu_);
@@ -113,7 +104,6 @@ class Cluster {
     options.peers = addresses_;
     options.chunk_bytes = 64 << 10;
     options.tamper_for_test = tamper_;
-    options.buffers = buffers_;
     const PeerIdentity identity = identities_[rank];
     auto transport = GrpcTransport::Create(
         options, [identity] { return identity; }, &inboxes_[rank],
@@ -123,8 +113,6 @@ class Cluster {
     return transports_[rank]->Start();
   }
   void Stop(int rank) { transports_[rank].reset(); }
-  // Transports started after this receive into buffers from `buffers`.
-  void UseBuffers(BufferPool* buffers) { buffers_ = buffers; }
   // Transports started after this change their chunks with `tamper`.
   void Tamper(decltype(GrpcTransportOptions::tamper_for_test) tamper) {
     tamper_ = std::move(tamper);
@@ -145,7 +133,6 @@ class Cluster {
   std::vector<std::unique_ptr<PeerMetrics>> metrics_;
   std::vector<PeerIdentity> identities_;
   decltype(GrpcTransportOptions::tamper_for_test) tamper_;
-  BufferPool* buffers_ = nullptr;
   // Last: transports stop before what they deliver into goes away.
   std::vector<std::unique_ptr<GrpcTransport>> transports_;
 };
@@ -187,37 +174,6 @@ TEST(GrpcTransportTest, MessagesOfAnySizeArriveWholeInOrder) {
                            {{"peer", "0"}, {"direction", "received"}}),
             big.size());
   EXPECT_EQ(cluster.Metric(2, "gradcomp_peers_up", {}), 2);
-}
-
-TEST(GrpcTransportTest, AMessageIsReceivedIntoAPooledBufferOfItsSize) {
-  BufferPool buffers(uint64_t{16} << 20);
-  Cluster cluster(2);
-  cluster.UseBuffers(&buffers);
-  for (int r = 0; r < 2; ++r) ASSERT_TRUE(cluster.Start(r).ok());
-  for (int r = 0; r < 2; ++r) {
-    ASSERT_TRUE(cluster.transport(r).WaitForPeers(Soon()).ok());
-  }
-  const MessageKey key{"job", "w", 3, 0, Phase::kAllgather};
-  std::string first(1024 * 1024 + 5, 'a');
-  ASSERT_TRUE(cluster.transport(0).Send(1, key, Data(first), Soon()).ok());
-  std::vector<Inbox::Message> got = cluster.inbox(1).TakeMessages(1);
-  ASSERT_EQ(got.size(), 1u);
-  EXPECT_TRUE(got[0].data == first);
-  EXPECT_GE(got[0].data.capacity(), BufferPool::SizeClass(first.size()));
-  const char* memory = got[0].data.data();
-  buffers.Give(std::move(got[0].data));
-
-  // The next message of that size lands in the same memory, whole.
-  std::string second(first.size(), '\0');
-  for (size_t i = 0; i < second.size(); ++i) {
-    second[i] = static_cast<char>(i * 13);
-  }
-  ASSERT_TRUE(cluster.transport(0).Send(1, key, Data(second), Soon()).ok());
-  got = cluster.inbox(1).TakeMessages(1);
-  ASSERT_EQ(got.size(), 1u);
-  EXPECT_EQ(got[0].data.data(), memory);
-  EXPECT_TRUE(got[0].data == second);
-  EXPECT_EQ(buffers.reused(), 1u);
 }
 
 TEST(GrpcTransportTest, AMessageOverTheLimitEndsTheStreamUnbuffered) {

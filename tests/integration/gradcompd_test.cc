@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <future>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <random>
@@ -469,6 +470,47 @@ TEST(GradcompctlInfoTest, ShowsTheEffectiveConfigAndPolicy) {
   EXPECT_THAT(text.str(), HasSubstr("\"seed\": \"9\""));
   EXPECT_THAT(text.str(), HasSubstr("--collective_timeout=7s"));
   EXPECT_THAT(text.str(), HasSubstr("dense_below_numel: 1024"));
+}
+
+// The daemon's environment, NUL-separated entries.
+std::vector<std::string> EnvironmentOf(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/environ"), std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(in)),
+                  std::istreambuf_iterator<char>());
+  return absl::StrSplit(all, '\0', absl::SkipEmpty());
+}
+
+// gradcompd restarts itself with glibc's heap on transparent huge pages
+// (service/main.cc), keeping whatever other tunables it was given.
+TEST_F(GradcompdTest, TheDaemonRunsWithItsHeapOnHugePages) {
+  const char* given = std::getenv("GLIBC_TUNABLES");
+  if (given != nullptr && absl::StrContains(given, "glibc.malloc.hugetlb")) {
+    GTEST_SKIP() << "this test's environment chose glibc.malloc.hugetlb";
+  }
+  const std::string expected =
+      given == nullptr || *given == '\0'
+          ? "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"
+          : absl::StrCat("GLIBC_TUNABLES=", given, ":glibc.malloc.hugetlb=1");
+  EXPECT_THAT(EnvironmentOf(daemon_->pid()), ::testing::Contains(expected));
+}
+
+TEST(GradcompdHugePagesTest, ACallersChoiceOfTheHeapsPagesIsKept) {
+  absl::StatusOr<std::string> binary = DaemonBinary();
+  ASSERT_TRUE(binary.ok()) << binary.status();
+  const char* given = std::getenv("GLIBC_TUNABLES");
+  const std::string saved = given == nullptr ? "" : given;
+  setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0", 1);
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon =
+      DaemonProcess::Start(*binary, {});
+  if (given == nullptr) {
+    unsetenv("GLIBC_TUNABLES");
+  } else {
+    setenv("GLIBC_TUNABLES", saved.c_str(), 1);
+  }
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  EXPECT_THAT(EnvironmentOf((*daemon)->pid()),
+              ::testing::Contains("GLIBC_TUNABLES=glibc.malloc.hugetlb=0"));
+  EXPECT_EQ((*daemon)->Stop(), 0) << (*daemon)->Log();
 }
 
 }  // namespace
