@@ -3,7 +3,7 @@
 
 What the product gossips is models, so this is the data that matters most:
 W copies of a small MLP (784 -> 56 -> 56 -> 10, ReLU) start from one common
-initialisation (seed 0) and each takes STEPS plain SGD steps on its own
+initialisation (torch seed SEED, default 0) and each takes STEPS plain SGD steps on its own
 disjoint shard of the Fashion-MNIST training set (worker i: the i-th of W
 contiguous blocks of the first W * SHARD images). Each worker's fc2.weight,
 a 56 x 56 matrix like the bench's other data, is written to OUT: the bytes
@@ -47,8 +47,9 @@ def mlp() -> torch.nn.Sequential:
         torch.nn.Linear(HIDDEN, 10))
 
 
-def train(workers: int, steps: int, batch: int, lr: float) -> List[np.ndarray]:
-    torch.manual_seed(0)
+def train(workers: int, steps: int, batch: int, lr: float,
+          seed: int) -> List[np.ndarray]:
+    torch.manual_seed(seed)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     images = torch.from_numpy(
@@ -83,8 +84,10 @@ def main(argv: List[str]) -> int:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="torch seed of the common initialisation")
     args = parser.parse_args(argv[1:])
-    xs = train(args.workers, args.steps, args.batch, args.lr)
+    xs = train(args.workers, args.steps, args.batch, args.lr, args.seed)
     rows, cols = xs[0].shape
     with open(args.out, "wb") as f:
         f.write(b"GCWT" + struct.pack("<3i", len(xs), rows, cols))
