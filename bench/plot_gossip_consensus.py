@@ -138,6 +138,14 @@ def recount(runs: Runs, side: int, accounting: str) -> Runs:
     return out
 
 
+def print_header(columns: List[str], level_label: str) -> None:
+    """A markdown table's header: `columns`, then one right-aligned column
+    per distance in LEVELS, named `level_label` and the distance."""
+    print("| " + " | ".join(columns) + " | " +
+          " | ".join(f"{level_label}{lv:g}" for lv in LEVELS) + " |")
+    print("|" + " --- |" * len(columns) + " ---: |" * len(LEVELS))
+
+
 def print_seed_spread(runs: Runs) -> None:
     """For runs from several starts (data "random-seed<k>"): per topology
     and PowerGossip method, the ratio to the best baseline at each level
@@ -152,9 +160,7 @@ def print_seed_spread(runs: Runs) -> None:
     print()
     print(f"Over {len(seeds)} starts ({', '.join(seeds)}): PowerGossip's "
           "bytes / the best baseline's, median [min, max], wins")
-    print("| topology | method | " +
-          " | ".join(f"to {lv:g}" for lv in LEVELS) + " |")
-    print("| --- | --- |" + " ---: |" * len(LEVELS))
+    print_header(["topology", "method"], "to ")
     for (topology, pg), rows in sorted(by.items()):
         cells = []
         for i in range(len(LEVELS)):
@@ -219,9 +225,7 @@ def main(argv: List[str]) -> int:
     fig.tight_layout()
     fig.savefig(argv[2], dpi=100)
 
-    print("| data | topology | method | " +
-          " | ".join(f"KB to {lv:g}" for lv in LEVELS) + " |")
-    print("| --- | --- | --- |" + " ---: |" * len(LEVELS))
+    print_header(["data", "topology", "method"], "KB to ")
     for key in keys:
         for method, points in sorted(runs[key].items()):
             cells = [kb(bytes_to(points, lv)) for lv in LEVELS]
@@ -231,9 +235,7 @@ def main(argv: List[str]) -> int:
     print()
     print("PowerGossip's bytes / the best baseline's (exact gossip or any "
           "Choco run), < 1: PowerGossip needs fewer")
-    print("| data | topology | method | " +
-          " | ".join(f"to {lv:g}" for lv in LEVELS) + " |")
-    print("| --- | --- | --- |" + " ---: |" * len(LEVELS))
+    print_header(["data", "topology", "method"], "to ")
     for key in keys:
         methods = runs[key]
         for pg in sorted(m for m in methods
@@ -253,9 +255,7 @@ def main(argv: List[str]) -> int:
         print()
         print(f"PowerGossip's bytes / the best baseline's, {accounting} "
               "count / ours (wire)")
-        print("| data | topology | method | " +
-              " | ".join(f"to {lv:g}" for lv in LEVELS) + " |")
-        print("| --- | --- | --- |" + " ---: |" * len(LEVELS))
+        print_header(["data", "topology", "method"], "to ")
         for key in keys:
             for pg in sorted(m for m in runs[key]
                              if m.startswith("powergossip")):
