@@ -21,6 +21,18 @@ import train
 SKIPPED_ROWS = ("gradcomp efsign", "gradcomp none")
 
 
+def demo_rows(steps: int, workers: int, train_limit: int,
+              test_limit: int) -> list[tuple[str, train.RunSpec]]:
+    """(label, spec) of every row the demo trains: the convergence table's
+    rows less SKIPPED_ROWS, each for one epoch of `train_limit` images on
+    `workers` workers, tested on `test_limit` images."""
+    return [(label, dataclasses.replace(spec, workers=workers, epochs=1,
+                                        train_limit=train_limit,
+                                        test_limit=test_limit))
+            for label, spec, _ in table.rows(steps)
+            if label not in SKIPPED_ROWS]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workers", type=int, default=2)
@@ -34,12 +46,8 @@ def main() -> int:
           f"images = {steps} steps, test on {args.test_limit} images")
     print(f"{'row':<30} {'accuracy':>9} {'KiB/step':>9} {'dense/this':>11} "
           f"{'step ms':>8}")
-    for label, spec in table.rows(steps):
-        if label in SKIPPED_ROWS:
-            continue
-        spec = dataclasses.replace(spec, workers=args.workers, epochs=1,
-                                   train_limit=args.train_limit,
-                                   test_limit=args.test_limit)
+    for label, spec in demo_rows(steps, args.workers, args.train_limit,
+                                 args.test_limit):
         result = train.run(spec)
         print(f"{label:<30} {100 * result.accuracy[-1]:>8.1f}% "
               f"{result.bytes_per_step / 1024:>9.1f} "
