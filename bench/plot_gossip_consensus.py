@@ -28,6 +28,7 @@ the paper's ring looks better").
         [--accounting=wire|bodies|paper]
 """
 import csv
+import math
 import sys
 from collections import defaultdict
 from typing import Dict, List, Tuple
@@ -240,14 +241,9 @@ def main(argv: List[str]) -> int:
         methods = runs[key]
         for pg in sorted(m for m in methods
                          if m.startswith("powergossip")):
-            cells = []
-            for lv in LEVELS:
-                base = min(bytes_to(p, lv) for m, p in methods.items()
-                           if not m.startswith("powergossip"))
-                mine = bytes_to(methods[pg], lv)
-                cells.append("-" if mine == float("inf") else
-                             "inf (no baseline)" if base == float("inf")
-                             else f"{mine / base:.2f}")
+            cells = ["-" if r == float("inf") else
+                     "inf (no baseline)" if math.isnan(r) else f"{r:.2f}"
+                     for r in ratios(methods, pg)]
             print(f"| {key[0]} | {key[1]} | "
                   f"{label(pg, gammas[key + (pg,)], side)} | "
                   + " | ".join(cells) + " |")
