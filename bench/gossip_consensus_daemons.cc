@@ -18,7 +18,9 @@
 //
 // (a third argument: bench/gossip_weights.py's file, if not the default;
 // --workers=N: N daemons, for an in-process CSV run with --workers=N, whose
-// data are named "<data>-w<N>").
+// data are named "<data>-w<N>"; --side=SIDE: SIDE x SIDE random matrices,
+// for the CSV of `gossip_consensus OUT SIDE`, whose data are named "random"
+// as at 56 x 56).
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -60,7 +62,8 @@ using Tensors = std::vector<std::vector<float>>;
 bool Run(std::vector<std::unique_ptr<client::Client>>& clients,
          const Tensors& start, const std::string& job, const std::string& data,
          const std::string& topology, const std::string& method,
-         const v1::GossipSpec& spec, FILE* out) {
+         const std::vector<int64_t>& shape, const v1::GossipSpec& spec,
+         FILE* out) {
   const int workers = static_cast<int>(clients.size());
   Tensors xs = start;
   const double d0 = ConsensusDistance(xs);
@@ -79,8 +82,7 @@ bool Run(std::vector<std::unique_ptr<client::Client>>& clients,
     for (int r = 0; r < workers; ++r) {
       threads.emplace_back([&, r] {
         for (int64_t s = step; s < next && errors[r].empty(); ++s) {
-          auto got =
-              clients[r]->Gossip(job, "x", s, xs[r], {kRows, kCols}, spec);
+          auto got = clients[r]->Gossip(job, "x", s, xs[r], shape, spec);
           if (!got.ok()) {
             errors[r] = got.status().ToString();
             return;
@@ -143,16 +145,19 @@ Gammas ReadGammas(const char* path) {
 int Usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s IN_PROCESS_CSV OUT_CSV [WEIGHTS_FILE] [--workers=N] "
-               "(the first from bench/gossip_consensus.cc, for the tuned "
-               "steps; the weights bench/gossip_weights.py's, default %s; "
-               "N daemons, default %d, for a CSV run with --workers=N)\n",
-               argv0, bench::kWeightsFile, kW);
+               "[--side=SIDE] (the first from bench/gossip_consensus.cc, for "
+               "the tuned steps; the weights bench/gossip_weights.py's, "
+               "default %s; N daemons, default %d, for a CSV run with "
+               "--workers=N; SIDE x SIDE random matrices, default %d x %d, "
+               "for a CSV run with SIDE)\n",
+               argv0, bench::kWeightsFile, kW, kRows, kCols);
   return 2;
 }
 
 int Main(int argc, char** argv) {
   std::vector<std::string> args;
   int workers = 0;
+  int side = 0;
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (absl::ConsumePrefix(&arg, "--workers=")) {
@@ -161,11 +166,25 @@ int Main(int argc, char** argv) {
                      std::string(arg).c_str());
         return Usage(argv[0]);
       }
+    } else if (absl::ConsumePrefix(&arg, "--side=")) {
+      if (!absl::SimpleAtoi(arg, &side) || side < 2) {
+        std::fprintf(stderr, "--side=%s: expected an integer >= 2\n",
+                     std::string(arg).c_str());
+        return Usage(argv[0]);
+      }
     } else {
       args.push_back(std::string(arg));
     }
   }
   if (args.size() != 2 && args.size() != 3) return Usage(argv[0]);
+  // As bench/gossip_consensus.cc, which runs SIDE on W = 8 only.
+  if (side > 0 && workers > 0) {
+    std::fprintf(stderr, "--side and --workers: a CSV has at most one\n");
+    return Usage(argv[0]);
+  }
+  const int rows = side > 0 ? side : kRows;
+  const int cols = side > 0 ? side : kCols;
+  const std::vector<Method> methods = bench::AllMethods(rows, cols);
   const std::string weights_file =
       args.size() == 3 ? args[2] : bench::kWeightsFile;
   // bench/gossip_consensus.cc names the data of a --workers=N run
@@ -191,7 +210,17 @@ int Main(int argc, char** argv) {
         })) {
       continue;
     }
-    absl::StatusOr<Tensors> start = bench::Start(data, weights_file, workers);
+    if (side > 0 && data != Data::kRandom) {
+      std::fprintf(stderr,
+                   "%s holds %s data: a CSV of `gossip_consensus OUT SIDE` "
+                   "holds random data only\n",
+                   args[0].c_str(), name.c_str());
+      return 1;
+    }
+    // gossip_consensus OUT SIDE starts from StartRandom(SIDE, SIDE).
+    absl::StatusOr<Tensors> start =
+        side > 0 ? bench::StartRandom(side, side)
+                 : bench::Start(data, weights_file, workers);
     if (!start.ok()) {
       std::fprintf(stderr, "%s\n", start.status().ToString().c_str());
       return 1;
@@ -208,6 +237,22 @@ int Main(int argc, char** argv) {
             ? " of W = 8"
             : absl::StrCat(" of a --workers=", workers, " run").c_str());
     return 1;
+  }
+  // A run of the CSV that no method here names (Choco's k depends on the
+  // side) would be left out: the CSV is of another size.
+  for (const auto& [run, gamma] : gammas) {
+    const auto& [name, topology, method] = run;
+    if (std::any_of(starts.begin(), starts.end(),
+                    [&](const auto& s) { return s.first == name; }) &&
+        std::none_of(methods.begin(), methods.end(),
+                     [&](const Method& m) { return m.name == method; })) {
+      std::fprintf(stderr,
+                   "%s: %s %s %s is no method at %d x %d: for a CSV of "
+                   "`gossip_consensus OUT SIDE`, pass --side=SIDE\n",
+                   args[0].c_str(), name.c_str(), topology.c_str(),
+                   method.c_str(), rows, cols);
+      return 1;
+    }
   }
   FILE* out = std::fopen(args[1].c_str(), "w");
   if (out == nullptr) {
@@ -229,7 +274,7 @@ int Main(int argc, char** argv) {
                "data,topology,method,gamma,step,bytes_per_worker,distance\n");
   for (const auto& [name, start] : starts) {
     for (const std::string& topology : topologies) {
-      for (const Method& method : bench::AllMethods(kRows, kCols)) {
+      for (const Method& method : methods) {
         auto gamma = gammas.find({name, topology, method.name});
         if (gamma == gammas.end()) continue;
         v1::GossipSpec spec;
@@ -245,12 +290,13 @@ int Main(int argc, char** argv) {
             break;
           case Method::Kind::kChoco:
             spec.set_choco_topk_fraction(static_cast<double>(method.k) /
-                                         (kRows * kCols));
+                                         (rows * cols));
             break;
         }
         const std::string job =
             absl::StrCat(name, "-", topology, "-", method.name);
-        if (!Run(clients, start, job, name, topology, method.name, spec, out)) {
+        if (!Run(clients, start, job, name, topology, method.name, {rows, cols},
+                 spec, out)) {
           return 1;
         }
         std::fflush(out);
