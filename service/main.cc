@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -476,6 +477,16 @@ void RestartWithHugePageHeap(char** argv) {
                                 ? absl::StrCat(kTunable, "=1")
                                 : absl::StrCat(tunables, ":", kTunable, "=1");
   if (setenv("GLIBC_TUNABLES", value.c_str(), 1) != 0) return;
+  // By the binary's own path: the kernel names a process after the file it
+  // executes, and ps, top and pgrep should show gradcompd, not "exe". A
+  // binary replaced on disk since it started has lost that path (it reads
+  // "... (deleted)"); /proc/self/exe still reaches it.
+  char path[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n > 0) {
+    path[n] = '\0';
+    execv(path, argv);
+  }
   execv("/proc/self/exe", argv);
   std::fprintf(stderr,
                "gradcompd: could not restart with %s=1 (%s); the heap stays "

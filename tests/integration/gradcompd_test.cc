@@ -2,6 +2,7 @@
 // client: health, GetInfo, every codec, bad requests, /metrics.
 #include <sys/wait.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -492,6 +493,22 @@ TEST_F(GradcompdTest, TheDaemonRunsWithItsHeapOnHugePages) {
           ? "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"
           : absl::StrCat("GLIBC_TUNABLES=", given, ":glibc.malloc.hugetlb=1");
   EXPECT_THAT(EnvironmentOf(daemon_->pid()), ::testing::Contains(expected));
+}
+
+// The restart executes the binary by its path, so the process keeps its
+// name (ps, top, pgrep): the kernel's comm, the binary's file name (links
+// resolved) cut to 15 bytes, not "exe" as an exec of /proc/self/exe would
+// leave it.
+TEST_F(GradcompdTest, TheRestartedDaemonKeepsItsName) {
+  absl::StatusOr<std::string> binary = DaemonBinary();
+  ASSERT_TRUE(binary.ok()) << binary.status();
+  char resolved[PATH_MAX];
+  ASSERT_NE(realpath(binary->c_str(), resolved), nullptr) << *binary;
+  const std::string path = resolved;
+  std::ifstream in(absl::StrCat("/proc/", daemon_->pid(), "/comm"));
+  std::string comm;
+  std::getline(in, comm);
+  EXPECT_EQ(comm, path.substr(path.rfind('/') + 1, 15));
 }
 
 TEST(GradcompdHugePagesTest, ACallersChoiceOfTheHeapsPagesIsKept) {
