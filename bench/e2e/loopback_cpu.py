@@ -8,9 +8,10 @@ Starts 4 daemons peered over 127.0.0.1 and 4 tests/e2e/worker.py clients,
 each reducing the ResNet-50 gradient set over one ReduceStream per step
 (the workload of bench/run_e2e_bench without the namespaces, so no root).
 Prints, per codec, the median over the timed steps (step 0 is warm-up) of
-the CPU seconds each daemon and each client spent in the step, averaged
-over the 4 ranks, and the slowest rank's wall time; and the daemons' peak
-resident memory and minor page faults over the whole run. On a shared machine
+the CPU seconds each daemon and each client spent in the step and the
+daemon's context switches in it (every thread's, voluntary and not),
+averaged over the 4 ranks, and the slowest rank's wall time; and the
+daemons' peak resident memory and minor page faults over the whole run. On a shared machine
 compare the CPU seconds, not the wall time: the wall time moves with
 whatever else runs. $GRADCOMPD picks another daemon binary and --daemon_arg
 adds flags to every daemon, for A/B runs of two builds or settings; the
@@ -110,8 +111,9 @@ def main() -> int:
     faults = statistics.mean(m["minor_faults"] for m in memory)
     print(f"daemons over the run (mean of the {W}): peak RSS {peak:.0f} MiB, "
           f"{faults:.0f} minor page faults")
-    print("| codec | daemon CPU s / step | client CPU s / step | step wall s |")
-    print("| --- | ---: | ---: | ---: |")
+    print("| codec | daemon CPU s / step | daemon context switches / step "
+          "| client CPU s / step | step wall s |")
+    print("| --- | ---: | ---: | ---: | ---: |")
     summary = {}
     for codec in args.codecs.split(","):
         steps = [[s for s in r["steps"] if s["codec"] == codec and s["step"] > 0]
@@ -121,10 +123,14 @@ def main() -> int:
             statistics.mean(steps[r][k]["daemon_cpu_s"] for r in range(W)) for k in range(n))
         client = statistics.median(
             statistics.mean(steps[r][k]["client_cpu_s"] for r in range(W)) for k in range(n))
+        switches = statistics.median(
+            statistics.mean(steps[r][k]["daemon_switches"] for r in range(W))
+            for k in range(n))
         wall = statistics.median(max(steps[r][k]["wall_s"] for r in range(W))
                                  for k in range(n))
-        summary[codec] = {"daemon_cpu_s": daemon, "client_cpu_s": client, "wall_s": wall}
-        print(f"| {codec} | {daemon:.2f} | {client:.2f} | {wall:.2f} |")
+        summary[codec] = {"daemon_cpu_s": daemon, "daemon_switches": switches,
+                          "client_cpu_s": client, "wall_s": wall}
+        print(f"| {codec} | {daemon:.2f} | {switches:.0f} | {client:.2f} | {wall:.2f} |")
     (work / "summary.json").write_text(json.dumps(
         {"io": args.io, "daemon": binary, "daemon_args": args.daemon_arg,
          "load_before": load_before, "load_after": load_after,

@@ -9,7 +9,7 @@ as gradcomp.demo does, and records per step:
     and gradcomp_wire_bytes_total{codec},
   - the growth of the bytes this host's eth0 qdisc put on the link,
   - the step's wall time, and the CPU seconds this client and (with
-    --daemon_pid) its daemon spent in it.
+    --daemon_pid) its daemon spent in it, and the daemon's context switches.
 Tensors go to the daemon inline over gRPC (--io inline) or through one
 shared-memory region holding every input and output (--io shm, the daemon
 needs --allow_client_shm): the client then copies no tensor bytes.
@@ -76,6 +76,22 @@ def cpu_seconds(pid: int | None) -> float:
         return time.process_time()
     fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def context_switches(pid: int | None) -> int | None:
+    """Voluntary and involuntary context switches of every live thread of
+    process `pid` (None: not recorded). A thread that has exited takes its
+    count with it, so compare steps of a daemon whose threads persist."""
+    if pid is None:
+        return None
+    total = 0
+    for status in pathlib.Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            text = status.read_text()
+        except FileNotFoundError:  # the thread exited while we listed
+            continue
+        total += sum(int(n) for n in re.findall(r"ctxt_switches:\s+(\d+)", text))
+    return total
 
 
 class ShmIO:
@@ -164,6 +180,7 @@ def main() -> int:
             before = settled(args.metrics_url)
             q0 = qdisc_sent(args.qdisc_dev)
             c0, d0 = cpu_seconds(None), cpu_seconds(args.daemon_pid)
+            s0 = context_switches(args.daemon_pid)
             t0 = time.perf_counter()
             if shm is None:
                 out = {name: st for name, (_, st) in client.reduce_many(
@@ -174,6 +191,7 @@ def main() -> int:
                                              params=CODECS[codec], job=f"e2e-{codec}")
             wall = time.perf_counter() - t0
             c1, d1 = cpu_seconds(None), cpu_seconds(args.daemon_pid)
+            s1 = context_switches(args.daemon_pid)
             barrier.wait(f"done.{tag}")
             after = settled(args.metrics_url)
             q1 = qdisc_sent(args.qdisc_dev)
@@ -189,6 +207,7 @@ def main() -> int:
                 "codec": codec, "step": step, "wall_s": wall,
                 "client_cpu_s": c1 - c0,
                 "daemon_cpu_s": d1 - d0 if args.daemon_pid is not None else None,
+                "daemon_switches": s1 - s0 if s0 is not None else None,
                 "qdisc_sent": q1 - q0,
                 "counters": {k: after.get(k, 0) - before.get(k, 0) for k in after},
                 "tensors": tensors})
