@@ -2,18 +2,19 @@
 
     PYTHONPATH=client/python /usr/bin/python3 bench/e2e/loopback_cpu.py \\
         [--codecs none,qsgd] [--steps 4] [--io shm|inline] [--base_port 21100] \\
-        [--daemon_arg=--error_sample_rate=1 ...]
+        [--daemon_arg=--error_sample_rate=1 ...] [--local]
 
 Starts 4 daemons peered over 127.0.0.1 and 4 tests/e2e/worker.py clients,
 each reducing the ResNet-50 gradient set over one ReduceStream per step
-(the workload of bench/run_e2e_bench without the namespaces, so no root).
-Prints, per codec, the median over the timed steps (step 0 is warm-up) of
-the CPU seconds each daemon and each client spent in the step and the
-daemon's context switches in it (every thread's, voluntary and not),
-averaged over the 4 ranks, and the slowest rank's wall time; and the
-daemons' peak resident memory and minor page faults over the whole run. On a shared machine
-compare the CPU seconds, not the wall time: the wall time moves with
-whatever else runs. $GRADCOMPD picks another daemon binary and --daemon_arg
+(the workload of bench/run_e2e_bench without the namespaces, so no root);
+with --local the 4 daemons are unpeered (world size 1 each), for the same
+machine load without the peer part. Prints, per codec, the median over the
+timed steps (step 0 is warm-up) of the CPU seconds each daemon and each
+client spent in the step and the daemon's context switches in it (every
+thread's, voluntary and not), averaged over the 4 ranks, and the slowest
+rank's wall time; and the daemons' peak resident memory and minor page
+faults over the whole run. On a shared machine compare the CPU seconds,
+not the wall time: the wall time moves with whatever else runs. $GRADCOMPD picks another daemon binary and --daemon_arg
 adds flags to every daemon, for A/B runs of two builds or settings; the
 daemons inherit the environment, so GLIBC_TUNABLES=glibc.malloc.hugetlb=0
 runs them with their heap on 4 KiB pages (docs/daemon.md, Limits).
@@ -59,6 +60,9 @@ def main() -> int:
                    "connection may already hold a port")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--out", default=None, help="keep logs and results here")
+    p.add_argument("--local", action="store_true",
+                   help="4 unpeered daemons (world size 1 each): the same "
+                   "machine load without the peer part")
     p.add_argument("--daemon_arg", action="append", default=[],
                    help="one more gradcompd flag (repeatable)")
     args = p.parse_args()
@@ -78,16 +82,19 @@ def main() -> int:
     daemons, workers = [], []
     try:
         for i in range(W):
+            membership = (["--world_size=1"] if args.local else
+                          [f"--rank={i}", f"--world_size={W}", f"--peers={peers}"])
             daemons.append(subprocess.Popen(
-                [binary, f"--rank={i}", f"--world_size={W}", f"--peers={peers}",
-                 f"--listen=127.0.0.1:{api[i]}", f"--metrics_listen=127.0.0.1:{mon[i]}",
+                [binary, *membership, f"--listen=127.0.0.1:{api[i]}",
+                 f"--metrics_listen=127.0.0.1:{mon[i]}",
                  "--collective_timeout=120s", "--peer_startup_timeout=60s",
                  "--allow_client_shm", *args.daemon_arg],
                 stdout=open(work / f"gradcompd.{i}.log", "wb"), stderr=subprocess.STDOUT))
         for i in range(W):
             workers.append(subprocess.Popen(
                 ["/usr/bin/python3", str(REPO / "tests/e2e/worker.py"), f"--rank={i}",
-                 f"--world_size={W}", f"--target=127.0.0.1:{api[i]}",
+                 f"--world_size={W}", f"--peers_up={0 if args.local else W - 1}",
+                 f"--target=127.0.0.1:{api[i]}",
                  f"--metrics_url=http://127.0.0.1:{mon[i]}/metrics",
                  f"--barrier_dir={barriers}", f"--steps={args.steps}",
                  f"--codecs={args.codecs}", f"--io={args.io}", "--qdisc_dev=",
@@ -104,7 +111,8 @@ def main() -> int:
         e2e_bench.stop(daemons)
     results = [json.loads((work / f"worker.{i}.json").read_text()) for i in range(W)]
     load_after = e2e_bench.load_average()
-    print(f"daemon {binary} {' '.join(args.daemon_arg)}")
+    print(f"daemon {binary} {' '.join(args.daemon_arg)}"
+          f"{' (4 unpeered daemons: --local)' if args.local else ''}")
     print(f"io {args.io}; 1-minute load {load_before:.1f} before, {load_after:.1f} after; "
           f"logs in {work}")
     peak = statistics.mean(m["peak_rss_mib"] for m in memory)
@@ -132,7 +140,8 @@ def main() -> int:
                           "client_cpu_s": client, "wall_s": wall}
         print(f"| {codec} | {daemon:.2f} | {switches:.0f} | {client:.2f} | {wall:.2f} |")
     (work / "summary.json").write_text(json.dumps(
-        {"io": args.io, "daemon": binary, "daemon_args": args.daemon_arg,
+        {"io": args.io, "local": args.local, "daemon": binary,
+         "daemon_args": args.daemon_arg,
          "load_before": load_before, "load_after": load_after,
          "daemon_peak_rss_mib": peak, "daemon_minor_faults": faults,
          "codecs": summary}, indent=1))
