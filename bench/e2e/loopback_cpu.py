@@ -2,13 +2,16 @@
 
     PYTHONPATH=client/python /usr/bin/python3 bench/e2e/loopback_cpu.py \\
         [--codecs none,qsgd] [--steps 4] [--io shm|inline] [--base_port 21100] \\
-        [--daemon_arg=--error_sample_rate=1 ...] [--local]
+        [--daemon_arg=--error_sample_rate=1 ...] [--local] [--bucket_mib 25]
 
 Starts 4 daemons peered over 127.0.0.1 and 4 tests/e2e/worker.py clients,
 each reducing the ResNet-50 gradient set over one ReduceStream per step
 (the workload of bench/run_e2e_bench without the namespaces, so no root);
 with --local the 4 daemons are unpeered (world size 1 each), for the same
-machine load without the peer part. Prints, per codec, the median over the
+machine load without the peer part, and with --bucket_mib the clients
+reduce the gradients flattened into groups of that many MiB, for the same
+bytes in fewer messages (docs/benchmarks.md, "Where a top-k step's context
+switches go"). Prints, per codec, the median over the
 timed steps (step 0 is warm-up) of the CPU seconds each daemon and each
 client spent in the step and the daemon's context switches in it (every
 thread's, voluntary and not), averaged over the 4 ranks, and the slowest
@@ -63,6 +66,9 @@ def main() -> int:
     p.add_argument("--local", action="store_true",
                    help="4 unpeered daemons (world size 1 each): the same "
                    "machine load without the peer part")
+    p.add_argument("--bucket_mib", type=float, default=0,
+                   help="clients reduce the gradients in flattened groups of "
+                   "this many MiB (tests/e2e/worker.py); 0: one tensor each")
     p.add_argument("--daemon_arg", action="append", default=[],
                    help="one more gradcompd flag (repeatable)")
     args = p.parse_args()
@@ -99,7 +105,8 @@ def main() -> int:
                  f"--barrier_dir={barriers}", f"--steps={args.steps}",
                  f"--codecs={args.codecs}", f"--io={args.io}", "--qdisc_dev=",
                  f"--daemon_pid={daemons[i].pid}", "--rpc_timeout=300",
-                 "--barrier_timeout=300", f"--out={work / f'worker.{i}.json'}"],
+                 "--barrier_timeout=300", f"--bucket_mib={args.bucket_mib}",
+                 f"--out={work / f'worker.{i}.json'}"],
                 env=env, stdout=open(work / f"worker.{i}.log", "wb"),
                 stderr=subprocess.STDOUT))
         e2e_bench.wait_all(workers, daemons, args.timeout, "loopback")

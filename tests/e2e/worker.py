@@ -78,6 +78,22 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def buckets(grads: dict[str, np.ndarray], bucket_mib: float) -> dict[str, np.ndarray]:
+    """The gradients flattened into consecutive groups of at least
+    `bucket_mib` MiB each (the last may be smaller), as DDP's buckets: one
+    tensor per group, named after its first member."""
+    out, names, size = {}, [], 0
+    for name, g in grads.items():
+        names.append(name)
+        size += g.nbytes
+        if size >= bucket_mib * 2**20:
+            out[f"bucket.{names[0]}"] = np.concatenate([grads[n].ravel() for n in names])
+            names, size = [], 0
+    if names:
+        out[f"bucket.{names[0]}"] = np.concatenate([grads[n].ravel() for n in names])
+    return out
+
+
 def context_switches(pid: int | None) -> int | None:
     """Voluntary and involuntary context switches of every live thread of
     process `pid` (None: not recorded). A thread that has exited takes its
@@ -157,11 +173,17 @@ def main() -> int:
                    help="device whose qdisc counts link bytes; empty: none")
     p.add_argument("--daemon_pid", type=int, default=None,
                    help="the daemon's pid, to record its CPU seconds per step")
+    p.add_argument("--bucket_mib", type=float, default=0,
+                   help="reduce the gradients flattened into groups of this "
+                   "many MiB (DDP's buckets) instead of one tensor each; 0: "
+                   "one tensor each")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
     barrier = Barrier(args.barrier_dir, args.rank, args.world_size, args.barrier_timeout)
     grads = resnet50.synthetic_gradients(args.rank)
+    if args.bucket_mib > 0:
+        grads = buckets(grads, args.bucket_mib)
     client = Client(args.target, timeout=args.rpc_timeout)
     # Health turns SERVING only when every peer is connected and handshaken.
     deadline = time.monotonic() + 60
