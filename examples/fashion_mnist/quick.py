@@ -9,7 +9,9 @@ efsign and `none`, warmed up over the first quarter of the epoch (the
 table warms up over its whole first epoch). Prints test accuracy, bytes
 each worker sends per step and step time per row, and writes nothing. The
 full comparison, with every row and more epochs, is run_table
-(docs/convergence.md).
+(docs/convergence.md). --seed and --rows (e.g. powersgd,powerSGD) train
+other seeds and a subset of the rows: one epoch varies a lot from seed to
+seed (docs/convergence.md, "PowerSGD in the one-epoch demo").
 """
 from __future__ import annotations
 
@@ -24,16 +26,19 @@ SKIPPED_ROWS = ("gradcomp efsign", "gradcomp none")
 
 
 def demo_rows(warmup_steps: int, workers: int, train_limit: int,
-              test_limit: int) -> list[tuple[str, train.RunSpec]]:
+              test_limit: int, seed: int = 0,
+              words: list[str] | None = None) -> list[tuple[str, train.RunSpec]]:
     """(label, spec) of every row the demo trains: the convergence table's
     rows less SKIPPED_ROWS, their warm-up `warmup_steps` long, each for one
-    epoch of `train_limit` images on `workers` workers, tested on
-    `test_limit` images."""
+    epoch of `train_limit` images on `workers` workers with `seed`, tested
+    on `test_limit` images; with `words`, only the rows whose label holds
+    one of them."""
     return [(label, dataclasses.replace(spec, workers=workers, epochs=1,
                                         train_limit=train_limit,
-                                        test_limit=test_limit))
+                                        test_limit=test_limit, seed=seed))
             for label, spec, _ in table.rows(warmup_steps)
-            if label not in SKIPPED_ROWS]
+            if label not in SKIPPED_ROWS
+            and (not words or any(w in label for w in words))]
 
 
 def main() -> int:
@@ -41,7 +46,14 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--train_limit", type=int, default=12000)
     p.add_argument("--test_limit", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0,
+                   help="the initial model, data order, the daemons' seed and "
+                        "powerSGD_hook's random_seed, as in the table")
+    p.add_argument("--rows", default="",
+                   help="train only the rows whose label holds one of these "
+                        "comma-separated words (e.g. 'powersgd,powerSGD')")
     args = p.parse_args()
+    words = [w for w in args.rows.split(",") if w]
     base = train.RunSpec(workers=args.workers, epochs=1)
     steps = args.train_limit // (base.batch_size * args.workers)
     print(f"Fashion-MNIST, W = {args.workers} workers (each with its own "
@@ -53,7 +65,8 @@ def main() -> int:
     # demo trains one epoch, so it warms up over the first quarter and
     # compresses the rest.
     for label, spec in demo_rows(max(steps // 4, 1), args.workers,
-                                 args.train_limit, args.test_limit):
+                                 args.train_limit, args.test_limit, args.seed,
+                                 words):
         result = train.run(spec)
         print(f"{label:<30} {100 * result.accuracy[-1]:>8.1f}% "
               f"{result.bytes_per_step / 1024:>9.1f} "

@@ -35,7 +35,19 @@ class DemoRowsTest(unittest.TestCase):
         for label, spec in rows:
             self.assertIsInstance(spec, self.train.RunSpec, label)
             self.assertEqual((spec.workers, spec.epochs, spec.train_limit,
-                              spec.test_limit), (3, 1, 9000, 500), label)
+                              spec.test_limit, spec.seed), (3, 1, 9000, 500, 0),
+                             label)
+
+    def test_seed_and_row_filter(self):
+        # What `quick.py --seed 7 --rows powersgd,powerSGD` trains: the two
+        # PowerSGD rows, both with seed 7.
+        rows = self.quick.demo_rows(93, workers=2, train_limit=12000,
+                                    test_limit=2000, seed=7,
+                                    words=["powersgd", "powerSGD"])
+        self.assertEqual([label for label, _ in rows],
+                         ["gradcomp powersgd rank 2",
+                          "PyTorch powerSGD_hook rank 2"])
+        self.assertEqual([spec.seed for _, spec in rows], [7, 7])
 
 
 if __name__ == "__main__":
