@@ -85,7 +85,7 @@ class Client {
   absl::Status WaitForReady(absl::Duration timeout);
 
   // Reduces a float32 tensor; `codec` unset lets the daemon's policy decide.
-  // `batch` set: the tensor's SUM rounds travel in one collective with the
+  // `batch` set: the tensor's rounds travel in one collective with the
   // batch's other members (gradcomp.proto ReduceBatch), which must be
   // reduced concurrently, from other threads or a stream.
   absl::StatusOr<Float32ReduceResult> Reduce(

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -64,6 +65,91 @@ absl::StatusOr<BodyShape> ReadBodyShape(const codecs::ParsedPayload& parsed) {
   return BodyShape{parsed.header.codec, parsed.header.round,
                    parsed.header.numel,
                    static_cast<codecs::ElemType>(parsed.params[0]), elements};
+}
+
+// OK when every arrived member's round is of one kind (all SUM or all
+// GATHER); else InvalidArgument naming a member of each.
+absl::Status SameCollective(const BatchSpec& batch,
+                            const std::vector<bool>& arrived,
+                            const std::vector<bool>& gather) {
+  std::optional<size_t> first;
+  for (size_t i = 0; i < arrived.size(); ++i) {
+    if (!arrived[i]) continue;
+    if (!first.has_value()) {
+      first = i;
+    } else if (gather[i] != gather[*first]) {
+      const auto kind = [&](size_t m) { return gather[m] ? "GATHER" : "SUM"; };
+      return absl::InvalidArgumentError(absl::StrCat(
+          "members '", batch.members[*first], "' (", kind(*first), ") and '",
+          batch.members[i], "' (", kind(i),
+          ") send different kinds of round; expected the members of a batch "
+          "to use the same kind of collective in each round (batch "
+          "top-k tensors with top-k ones, PowerSGD with PowerSGD)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A GATHER batch message: per member, a presence byte, the payload's
+// length (8 bytes, little-endian) and the payload.
+constexpr size_t kGatherEntryHeader = 1 + sizeof(uint64_t);
+
+codecs::Bytes GatherMessage(const std::vector<codecs::Bytes>& payloads,
+                            const std::vector<bool>& arrived) {
+  size_t total = 0;
+  for (size_t i = 0; i < payloads.size(); ++i) {
+    total += kGatherEntryHeader + (arrived[i] ? payloads[i].size() : 0);
+  }
+  codecs::Bytes message;
+  message.reserve(total);
+  for (size_t i = 0; i < payloads.size(); ++i) {
+    const uint64_t size = arrived[i] ? payloads[i].size() : 0;
+    char entry[kGatherEntryHeader];
+    entry[0] = arrived[i] ? 1 : 0;
+    for (size_t b = 0; b < sizeof(size); ++b) {
+      entry[1 + b] = static_cast<char>((size >> (8 * b)) & 0xff);
+    }
+    message.append(entry, sizeof(entry));
+    if (arrived[i]) message.append(payloads[i]);
+  }
+  return message;
+}
+
+// Splits rank `rank`'s GATHER batch message into `out` (one slot per
+// member; a member it left out stays nullopt). InvalidArgument naming the
+// rank when the message does not hold exactly one entry per member.
+absl::Status SplitGatherMessage(
+    const codecs::Bytes& message, int rank,
+    std::vector<std::optional<codecs::Bytes>>* out) {
+  size_t at = 0;
+  for (size_t i = 0; i < out->size(); ++i) {
+    if (message.size() - at < kGatherEntryHeader) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank, "'s batch message ends at member ", i,
+                       " of ", out->size(), " (", message.size(), " bytes)"));
+    }
+    const uint8_t present = static_cast<uint8_t>(message[at]);
+    uint64_t size = 0;
+    for (size_t b = 0; b < sizeof(size); ++b) {
+      size |= uint64_t{static_cast<uint8_t>(message[at + 1 + b])} << (8 * b);
+    }
+    at += kGatherEntryHeader;
+    if (present > 1 || (present == 0 && size != 0) ||
+        size > message.size() - at) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, "'s batch message has a bad entry for member ", i,
+          ": presence ", present, ", ", size, " bytes, ", message.size() - at,
+          " left"));
+    }
+    if (present == 1) (*out)[i] = message.substr(at, size);
+    at += size;
+  }
+  if (at != message.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, "'s batch message has ", message.size() - at,
+        " bytes after its ", out->size(), " members"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -258,11 +344,40 @@ absl::StatusOr<BatchingCollective::Summed> BatchingCollective::Exchange(
   return Summed{result.world_size, common->elements, std::move(result.sum)};
 }
 
+absl::StatusOr<BatchingCollective::Gathered> BatchingCollective::ExchangeGather(
+    const RoundKey& key, const BatchSpec& batch,
+    std::vector<codecs::Bytes> payloads, const std::vector<bool>& arrived) {
+  const size_t members = batch.members.size();
+  codecs::Round round;
+  round.collective = codecs::Collective::kGather;
+  round.payload = GatherMessage(payloads, arrived);
+  payloads.clear();
+  GC_ASSIGN_OR_RETURN(
+      codecs::RoundResult result,
+      inner_->Run({key.job, BatchKeyTensor(batch), key.step, key.round},
+                  std::move(round)));
+  Gathered gathered;
+  gathered.world_size = result.world_size;
+  gathered.payloads.assign(members,
+                           std::vector<codecs::Bytes>(result.payloads.size()));
+  gathered.from.assign(members, 0);
+  std::vector<std::optional<codecs::Bytes>> split(members);
+  for (size_t r = 0; r < result.payloads.size(); ++r) {
+    std::fill(split.begin(), split.end(), std::nullopt);
+    GC_RETURN_IF_ERROR(
+        SplitGatherMessage(result.payloads[r], static_cast<int>(r), &split));
+    result.payloads[r] = codecs::Bytes();
+    for (size_t i = 0; i < members; ++i) {
+      if (!split[i].has_value()) continue;
+      gathered.payloads[i][r] = *std::move(split[i]);
+      ++gathered.from[i];
+    }
+  }
+  return gathered;
+}
+
 absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
     const RoundKey& key, const BatchSpec& batch, codecs::Round round) {
-  if (round.collective != codecs::Collective::kSum) {
-    return inner_->Run(key, std::move(round));
-  }
   const auto member =
       std::lower_bound(batch.members.begin(), batch.members.end(), key.tensor);
   if (member == batch.members.end() || *member != key.tensor) {
@@ -289,6 +404,7 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
         " round ", key.round, " twice, expected one reduce per step"));
   }
   group.arrived[index] = true;
+  group.gather[index] = round.collective == codecs::Collective::kGather;
   group.payloads[index] = std::move(round.payload);
   ++group.waiting;
 
@@ -307,17 +423,36 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
     group.started = true;
     std::vector<codecs::Bytes> payloads = std::move(group.payloads);
     const std::vector<bool> arrived = group.arrived;
+    const std::vector<bool> gather = group.gather;
     mu_.Unlock();
-    absl::StatusOr<Summed> summed = Exchange(key, batch, payloads, arrived);
-    mu_.Lock();
-    if (summed.ok()) {
-      group.world_size = summed->world_size;
-      group.member_elements = summed->member_elements;
-      group.sum = std::move(summed->sum);
+    absl::Status status = SameCollective(batch, arrived, gather);
+    bool gathers = false;
+    for (size_t i = 0; i < members; ++i) gathers = gathers || gather[i];
+    if (status.ok() && gathers) {
+      absl::StatusOr<Gathered> gathered =
+          ExchangeGather(key, batch, std::move(payloads), arrived);
+      mu_.Lock();
+      if (gathered.ok()) {
+        group.world_size = gathered->world_size;
+        group.gathered = std::move(gathered->payloads);
+        group.gathered_from = std::move(gathered->from);
+      }
+      status = gathered.status();
+    } else if (status.ok()) {
+      absl::StatusOr<Summed> summed = Exchange(key, batch, payloads, arrived);
+      mu_.Lock();
+      if (summed.ok()) {
+        group.world_size = summed->world_size;
+        group.member_elements = summed->member_elements;
+        group.sum = std::move(summed->sum);
+      }
+      status = summed.status();
     } else {
+      mu_.Lock();
+    }
+    if (!status.ok()) {
       group.status = absl::Status(
-          summed.status().code(),
-          absl::StrCat(Prefix(batch, key), summed.status().message()));
+          status.code(), absl::StrCat(Prefix(batch, key), status.message()));
     }
     group.finished = true;
   } else if (!group.finished && !group.started && !in_time) {
@@ -344,6 +479,19 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
   absl::StatusOr<codecs::RoundResult> result;
   if (!group.status.ok()) {
     result = group.status;
+  } else if (!group.gathered.empty()) {
+    const int from = group.gathered_from[index];
+    if (from != group.world_size) {
+      result = absl::FailedPreconditionError(absl::StrCat(
+          Prefix(batch, key), "tensor '", key.tensor, "' was gathered from ",
+          from, " of ", group.world_size,
+          " ranks; it left the batch on the others (an error there)"));
+    } else {
+      codecs::RoundResult own;
+      own.world_size = group.world_size;
+      own.payloads = std::move(group.gathered[index]);
+      result = std::move(own);
+    }
   } else {
     const size_t n = group.member_elements;
     const float present = group.sum[members * n + index];

@@ -1,9 +1,16 @@
-// Batching of SUM rounds: the rounds of a client-declared batch of tensors
-// (say the 20 same-shape PowerSGD matrices of a DDP bucket) travel as one
+// Batching of a client-declared batch of tensors' rounds: they travel as one
 // collective instead of one each. Every member's Run waits until all
 // members of the batch have reached the round (or left it); one caller
-// then concatenates the dense bodies, members sorted by name, runs a single
-// inner Run and hands each member its slice of the sum.
+// then runs a single inner Run for all of them:
+//   - SUM rounds (say the 20 same-shape PowerSGD matrices of a DDP bucket):
+//     it concatenates the dense bodies, members sorted by name, and hands
+//     each member its slice of the sum;
+//   - GATHER rounds (say the top-k payloads of a bucket's layers, any
+//     shapes): it allgathers one message holding every member's payload
+//     whole and hands each member every rank's payload of its own. Each
+//     peer then gets one message per batch, not one per member: per-message
+//     thread hand-offs were most of a top-k step's peer CPU
+//     (docs/benchmarks.md, "Where a top-k step's context switches go").
 //
 //   BatchingCollective batching(&peer_collective, absl::Seconds(60));
 //   GC_ASSIGN_OR_RETURN(BatchSpec batch, MakeBatchSpec(id, members, tensor));
@@ -12,11 +19,14 @@
 //   // when the member is done with the step, whether it succeeded or not:
 //   batching.Leave(key, batch);
 //
-// The batch payload is the members' bodies in sorted-name order, then one
-// presence value per member (1 where this rank contributed it, 0 where the
-// member left here): a member absent on some rank gets a zero slot, so the
-// concatenations line up on every rank, and the summed presence tells each
-// member whether all ranks contributed it. The inner key's tensor is
+// The SUM batch payload is the members' bodies in sorted-name order, then
+// one presence value per member (1 where this rank contributed it, 0 where
+// the member left here): a member absent on some rank gets a zero slot, so
+// the concatenations line up on every rank, and the summed presence tells
+// each member whether all ranks contributed it. The GATHER batch message
+// is, per member in sorted-name order, a presence byte (1 or 0), the
+// payload's length (8 bytes, little-endian) and the payload. All members
+// of a round must use the same kind of collective. The inner key's tensor is
 // "#batch:<id>#<digest of the member list>", so ranks that disagree on the
 // member list never meet (they fail at the deadline naming the ranks)
 // instead of summing misaligned bodies.
@@ -84,11 +94,12 @@ class BatchingCollective : public Collective {
       std::vector<codecs::Bytes> parts) override;
 
   // Round `key.round` of member `key.tensor` of `batch` (a MakeBatchSpec
-  // result) at `key.step`. A kGather round passes straight through. Errors:
-  // DeadlineExceeded naming the members that neither arrived nor left;
-  // InvalidArgument when members' payloads differ in codec, round, element
-  // count or body; FailedPrecondition for a member that some rank left out
-  // of the sum; the inner collective's errors for every member.
+  // result) at `key.step`. Errors: DeadlineExceeded naming the members that
+  // neither arrived nor left; InvalidArgument when members' rounds differ
+  // in collective, or SUM payloads in codec, round, element count or body,
+  // or a rank's GATHER batch message is malformed; FailedPrecondition for a
+  // member that some rank left out; the inner collective's errors for
+  // every member.
   absl::StatusOr<codecs::RoundResult> RunBatched(const RoundKey& key,
                                                  const BatchSpec& batch,
                                                  codecs::Round round)
@@ -106,21 +117,31 @@ class BatchingCollective : public Collective {
   // One round of one batch at one step on this rank.
   struct RoundGroup {
     explicit RoundGroup(size_t members)
-        : payloads(members), arrived(members, false) {}
+        : payloads(members), arrived(members, false), gather(members, false) {}
     std::vector<codecs::Bytes> payloads;
     std::vector<bool> arrived;
-    int waiting = 0;  // members in RunBatched for this round
+    std::vector<bool> gather;  // per arrived member: its round is kGather
+    int waiting = 0;           // members in RunBatched for this round
     bool started = false;
     bool finished = false;
     absl::Status status;
     int world_size = 0;
     size_t member_elements = 0;
-    std::vector<float> sum;  // members' slices, then the presence sums
+    std::vector<float> sum;  // SUM: members' slices, then the presence sums
+    // GATHER: per member, every rank's payload in rank order, and how many
+    // ranks sent one.
+    std::vector<std::vector<codecs::Bytes>> gathered;
+    std::vector<int> gathered_from;
   };
   struct Summed {
     int world_size = 0;
     size_t member_elements = 0;
     std::vector<float> sum;
+  };
+  struct Gathered {
+    int world_size = 0;
+    std::vector<std::vector<codecs::Bytes>> payloads;
+    std::vector<int> from;
   };
   // One batch at one step on this rank.
   struct StepBatch {
@@ -150,6 +171,12 @@ class BatchingCollective : public Collective {
   absl::StatusOr<Summed> Exchange(const RoundKey& key, const BatchSpec& batch,
                                   const std::vector<codecs::Bytes>& payloads,
                                   const std::vector<bool>& arrived);
+  // The same for GATHER rounds: one allgather of every arrived member's
+  // payload, split by member.
+  absl::StatusOr<Gathered> ExchangeGather(const RoundKey& key,
+                                          const BatchSpec& batch,
+                                          std::vector<codecs::Bytes> payloads,
+                                          const std::vector<bool>& arrived);
 
   Collective* const inner_;
   const absl::Duration timeout_;

@@ -311,16 +311,166 @@ TEST(BatchingCollectiveTest, ManyBatchesConcurrently) {
   }
 }
 
-TEST(BatchingCollectiveTest, GatherRoundsPassThrough) {
-  Ranks ranks(1, absl::Seconds(60));
-  codecs::Round round = SumRound(0, Values(0, 0, 0, 0, 3));
-  round.collective = codecs::Collective::kGather;
-  const codecs::Bytes sent = round.payload;
-  absl::StatusOr<codecs::RoundResult> result = ranks.batching(0).RunBatched(
-      {"job", "a", 0, 0}, Spec("b", {"a", "b"}), std::move(round));
+codecs::Round GatherRound(codecs::Bytes payload) {
+  codecs::Round r;
+  r.collective = codecs::Collective::kGather;
+  r.payload = std::move(payload);
+  return r;
+}
+
+// Member m's payload on rank r at `step`: a length that differs by member
+// (m = 1 sends nothing) and bytes that differ by rank and step, all 256
+// byte values among them.
+codecs::Bytes GatherPayload(int r, int m, int step) {
+  codecs::Bytes b;
+  const size_t n = m == 1 ? 0 : 300 * m + 7 * r;
+  for (size_t i = 0; i < n; ++i) {
+    b.push_back(static_cast<char>((i * 31 + r * 7 + m * 3 + step) & 0xff));
+  }
+  return b;
+}
+
+// GATHER rounds of members of different sizes: each member gets every
+// rank's payload of its own, in rank order, as an unbatched allgather
+// would give it, with one inner collective per step and rank.
+TEST(BatchingCollectiveTest, GatherRoundsTravelAsOneCollective) {
+  constexpr int kWorld = 4, kMembers = 4, kSteps = 3;
+  Ranks ranks(kWorld, absl::Seconds(60));
+  const std::vector<std::string> names = {"m0", "m1", "m2", "m3"};
+  const BatchSpec spec = *MakeBatchSpec("bucket0", names, "m0");
+  std::vector<std::vector<codecs::Bytes>> got(kWorld * kMembers * kSteps);
+  OnThreads(kWorld, kMembers, [&](int r, int m) {
+    for (int step = 0; step < kSteps; ++step) {
+      absl::StatusOr<codecs::RoundResult> result =
+          ranks.batching(r).RunBatched({"job", names[m], step, 0}, spec,
+                                       GatherRound(GatherPayload(r, m, step)));
+      ASSERT_TRUE(result.ok()) << result.status();
+      EXPECT_EQ(result->world_size, kWorld);
+      got[(r * kMembers + m) * kSteps + step] = result->payloads;
+      ranks.batching(r).Leave({"job", names[m], step, 1}, spec);
+    }
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    for (int m = 0; m < kMembers; ++m) {
+      for (int step = 0; step < kSteps; ++step) {
+        const std::vector<codecs::Bytes>& payloads =
+            got[(r * kMembers + m) * kSteps + step];
+        ASSERT_EQ(payloads.size(), static_cast<size_t>(kWorld));
+        for (int from = 0; from < kWorld; ++from) {
+          EXPECT_EQ(payloads[from], GatherPayload(from, m, step))
+              << "rank " << r << " member " << m << " step " << step << " from "
+              << from;
+        }
+      }
+    }
+    EXPECT_EQ(ranks.inner_runs(r), kSteps) << "rank " << r;
+  }
+}
+
+// A member left out on one rank fails on the others, naming how many
+// ranks sent it; the rest of the batch goes on.
+TEST(BatchingCollectiveTest, AGatherMemberLeftOnOneRankFailsOnlyThatMember) {
+  constexpr int kWorld = 3;
+  Ranks ranks(kWorld, absl::Seconds(60));
+  const BatchSpec spec = Spec("b", {"a", "b"});
+  std::vector<absl::Status> status(kWorld * 2);
+  OnThreads(kWorld, 2, [&](int r, int m) {
+    const std::string name = spec.members[m];
+    if (name == "b" && r == 0) {
+      ranks.batching(r).Leave({"job", name, 0, 0}, spec);
+      return;
+    }
+    absl::StatusOr<codecs::RoundResult> result = ranks.batching(r).RunBatched(
+        {"job", name, 0, 0}, spec, GatherRound(GatherPayload(r, m + 2, 0)));
+    status[r * 2 + m] = result.status();
+    ranks.batching(r).Leave({"job", name, 0, 1}, spec);
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_TRUE(status[r * 2].ok()) << status[r * 2];
+  }
+  for (int r = 1; r < kWorld; ++r) {
+    EXPECT_EQ(status[r * 2 + 1].code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(status[r * 2 + 1].message(),
+                HasSubstr("'b' was gathered from 2 of 3 ranks"));
+  }
+}
+
+TEST(BatchingCollectiveTest, SumAndGatherMembersInOneRoundAreRefused) {
+  constexpr int kWorld = 2;
+  Ranks ranks(kWorld, absl::Seconds(60));
+  const BatchSpec spec = Spec("b", {"a", "b"});
+  std::vector<absl::Status> status(kWorld * 2);
+  OnThreads(kWorld, 2, [&](int r, int m) {
+    const std::string name = spec.members[m];
+    codecs::Round round = m == 0 ? SumRound(0, Values(r, m, 0, 0, 4))
+                                 : GatherRound(GatherPayload(r, m, 0));
+    status[r * 2 + m] =
+        ranks.batching(r)
+            .RunBatched({"job", name, 0, 0}, spec, std::move(round))
+            .status();
+    ranks.batching(r).Leave({"job", name, 0, 1}, spec);
+  });
+  for (const absl::Status& s : status) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr("'a' (SUM) and 'b' (GATHER)"));
+  }
+}
+
+// What another rank sent for a GATHER batch, as the inner collective
+// returns it: `theirs` after this rank's own message.
+class FakeGatherCollective : public Collective {
+ public:
+  explicit FakeGatherCollective(codecs::Bytes theirs)
+      : theirs_(std::move(theirs)) {}
+  int rank() const override { return 0; }
+  int world_size() const override { return 2; }
+  absl::StatusOr<codecs::RoundResult> Run(const RoundKey&,
+                                          codecs::Round round) override {
+    codecs::RoundResult result;
+    result.world_size = 2;
+    result.payloads = {std::move(round.payload), theirs_};
+    return result;
+  }
+  absl::StatusOr<std::vector<codecs::Bytes>> AllToAll(
+      const RoundKey&, std::vector<codecs::Bytes>) override {
+    return absl::UnimplementedError("not in this test");
+  }
+  absl::StatusOr<std::vector<codecs::Bytes>> Allgather(const RoundKey&,
+                                                       codecs::Bytes) override {
+    return absl::UnimplementedError("not in this test");
+  }
+
+ private:
+  const codecs::Bytes theirs_;
+};
+
+// A malformed batch message from a peer fails the batch with an error
+// naming that rank, never a read past its end.
+TEST(BatchingCollectiveTest, AMalformedGatherBatchMessageIsRefused) {
+  const BatchSpec spec = Spec("b", {"a"});
+  const codecs::Bytes entry_header("\x01\x05\0\0\0\0\0\0\0", 9);
+  const std::vector<std::pair<codecs::Bytes, std::string>> cases = {
+      {"", "ends at member 0 of 1"},
+      {entry_header + "abc", "bad entry for member 0"},
+      {codecs::Bytes("\x02\0\0\0\0\0\0\0\0", 9), "presence 2"},
+      {entry_header + "abcde" + "x", "1 bytes after its 1 members"},
+  };
+  for (const auto& [theirs, expected] : cases) {
+    FakeGatherCollective inner(theirs);
+    BatchingCollective batching(&inner, absl::Seconds(5));
+    absl::StatusOr<codecs::RoundResult> result =
+        batching.RunBatched({"job", "a", 0, 0}, spec, GatherRound("mine"));
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(result.status().message(), HasSubstr("rank 1's batch message"));
+    EXPECT_THAT(result.status().message(), HasSubstr(expected));
+  }
+  // Well formed, it gives both ranks' payloads.
+  FakeGatherCollective inner(entry_header + "abcde");
+  BatchingCollective batching(&inner, absl::Seconds(5));
+  absl::StatusOr<codecs::RoundResult> result =
+      batching.RunBatched({"job", "a", 0, 0}, spec, GatherRound("mine"));
   ASSERT_TRUE(result.ok()) << result.status();
-  ASSERT_EQ(result->payloads.size(), 1u);
-  EXPECT_EQ(result->payloads[0], sent);
+  EXPECT_THAT(result->payloads, ::testing::ElementsAre("mine", "abcde"));
 }
 
 // The plain exchanges reach the inner collective unchanged.

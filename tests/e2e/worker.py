@@ -94,6 +94,31 @@ def buckets(grads: dict[str, np.ndarray], bucket_mib: float) -> dict[str, np.nda
     return out
 
 
+def gather_batches(grads: dict[str, np.ndarray], used: dict[str, str], codec: str,
+                   batch_mib: float, max_members: int = 64) -> dict[str, list[str]]:
+    """{batch id: members}: consecutive tensors that `codec` compressed last
+    step (`used`: each tensor's codec then; tensors it sent dense are left
+    out, their rounds being SUM ones), at least `batch_mib` MiB of
+    gradients or `max_members` tensors per batch. The same on every rank,
+    as `used` is."""
+    batches, members, size = {}, [], 0
+
+    def close() -> None:
+        if len(members) > 1:
+            batches[f"b{len(batches)}.{members[0]}"] = list(members)
+
+    for name, g in grads.items():
+        if used.get(name) != codec:
+            continue
+        members.append(name)
+        size += g.nbytes
+        if size >= batch_mib * 2**20 or len(members) == max_members:
+            close()
+            members, size = [], 0
+    close()
+    return batches
+
+
 def context_switches(pid: int | None) -> int | None:
     """Voluntary and involuntary context switches of every live thread of
     process `pid` (None: not recorded). A thread that has exited takes its
@@ -177,6 +202,10 @@ def main() -> int:
                    help="reduce the gradients flattened into groups of this "
                    "many MiB (DDP's buckets) instead of one tensor each; 0: "
                    "one tensor each")
+    p.add_argument("--batch_mib", type=float, default=0,
+                   help="from step 1, declare batches of the tensors the codec "
+                   "compressed the step before, this many MiB each, so that "
+                   "their GATHER rounds travel as one collective; 0: none")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -196,7 +225,10 @@ def main() -> int:
     result = {"rank": args.rank, "io": args.io,
               "numel": {n: int(g.size) for n, g in grads.items()}, "steps": []}
     for codec in args.codecs.split(","):
+        used: dict[str, str] = {}
         for step in range(args.steps):
+            batches = (gather_batches(grads, used, codec, args.batch_mib)
+                       if args.batch_mib > 0 else None)
             tag = f"{codec}.{step}"
             barrier.wait(f"start.{tag}")
             before = settled(args.metrics_url)
@@ -207,10 +239,11 @@ def main() -> int:
             if shm is None:
                 out = {name: st for name, (_, st) in client.reduce_many(
                     grads, step=step, codec=codec, params=CODECS[codec],
-                    job=f"e2e-{codec}").items()}
+                    job=f"e2e-{codec}", batches=batches).items()}
             else:
                 out = client.reduce_many_shm(shm.tensors, step=step, codec=codec,
-                                             params=CODECS[codec], job=f"e2e-{codec}")
+                                             params=CODECS[codec], job=f"e2e-{codec}",
+                                             batches=batches)
             wall = time.perf_counter() - t0
             c1, d1 = cpu_seconds(None), cpu_seconds(args.daemon_pid)
             s1 = context_switches(args.daemon_pid)
@@ -224,12 +257,14 @@ def main() -> int:
                               "decode_s": st.decode_seconds,
                               "total_s": st.total_seconds}
                        for name, st in out.items()}
+            used = {name: st.codec for name, st in out.items()}
             del out
             result["steps"].append({
                 "codec": codec, "step": step, "wall_s": wall,
                 "client_cpu_s": c1 - c0,
                 "daemon_cpu_s": d1 - d0 if args.daemon_pid is not None else None,
                 "daemon_switches": s1 - s0 if s0 is not None else None,
+                "batches": len(batches or {}),
                 "qdisc_sent": q1 - q0,
                 "counters": {k: after.get(k, 0) - before.get(k, 0) for k in after},
                 "tensors": tensors})

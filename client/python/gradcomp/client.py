@@ -382,8 +382,9 @@ class Client:
         """Reduces a bucket of tensors over one ReduceStream.
 
         `batches` {batch id: member names} (members among `tensors`, the same
-        on every worker) sends each batch's SUM rounds as one collective
-        (PowerSGD's P and Q of same-shape matrices). `gossip` and
+        on every worker) sends each batch's rounds as one collective
+        (PowerSGD's P and Q of same-shape matrices; top-k or QSGD payloads
+        of any shapes). `gossip` and
         `consensus_distance` as in reduce.
 
         Returns {name: (average, stats)} in the order given. If any tensor
