@@ -109,6 +109,7 @@ def gradcomp_phase(net: shaped_net.ShapedNetwork, work: pathlib.Path, name: str,
                 f"--barrier_dir={barriers}", f"--steps={args.steps}",
                 f"--codecs={args.codecs}", "--rpc_timeout=300", "--barrier_timeout=300",
                 f"--io={args.io}", f"--daemon_pid={daemons[i].pid}",
+                f"--batch_mib={args.batch_mib}",
                 f"--out={work / f'{name}.{i}.json'}"], env=env,
                 stdout=open(work / f"{name}.worker.{i}.log", "wb"), stderr=subprocess.STDOUT))
         wait_all(workers, daemons, args.phase_timeout, name)
@@ -217,6 +218,11 @@ def main() -> int:
     p.add_argument("--client_malloc", choices=("keep", "default"), default="keep",
                    help="keep: clients run with KEEP_FREED_MEMORY; default: glibc's "
                         "defaults")
+    p.add_argument("--batch_mib", type=float, default=0,
+                   help="clients declare batches of this many MiB of the "
+                   "tensors each codec compressed the step before, so that their "
+                   "GATHER rounds travel as one collective (tests/e2e/worker.py); "
+                   "0: none")
     p.add_argument("--io", choices=("shm", "inline"), default="shm",
                    help="how workers hand tensors to their daemon (tests/e2e/worker.py)")
     args = p.parse_args()
