@@ -96,11 +96,11 @@ def buckets(grads: dict[str, np.ndarray], bucket_mib: float) -> dict[str, np.nda
 
 def gather_batches(grads: dict[str, np.ndarray], used: dict[str, str], codec: str,
                    batch_mib: float, max_members: int = 64) -> dict[str, list[str]]:
-    """{batch id: members}: consecutive tensors that `codec` compressed last
-    step (`used`: each tensor's codec then; tensors it sent dense are left
-    out, their rounds being SUM ones), at least `batch_mib` MiB of
-    gradients or `max_members` tensors per batch. The same on every rank,
-    as `used` is."""
+    """{batch id: members}: consecutive tensors that `codec`, a codec with
+    GATHER rounds, compressed last step (`used`: each tensor's codec then;
+    tensors it sent dense are left out, their rounds being SUM ones), at
+    least `batch_mib` MiB of gradients or `max_members` tensors per batch.
+    The same on every rank, as `used` is."""
     batches, members, size = {}, [], 0
 
     def close() -> None:
@@ -222,13 +222,16 @@ def main() -> int:
             raise TimeoutError(f"rank {args.rank}: peers not up within 60 s")
         time.sleep(0.1)
     shm = ShmIO(client, grads, args.rank) if args.io == "shm" else None
+    gather_codecs = {c.name for c in client.info().codecs if not c.summable}
     result = {"rank": args.rank, "io": args.io,
               "numel": {n: int(g.size) for n, g in grads.items()}, "steps": []}
     for codec in args.codecs.split(","):
         used: dict[str, str] = {}
         for step in range(args.steps):
+            # Only codecs whose rounds are GATHER ones (not summable): a SUM
+            # batch must be of one shape.
             batches = (gather_batches(grads, used, codec, args.batch_mib)
-                       if args.batch_mib > 0 else None)
+                       if args.batch_mib > 0 and codec in gather_codecs else None)
             tag = f"{codec}.{step}"
             barrier.wait(f"start.{tag}")
             before = settled(args.metrics_url)
