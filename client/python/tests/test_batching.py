@@ -1,7 +1,7 @@
-"""Batches of same-shape tensors (ReduceRequest.batch) from Python: the
-client's batch arguments, the DDP hook's choice of batches, and two peered
-daemons giving the same averages batched as unbatched with fewer
-collectives."""
+"""Batches of tensors (ReduceRequest.batch) from Python: the client's batch
+arguments, the DDP hook's choice of batches, and two peered daemons giving
+the same averages batched as unbatched with fewer collectives, for SUM
+rounds (PowerSGD, same shapes) and GATHER rounds (top-k, any shapes)."""
 import threading
 import unittest
 
@@ -116,6 +116,57 @@ class BatchTwoDaemonsTest(unittest.TestCase):
         # them one: (1 + 1) x 2 x 3.
         self.assertEqual(counts["plain"], [42, 42])
         self.assertEqual(counts["batched"], [12, 12])
+
+    def test_batched_topk_of_different_shapes_equals_unbatched(self):
+        """GATHER rounds: top-k (DGC, error feedback carried) of five tensors
+        of different shapes for three steps; the batch's averages equal
+        unbatched ones on both ranks, with 1 collective per step for the
+        batch instead of 5."""
+        peers = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
+        daemons = [Daemon([f"--rank={r}", "--world_size=2", f"--peers={peers}"])
+                   for r in range(2)]
+        for daemon in daemons:
+            daemon.start()
+            self.addCleanup(daemon.__exit__, None, None, None)
+        shapes = {f"layer{i}.weight": (64 + 16 * i, 48) for i in range(5)}
+        rng = np.random.default_rng(5)
+        grads = [[{name: rng.standard_normal(shape, dtype=np.float32)
+                   for name, shape in shapes.items()} for _ in range(3)]
+                 for _ in range(2)]
+        results, codecs, errors = {}, set(), []
+
+        def rank(r, job, batches):
+            try:
+                with gradcomp.Client(daemons[r].target) as client:
+                    for step in range(3):
+                        out = client.reduce_many(
+                            grads[r][step], step=step, job=job, codec="topk",
+                            params={"ratio": 0.05}, batches=batches)
+                        results[(job, r, step)] = {n: a for n, (a, _) in out.items()}
+                        codecs.update(st.codec for _, st in out.values())
+            except Exception as error:  # reported below with the daemon logs
+                errors.append(error)
+
+        counts = {}
+        for job, batches in (("plain", None), ("batched", {"bucket0": list(shapes)})):
+            before = [_collectives(d) for d in daemons]
+            threads = [threading.Thread(target=rank, args=(r, job, batches))
+                       for r in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            self.assertEqual(errors, [], "\n".join(d.log()[-2000:] for d in daemons))
+            counts[job] = [_collectives(d) - b for d, b in zip(daemons, before)]
+        self.assertEqual(codecs, {"topk"})
+        for r in range(2):
+            for step in range(3):
+                for name in shapes:
+                    np.testing.assert_array_equal(
+                        results[("batched", r, step)][name],
+                        results[("plain", 0, step)][name])
+        self.assertEqual(counts["plain"], [15, 15])  # 5 tensors x 3 steps
+        self.assertEqual(counts["batched"], [3, 3])
 
 
 if __name__ == "__main__":
