@@ -1,6 +1,7 @@
 #include "service/collective/batching_collective.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -68,7 +69,7 @@ absl::StatusOr<BodyShape> ReadBodyShape(const codecs::ParsedPayload& parsed) {
 }
 
 // OK when every arrived member's round is of one kind (all SUM or all
-// GATHER); else InvalidArgument naming a member of each.
+// GATHER); else InvalidArgument naming a member of each, for the log.
 absl::Status SameCollective(const BatchSpec& batch,
                             const std::vector<bool>& arrived,
                             const std::vector<bool>& gather) {
@@ -81,10 +82,7 @@ absl::Status SameCollective(const BatchSpec& batch,
       const auto kind = [&](size_t m) { return gather[m] ? "GATHER" : "SUM"; };
       return absl::InvalidArgumentError(absl::StrCat(
           "members '", batch.members[*first], "' (", kind(*first), ") and '",
-          batch.members[i], "' (", kind(i),
-          ") send different kinds of round; expected the members of a batch "
-          "to use the same kind of collective in each round (batch "
-          "top-k tensors with top-k ones, PowerSGD with PowerSGD)"));
+          batch.members[i], "' (", kind(i), ") send different kinds of round"));
     }
   }
   return absl::OkStatus();
@@ -428,7 +426,19 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
     absl::Status status = SameCollective(batch, arrived, gather);
     bool gathers = false;
     for (size_t i = 0; i < members; ++i) gathers = gathers || gather[i];
-    if (status.ok() && gathers) {
+    if (!status.ok()) {
+      // Say a tensor's codec sent it dense this step: its round is a SUM
+      // among GATHER ones. The policy decides alike on every rank, so every
+      // rank lands here, and the members go one by one this round instead
+      // of failing together.
+      std::fprintf(stderr, "gradcompd: %s%s; its members go one by one\n",
+                   Prefix(batch, key).c_str(),
+                   std::string(status.message()).c_str());
+      mu_.Lock();
+      group.payloads = std::move(payloads);
+      group.one_by_one = true;
+      status = absl::OkStatus();
+    } else if (gathers) {
       absl::StatusOr<Gathered> gathered =
           ExchangeGather(key, batch, std::move(payloads), arrived);
       mu_.Lock();
@@ -447,8 +457,6 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
         group.sum = std::move(summed->sum);
       }
       status = summed.status();
-    } else {
-      mu_.Lock();
     }
     if (!status.ok()) {
       group.status = absl::Status(
@@ -479,6 +487,14 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
   absl::StatusOr<codecs::RoundResult> result;
   if (!group.status.ok()) {
     result = group.status;
+  } else if (group.one_by_one) {
+    codecs::Round own;
+    own.collective = group.gather[index] ? codecs::Collective::kGather
+                                         : codecs::Collective::kSum;
+    own.payload = std::move(group.payloads[index]);
+    mu_.Unlock();
+    result = inner_->Run(key, std::move(own));
+    mu_.Lock();
   } else if (!group.gathered.empty()) {
     const int from = group.gathered_from[index];
     if (from != group.world_size) {

@@ -25,8 +25,10 @@
 // the concatenations line up on every rank, and the summed presence tells
 // each member whether all ranks contributed it. The GATHER batch message
 // is, per member in sorted-name order, a presence byte (1 or 0), the
-// payload's length (8 bytes, little-endian) and the payload. All members
-// of a round must use the same kind of collective. The inner key's tensor is
+// payload's length (8 bytes, little-endian) and the payload. A round whose
+// members mix SUM and GATHER (a codec sent one of them dense) is not
+// batched: each member runs its own collective, as unbatched. The inner key's
+// tensor is
 // "#batch:<id>#<digest of the member list>", so ranks that disagree on the
 // member list never meet (they fail at the deadline naming the ranks)
 // instead of summing misaligned bodies.
@@ -95,11 +97,10 @@ class BatchingCollective : public Collective {
 
   // Round `key.round` of member `key.tensor` of `batch` (a MakeBatchSpec
   // result) at `key.step`. Errors: DeadlineExceeded naming the members that
-  // neither arrived nor left; InvalidArgument when members' rounds differ
-  // in collective, or SUM payloads in codec, round, element count or body,
-  // or a rank's GATHER batch message is malformed; FailedPrecondition for a
-  // member that some rank left out; the inner collective's errors for
-  // every member.
+  // neither arrived nor left; InvalidArgument when SUM payloads differ in
+  // codec, round, element count or body, or a rank's GATHER batch message
+  // is malformed; FailedPrecondition for a member that some rank left out;
+  // the inner collective's errors for every member.
   absl::StatusOr<codecs::RoundResult> RunBatched(const RoundKey& key,
                                                  const BatchSpec& batch,
                                                  codecs::Round round)
@@ -124,6 +125,7 @@ class BatchingCollective : public Collective {
     int waiting = 0;           // members in RunBatched for this round
     bool started = false;
     bool finished = false;
+    bool one_by_one = false;  // mixed SUM and GATHER: each runs alone
     absl::Status status;
     int world_size = 0;
     size_t member_elements = 0;
