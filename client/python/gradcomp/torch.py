@@ -274,6 +274,12 @@ class HookState:
         and Q rounds in one collective per batch instead of one per tensor.
         A tensor counts as PowerSGD when its codec here is "powersgd" or,
         left to the policy, when the daemon used powersgd for it last step.
+      batch_gather: a bucket's tensors that the daemon compressed last step
+        with a codec of GATHER rounds (top-k, random-k, QSGD, TernGrad, the
+        sign codecs: GetInfo's not summable ones), whatever their shapes,
+        send their payloads in one collective per batch: one message per
+        peer instead of one per tensor (docs/benchmarks.md, "Where a top-k
+        step's context switches go": ~10 % of a top-k daemon's CPU).
       gossip: train decentralised (see the module docstring): each bucket's
         parameters are mixed with the topology's neighbours' in place and
         its gradient stays local. None: gradients are averaged.
@@ -294,7 +300,7 @@ class HookState:
                  codecs: Mapping[str, Codec] | None = None, timeout: float = 120.0,
                  shm: bool | None = None, client: Client | None = None,
                  batch_same_shape: bool = False, gossip: Gossip | None = None,
-                 cuda_ipc: bool | None = None):
+                 cuda_ipc: bool | None = None, batch_gather: bool = False):
         module = getattr(model, "module", model)
         self.names = {id(p): name for name, p in module.named_parameters()}
         unknown = sorted(set(codecs or {}) - set(self.names.values()))
@@ -303,6 +309,10 @@ class HookState:
         self.codecs = dict(codecs or {})
         self.job = job
         self.batch_same_shape = batch_same_shape
+        self.batch_gather = batch_gather
+        # Codecs whose rounds are GATHER ones, from the daemon's GetInfo on
+        # first use (batch_gather).
+        self.gather_codecs: set[str] | None = None
         self.gossip = gossip
         self.consensus_distance: float | None = None
         self.client = client or Client(target, timeout=timeout)
@@ -383,15 +393,30 @@ class HookState:
 
     def _batches(self, codec: Codec | None,
                  tensors: list[_Tensor]) -> dict[str, list[str]]:
-        """The batches of one group's PowerSGD tensors. Everything it reads
-        is the same on every rank, so the batches are too."""
-        if not self.batch_same_shape:
-            return {}
-        return same_shape_batches(
-            [(t.name, t.shape, t.dtype.str) for t in tensors
-             if (codec.name if codec is not None
-                 else self.last_codecs.get(t.name)) == "powersgd"],
-            self.MAX_BATCH)
+        """The batches of one group's PowerSGD tensors (batch_same_shape)
+        and of its tensors compressed last step by a codec of GATHER rounds
+        (batch_gather). Everything it reads is the same on every rank, so
+        the batches are too."""
+        batches = {}
+        if self.batch_same_shape:
+            batches.update(same_shape_batches(
+                [(t.name, t.shape, t.dtype.str) for t in tensors
+                 if (codec.name if codec is not None
+                     else self.last_codecs.get(t.name)) == "powersgd"],
+                self.MAX_BATCH))
+        if self.batch_gather:
+            if self.gather_codecs is None:
+                self.gather_codecs = {c.name for c in self.client.info().codecs
+                                      if not c.summable}
+            # What the daemon used, not what was asked: a tensor it sends
+            # dense has SUM rounds.
+            names = [t.name for t in tensors
+                     if self.last_codecs.get(t.name) in self.gather_codecs]
+            for start in range(0, len(names), self.MAX_BATCH):
+                members = names[start:start + self.MAX_BATCH]
+                if len(members) > 1:
+                    batches[f"gather.{members[0]}"] = members
+        return batches
 
     def _choose_transport(self) -> None:
         if self._shm_wanted is False:

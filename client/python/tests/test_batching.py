@@ -52,6 +52,21 @@ class HookBatchesTest(unittest.TestCase):
         self.assertEqual(self.state._batches(None, self.tensors),
                          {"8x8.<f4.0.weight": ["0.weight", "1.weight"]})
 
+    def test_tensors_the_daemon_gathered_batch_by_bucket(self):
+        self.state.batch_same_shape = False
+        self.state.batch_gather = True
+        self.state.gather_codecs = {"topk", "qsgd"}
+        self.assertEqual(self.state._batches(Codec("topk"), self.tensors), {})
+        # The shapes differ; a tensor sent dense ("none") stays out.
+        self.state.last_codecs = {"0.weight": "topk", "0.bias": "none",
+                                  "1.weight": "topk", "3.weight": "qsgd",
+                                  "3.bias": "powersgd"}
+        self.assertEqual(self.state._batches(Codec("topk"), self.tensors),
+                         {"gather.0.weight": ["0.weight", "1.weight", "3.weight"]})
+        self.state.MAX_BATCH = 2
+        self.assertEqual(self.state._batches(None, self.tensors),
+                         {"gather.0.weight": ["0.weight", "1.weight"]})
+
     def test_other_codecs_and_the_default_do_not_batch(self):
         self.assertEqual(self.state._batches(Codec("topk"), self.tensors), {})
         self.state.batch_same_shape = False
