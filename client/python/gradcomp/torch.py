@@ -78,7 +78,7 @@ class StepStats:
     reduces: int = 0      # tensors reduced
     raw_bytes: int = 0    # numel * 4 of those tensors: a dense fp32 exchange
     wire_bytes: int = 0   # compressed bytes this worker sent, all rounds
-    batched: int = 0      # tensors reduced in a same-shape batch
+    batched: int = 0      # tensors reduced in a batch (same-shape or GATHER)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,8 @@
   error feedback); dropping the daemon's state changes that step.
 - With a local daemon that allows it, the hook picks shared memory, and its
   steps equal inline bytes' steps exactly.
+- With batch_gather, W = 2 and two peered daemons, a bucket's top-k weights
+  travel as one batch and training equals unbatched training bit for bit.
 - HookState refuses codecs for unknown parameters, a checkpoint of another
   job, and shm=True with a remote daemon.
 - A short Fashion-MNIST training (W = 2 workers, each with its own daemon,
@@ -30,6 +32,7 @@ try:
 except ImportError:
     torch = None
 
+from gradcomp import metrics
 from gradcomp.testing import Daemon, free_port
 from tests import example_trainer
 
@@ -134,6 +137,47 @@ def _shm_scenario(rank: int, out: str) -> None:
     torch.save(results, out)
 
 
+def _gather_batch_scenario(rank: int, port: int, targets: list, out: str) -> None:
+    """Runs in one of 2 spawned processes (a Gloo group of 2, each rank with
+    its own peered daemon): 5 steps of top-k on every weight, once without
+    and once with batch_gather, each from the same initial model; saves both
+    models, the tensors batched and the codecs the daemon used."""
+    import gradcomp.torch as gtorch
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      GLOO_SOCKET_IFNAME="lo")
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    results = {}
+    for batch_gather in (False, True):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 40),
+                              nn.ReLU(), nn.Linear(40, 10))
+        ddp = nn.parallel.DistributedDataParallel(model)
+        codecs = {name: gtorch.Codec("topk", {"ratio": 0.1})
+                  for name, _ in model.named_parameters() if name.endswith("weight")}
+        state = gtorch.HookState(model, targets[rank], job=f"gather-{batch_gather}",
+                                 codecs=codecs, batch_gather=batch_gather)
+        ddp.register_comm_hook(state, gtorch.hook)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(5):
+            x, y = _batch(100 * rank + step)  # the ranks' gradients differ
+            optimizer.zero_grad()
+            F.cross_entropy(ddp(x), y).backward()
+            optimizer.step()
+        results[batch_gather] = {"model": copy.deepcopy(model.state_dict()),
+                                 "batched": state.stats.batched,
+                                 "codecs": dict(state.last_codecs)}
+        state.close()
+    dist.destroy_process_group()
+    torch.save(results, out)
+
+
+def _collectives(daemon: Daemon) -> float:
+    return metrics.total(metrics.scrape(daemon.metrics_url),
+                         "gradcomp_collective_duration_seconds_count")
+
+
 def _zeros(hook):
     """A broken reduce: whatever the hook computes, DDP gets zeros."""
     def broken(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -195,6 +239,48 @@ class HookCheckpointTest(unittest.TestCase):
 
     def test_powersgd_resumes_warm_start_and_error_feedback(self):
         self._check("powersgd", {"rank": 2})
+
+
+@unittest.skipIf(torch is None, "needs torch (Debian: python3-torch)")
+class HookGatherBatchTest(unittest.TestCase):
+    """batch_gather under real DDP, W = 2, two peered daemons: the top-k
+    weights of each bucket travel as one batch from step 1, and training
+    is bit for bit what it is without batches, on both ranks."""
+
+    def test_batched_top_k_trains_exactly_as_unbatched(self):
+        peers = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
+        daemons = [Daemon([f"--rank={r}", "--world_size=2", f"--peers={peers}"])
+                   for r in range(2)]
+        for daemon in daemons:
+            daemon.start()
+            self.addCleanup(daemon.__exit__, None, None, None)
+        with tempfile.TemporaryDirectory() as tmp:
+            outs = [os.path.join(tmp, f"rank{r}.pt") for r in range(2)]
+            port = free_port()
+            before = [_collectives(d) for d in daemons]
+            processes = [mp.get_context("spawn").Process(
+                target=_gather_batch_scenario,
+                args=(r, port, [d.target for d in daemons], outs[r]))
+                for r in range(2)]
+            for process in processes:
+                process.start()
+            for process in processes:
+                process.join(180)
+            self.assertEqual([p.exitcode for p in processes], [0, 0],
+                             "\n".join(d.log()[-2000:] for d in daemons))
+            results = [torch.load(out) for out in outs]
+        # Per daemon: unbatched, 6 tensors x 5 steps; batched, 6 in step 0,
+        # then the 3 weights as one and the 3 biases alone in steps 1-4.
+        self.assertEqual([_collectives(d) - b for d, b in zip(daemons, before)],
+                         [30 + 6 + 4 * 4] * 2)
+        for r in range(2):
+            self.assertEqual(results[r][False]["batched"], 0)
+            # 3 top-k weights per step, batched from step 1 on: 4 x 3.
+            self.assertEqual(results[r][True]["batched"], 12)
+            self.assertEqual(results[r][True]["codecs"]["2.weight"], "topk")
+            for name, value in results[0][False]["model"].items():
+                self.assertTrue(torch.equal(results[r][True]["model"][name], value),
+                                f"rank {r}: {name} differs with batch_gather")
 
 
 @unittest.skipIf(torch is None, "needs torch (Debian: python3-torch)")
