@@ -27,11 +27,10 @@
 // is, per member in sorted-name order, a presence byte (1 or 0), the
 // payload's length (8 bytes, little-endian) and the payload. A round whose
 // members mix SUM and GATHER (a codec sent one of them dense) is not
-// batched: each member runs its own collective, as unbatched. The inner key's
-// tensor is
-// "#batch:<id>#<digest of the member list>", so ranks that disagree on the
-// member list never meet (they fail at the deadline naming the ranks)
-// instead of summing misaligned bodies.
+// batched: each member runs its own collective, as unbatched. The inner
+// key's tensor is "#batch:<id>#<digest of the member list>", so ranks that
+// disagree on the member list never meet (they fail at the deadline naming
+// the ranks) instead of summing misaligned bodies.
 #ifndef GRADCOMP_SERVICE_COLLECTIVE_BATCHING_COLLECTIVE_H_
 #define GRADCOMP_SERVICE_COLLECTIVE_BATCHING_COLLECTIVE_H_
 

@@ -22,10 +22,11 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import grpc
 
+from gradcomp import metrics
 from gradcomp.client import Client
 from gradcomp.errors import GradcompError
 
@@ -62,6 +63,30 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_peered(world: int, add_cleanup: Callable[..., None],
+                 extra_args: Sequence[str] = ()) -> list[Daemon]:
+    """Starts `world` daemons peered over loopback (--rank, --world_size and
+    --peers, then `extra_args`), registering each one's stop with
+    `add_cleanup` (a unittest.TestCase's addCleanup) as soon as it has
+    started, so that they stop even when a later one fails to."""
+    peers = ",".join(f"127.0.0.1:{free_port()}" for _ in range(world))
+    daemons = []
+    for rank in range(world):
+        daemon = Daemon([f"--rank={rank}", f"--world_size={world}", f"--peers={peers}",
+                         *extra_args])
+        daemon.start()
+        add_cleanup(daemon.__exit__, None, None, None)
+        daemons.append(daemon)
+    return daemons
+
+
+def collectives(daemon: Daemon) -> float:
+    """How many collectives `daemon` has run (its
+    gradcomp_collective_duration_seconds histogram's count)."""
+    return metrics.total(metrics.scrape(daemon.metrics_url),
+                         "gradcomp_collective_duration_seconds_count")
 
 
 class Daemon:

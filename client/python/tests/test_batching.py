@@ -9,9 +9,9 @@ import numpy as np
 import torch
 
 import gradcomp
-from gradcomp import cuda_ipc, metrics
+from gradcomp import cuda_ipc
 from gradcomp.client import _batch_requests
-from gradcomp.testing import Daemon, free_port
+from gradcomp.testing import collectives, start_peered
 from gradcomp.torch import Codec, HookState, _Tensor
 
 
@@ -73,23 +73,14 @@ class HookBatchesTest(unittest.TestCase):
         self.assertEqual(self.state._batches(Codec("powersgd"), self.tensors), {})
 
 
-def _collectives(daemon: Daemon) -> float:
-    return metrics.total(metrics.scrape(daemon.metrics_url),
-                         "gradcomp_collective_duration_seconds_count")
-
 
 class BatchTwoDaemonsTest(unittest.TestCase):
     """Two peered daemons, six same-shape matrices and one other per step,
     PowerSGD for three steps: batched averages equal unbatched ones on both
     ranks, with 2 collectives for the batch instead of 12."""
 
-    def test_batched_powersgd_equals_unbatched_with_fewer_collectives(self):
-        peers = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
-        daemons = [Daemon([f"--rank={r}", "--world_size=2", f"--peers={peers}"])
-                   for r in range(2)]
-        for daemon in daemons:
-            daemon.start()
-            self.addCleanup(daemon.__exit__, None, None, None)
+    def test_batched_powersgd_equals_unbatched_with_fewercollectives(self):
+        daemons = start_peered(2, self.addCleanup)
         names = [f"layer{i}.weight" for i in range(6)]
         rng = np.random.default_rng(3)
         grads = [[{name: rng.standard_normal((32, 16), dtype=np.float32)
@@ -112,7 +103,7 @@ class BatchTwoDaemonsTest(unittest.TestCase):
 
         counts = {}
         for job, batches in (("plain", None), ("batched", {"bucket0": names})):
-            before = [_collectives(d) for d in daemons]
+            before = [collectives(d) for d in daemons]
             threads = [threading.Thread(target=rank, args=(r, job, batches))
                        for r in range(2)]
             for t in threads:
@@ -120,7 +111,7 @@ class BatchTwoDaemonsTest(unittest.TestCase):
             for t in threads:
                 t.join(120)
             self.assertEqual(errors, [], "\n".join(d.log()[-2000:] for d in daemons))
-            counts[job] = [_collectives(d) - b for d, b in zip(daemons, before)]
+            counts[job] = [collectives(d) - b for d, b in zip(daemons, before)]
         for r in range(2):
             for step in range(3):
                 for name in names + ["head.weight"]:
@@ -137,12 +128,7 @@ class BatchTwoDaemonsTest(unittest.TestCase):
         of different shapes for three steps; the batch's averages equal
         unbatched ones on both ranks, with 1 collective per step for the
         batch instead of 5."""
-        peers = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
-        daemons = [Daemon([f"--rank={r}", "--world_size=2", f"--peers={peers}"])
-                   for r in range(2)]
-        for daemon in daemons:
-            daemon.start()
-            self.addCleanup(daemon.__exit__, None, None, None)
+        daemons = start_peered(2, self.addCleanup)
         shapes = {f"layer{i}.weight": (64 + 16 * i, 48) for i in range(5)}
         rng = np.random.default_rng(5)
         grads = [[{name: rng.standard_normal(shape, dtype=np.float32)
@@ -164,7 +150,7 @@ class BatchTwoDaemonsTest(unittest.TestCase):
 
         counts = {}
         for job, batches in (("plain", None), ("batched", {"bucket0": list(shapes)})):
-            before = [_collectives(d) for d in daemons]
+            before = [collectives(d) for d in daemons]
             threads = [threading.Thread(target=rank, args=(r, job, batches))
                        for r in range(2)]
             for t in threads:
@@ -172,7 +158,7 @@ class BatchTwoDaemonsTest(unittest.TestCase):
             for t in threads:
                 t.join(120)
             self.assertEqual(errors, [], "\n".join(d.log()[-2000:] for d in daemons))
-            counts[job] = [_collectives(d) - b for d, b in zip(daemons, before)]
+            counts[job] = [collectives(d) - b for d, b in zip(daemons, before)]
         self.assertEqual(codecs, {"topk"})
         for r in range(2):
             for step in range(3):

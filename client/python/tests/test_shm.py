@@ -18,7 +18,7 @@ import numpy as np
 import gradcomp
 from gradcomp import metrics
 from gradcomp.shm import ShmRegion, ShmTensor
-from gradcomp.testing import Daemon, free_port
+from gradcomp.testing import Daemon, start_peered
 from gradcomp.v1 import gradcomp_pb2
 
 
@@ -217,12 +217,7 @@ class ShmTwoDaemonsTest(unittest.TestCase):
     shared memory, and both get the average."""
 
     def test_average_of_two_ranks_through_shared_memory(self):
-        peers = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
-        daemons = [Daemon([f"--rank={r}", "--world_size=2", f"--peers={peers}",
-                           "--allow_client_shm"]) for r in range(2)]
-        for daemon in daemons:
-            daemon.start()
-            self.addCleanup(daemon.__exit__, None, None, None)
+        daemons = start_peered(2, self.addCleanup, ["--allow_client_shm"])
         grads = [_gradient((512, 128), seed=10 + r) for r in range(2)]
         results, errors = [None, None], []
 

@@ -32,8 +32,7 @@ try:
 except ImportError:
     torch = None
 
-from gradcomp import metrics
-from gradcomp.testing import Daemon, free_port
+from gradcomp.testing import Daemon, collectives, free_port, start_peered
 from tests import example_trainer
 
 
@@ -173,10 +172,6 @@ def _gather_batch_scenario(rank: int, port: int, targets: list, out: str) -> Non
     torch.save(results, out)
 
 
-def _collectives(daemon: Daemon) -> float:
-    return metrics.total(metrics.scrape(daemon.metrics_url),
-                         "gradcomp_collective_duration_seconds_count")
-
 
 def _zeros(hook):
     """A broken reduce: whatever the hook computes, DDP gets zeros."""
@@ -248,16 +243,11 @@ class HookGatherBatchTest(unittest.TestCase):
     is bit for bit what it is without batches, on both ranks."""
 
     def test_batched_top_k_trains_exactly_as_unbatched(self):
-        peers = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
-        daemons = [Daemon([f"--rank={r}", "--world_size=2", f"--peers={peers}"])
-                   for r in range(2)]
-        for daemon in daemons:
-            daemon.start()
-            self.addCleanup(daemon.__exit__, None, None, None)
+        daemons = start_peered(2, self.addCleanup)
         with tempfile.TemporaryDirectory() as tmp:
             outs = [os.path.join(tmp, f"rank{r}.pt") for r in range(2)]
             port = free_port()
-            before = [_collectives(d) for d in daemons]
+            before = [collectives(d) for d in daemons]
             processes = [mp.get_context("spawn").Process(
                 target=_gather_batch_scenario,
                 args=(r, port, [d.target for d in daemons], outs[r]))
@@ -271,7 +261,7 @@ class HookGatherBatchTest(unittest.TestCase):
             results = [torch.load(out) for out in outs]
         # Per daemon: unbatched, 6 tensors x 5 steps; batched, 6 in step 0,
         # then the 3 weights as one and the 3 biases alone in steps 1-4.
-        self.assertEqual([_collectives(d) - b for d, b in zip(daemons, before)],
+        self.assertEqual([collectives(d) - b for d, b in zip(daemons, before)],
                          [30 + 6 + 4 * 4] * 2)
         for r in range(2):
             self.assertEqual(results[r][False]["batched"], 0)
