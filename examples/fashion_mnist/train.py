@@ -311,6 +311,13 @@ def _worker(rank: int, spec: RunSpec, ports: dict, workdir: str) -> None:
         if daemon is not None:
             daemon.wait_peers(world - 1)
         result = _train(rank, spec, daemon)
+        # Joins Gloo's threads while the interpreter is still up: one still
+        # running or releasing a Python future callback (powerSGD_hook's)
+        # when finalization begins is ended by Python through a noexcept
+        # libtorch frame, and std::terminate aborts the worker. Only on
+        # success: after an error a peer may hold a collective open, and
+        # the join would wait for Gloo's timeout.
+        dist.destroy_process_group()
         if rank == 0:
             (workdir / "result.json").write_text(json.dumps(dataclasses.asdict(result)))
     finally:
