@@ -78,20 +78,28 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def consecutive_groups(grads: dict[str, np.ndarray], names: list[str], mib: float,
+                       max_members: int | None = None) -> list[list[str]]:
+    """`names` in order, cut into groups of at least `mib` MiB of gradients
+    each (or `max_members` names); the last group may be smaller."""
+    groups, group, size = [], [], 0
+    for name in names:
+        group.append(name)
+        size += grads[name].nbytes
+        if size >= mib * 2**20 or len(group) == max_members:
+            groups.append(group)
+            group, size = [], 0
+    if group:
+        groups.append(group)
+    return groups
+
+
 def buckets(grads: dict[str, np.ndarray], bucket_mib: float) -> dict[str, np.ndarray]:
     """The gradients flattened into consecutive groups of at least
     `bucket_mib` MiB each (the last may be smaller), as DDP's buckets: one
     tensor per group, named after its first member."""
-    out, names, size = {}, [], 0
-    for name, g in grads.items():
-        names.append(name)
-        size += g.nbytes
-        if size >= bucket_mib * 2**20:
-            out[f"bucket.{names[0]}"] = np.concatenate([grads[n].ravel() for n in names])
-            names, size = [], 0
-    if names:
-        out[f"bucket.{names[0]}"] = np.concatenate([grads[n].ravel() for n in names])
-    return out
+    return {f"bucket.{group[0]}": np.concatenate([grads[n].ravel() for n in group])
+            for group in consecutive_groups(grads, list(grads), bucket_mib)}
 
 
 def gather_batches(grads: dict[str, np.ndarray], used: dict[str, str], codec: str,
@@ -101,22 +109,10 @@ def gather_batches(grads: dict[str, np.ndarray], used: dict[str, str], codec: st
     tensors it sent dense are left out, their rounds being SUM ones), at
     least `batch_mib` MiB of gradients or `max_members` tensors per batch.
     The same on every rank, as `used` is."""
-    batches, members, size = {}, [], 0
-
-    def close() -> None:
-        if len(members) > 1:
-            batches[f"b{len(batches)}.{members[0]}"] = list(members)
-
-    for name, g in grads.items():
-        if used.get(name) != codec:
-            continue
-        members.append(name)
-        size += g.nbytes
-        if size >= batch_mib * 2**20 or len(members) == max_members:
-            close()
-            members, size = [], 0
-    close()
-    return batches
+    compressed = [name for name in grads if used.get(name) == codec]
+    groups = [g for g in consecutive_groups(grads, compressed, batch_mib, max_members)
+              if len(g) > 1]
+    return {f"b{i}.{group[0]}": group for i, group in enumerate(groups)}
 
 
 def context_switches(pid: int | None) -> int | None:

@@ -103,6 +103,14 @@ class _Tensor:
         return ShmTensor(region, base + self.offset, self.shape, self.dtype)
 
 
+def _split(names: list[str], max_members: int) -> list[list[str]]:
+    """`names` in order, in batches of at most `max_members`; singletons,
+    which have nothing to batch with, are left out."""
+    batches = [names[start:start + max_members]
+               for start in range(0, len(names), max_members)]
+    return [members for members in batches if len(members) > 1]
+
+
 def same_shape_batches(tensors: Iterable[tuple[str, tuple[int, ...], str]],
                        max_members: int = 64) -> dict[str, list[str]]:
     """{batch id: member names} for (name, shape, dtype) tensors: those of
@@ -114,10 +122,8 @@ def same_shape_batches(tensors: Iterable[tuple[str, tuple[int, ...], str]],
             by_shape.setdefault((tuple(shape), dtype), []).append(name)
     batches = {}
     for (shape, dtype), names in by_shape.items():
-        for start in range(0, len(names), max_members):
-            members = names[start:start + max_members]
-            if len(members) > 1:
-                batches[f"{'x'.join(map(str, shape))}.{dtype}.{members[0]}"] = members
+        for members in _split(names, max_members):
+            batches[f"{'x'.join(map(str, shape))}.{dtype}.{members[0]}"] = members
     return batches
 
 
@@ -412,10 +418,8 @@ class HookState:
             # dense has SUM rounds.
             names = [t.name for t in tensors
                      if self.last_codecs.get(t.name) in self.gather_codecs]
-            for start in range(0, len(names), self.MAX_BATCH):
-                members = names[start:start + self.MAX_BATCH]
-                if len(members) > 1:
-                    batches[f"gather.{members[0]}"] = members
+            for members in _split(names, self.MAX_BATCH):
+                batches[f"gather.{members[0]}"] = members
         return batches
 
     def _choose_transport(self) -> None:
