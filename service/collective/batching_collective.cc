@@ -448,7 +448,7 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
         group.gathered_from = std::move(gathered->from);
       }
       status = gathered.status();
-    } else if (status.ok()) {
+    } else {
       absl::StatusOr<Summed> summed = Exchange(key, batch, payloads, arrived);
       mu_.Lock();
       if (summed.ok()) {
