@@ -280,12 +280,14 @@ class HookState:
         and Q rounds in one collective per batch instead of one per tensor.
         A tensor counts as PowerSGD when its codec here is "powersgd" or,
         left to the policy, when the daemon used powersgd for it last step.
-      batch_gather: a bucket's tensors that the daemon compressed last step
-        with a codec of GATHER rounds (top-k, random-k, QSGD, TernGrad, the
-        sign codecs: GetInfo's not summable ones), whatever their shapes,
-        send their payloads in one collective per batch: one message per
-        peer instead of one per tensor (docs/benchmarks.md, "Where a top-k
-        step's context switches go": ~10 % of a top-k daemon's CPU).
+      batch_gather: True (the default): a bucket's tensors that the daemon
+        compressed last step with a codec of GATHER rounds (top-k, random-k,
+        QSGD, TernGrad, the sign codecs: GetInfo's not summable ones),
+        whatever their shapes, send their payloads in one collective per
+        batch: one message per peer instead of one per tensor. The averages
+        are the same bit for bit; a top-k daemon spends about a quarter
+        less CPU per step (docs/benchmarks.md, "Where a top-k step's context
+        switches go"). False: one collective per tensor.
       gossip: train decentralised (see the module docstring): each bucket's
         parameters are mixed with the topology's neighbours' in place and
         its gradient stays local. None: gradients are averaged.
@@ -306,7 +308,7 @@ class HookState:
                  codecs: Mapping[str, Codec] | None = None, timeout: float = 120.0,
                  shm: bool | None = None, client: Client | None = None,
                  batch_same_shape: bool = False, gossip: Gossip | None = None,
-                 cuda_ipc: bool | None = None, batch_gather: bool = False):
+                 cuda_ipc: bool | None = None, batch_gather: bool = True):
         module = getattr(model, "module", model)
         self.names = {id(p): name for name, p in module.named_parameters()}
         unknown = sorted(set(codecs or {}) - set(self.names.values()))

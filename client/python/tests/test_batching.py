@@ -35,7 +35,8 @@ class HookBatchesTest(unittest.TestCase):
     def setUp(self):
         model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(3)],
                                     torch.nn.Linear(8, 4))
-        self.state = HookState(model, "127.0.0.1:1", batch_same_shape=True)
+        self.state = HookState(model, "127.0.0.1:1", batch_same_shape=True,
+                               batch_gather=False)
         self.addCleanup(self.state.close)
         self.tensors = [_Tensor(name, tuple(p.shape), cuda_ipc.numpy_dtype(p), 0)
                         for name, p in model.named_parameters()]
