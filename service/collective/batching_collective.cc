@@ -1,7 +1,6 @@
 #include "service/collective/batching_collective.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -12,6 +11,7 @@
 #include "base/fnv1a.h"
 #include "base/status_macros.h"
 #include "codecs/wire.h"
+#include "service/collective/gather_batch_message.h"
 
 namespace gradcomp::service {
 namespace {
@@ -68,86 +68,36 @@ absl::StatusOr<BodyShape> ReadBodyShape(const codecs::ParsedPayload& parsed) {
                    static_cast<codecs::ElemType>(parsed.params[0]), elements};
 }
 
-// OK when every arrived member's round is of one kind (all SUM or all
-// GATHER); else InvalidArgument naming a member of each, for the log.
-absl::Status SameCollective(const BatchSpec& batch,
-                            const std::vector<bool>& arrived,
-                            const std::vector<bool>& gather) {
-  std::optional<size_t> first;
-  for (size_t i = 0; i < arrived.size(); ++i) {
-    if (!arrived[i]) continue;
-    if (!first.has_value()) {
-      first = i;
-    } else if (gather[i] != gather[*first]) {
-      const auto kind = [&](size_t m) { return gather[m] ? "GATHER" : "SUM"; };
-      return absl::InvalidArgumentError(absl::StrCat(
-          "members '", batch.members[*first], "' (", kind(*first), ") and '",
-          batch.members[i], "' (", kind(i), ") send different kinds of round"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// A GATHER batch message: per member, a presence byte, the payload's
-// length (8 bytes, little-endian) and the payload.
-constexpr size_t kGatherEntryHeader = 1 + sizeof(uint64_t);
-
-codecs::Bytes GatherMessage(const std::vector<codecs::Bytes>& payloads,
-                            const std::vector<bool>& arrived) {
-  size_t total = 0;
-  for (size_t i = 0; i < payloads.size(); ++i) {
-    total += kGatherEntryHeader + (arrived[i] ? payloads[i].size() : 0);
-  }
-  codecs::Bytes message;
-  message.reserve(total);
-  for (size_t i = 0; i < payloads.size(); ++i) {
-    const uint64_t size = arrived[i] ? payloads[i].size() : 0;
-    char entry[kGatherEntryHeader];
-    entry[0] = arrived[i] ? 1 : 0;
-    for (size_t b = 0; b < sizeof(size); ++b) {
-      entry[1 + b] = static_cast<char>((size >> (8 * b)) & 0xff);
-    }
-    message.append(entry, sizeof(entry));
-    if (arrived[i]) message.append(payloads[i]);
-  }
-  return message;
-}
-
-// Splits rank `rank`'s GATHER batch message into `out` (one slot per
-// member; a member it left out stays nullopt). InvalidArgument naming the
-// rank when the message does not hold exactly one entry per member.
-absl::Status SplitGatherMessage(
-    const codecs::Bytes& message, int rank,
-    std::vector<std::optional<codecs::Bytes>>* out) {
-  size_t at = 0;
-  for (size_t i = 0; i < out->size(); ++i) {
-    if (message.size() - at < kGatherEntryHeader) {
+// Every rank's payload of one SUM member of a GATHER batch message, summed
+// here in rank order (so identically on every rank). InvalidArgument naming
+// the rank whose payload is not a dense body like rank 0's.
+absl::StatusOr<codecs::RoundResult> SumGathered(
+    const std::vector<codecs::Bytes>& payloads) {
+  codecs::RoundResult result;
+  result.world_size = static_cast<int>(payloads.size());
+  std::optional<BodyShape> first;
+  for (size_t r = 0; r < payloads.size(); ++r) {
+    absl::StatusOr<codecs::ParsedPayload> parsed =
+        codecs::PeekPayload(payloads[r]);
+    absl::StatusOr<BodyShape> shape =
+        parsed.ok() ? ReadBodyShape(*parsed) : parsed.status();
+    if (!shape.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("rank ", rank, "'s batch message ends at member ", i,
-                       " of ", out->size(), " (", message.size(), " bytes)"));
+          absl::StrCat("rank ", r, " sent a SUM round without a usable ",
+                       "dense body: ", shape.status().message()));
     }
-    const uint8_t present = static_cast<uint8_t>(message[at]);
-    uint64_t size = 0;
-    for (size_t b = 0; b < sizeof(size); ++b) {
-      size |= uint64_t{static_cast<uint8_t>(message[at + 1 + b])} << (8 * b);
+    if (!first.has_value()) {
+      first = *shape;
+      result.sum.assign(first->elements, 0.0f);
+    } else if (!(*shape == *first)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", r, " sent ", shape->ToString(), ", rank 0 ",
+                       first->ToString()));
     }
-    at += kGatherEntryHeader;
-    if (present > 1 || (present == 0 && size != 0) ||
-        size > message.size() - at) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, "'s batch message has a bad entry for member ", i,
-          ": presence ", present, ", ", size, " bytes, ", message.size() - at,
-          " left"));
-    }
-    if (present == 1) (*out)[i] = message.substr(at, size);
-    at += size;
+    GC_RETURN_IF_ERROR(
+        codecs::AddDenseBody(*parsed, 1.0f, absl::MakeSpan(result.sum)));
   }
-  if (at != message.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, "'s batch message has ", message.size() - at,
-        " bytes after its ", out->size(), " members"));
-  }
-  return absl::OkStatus();
+  return result;
 }
 
 }  // namespace
@@ -273,73 +223,77 @@ void BatchingCollective::MaybeErase(const RoundKey& key, const BatchSpec& batch,
   batches_.erase(StepKey{key.job, BatchKeyTensor(batch), key.step});
 }
 
-absl::StatusOr<BatchingCollective::Summed> BatchingCollective::Exchange(
-    const RoundKey& key, const BatchSpec& batch,
+// The members' common SUM plan: every arrived member sends a SUM round
+// with the same body shape (say same-shape PowerSGD matrices), so their
+// bodies sum as one vector of slots.
+struct BatchingCollective::SumPlan {
+  std::vector<codecs::ParsedPayload> parsed;  // per member; views of payloads
+  BodyShape common;
+};
+
+std::optional<BatchingCollective::SumPlan> BatchingCollective::OneSumPlan(
     const std::vector<codecs::Bytes>& payloads,
-    const std::vector<bool>& arrived) {
-  const size_t members = batch.members.size();
-  std::vector<codecs::ParsedPayload> parsed(members);
+    const std::vector<bool>& arrived, const std::vector<bool>& gather) {
+  std::vector<codecs::ParsedPayload> parsed(payloads.size());
   std::optional<BodyShape> common;
-  size_t first = 0;
-  for (size_t i = 0; i < members; ++i) {
+  for (size_t i = 0; i < payloads.size(); ++i) {
     if (!arrived[i]) continue;
-    absl::StatusOr<BodyShape> shape;
+    if (gather[i]) return std::nullopt;
     absl::StatusOr<codecs::ParsedPayload> peeked =
         codecs::PeekPayload(payloads[i]);
-    if (peeked.ok()) {
-      parsed[i] = *peeked;
-      shape = ReadBodyShape(parsed[i]);
-    } else {
-      shape = peeked.status();
+    if (!peeked.ok()) return std::nullopt;
+    absl::StatusOr<BodyShape> shape = ReadBodyShape(*peeked);
+    if (!shape.ok() || (common.has_value() && !(*shape == *common))) {
+      return std::nullopt;
     }
-    if (!shape.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "member '", batch.members[i], "' sent a SUM round without a usable ",
-          "dense body: ", shape.status().message()));
-    }
-    if (!common.has_value()) {
-      common = *shape;
-      first = i;
-    } else if (!(*shape == *common)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "members '", batch.members[first], "' (", common->ToString(),
-          ") and '", batch.members[i], "' (", shape->ToString(),
-          ") send different rounds; expected the members of a batch to have "
-          "the same codec plan (the same shape and policy rule)"));
-    }
+    common = *shape;
+    parsed[i] = *peeked;
   }
-  const size_t width = codecs::ElemTypeBytes(common->type);
-  const size_t slot_bytes = common->elements * width;
+  if (!common.has_value()) return std::nullopt;
+  return SumPlan{std::move(parsed), *common};
+}
+
+absl::StatusOr<BatchingCollective::Summed> BatchingCollective::Exchange(
+    const RoundKey& key, const BatchSpec& batch, const SumPlan& plan,
+    const std::vector<bool>& arrived) {
+  const size_t members = batch.members.size();
+  const BodyShape& common = plan.common;
+  const size_t width = codecs::ElemTypeBytes(common.type);
+  const size_t slot_bytes = common.elements * width;
   codecs::WireHeader header;
-  header.codec = common->codec;
-  header.round = common->round;
+  header.codec = common.codec;
+  header.round = common.round;
   header.flags = codecs::kFlagDenseBody;
-  header.numel = common->numel * members;
-  const std::string params(1, static_cast<char>(common->type));
+  header.numel = common.numel * members;
+  const std::string params(1, static_cast<char>(common.type));
   codecs::Round round;
   round.collective = codecs::Collective::kSum;
   char* body = codecs::BeginPayload(
-      header, params, (common->elements + 1) * members * width, &round.payload);
+      header, params, (common.elements + 1) * members * width, &round.payload);
   char* presence = body + slot_bytes * members;
   for (size_t i = 0; i < members; ++i) {
     if (arrived[i]) {
-      std::memcpy(body + i * slot_bytes, parsed[i].body.data(), slot_bytes);
-      WriteOne(common->type, presence + i * width);
+      std::memcpy(body + i * slot_bytes, plan.parsed[i].body.data(),
+                  slot_bytes);
+      WriteOne(common.type, presence + i * width);
     } else {
       std::memset(body + i * slot_bytes, 0, slot_bytes);
       std::memset(presence + i * width, 0, width);
     }
   }
+  // Its own key: a rank where the batch's GATHER members all left would
+  // otherwise meet the others' allgather with a sum.
   GC_ASSIGN_OR_RETURN(
       codecs::RoundResult result,
-      inner_->Run({key.job, BatchKeyTensor(batch), key.step, key.round},
+      inner_->Run({key.job, absl::StrCat(BatchKeyTensor(batch), "#sum"),
+                   key.step, key.round},
                   std::move(round)));
-  if (result.sum.size() != (common->elements + 1) * members) {
+  if (result.sum.size() != (common.elements + 1) * members) {
     return absl::InternalError(
         absl::StrCat("the batch's sum holds ", result.sum.size(),
-                     " values, expected ", (common->elements + 1) * members));
+                     " values, expected ", (common.elements + 1) * members));
   }
-  return Summed{result.world_size, common->elements, std::move(result.sum)};
+  return Summed{result.world_size, common.elements, std::move(result.sum)};
 }
 
 absl::StatusOr<BatchingCollective::Gathered> BatchingCollective::ExchangeGather(
@@ -423,22 +377,20 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
     const std::vector<bool> arrived = group.arrived;
     const std::vector<bool> gather = group.gather;
     mu_.Unlock();
-    absl::Status status = SameCollective(batch, arrived, gather);
-    bool gathers = false;
-    for (size_t i = 0; i < members; ++i) gathers = gathers || gather[i];
-    if (!status.ok()) {
-      // Say a tensor's codec sent it dense this step: its round is a SUM
-      // among GATHER ones. The policy decides alike on every rank, so every
-      // rank lands here, and the members go one by one this round instead
-      // of failing together.
-      std::fprintf(stderr, "gradcompd: %s%s; its members go one by one\n",
-                   Prefix(batch, key).c_str(),
-                   std::string(status.message()).c_str());
+    absl::Status status;
+    if (std::optional<SumPlan> plan = OneSumPlan(payloads, arrived, gather)) {
+      absl::StatusOr<Summed> summed = Exchange(key, batch, *plan, arrived);
       mu_.Lock();
-      group.payloads = std::move(payloads);
-      group.one_by_one = true;
-      status = absl::OkStatus();
-    } else if (gathers) {
+      if (summed.ok()) {
+        group.world_size = summed->world_size;
+        group.member_elements = summed->member_elements;
+        group.sum = std::move(summed->sum);
+      }
+      status = summed.status();
+    } else {
+      // GATHER members, or SUM ones whose bodies differ (a top-k bucket's
+      // biases sent dense, a tensor a codec sent dense this step): every
+      // payload travels whole, and each SUM member sums its own.
       absl::StatusOr<Gathered> gathered =
           ExchangeGather(key, batch, std::move(payloads), arrived);
       mu_.Lock();
@@ -448,15 +400,6 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
         group.gathered_from = std::move(gathered->from);
       }
       status = gathered.status();
-    } else {
-      absl::StatusOr<Summed> summed = Exchange(key, batch, payloads, arrived);
-      mu_.Lock();
-      if (summed.ok()) {
-        group.world_size = summed->world_size;
-        group.member_elements = summed->member_elements;
-        group.sum = std::move(summed->sum);
-      }
-      status = summed.status();
     }
     if (!status.ok()) {
       group.status = absl::Status(
@@ -487,14 +430,6 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
   absl::StatusOr<codecs::RoundResult> result;
   if (!group.status.ok()) {
     result = group.status;
-  } else if (group.one_by_one) {
-    codecs::Round own;
-    own.collective = group.gather[index] ? codecs::Collective::kGather
-                                         : codecs::Collective::kSum;
-    own.payload = std::move(group.payloads[index]);
-    mu_.Unlock();
-    result = inner_->Run(key, std::move(own));
-    mu_.Lock();
   } else if (!group.gathered.empty()) {
     const int from = group.gathered_from[index];
     if (from != group.world_size) {
@@ -502,11 +437,23 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
           Prefix(batch, key), "tensor '", key.tensor, "' was gathered from ",
           from, " of ", group.world_size,
           " ranks; it left the batch on the others (an error there)"));
-    } else {
+    } else if (group.gather[index]) {
       codecs::RoundResult own;
       own.world_size = group.world_size;
       own.payloads = std::move(group.gathered[index]);
       result = std::move(own);
+    } else {
+      const std::vector<codecs::Bytes> payloads =
+          std::move(group.gathered[index]);
+      mu_.Unlock();
+      result = SumGathered(payloads);
+      mu_.Lock();
+      if (!result.ok()) {
+        result = absl::Status(
+            result.status().code(),
+            absl::StrCat(Prefix(batch, key), "tensor '", key.tensor,
+                         "': ", result.status().message()));
+      }
     }
   } else {
     const size_t n = group.member_elements;

@@ -5,9 +5,10 @@
 //   - SUM rounds (say the 20 same-shape PowerSGD matrices of a DDP bucket):
 //     it concatenates the dense bodies, members sorted by name, and hands
 //     each member its slice of the sum;
-//   - GATHER rounds (say the top-k payloads of a bucket's layers, any
-//     shapes): it allgathers one message holding every member's payload
-//     whole and hands each member every rank's payload of its own. Each
+//   - any other rounds (say the top-k payloads of a bucket's layers, any
+//     shapes, and its biases sent dense): it allgathers one message holding
+//     every member's payload whole and hands each member every rank's
+//     payload of its own (or, for a SUM round, their sum). Each
 //     peer then gets one message per batch, not one per member: per-message
 //     thread hand-offs were most of a top-k step's peer CPU
 //     (docs/benchmarks.md, "Where a top-k step's context switches go").
@@ -25,12 +26,16 @@
 // the concatenations line up on every rank, and the summed presence tells
 // each member whether all ranks contributed it. The GATHER batch message
 // is, per member in sorted-name order, a presence byte (1 or 0), the
-// payload's length (8 bytes, little-endian) and the payload. A round whose
-// members mix SUM and GATHER (a codec sent one of them dense) is not
-// batched: each member runs its own collective, as unbatched. The inner
-// key's tensor is "#batch:<id>#<digest of the member list>", so ranks that
-// disagree on the member list never meet (they fail at the deadline naming
-// the ranks) instead of summing misaligned bodies.
+// payload's length (8 bytes, little-endian) and the payload
+// (gather_batch_message.h). A round that mixes SUM and GATHER members (a
+// top-k bucket's biases, which the policy sends dense), or SUM members
+// whose bodies differ in shape, travels as such a message too: each SUM
+// member then sums every rank's body itself, in rank order, so that every
+// rank gets the same bits. The inner key's tensor is
+// "#batch:<id>#<digest of the member list>" (with "#sum" for a slotted
+// sum), so ranks that disagree on the member list, or on which of the two
+// a round is, never meet (they fail at the deadline naming the ranks)
+// instead of summing misaligned bodies.
 #ifndef GRADCOMP_SERVICE_COLLECTIVE_BATCHING_COLLECTIVE_H_
 #define GRADCOMP_SERVICE_COLLECTIVE_BATCHING_COLLECTIVE_H_
 
@@ -96,10 +101,10 @@ class BatchingCollective : public Collective {
 
   // Round `key.round` of member `key.tensor` of `batch` (a MakeBatchSpec
   // result) at `key.step`. Errors: DeadlineExceeded naming the members that
-  // neither arrived nor left; InvalidArgument when SUM payloads differ in
-  // codec, round, element count or body, or a rank's GATHER batch message
-  // is malformed; FailedPrecondition for a member that some rank left out;
-  // the inner collective's errors for every member.
+  // neither arrived nor left; InvalidArgument when a rank's batch message
+  // is malformed or a SUM member's body differs between ranks;
+  // FailedPrecondition for a member that some rank left out; the inner
+  // collective's errors for every member.
   absl::StatusOr<codecs::RoundResult> RunBatched(const RoundKey& key,
                                                  const BatchSpec& batch,
                                                  codecs::Round round)
@@ -124,7 +129,6 @@ class BatchingCollective : public Collective {
     int waiting = 0;           // members in RunBatched for this round
     bool started = false;
     bool finished = false;
-    bool one_by_one = false;  // mixed SUM and GATHER: each runs alone
     absl::Status status;
     int world_size = 0;
     size_t member_elements = 0;
@@ -167,13 +171,19 @@ class BatchingCollective : public Collective {
   void DropStale() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static bool Complete(const StepBatch& batch, int round,
                        const RoundGroup& group);
+  struct SumPlan;
+  // The plan of a round whose arrived members all send SUM rounds with one
+  // body shape; nullopt when some member gathers or the bodies differ.
+  static std::optional<SumPlan> OneSumPlan(
+      const std::vector<codecs::Bytes>& payloads,
+      const std::vector<bool>& arrived, const std::vector<bool>& gather);
   // The leader's work, outside the lock: concatenate the bodies of the
   // members that `arrived`, run the inner collective, return the sum.
   absl::StatusOr<Summed> Exchange(const RoundKey& key, const BatchSpec& batch,
-                                  const std::vector<codecs::Bytes>& payloads,
+                                  const SumPlan& plan,
                                   const std::vector<bool>& arrived);
-  // The same for GATHER rounds: one allgather of every arrived member's
-  // payload, split by member.
+  // Any other round: one allgather of every arrived member's payload,
+  // split by member.
   absl::StatusOr<Gathered> ExchangeGather(const RoundKey& key,
                                           const BatchSpec& batch,
                                           std::vector<codecs::Bytes> payloads,

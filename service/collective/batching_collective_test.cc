@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "service/collective/counting_collective.h"
+#include "service/collective/gather_batch_message.h"
 #include "service/collective/in_process_group.h"
 
 namespace gradcomp::service {
@@ -226,22 +227,33 @@ TEST(BatchingCollectiveTest, AMissingMemberFailsTheBatchNamingIt) {
 
 // Members whose rounds differ (not the same codec plan) fail with an error
 // naming both.
-TEST(BatchingCollectiveTest, MembersWithDifferentBodiesAreRefused) {
-  Ranks ranks(1, absl::Seconds(60));
+// SUM members whose bodies differ in shape (a bucket's biases, which the
+// policy sends dense) travel as one allgather message, and each sums every
+// rank's body in rank order: the same bits on every rank.
+TEST(BatchingCollectiveTest, SumMembersOfDifferentShapesShareOneAllgather) {
+  constexpr int kWorld = 3;
+  Ranks ranks(kWorld, absl::Seconds(60));
   const BatchSpec spec = Spec("b", {"a", "b"});
-  std::vector<absl::Status> status(2);
-  OnThreads(1, 2, [&](int r, int m) {
-    status[m] = ranks.batching(r)
-                    .RunBatched({"job", spec.members[m], 0, 0}, spec,
-                                SumRound(0, Values(r, m, 0, 0, 4 + m)))
-                    .status();
+  std::vector<std::vector<float>> got(kWorld * 2);
+  OnThreads(kWorld, 2, [&](int r, int m) {
+    absl::StatusOr<codecs::RoundResult> result = ranks.batching(r).RunBatched(
+        {"job", spec.members[m], 0, 0}, spec,
+        SumRound(0, Values(r, m, 0, 0, 4 + 2 * m)));
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->world_size, kWorld);
+    got[r * 2 + m] = result->sum;
   });
-  for (const absl::Status& s : status) {
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(s.message(), HasSubstr("members 'a'"));
-    EXPECT_THAT(s.message(), HasSubstr("the same codec plan"));
+  for (int m = 0; m < 2; ++m) {
+    std::vector<float> expected(4 + 2 * m, 0.0f);
+    for (int r = 0; r < kWorld; ++r) {
+      const std::vector<float> v = Values(r, m, 0, 0, 4 + 2 * m);
+      for (size_t i = 0; i < v.size(); ++i) expected[i] += v[i];
+    }
+    for (int r = 0; r < kWorld; ++r) {
+      EXPECT_EQ(got[r * 2 + m], expected) << "member " << m << " rank " << r;
+    }
   }
-  EXPECT_EQ(ranks.inner_runs(0), 0);
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(ranks.inner_runs(r), 1);
 }
 
 // fp16 bodies keep their type in the batch payload (presence slots too).
@@ -395,9 +407,10 @@ TEST(BatchingCollectiveTest, AGatherMemberLeftOnOneRankFailsOnlyThatMember) {
   }
 }
 
-// A round that mixes SUM and GATHER members (a codec sent one dense) is
-// not batched: each member gets what its own collective would give it.
-TEST(BatchingCollectiveTest, SumAndGatherMembersInOneRoundGoOneByOne) {
+// A round that mixes SUM and GATHER members (a top-k layer and its bias,
+// sent dense) travels as one allgather: each member gets what its own
+// collective would give it.
+TEST(BatchingCollectiveTest, SumAndGatherMembersShareOneAllgather) {
   constexpr int kWorld = 2;
   Ranks ranks(kWorld, absl::Seconds(60));
   const BatchSpec spec = Spec("b", {"a", "b"});
@@ -422,7 +435,7 @@ TEST(BatchingCollectiveTest, SumAndGatherMembersInOneRoundGoOneByOne) {
     EXPECT_THAT(
         got[r * 2 + 1].payloads,
         ::testing::ElementsAre(GatherPayload(0, 3, 0), GatherPayload(1, 3, 0)));
-    EXPECT_EQ(ranks.inner_runs(r), 2) << "rank " << r;
+    EXPECT_EQ(ranks.inner_runs(r), 1) << "rank " << r;
   }
 }
 
@@ -481,6 +494,37 @@ TEST(BatchingCollectiveTest, AMalformedGatherBatchMessageIsRefused) {
       batching.RunBatched({"job", "a", 0, 0}, spec, GatherRound("mine"));
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_THAT(result->payloads, ::testing::ElementsAre("mine", "abcde"));
+}
+
+// A peer whose SUM body for a member differs from this rank's (another
+// shape, or no dense body) fails that member naming the rank; the batch's
+// other members go on.
+TEST(BatchingCollectiveTest, APeersSumBodyOfAnotherShapeFailsThatMember) {
+  const BatchSpec spec = Spec("b", {"a", "b"});
+  const std::vector<std::pair<codecs::Bytes, std::string>> bodies = {
+      {SumRound(0, Values(1, 0, 0, 0, 5)).payload, "a body of 5 values"},
+      {"not a payload", "rank 1 sent a SUM round without a usable dense body"},
+  };
+  for (const auto& [theirs, expected] : bodies) {
+    FakeGatherCollective inner(
+        GatherMessage({theirs, GatherPayload(1, 2, 0)}, {true, true}));
+    BatchingCollective batching(&inner, absl::Seconds(5));
+    std::vector<absl::StatusOr<codecs::RoundResult>> got(
+        2, absl::UnknownError("not run"));
+    OnThreads(1, 2, [&](int, int m) {
+      codecs::Round round = m == 0 ? SumRound(0, Values(0, 0, 0, 0, 4))
+                                   : GatherRound(GatherPayload(0, 2, 0));
+      got[m] = batching.RunBatched({"job", spec.members[m], 0, 0}, spec,
+                                   std::move(round));
+    });
+    EXPECT_EQ(got[0].status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(got[0].status().message(), HasSubstr("tensor 'a'"));
+    EXPECT_THAT(got[0].status().message(), HasSubstr(expected));
+    ASSERT_TRUE(got[1].ok()) << got[1].status();
+    EXPECT_THAT(
+        got[1]->payloads,
+        ::testing::ElementsAre(GatherPayload(0, 2, 0), GatherPayload(1, 2, 0)));
+  }
 }
 
 // The plain exchanges reach the inner collective unchanged.

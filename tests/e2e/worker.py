@@ -34,13 +34,18 @@ import time
 import numpy as np
 
 from gradcomp import metrics, resnet50
-from gradcomp.client import Client
+from gradcomp.client import Client, joins_gather_batch
 from gradcomp.shm import ShmRegion
 
+# The codec each run forces on every tensor, with its parameters; "policy"
+# forces none: the daemon's policy decides per tensor, as for a DDP hook
+# that names no codecs (with a policy like "* -> topk", biases and norms go
+# dense).
 CODECS = {
     "none": {},
     "topk": {"ratio": 0.01},
     "qsgd": {"bits": 4},
+    "policy": None,
 }
 
 
@@ -102,15 +107,18 @@ def buckets(grads: dict[str, np.ndarray], bucket_mib: float) -> dict[str, np.nda
             for group in consecutive_groups(grads, list(grads), bucket_mib)}
 
 
-def gather_batches(grads: dict[str, np.ndarray], used: dict[str, str], codec: str,
-                   batch_mib: float, max_members: int = 64) -> dict[str, list[str]]:
-    """{batch id: members}: consecutive tensors that `codec`, a codec with
-    GATHER rounds, compressed last step (`used`: each tensor's codec then;
-    tensors it sent dense are left out, their rounds being SUM ones), at
-    least `batch_mib` MiB of gradients or `max_members` tensors per batch.
-    The same on every rank, as `used` is."""
-    compressed = [name for name in grads if used.get(name) == codec]
-    groups = [g for g in consecutive_groups(grads, compressed, batch_mib, max_members)
+def gather_batches(grads: dict[str, np.ndarray], used: dict[str, str],
+                   gather_codecs: set[str], batch_mib: float,
+                   max_members: int = 64) -> dict[str, list[str]]:
+    """{batch id: members}: consecutive tensors whose rounds travel as one
+    allgather per batch (`gradcomp.client.joins_gather_batch` of the codec
+    each got last step, `used`: a codec of GATHER rounds compressed it, or
+    it was sent dense and is small), at least `batch_mib` MiB of gradients
+    or `max_members` tensors per batch. The same on every rank, as `used`
+    is."""
+    joining = [name for name in grads
+               if joins_gather_batch(used.get(name), grads[name].nbytes, gather_codecs)]
+    groups = [g for g in consecutive_groups(grads, joining, batch_mib, max_members)
               if len(g) > 1]
     return {f"b{i}.{group[0]}": group for i, group in enumerate(groups)}
 
@@ -181,7 +189,9 @@ def main() -> int:
     p.add_argument("--target", default="127.0.0.1:50051")
     p.add_argument("--metrics_url", default="http://127.0.0.1:9464/metrics")
     p.add_argument("--barrier_dir", required=True)
-    p.add_argument("--codecs", default="none,topk,qsgd")
+    p.add_argument("--codecs", default="none,topk,qsgd",
+                   help="runs, one per codec forced on every tensor (CODECS); "
+                   "'policy': the daemon's policy decides")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--barrier_timeout", type=float, default=120)
     p.add_argument("--rpc_timeout", type=float, default=120)
@@ -199,9 +209,10 @@ def main() -> int:
                    "many MiB (DDP's buckets) instead of one tensor each; 0: "
                    "one tensor each")
     p.add_argument("--batch_mib", type=float, default=0,
-                   help="from step 1, declare batches of the tensors the codec "
-                   "compressed the step before, this many MiB each, so that "
-                   "their GATHER rounds travel as one collective; 0: none")
+                   help="from step 1, declare batches of the tensors a codec of "
+                   "GATHER rounds compressed the step before and the small ones "
+                   "sent dense, this many MiB each, so that their rounds travel "
+                   "as one collective (the DDP hook's batch_gather); 0: none")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -224,10 +235,8 @@ def main() -> int:
     for codec in args.codecs.split(","):
         used: dict[str, str] = {}
         for step in range(args.steps):
-            # Only codecs whose rounds are GATHER ones (not summable): a SUM
-            # batch must be of one shape.
-            batches = (gather_batches(grads, used, codec, args.batch_mib)
-                       if args.batch_mib > 0 and codec in gather_codecs else None)
+            batches = (gather_batches(grads, used, gather_codecs, args.batch_mib)
+                       if args.batch_mib > 0 else None)
             tag = f"{codec}.{step}"
             barrier.wait(f"start.{tag}")
             before = settled(args.metrics_url)
@@ -235,12 +244,13 @@ def main() -> int:
             c0, d0 = cpu_seconds(None), cpu_seconds(args.daemon_pid)
             s0 = context_switches(args.daemon_pid)
             t0 = time.perf_counter()
+            forced = None if CODECS[codec] is None else codec
             if shm is None:
                 out = {name: st for name, (_, st) in client.reduce_many(
-                    grads, step=step, codec=codec, params=CODECS[codec],
+                    grads, step=step, codec=forced, params=CODECS[codec],
                     job=f"e2e-{codec}", batches=batches).items()}
             else:
-                out = client.reduce_many_shm(shm.tensors, step=step, codec=codec,
+                out = client.reduce_many_shm(shm.tensors, step=step, codec=forced,
                                              params=CODECS[codec], job=f"e2e-{codec}",
                                              batches=batches)
             wall = time.perf_counter() - t0

@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from gradcomp import cuda_ipc
-from gradcomp.client import Client, Gossip
+from gradcomp.client import Client, Gossip, joins_gather_batch
 from gradcomp.errors import GradcompError
 from gradcomp.shm import ShmRegion, ShmTensor
 
@@ -89,6 +89,10 @@ class _Tensor:
     shape: tuple[int, ...]
     dtype: np.dtype
     offset: int        # its byte offset in the buffer
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
     def view(self, buffer: np.ndarray) -> np.ndarray:
         """This tensor's elements in `buffer`, a flat array laid out as the
@@ -417,9 +421,10 @@ class HookState:
                 self.gather_codecs = {c.name for c in self.client.info().codecs
                                       if not c.summable}
             # What the daemon used, not what was asked: a tensor it sends
-            # dense has SUM rounds.
+            # dense has SUM rounds, which join only when small.
             names = [t.name for t in tensors
-                     if self.last_codecs.get(t.name) in self.gather_codecs]
+                     if joins_gather_batch(self.last_codecs.get(t.name),
+                                           t.nbytes, self.gather_codecs)]
             for members in _split(names, self.MAX_BATCH):
                 batches[f"gather.{members[0]}"] = members
         return batches

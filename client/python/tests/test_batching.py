@@ -4,6 +4,7 @@ the same averages batched as unbatched with fewer collectives, for SUM
 rounds (PowerSGD, same shapes) and GATHER rounds (top-k, any shapes)."""
 import threading
 import unittest
+from unittest import mock
 
 import numpy as np
 import torch
@@ -58,15 +59,23 @@ class HookBatchesTest(unittest.TestCase):
         self.state.batch_gather = True
         self.state.gather_codecs = {"topk", "qsgd"}
         self.assertEqual(self.state._batches(Codec("topk"), self.tensors), {})
-        # The shapes differ; a tensor sent dense ("none") stays out.
+        # The shapes differ; a small tensor sent dense ("none") joins, one
+        # of another summable codec stays out.
         self.state.last_codecs = {"0.weight": "topk", "0.bias": "none",
                                   "1.weight": "topk", "3.weight": "qsgd",
                                   "3.bias": "powersgd"}
         self.assertEqual(self.state._batches(Codec("topk"), self.tensors),
-                         {"gather.0.weight": ["0.weight", "1.weight", "3.weight"]})
+                         {"gather.0.weight": ["0.weight", "0.bias", "1.weight",
+                                              "3.weight"]})
+        # A dense one over the size limit (here 8 floats) stays out too.
+        with mock.patch.object(gradcomp.client, "BATCH_DENSE_MAX_BYTES", 31):
+            self.assertEqual(self.state._batches(Codec("topk"), self.tensors),
+                             {"gather.0.weight": ["0.weight", "1.weight",
+                                                  "3.weight"]})
         self.state.MAX_BATCH = 2
         self.assertEqual(self.state._batches(None, self.tensors),
-                         {"gather.0.weight": ["0.weight", "1.weight"]})
+                         {"gather.0.weight": ["0.weight", "0.bias"],
+                          "gather.1.weight": ["1.weight", "3.weight"]})
 
     def test_other_codecs_and_the_default_do_not_batch(self):
         self.assertEqual(self.state._batches(Codec("topk"), self.tensors), {})

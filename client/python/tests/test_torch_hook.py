@@ -7,7 +7,8 @@
 - With a local daemon that allows it, the hook picks shared memory, and its
   steps equal inline bytes' steps exactly.
 - With batch_gather, W = 2 and two peered daemons, a bucket's top-k weights
-  travel as one batch and training equals unbatched training bit for bit.
+  travel as one batch, its small biases sent dense as another, and
+  training equals unbatched training bit for bit.
 - HookState refuses codecs for unknown parameters, a checkpoint of another
   job, and shm=True with a remote daemon.
 - A short Fashion-MNIST training (W = 2 workers, each with its own daemon,
@@ -239,8 +240,9 @@ class HookCheckpointTest(unittest.TestCase):
 @unittest.skipIf(torch is None, "needs torch (Debian: python3-torch)")
 class HookGatherBatchTest(unittest.TestCase):
     """batch_gather under real DDP, W = 2, two peered daemons: the top-k
-    weights of each bucket travel as one batch from step 1, and training
-    is bit for bit what it is without batches, on both ranks."""
+    weights of each bucket travel as one batch from step 1 and its dense
+    biases as another, and training is bit for bit what it is without
+    batches, on both ranks."""
 
     def test_batched_top_k_trains_exactly_as_unbatched(self):
         daemons = start_peered(2, self.addCleanup)
@@ -260,13 +262,16 @@ class HookGatherBatchTest(unittest.TestCase):
                              "\n".join(d.log()[-2000:] for d in daemons))
             results = [torch.load(out) for out in outs]
         # Per daemon: unbatched, 6 tensors x 5 steps; batched, 6 in step 0,
-        # then the 3 weights as one and the 3 biases alone in steps 1-4.
+        # then in steps 1-4 the 3 weights as one batch and the 3 biases
+        # (left to the policy, which sends them dense) as another: the hook
+        # batches the tensors of one requested codec together.
         self.assertEqual([collectives(d) - b for d, b in zip(daemons, before)],
-                         [30 + 6 + 4 * 4] * 2)
+                         [30 + 6 + 4 * 2] * 2)
         for r in range(2):
             self.assertEqual(results[r][False]["batched"], 0)
-            # 3 top-k weights per step, batched from step 1 on: 4 x 3.
-            self.assertEqual(results[r][True]["batched"], 12)
+            # All 6 tensors per step, batched from step 1 on: 4 x 6.
+            self.assertEqual(results[r][True]["batched"], 24)
+            self.assertEqual(results[r][True]["codecs"]["0.bias"], "none")
             self.assertEqual(results[r][True]["codecs"]["2.weight"], "topk")
             for name, value in results[0][False]["model"].items():
                 self.assertTrue(torch.equal(results[r][True]["model"][name], value),
