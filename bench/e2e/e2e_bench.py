@@ -97,7 +97,8 @@ def gradcomp_phase(net: shaped_net.ShapedNetwork, work: pathlib.Path, name: str,
             flags = ([f"--rank={i}", f"--world_size={W}", f"--peers={peers}",
                       "--collective_timeout=120s", "--peer_startup_timeout=60s"]
                      if world > 1 else ["--world_size=1"])
-            daemons.append(net.popen(i, [binary, *flags, "--listen=127.0.0.1:50051",
+            daemons.append(net.popen(i, [binary, *flags, *args.daemon_arg,
+                                         "--listen=127.0.0.1:50051",
                                          "--metrics_listen=127.0.0.1:9464",
                                          "--allow_client_shm"],
                                      stdout=open(work / f"{name}.gradcompd.{i}.log", "wb"),
@@ -211,7 +212,12 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=8,
                    help="per codec, the first is warm-up; the median of the rest "
                    "is reported (the first few steps still grow the heap)")
-    p.add_argument("--codecs", default="none,topk,qsgd")
+    p.add_argument("--codecs", default="none,topk,qsgd",
+                   help="methods, each a codec forced on every tensor, or "
+                   "'policy': the daemons' policy decides (tests/e2e/worker.py)")
+    p.add_argument("--daemon_arg", action="append", default=[],
+                   help="an extra gradcompd flag for every daemon, e.g. "
+                   "--daemon_arg=--config=FILE for a policy; repeatable")
     p.add_argument("--phase_timeout", type=float, default=900)
     p.add_argument("--phases", default="local,shaped,gloo")
     p.add_argument("--out", default=None)
