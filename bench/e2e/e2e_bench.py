@@ -225,10 +225,10 @@ def main() -> int:
                    help="keep: clients run with KEEP_FREED_MEMORY; default: glibc's "
                         "defaults")
     p.add_argument("--batch_mib", type=float, default=25,
-                   help="clients declare batches of this many MiB of the "
-                   "tensors each codec compressed the step before, so that their "
-                   "GATHER rounds travel as one collective (tests/e2e/worker.py), "
-                   "as the DDP hook does by default; 0: one collective per tensor")
+                   help="clients declare batches of this many MiB of consecutive "
+                   "tensors, whose rounds travel as one collective "
+                   "(tests/e2e/worker.py), as the DDP hook does by default; 0: "
+                   "one collective per tensor")
     p.add_argument("--io", choices=("shm", "inline"), default="shm",
                    help="how workers hand tensors to their daemon (tests/e2e/worker.py)")
     args = p.parse_args()

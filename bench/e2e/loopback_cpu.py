@@ -70,8 +70,8 @@ def main() -> int:
                    help="clients reduce the gradients in flattened groups of "
                    "this many MiB (tests/e2e/worker.py); 0: one tensor each")
     p.add_argument("--batch_mib", type=float, default=0,
-                   help="clients declare batches of this many MiB of compressed "
-                   "tensors from step 1 (tests/e2e/worker.py); 0: none")
+                   help="clients declare batches of this many MiB of consecutive "
+                   "tensors (tests/e2e/worker.py); 0: none")
     p.add_argument("--daemon_arg", action="append", default=[],
                    help="one more gradcompd flag (repeatable)")
     args = p.parse_args()

@@ -390,10 +390,25 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
     } else {
       // GATHER members, or SUM ones whose bodies differ (a top-k bucket's
       // biases sent dense, a tensor a codec sent dense this step): every
-      // payload travels whole, and each SUM member sums its own.
+      // payload travels whole, and each SUM member sums its own. A large
+      // SUM body goes alone instead (its size, and so this choice, is the
+      // same on every rank).
+      std::vector<bool> in_message = arrived;
+      std::vector<codecs::Bytes> kept(members);
+      for (size_t i = 0; i < members; ++i) {
+        if (arrived[i] && !gather[i] &&
+            payloads[i].size() > kMaxGatheredSumBytes) {
+          in_message[i] = false;
+          kept[i] = std::move(payloads[i]);
+        }
+      }
       absl::StatusOr<Gathered> gathered =
-          ExchangeGather(key, batch, std::move(payloads), arrived);
+          ExchangeGather(key, batch, std::move(payloads), in_message);
       mu_.Lock();
+      group.payloads = std::move(kept);
+      for (size_t i = 0; i < members; ++i) {
+        group.alone[i] = arrived[i] && !in_message[i];
+      }
       if (gathered.ok()) {
         group.world_size = gathered->world_size;
         group.gathered = std::move(gathered->payloads);
@@ -430,6 +445,13 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
   absl::StatusOr<codecs::RoundResult> result;
   if (!group.status.ok()) {
     result = group.status;
+  } else if (group.alone[index]) {
+    codecs::Round own;
+    own.collective = codecs::Collective::kSum;
+    own.payload = std::move(group.payloads[index]);
+    mu_.Unlock();
+    result = inner_->Run(key, std::move(own));
+    mu_.Lock();
   } else if (!group.gathered.empty()) {
     const int from = group.gathered_from[index];
     if (from != group.world_size) {

@@ -31,7 +31,9 @@
 // top-k bucket's biases, which the policy sends dense), or SUM members
 // whose bodies differ in shape, travels as such a message too: each SUM
 // member then sums every rank's body itself, in rank order, so that every
-// rank gets the same bits. The inner key's tensor is
+// rank gets the same bits; a SUM body over kMaxGatheredSumBytes leaves the
+// message and runs its own collective. So a client may put every tensor of
+// a bucket in one batch, whatever codec each gets. The inner key's tensor is
 // "#batch:<id>#<digest of the member list>" (with "#sum" for a slotted
 // sum), so ranks that disagree on the member list, or on which of the two
 // a round is, never meet (they fail at the deadline naming the ranks)
@@ -62,6 +64,12 @@ namespace gradcomp::service {
 // (the daemon's stream pool has 256 per process): a bound keeps one batch
 // from holding them all.
 inline constexpr size_t kMaxBatchMembers = 128;
+
+// The largest SUM payload that rides in a batch's allgather message, where
+// it travels W - 1 times instead of a reduce-scatter's 2 (W - 1) / W: the
+// biases and norm scales a policy sends dense (all of ResNet-50's are at
+// most 8 KiB). A larger one runs its own reduce-scatter and allgather.
+inline constexpr size_t kMaxGatheredSumBytes = 64 * 1024;
 
 // A batch as the engine uses it: `members` sorted and unique.
 struct BatchSpec {
@@ -122,11 +130,17 @@ class BatchingCollective : public Collective {
   // One round of one batch at one step on this rank.
   struct RoundGroup {
     explicit RoundGroup(size_t members)
-        : payloads(members), arrived(members, false), gather(members, false) {}
+        : payloads(members),
+          arrived(members, false),
+          gather(members, false),
+          alone(members, false) {}
     std::vector<codecs::Bytes> payloads;
     std::vector<bool> arrived;
     std::vector<bool> gather;  // per arrived member: its round is kGather
-    int waiting = 0;           // members in RunBatched for this round
+    // Per member: a SUM body too large for the allgather message, which
+    // then runs its own collective.
+    std::vector<bool> alone;
+    int waiting = 0;  // members in RunBatched for this round
     bool started = false;
     bool finished = false;
     absl::Status status;

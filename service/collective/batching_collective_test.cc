@@ -496,6 +496,42 @@ TEST(BatchingCollectiveTest, AMalformedGatherBatchMessageIsRefused) {
   EXPECT_THAT(result->payloads, ::testing::ElementsAre("mine", "abcde"));
 }
 
+// A SUM body over kMaxGatheredSumBytes (a large tensor sent dense) runs its
+// own collective beside the batch's allgather, with the same sum.
+TEST(BatchingCollectiveTest, ALargeSumBodyRunsItsOwnCollective) {
+  constexpr int kWorld = 2;
+  constexpr size_t kLarge = kMaxGatheredSumBytes / sizeof(float) + 1;
+  Ranks ranks(kWorld, absl::Seconds(60));
+  const BatchSpec spec = Spec("b", {"a", "b", "c"});
+  std::vector<codecs::RoundResult> got(kWorld * 3);
+  OnThreads(kWorld, 3, [&](int r, int m) {
+    codecs::Round round =
+        m == 1 ? GatherRound(GatherPayload(r, 2, 0))
+               : SumRound(0, Values(r, m, 0, 0, m == 0 ? kLarge : 4));
+    absl::StatusOr<codecs::RoundResult> result = ranks.batching(r).RunBatched(
+        {"job", spec.members[m], 0, 0}, spec, std::move(round));
+    ASSERT_TRUE(result.ok()) << result.status();
+    got[r * 3 + m] = *std::move(result);
+  });
+  for (int m : {0, 2}) {
+    const size_t n = m == 0 ? kLarge : 4;
+    std::vector<float> sum(n, 0.0f);
+    for (int r = 0; r < kWorld; ++r) {
+      const std::vector<float> v = Values(r, m, 0, 0, n);
+      for (size_t i = 0; i < n; ++i) sum[i] += v[i];
+    }
+    for (int r = 0; r < kWorld; ++r) {
+      EXPECT_EQ(got[r * 3 + m].sum, sum) << "member " << m << " rank " << r;
+    }
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_THAT(
+        got[r * 3 + 1].payloads,
+        ::testing::ElementsAre(GatherPayload(0, 2, 0), GatherPayload(1, 2, 0)));
+    EXPECT_EQ(ranks.inner_runs(r), 2) << "rank " << r;
+  }
+}
+
 // A peer whose SUM body for a member differs from this rank's (another
 // shape, or no dense body) fails that member naming the rank; the batch's
 // other members go on.

@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 from gradcomp import metrics, resnet50
-from gradcomp.client import Client, joins_gather_batch
+from gradcomp.client import Client
 from gradcomp.shm import ShmRegion
 
 # The codec each run forces on every tensor, with its parameters; "policy"
@@ -107,18 +107,13 @@ def buckets(grads: dict[str, np.ndarray], bucket_mib: float) -> dict[str, np.nda
             for group in consecutive_groups(grads, list(grads), bucket_mib)}
 
 
-def gather_batches(grads: dict[str, np.ndarray], used: dict[str, str],
-                   gather_codecs: set[str], batch_mib: float,
+def gather_batches(grads: dict[str, np.ndarray], batch_mib: float,
                    max_members: int = 64) -> dict[str, list[str]]:
-    """{batch id: members}: consecutive tensors whose rounds travel as one
-    allgather per batch (`gradcomp.client.joins_gather_batch` of the codec
-    each got last step, `used`: a codec of GATHER rounds compressed it, or
-    it was sent dense and is small), at least `batch_mib` MiB of gradients
-    or `max_members` tensors per batch. The same on every rank, as `used`
-    is."""
-    joining = [name for name in grads
-               if joins_gather_batch(used.get(name), grads[name].nbytes, gather_codecs)]
-    groups = [g for g in consecutive_groups(grads, joining, batch_mib, max_members)
+    """{batch id: members}: consecutive tensors, at least `batch_mib` MiB of
+    gradients or `max_members` tensors per batch, as the DDP hook's
+    batch_gather declares them; the daemon sends each batch's payloads as
+    one message per peer, a large dense one alone."""
+    groups = [g for g in consecutive_groups(grads, list(grads), batch_mib, max_members)
               if len(g) > 1]
     return {f"b{i}.{group[0]}": group for i, group in enumerate(groups)}
 
@@ -209,10 +204,9 @@ def main() -> int:
                    "many MiB (DDP's buckets) instead of one tensor each; 0: "
                    "one tensor each")
     p.add_argument("--batch_mib", type=float, default=0,
-                   help="from step 1, declare batches of the tensors a codec of "
-                   "GATHER rounds compressed the step before and the small ones "
-                   "sent dense, this many MiB each, so that their rounds travel "
-                   "as one collective (the DDP hook's batch_gather); 0: none")
+                   help="declare batches of this many MiB of consecutive tensors, "
+                   "so that their rounds travel as one collective (the DDP "
+                   "hook's batch_gather); 0: none")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -229,14 +223,11 @@ def main() -> int:
             raise TimeoutError(f"rank {args.rank}: peers not up within 60 s")
         time.sleep(0.1)
     shm = ShmIO(client, grads, args.rank) if args.io == "shm" else None
-    gather_codecs = {c.name for c in client.info().codecs if not c.summable}
     result = {"rank": args.rank, "io": args.io,
               "numel": {n: int(g.size) for n, g in grads.items()}, "steps": []}
     for codec in args.codecs.split(","):
-        used: dict[str, str] = {}
         for step in range(args.steps):
-            batches = (gather_batches(grads, used, gather_codecs, args.batch_mib)
-                       if args.batch_mib > 0 else None)
+            batches = gather_batches(grads, args.batch_mib) if args.batch_mib > 0 else None
             tag = f"{codec}.{step}"
             barrier.wait(f"start.{tag}")
             before = settled(args.metrics_url)
@@ -266,7 +257,6 @@ def main() -> int:
                               "decode_s": st.decode_seconds,
                               "total_s": st.total_seconds}
                        for name, st in out.items()}
-            used = {name: st.codec for name, st in out.items()}
             del out
             result["steps"].append({
                 "codec": codec, "step": step, "wall_s": wall,

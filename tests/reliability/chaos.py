@@ -82,7 +82,8 @@ class Chaos:
                  f"--codecs={self.args.codecs}", "--job=chaos",
                  f"--start_step={first_step}", f"--clock={self.clock}",
                  f"--rpc_timeout={self.args.hang_seconds + 30}",
-                 f"--log={self.work / f'worker.{rank}.jsonl'}"],
+                 f"--log={self.work / f'worker.{rank}.jsonl'}",
+                 *(["--batch"] if self.args.batch else [])],
                 env=env, stdout=out, stderr=subprocess.STDOUT)
 
     def schedule(self) -> dict[int, tuple[str, int]]:
@@ -200,6 +201,9 @@ class Chaos:
             "rank_steps_ok": len(records) - len(failures),
             "tensors_checked_in_failed_steps": sum(r.get("partial_checked", 0)
                                                    for r in failures),
+            # --batch: tensors declared in batches in the rank steps that
+            # succeeded.
+            "batched_tensors_ok": sum(r.get("batched", 0) for r in records if r["ok"]),
             "rank_steps_interrupted_by_client_kill": self.interrupted,
             "faults": dict(collections.Counter(f["kind"] for f in self.faults)),
             "fault_list": self.faults,
@@ -229,6 +233,8 @@ def main() -> int:
     p.add_argument("--every", type=int, default=8,
                    help="every n-th parameter of the scaled ResNet-50 set (workload.py)")
     p.add_argument("--codecs", default="none,fp16,qsgd")
+    p.add_argument("--batch", action="store_true",
+                   help="workers declare batches as the DDP hook does by default")
     p.add_argument("--collective_timeout", type=float, default=3.0, help="seconds")
     p.add_argument("--hang_seconds", type=float, default=None,
                    help="a step longer than this is a hang (default 2 x timeout + 15)")

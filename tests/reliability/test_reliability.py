@@ -70,6 +70,19 @@ class ShortChaosTest(unittest.TestCase):
         self.assertGreater(s["failures_reported"], 0)
         self.assertEqual(s["final_steps_ok"], 5)
 
+    def test_batched_faults_reported_never_wrong_and_recovers(self) -> None:
+        # The same with the batches the DDP hook declares by default: qsgd
+        # steps batch every tensor, none steps the small ones (SUM members
+        # summed from one allgather message).
+        rc, output, s = _run("chaos.py", "--steps=30", "--faults=6", "--final_steps=5",
+                             "--seed=12", "--collective_timeout=5", "--batch",
+                             timeout=500)
+        self.assertEqual(rc, 0, output[-4000:])
+        self.assertEqual(s["wrong_results"], 0)
+        self.assertGreater(s["failures_reported"], 0)
+        self.assertEqual(s["final_steps_ok"], 5)
+        self.assertGreater(s["batched_tensors_ok"], 0)
+
 
 def _topk_rank_steps(work: workload.Workload, steps: int, corrupt_step: int | None
                      ) -> list[list[dict]]:

@@ -16,6 +16,10 @@ reduce in a stream that failed, and appends one JSON line to --log:
 For top-k it also exports its daemon's state after the step and appends the
 identity's numbers (workload.topk_terms) to --log as "topk" (8 per tensor).
 
+With --batch the stream declares batches as the DDP hook does by default
+(consecutive tensors, at most 64 per batch), so that their rounds travel as
+one collective per batch.
+
 With --clock DIR the steps are paced by a driver (chaos.py): the worker
 waits for DIR/go.<t> (a JSON object: {"disconnect": [ranks]} tells this
 rank to close its channel while the step is in flight and reconnect), runs
@@ -47,11 +51,20 @@ class Runner:
         self.client = Client(args.target, timeout=args.rpc_timeout)
         self.log = open(args.log, "a", buffering=1)
 
-    def _reduce(self, grads: dict, step: int, codec: str, disconnect_after: float | None):
+    def _batches(self, grads: dict) -> dict[str, list[str]] | None:
+        if not self.args.batch:
+            return None
+        names = list(grads)
+        groups = [names[i:i + 64] for i in range(0, len(names), 64)]
+        return {f"b{i}": g for i, g in enumerate(groups) if len(g) > 1}
+
+    def _reduce(self, grads: dict, step: int, codec: str, batches: dict | None,
+                disconnect_after: float | None):
         job = f"{self.args.job}-{codec}"
         if disconnect_after is None:
             return self.client.reduce_many(grads, step=step, codec=codec,
-                                           params=workload.CODECS[codec], job=job)
+                                           params=workload.CODECS[codec], job=job,
+                                           batches=batches)
         # Close the channel while the stream is in flight, as a trainer that
         # drops its connection would; the call must end with an error.
         outcome: dict = {}
@@ -59,7 +72,8 @@ class Runner:
         def call() -> None:
             try:
                 outcome["result"] = self.client.reduce_many(
-                    grads, step=step, codec=codec, params=workload.CODECS[codec], job=job)
+                    grads, step=step, codec=codec, params=workload.CODECS[codec], job=job,
+                    batches=batches)
             except BaseException as error:  # handed to the caller below
                 outcome["error"] = error
 
@@ -79,7 +93,9 @@ class Runner:
         record: dict = {"step": step, "codec": codec}
         t0 = time.monotonic()
         try:
-            results = self._reduce(grads, step, codec, disconnect_after)
+            batches = self._batches(grads)
+            record["batched"] = sum(len(m) for m in (batches or {}).values())
+            results = self._reduce(grads, step, codec, batches, disconnect_after)
         except GradcompError as error:
             record.update(ok=False, code=error.code.name, message=str(error)[:600],
                           seconds=round(time.monotonic() - t0, 3))
@@ -178,6 +194,8 @@ def main() -> int:
                    help="every n-th parameter of the scaled set (workload.py)")
     p.add_argument("--job", default="soak")
     p.add_argument("--codecs", default="none,fp16,qsgd,topk")
+    p.add_argument("--batch", action="store_true",
+                   help="declare batches as the DDP hook does by default")
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--start_step", type=int, default=0)
     p.add_argument("--stop_file", help="once it exists, stop before the step it names (soak)")

@@ -18,7 +18,7 @@ import math
 import os
 import secrets
 import socket
-from typing import Container, Iterable, Iterator, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import grpc
 import numpy as np
@@ -167,25 +167,6 @@ def _set_mode(request: gradcomp_pb2.ReduceRequest, gossip: Gossip | None,
             fresh_factors=gossip.fresh_factors))
     if consensus_distance is not None:
         request.consensus_distance = consensus_distance
-
-
-# The largest tensor sent dense ("none") that joins a batch of GATHER
-# rounds: its SUM round then travels inside the batch's one allgather
-# message (W - 1 copies of its bytes) instead of a reduce-scatter and an
-# allgather of its own (about 6 (W - 1) messages). Small dense tensors are
-# what a layer-wise policy leaves dense (biases, norms): most of a ResNet's
-# tensors and few of its bytes.
-BATCH_DENSE_MAX_BYTES = 64 * 1024
-
-
-def joins_gather_batch(codec_used: str | None, nbytes: int,
-                       gather_codecs: Container[str]) -> bool:
-    """Whether a tensor of `nbytes` that the daemon reduced with
-    `codec_used` at its last step (None: none yet) belongs in a batch whose
-    rounds travel as one allgather: one of `gather_codecs` (GetInfo's not
-    summable codecs) compressed it, or it was sent dense and is small."""
-    return codec_used in gather_codecs or (
-        codec_used == "none" and nbytes <= BATCH_DENSE_MAX_BYTES)
 
 
 def _batch_requests(batches: Mapping[str, Sequence[str]] | None,

@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from gradcomp import cuda_ipc
-from gradcomp.client import Client, Gossip, joins_gather_batch
+from gradcomp.client import Client, Gossip
 from gradcomp.errors import GradcompError
 from gradcomp.shm import ShmRegion, ShmTensor
 
@@ -89,10 +89,6 @@ class _Tensor:
     shape: tuple[int, ...]
     dtype: np.dtype
     offset: int        # its byte offset in the buffer
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
     def view(self, buffer: np.ndarray) -> np.ndarray:
         """This tensor's elements in `buffer`, a flat array laid out as the
@@ -284,14 +280,13 @@ class HookState:
         and Q rounds in one collective per batch instead of one per tensor.
         A tensor counts as PowerSGD when its codec here is "powersgd" or,
         left to the policy, when the daemon used powersgd for it last step.
-      batch_gather: True (the default): a bucket's tensors that the daemon
-        compressed last step with a codec of GATHER rounds (top-k, random-k,
-        QSGD, TernGrad, the sign codecs: GetInfo's not summable ones),
-        whatever their shapes, send their payloads in one collective per
-        batch: one message per peer instead of one per tensor. The averages
-        are the same bit for bit; a top-k daemon spends about a quarter
-        less CPU per step (docs/benchmarks.md, "Where a top-k step's context
-        switches go"). False: one collective per tensor.
+      batch_gather: True (the default): each bucket's tensors (those of one
+        requested codec; at most MAX_BATCH) form one batch, whatever their
+        shapes and codecs: the daemon sends their payloads in one message
+        per peer instead of one per tensor, each small tensor sent dense
+        summed from it and a large one on its own (docs/clients.md). A
+        top-k daemon spends a quarter to a third less CPU per step
+        (docs/benchmarks.md). False: one collective per tensor.
       gossip: train decentralised (see the module docstring): each bucket's
         parameters are mixed with the topology's neighbours' in place and
         its gradient stays local. None: gradients are averaged.
@@ -322,9 +317,6 @@ class HookState:
         self.job = job
         self.batch_same_shape = batch_same_shape
         self.batch_gather = batch_gather
-        # Codecs whose rounds are GATHER ones, from the daemon's GetInfo on
-        # first use (batch_gather).
-        self.gather_codecs: set[str] | None = None
         self.gossip = gossip
         self.consensus_distance: float | None = None
         self.client = client or Client(target, timeout=timeout)
@@ -406,9 +398,8 @@ class HookState:
     def _batches(self, codec: Codec | None,
                  tensors: list[_Tensor]) -> dict[str, list[str]]:
         """The batches of one group's PowerSGD tensors (batch_same_shape)
-        and of its tensors compressed last step by a codec of GATHER rounds
-        (batch_gather). Everything it reads is the same on every rank, so
-        the batches are too."""
+        and of the rest of its tensors (batch_gather). Everything it reads
+        is the same on every rank, so the batches are too."""
         batches = {}
         if self.batch_same_shape:
             batches.update(same_shape_batches(
@@ -416,15 +407,12 @@ class HookState:
                  if (codec.name if codec is not None
                      else self.last_codecs.get(t.name)) == "powersgd"],
                 self.MAX_BATCH))
-        if self.batch_gather:
-            if self.gather_codecs is None:
-                self.gather_codecs = {c.name for c in self.client.info().codecs
-                                      if not c.summable}
-            # What the daemon used, not what was asked: a tensor it sends
-            # dense has SUM rounds, which join only when small.
-            names = [t.name for t in tensors
-                     if joins_gather_batch(self.last_codecs.get(t.name),
-                                           t.nbytes, self.gather_codecs)]
+        if self.batch_gather and self.gossip is None:  # gossip has no batches
+            # Every other tensor of the group, whatever codec it gets: the
+            # daemon sends their payloads in one message (a large dense one
+            # goes alone), so the batches depend on nothing but the bucket.
+            same_shape = {name for members in batches.values() for name in members}
+            names = [t.name for t in tensors if t.name not in same_shape]
             for members in _split(names, self.MAX_BATCH):
                 batches[f"gather.{members[0]}"] = members
         return batches

@@ -4,7 +4,6 @@ the same averages batched as unbatched with fewer collectives, for SUM
 rounds (PowerSGD, same shapes) and GATHER rounds (top-k, any shapes)."""
 import threading
 import unittest
-from unittest import mock
 
 import numpy as np
 import torch
@@ -54,28 +53,30 @@ class HookBatchesTest(unittest.TestCase):
         self.assertEqual(self.state._batches(None, self.tensors),
                          {"8x8.<f4.0.weight": ["0.weight", "1.weight"]})
 
-    def test_tensors_the_daemon_gathered_batch_by_bucket(self):
+    def test_batch_gather_puts_the_rest_of_a_group_in_batches(self):
+        names = [t.name for t in self.tensors]
         self.state.batch_same_shape = False
         self.state.batch_gather = True
-        self.state.gather_codecs = {"topk", "qsgd"}
-        self.assertEqual(self.state._batches(Codec("topk"), self.tensors), {})
-        # The shapes differ; a small tensor sent dense ("none") joins, one
-        # of another summable codec stays out.
-        self.state.last_codecs = {"0.weight": "topk", "0.bias": "none",
-                                  "1.weight": "topk", "3.weight": "qsgd",
-                                  "3.bias": "powersgd"}
+        # Every tensor, whatever codec it got: the daemon decides how each
+        # round travels, so nothing here depends on the last step.
         self.assertEqual(self.state._batches(Codec("topk"), self.tensors),
-                         {"gather.0.weight": ["0.weight", "0.bias", "1.weight",
-                                              "3.weight"]})
-        # A dense one over the size limit (here 8 floats) stays out too.
-        with mock.patch.object(gradcomp.client, "BATCH_DENSE_MAX_BYTES", 31):
-            self.assertEqual(self.state._batches(Codec("topk"), self.tensors),
-                             {"gather.0.weight": ["0.weight", "1.weight",
-                                                  "3.weight"]})
-        self.state.MAX_BATCH = 2
+                         {"gather.0.weight": names})
+        self.state.MAX_BATCH = 3
         self.assertEqual(self.state._batches(None, self.tensors),
-                         {"gather.0.weight": ["0.weight", "0.bias"],
-                          "gather.1.weight": ["1.weight", "3.weight"]})
+                         {"gather.0.weight": names[0:3], "gather.1.bias": names[3:6],
+                          "gather.3.weight": names[6:8]})
+        # Same-shape PowerSGD batches first, the rest after.
+        self.state.MAX_BATCH = 64
+        self.state.batch_same_shape = True
+        self.state.last_codecs = {"0.weight": "powersgd", "1.weight": "powersgd"}
+        self.assertEqual(self.state._batches(None, self.tensors),
+                         {"8x8.<f4.0.weight": ["0.weight", "1.weight"],
+                          "gather.0.bias": [n for n in names
+                                            if n not in ("0.weight", "1.weight")]})
+        # Gossip requests take no batches.
+        self.state.batch_same_shape = False
+        self.state.gossip = gradcomp.Gossip("ring")
+        self.assertEqual(self.state._batches(None, self.tensors), {})
 
     def test_other_codecs_and_the_default_do_not_batch(self):
         self.assertEqual(self.state._batches(Codec("topk"), self.tensors), {})

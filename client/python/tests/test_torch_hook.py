@@ -240,9 +240,9 @@ class HookCheckpointTest(unittest.TestCase):
 @unittest.skipIf(torch is None, "needs torch (Debian: python3-torch)")
 class HookGatherBatchTest(unittest.TestCase):
     """batch_gather under real DDP, W = 2, two peered daemons: the top-k
-    weights of each bucket travel as one batch from step 1 and its dense
-    biases as another, and training is bit for bit what it is without
-    batches, on both ranks."""
+    weights of each bucket travel as one batch and its dense biases as
+    another, and training is bit for bit what it is without batches, on
+    both ranks."""
 
     def test_batched_top_k_trains_exactly_as_unbatched(self):
         daemons = start_peered(2, self.addCleanup)
@@ -261,16 +261,16 @@ class HookGatherBatchTest(unittest.TestCase):
             self.assertEqual([p.exitcode for p in processes], [0, 0],
                              "\n".join(d.log()[-2000:] for d in daemons))
             results = [torch.load(out) for out in outs]
-        # Per daemon: unbatched, 6 tensors x 5 steps; batched, 6 in step 0,
-        # then in steps 1-4 the 3 weights as one batch and the 3 biases
-        # (left to the policy, which sends them dense) as another: the hook
-        # batches the tensors of one requested codec together.
+        # Per daemon: unbatched, 6 tensors x 5 steps; batched, per step the
+        # 3 weights as one batch and the 3 biases (left to the policy, which
+        # sends them dense) as another: the hook batches the tensors of one
+        # requested codec together.
         self.assertEqual([collectives(d) - b for d, b in zip(daemons, before)],
-                         [30 + 6 + 4 * 2] * 2)
+                         [30 + 5 * 2] * 2)
         for r in range(2):
             self.assertEqual(results[r][False]["batched"], 0)
-            # All 6 tensors per step, batched from step 1 on: 4 x 6.
-            self.assertEqual(results[r][True]["batched"], 24)
+            # All 6 tensors, every step.
+            self.assertEqual(results[r][True]["batched"], 5 * 6)
             self.assertEqual(results[r][True]["codecs"]["0.bias"], "none")
             self.assertEqual(results[r][True]["codecs"]["2.weight"], "topk")
             for name, value in results[0][False]["model"].items():
