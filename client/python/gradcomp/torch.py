@@ -278,8 +278,9 @@ class HookState:
       batch_same_shape: like powerSGD_hook's batch_tensors_with_same_shape:
         a bucket's PowerSGD matrices of equal shape and dtype reduce their P
         and Q rounds in one collective per batch instead of one per tensor.
-        A tensor counts as PowerSGD when its codec here is "powersgd" or,
-        left to the policy, when the daemon used powersgd for it last step.
+        It batches the matrices of equal shape whose codec here is
+        "powersgd" or is left to the policy; those the policy gives another
+        codec still reduce correctly (as one allgather per batch).
       batch_gather: True (the default): each bucket's tensors (those of one
         requested codec; at most MAX_BATCH) form one batch, whatever their
         shapes and codecs: the daemon sends their payloads in one message
@@ -401,12 +402,15 @@ class HookState:
         and of the rest of its tensors (batch_gather). Everything it reads
         is the same on every rank, so the batches are too."""
         batches = {}
-        if self.batch_same_shape:
+        # The group's matrices of equal shape when it asks for PowerSGD or
+        # leaves the codec to the policy (which may pick PowerSGD): not the
+        # codecs the daemon used last step, which a rank whose client
+        # restarted does not share; the daemon sends a round that is not
+        # all PowerSGD of one shape as one allgather message instead.
+        if self.batch_same_shape and self.gossip is None and (
+                codec is None or codec.name == "powersgd"):
             batches.update(same_shape_batches(
-                [(t.name, t.shape, t.dtype.str) for t in tensors
-                 if (codec.name if codec is not None
-                     else self.last_codecs.get(t.name)) == "powersgd"],
-                self.MAX_BATCH))
+                [(t.name, t.shape, t.dtype.str) for t in tensors], self.MAX_BATCH))
         if self.batch_gather and self.gossip is None:  # gossip has no batches
             # Every other tensor of the group, whatever codec it gets: the
             # daemon sends their payloads in one message (a large dense one
