@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "base/fnv1a.h"
 #include "base/status_macros.h"
 #include "codecs/wire.h"
@@ -61,11 +62,21 @@ struct BodyShape {
   }
 };
 
-absl::StatusOr<BodyShape> ReadBodyShape(const codecs::ParsedPayload& parsed) {
+// A SUM payload read in place: its parts (views of the payload) and the
+// shape of its dense body.
+struct SumBody {
+  codecs::ParsedPayload parsed;
+  BodyShape shape;
+};
+
+absl::StatusOr<SumBody> PeekSumBody(absl::string_view payload) {
+  GC_ASSIGN_OR_RETURN(codecs::ParsedPayload parsed,
+                      codecs::PeekPayload(payload));
   GC_ASSIGN_OR_RETURN(size_t elements, codecs::DenseBodyElements(parsed));
-  return BodyShape{parsed.header.codec, parsed.header.round,
-                   parsed.header.numel,
-                   static_cast<codecs::ElemType>(parsed.params[0]), elements};
+  const BodyShape shape{
+      parsed.header.codec, parsed.header.round, parsed.header.numel,
+      static_cast<codecs::ElemType>(parsed.params[0]), elements};
+  return SumBody{parsed, shape};
 }
 
 // Every rank's payload of one SUM member of a GATHER batch message, summed
@@ -77,25 +88,22 @@ absl::StatusOr<codecs::RoundResult> SumGathered(
   result.world_size = static_cast<int>(payloads.size());
   std::optional<BodyShape> first;
   for (size_t r = 0; r < payloads.size(); ++r) {
-    absl::StatusOr<codecs::ParsedPayload> parsed =
-        codecs::PeekPayload(payloads[r]);
-    absl::StatusOr<BodyShape> shape =
-        parsed.ok() ? ReadBodyShape(*parsed) : parsed.status();
-    if (!shape.ok()) {
+    absl::StatusOr<SumBody> body = PeekSumBody(payloads[r]);
+    if (!body.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("rank ", r, " sent a SUM round without a usable ",
-                       "dense body: ", shape.status().message()));
+                       "dense body: ", body.status().message()));
     }
     if (!first.has_value()) {
-      first = *shape;
+      first = body->shape;
       result.sum.assign(first->elements, 0.0f);
-    } else if (!(*shape == *first)) {
+    } else if (!(body->shape == *first)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("rank ", r, " sent ", shape->ToString(), ", rank 0 ",
-                       first->ToString()));
+          absl::StrCat("rank ", r, " sent ", body->shape.ToString(),
+                       ", rank 0 ", first->ToString()));
     }
     GC_RETURN_IF_ERROR(
-        codecs::AddDenseBody(*parsed, 1.0f, absl::MakeSpan(result.sum)));
+        codecs::AddDenseBody(body->parsed, 1.0f, absl::MakeSpan(result.sum)));
   }
   return result;
 }
@@ -239,15 +247,12 @@ std::optional<BatchingCollective::SumPlan> BatchingCollective::OneSumPlan(
   for (size_t i = 0; i < payloads.size(); ++i) {
     if (!arrived[i]) continue;
     if (gather[i]) return std::nullopt;
-    absl::StatusOr<codecs::ParsedPayload> peeked =
-        codecs::PeekPayload(payloads[i]);
-    if (!peeked.ok()) return std::nullopt;
-    absl::StatusOr<BodyShape> shape = ReadBodyShape(*peeked);
-    if (!shape.ok() || (common.has_value() && !(*shape == *common))) {
+    absl::StatusOr<SumBody> body = PeekSumBody(payloads[i]);
+    if (!body.ok() || (common.has_value() && !(body->shape == *common))) {
       return std::nullopt;
     }
-    common = *shape;
-    parsed[i] = *peeked;
+    common = body->shape;
+    parsed[i] = body->parsed;
   }
   if (!common.has_value()) return std::nullopt;
   return SumPlan{std::move(parsed), *common};
