@@ -1,6 +1,7 @@
 """End-to-end benchmark on 4 namespaces joined by 1 Gbit/s tbf links.
 
     sudo bench/run_e2e_bench [--steps 4] [--out DIR] [--client_malloc default]
+        [--world_size 2]
 
 Three phases on the network of tests/e2e/shaped_net.py, one run:
   local   4 gradcompd with --world_size=1 (no peers), the 4 workers at once:
@@ -13,7 +14,9 @@ Clients run with KEEP_FREED_MEMORY (glibc settings) unless --client_malloc
 default, and hand tensors to their daemon through shared memory unless --io
 inline (gRPC inline bytes). Step 0 of each codec is warm-up; the median of the remaining steps is
 reported, a step's time being the slowest rank's. Prints a Markdown table
-and writes results.json to --out.
+and writes results.json to --out. --world_size sets the number of hosts
+(4 by default): on this 2-core machine, 4 hosts get half a core each and
+2 hosts a core each.
 """
 from __future__ import annotations
 
@@ -33,7 +36,6 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "tests/e2e"))
 import shaped_net  # noqa: E402
 
-W = 4
 PEER_PORT = 50052
 GLOO_PORT = 29500
 # glibc settings for the client processes (gradcomp's and Gloo's alike), as
@@ -87,6 +89,7 @@ def stop(daemons: list[subprocess.Popen]) -> None:
 def gradcomp_phase(net: shaped_net.ShapedNetwork, work: pathlib.Path, name: str,
                    world: int, args: argparse.Namespace) -> list[dict]:
     binary = os.environ.get("GRADCOMPD") or str(REPO / "bazel-bin/service/gradcompd")
+    W = args.world_size
     peers = ",".join(f"{net.address(i)}:{PEER_PORT}" for i in range(W))
     daemons, workers = [], []
     env = client_env(args)
@@ -124,6 +127,7 @@ def gradcomp_phase(net: shaped_net.ShapedNetwork, work: pathlib.Path, name: str,
 
 def gloo_phase(net: shaped_net.ShapedNetwork, work: pathlib.Path,
                args: argparse.Namespace) -> list[dict]:
+    W = args.world_size
     env = client_env(args, GLOO_SOCKET_IFNAME="eth0")
     procs = []
     try:
@@ -157,6 +161,7 @@ def summarize(local: list[dict], shaped: list[dict], gloo: list[dict],
     dense_bytes = sum(local[0]["numel"].values()) * 4
     gloo_link = statistics.median(max(r["steps"][i]["qdisc_sent"] for r in gloo)
                                   for i in range(1, args.steps))
+    W = args.world_size
     gloo_wire = 2 * (W - 1) / W * dense_bytes  # ring allreduce, per rank
     rows = [{"name": "gloo allreduce (dense fp32)", "median_s": gloo_med, "steps_s": gloo_t,
              "payload_bytes_sent": gloo_wire, "link_bytes_sent": gloo_link,
@@ -207,6 +212,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prefix", default=f"gcb{os.getpid() % 100000}")
+    p.add_argument("--world_size", type=int, default=4,
+                   help="hosts (namespaces), one daemon, worker and Gloo process "
+                   "each; on 2 cores, 2 gives each host a core")
     p.add_argument("--rate", default="1gbit")
     p.add_argument("--rate_bps", type=float, default=1e9)
     p.add_argument("--steps", type=int, default=8,
@@ -236,12 +244,12 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     load = {"start": load_average()}
-    with shaped_net.ShapedNetwork(args.prefix, W, args.rate) as net:
+    with shaped_net.ShapedNetwork(args.prefix, args.world_size, args.rate) as net:
         phases = args.phases.split(",")
         local = gradcomp_phase(net, out, "local", 1, args) if "local" in phases else None
         load["after_local"] = load_average()
         print(f"local done at {time.monotonic() - started:.0f} s", flush=True)
-        shaped = gradcomp_phase(net, out, "shaped", W, args) if "shaped" in phases else None
+        shaped = gradcomp_phase(net, out, "shaped", args.world_size, args) if "shaped" in phases else None
         load["after_shaped"] = load_average()
         print(f"shaped done at {time.monotonic() - started:.0f} s", flush=True)
         gloo = gloo_phase(net, out, args) if "gloo" in phases else None
