@@ -113,7 +113,7 @@ def gradcomp_phase(net: shaped_net.ShapedNetwork, work: pathlib.Path, name: str,
                 f"--barrier_dir={barriers}", f"--steps={args.steps}",
                 f"--codecs={args.codecs}", "--rpc_timeout=300", "--barrier_timeout=300",
                 f"--io={args.io}", f"--daemon_pid={daemons[i].pid}",
-                f"--batch_mib={args.batch_mib}",
+                f"--batch_mib={args.batch_mib}", f"--parts={args.parts}",
                 f"--out={work / f'{name}.{i}.json'}"], env=env,
                 stdout=open(work / f"{name}.worker.{i}.log", "wb"), stderr=subprocess.STDOUT))
         wait_all(workers, daemons, args.phase_timeout, name)
@@ -232,6 +232,9 @@ def main() -> int:
     p.add_argument("--client_malloc", choices=("keep", "default"), default="keep",
                    help="keep: clients run with KEEP_FREED_MEMORY; default: glibc's "
                         "defaults")
+    p.add_argument("--parts", choices=("on", "off"), default="on",
+                   help="shared-memory tensors as requests with parts, or one "
+                   "request each (tests/e2e/worker.py)")
     p.add_argument("--batch_mib", type=float, default=25,
                    help="clients declare batches of this many MiB of consecutive "
                    "tensors, whose rounds travel as one collective "

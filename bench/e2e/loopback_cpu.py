@@ -69,6 +69,9 @@ def main() -> int:
     p.add_argument("--bucket_mib", type=float, default=0,
                    help="clients reduce the gradients in flattened groups of "
                    "this many MiB (tests/e2e/worker.py); 0: one tensor each")
+    p.add_argument("--parts", choices=("on", "off"), default="on",
+                   help="shared-memory tensors as requests with parts, or one "
+                   "request each (tests/e2e/worker.py)")
     p.add_argument("--batch_mib", type=float, default=0,
                    help="clients declare batches of this many MiB of consecutive "
                    "tensors (tests/e2e/worker.py); 0: none")
@@ -109,7 +112,7 @@ def main() -> int:
                  f"--codecs={args.codecs}", f"--io={args.io}", "--qdisc_dev=",
                  f"--daemon_pid={daemons[i].pid}", "--rpc_timeout=300",
                  "--barrier_timeout=300", f"--bucket_mib={args.bucket_mib}",
-                 f"--batch_mib={args.batch_mib}",
+                 f"--batch_mib={args.batch_mib}", f"--parts={args.parts}",
                  f"--out={work / f'worker.{i}.json'}"],
                 env=env, stdout=open(work / f"worker.{i}.log", "wb"),
                 stderr=subprocess.STDOUT))

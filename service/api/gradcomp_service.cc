@@ -1,5 +1,6 @@
 #include "service/api/gradcomp_service.h"
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -12,6 +13,7 @@
 #include "codecs/wire.h"
 #include "service/api/convert.h"
 #include "service/api/grpc_status.h"
+#include "service/api/request_parts.h"
 #include "service/config/policy_proto.h"
 #include "service/engine/device_codecs.h"
 #include "service/engine/tensor_list.h"
@@ -43,6 +45,57 @@ absl::Status Prefixed(const absl::Status& status, absl::string_view prefix) {
 std::string TensorLabel(const v1::ReduceRequest& request) {
   return absl::StrCat("tensor '", request.tensor(), "' step ", request.step());
 }
+
+// What an error answer names, kept apart from a request that moves on.
+v1::ReduceRequest NamedPart(const v1::ReduceRequest& request) {
+  v1::ReduceRequest named;
+  named.set_tensor(request.tensor());
+  named.set_step(request.step());
+  named.set_request_id(request.request_id());
+  return named;
+}
+
+// One tensor's ReduceStream answer: its result, or its error.
+v1::ReduceStreamResponse StreamAnswer(
+    const v1::ReduceRequest& request,
+    absl::StatusOr<v1::ReduceResponse> result) {
+  v1::ReduceStreamResponse response;
+  if (result.ok()) {
+    *response.mutable_result() = std::move(*result);
+  } else {
+    response.set_error_code(static_cast<int>(result.status().code()));
+    response.set_error_message(std::string(result.status().message()));
+    response.set_tensor(request.tensor());
+    response.set_request_id(request.request_id());
+  }
+  return response;
+}
+
+// The answers of a request's parts, gathered until the last one is in.
+class PartsAnswer {
+ public:
+  PartsAnswer(uint64_t request_id, size_t parts) : remaining_(parts) {
+    response_.set_request_id(request_id);
+    for (size_t i = 0; i < parts; ++i) response_.add_part_results();
+  }
+
+  // Records part i's answer; true for the last, whose caller then Takes.
+  bool Set(size_t i, v1::ReduceStreamResponse part) {
+    absl::MutexLock lock(&mu_);
+    *response_.mutable_part_results(static_cast<int>(i)) = std::move(part);
+    return --remaining_ == 0;
+  }
+
+  v1::ReduceStreamResponse Take() {
+    absl::MutexLock lock(&mu_);
+    return std::move(response_);
+  }
+
+ private:
+  absl::Mutex mu_;
+  v1::ReduceStreamResponse response_ ABSL_GUARDED_BY(mu_);
+  size_t remaining_ ABSL_GUARDED_BY(mu_);
+};
 
 }  // namespace
 
@@ -140,6 +193,13 @@ absl::StatusOr<MemoryBudget::Reservation> GradcompService::ReserveInline(
 absl::StatusOr<v1::ReduceResponse> GradcompService::DoReduce(
     const v1::ReduceRequest& request, absl::string_view client,
     MemoryBudget::Reservation* held) {
+  if (request.parts_size() > 0) {
+    // ReduceStream splits them (SplitParts); one answer cannot hold many.
+    metrics_->CountReduce("unresolved", absl::StatusCode::kInvalidArgument);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request ", request.request_id(), " has ", request.parts_size(),
+        " parts; send requests with parts over ReduceStream"));
+  }
   // The request's bytes count against the memory budget until it returns.
   absl::StatusOr<MemoryBudget::Reservation> own = MemoryBudget::Reservation();
   if (held == nullptr) {
@@ -195,64 +255,65 @@ grpc::Status GradcompService::ReduceStream(
   absl::Mutex mu;
   int pending = 0;
   bool write_failed = false;
-  auto write = [stream, &mu, &write_failed](
-                   const v1::ReduceRequest& request,
-                   absl::StatusOr<v1::ReduceResponse> result) {
-    v1::ReduceStreamResponse response;
-    if (result.ok()) {
-      *response.mutable_result() = std::move(*result);
-    } else {
-      response.set_error_code(static_cast<int>(result.status().code()));
-      response.set_error_message(std::string(result.status().message()));
-      response.set_tensor(request.tensor());
-      response.set_request_id(request.request_id());
-    }
+  auto send = [stream, &mu,
+               &write_failed](const v1::ReduceStreamResponse& response) {
     absl::MutexLock lock(&mu);
     if (!write_failed && !stream->Write(response)) write_failed = true;
   };
+  // Queues one tensor's reduce; `done` gets its answer, on a worker or, when
+  // the queue is full, here.
+  auto schedule = [this, &mu, &pending, &client](
+                      v1::ReduceRequest request,
+                      std::shared_ptr<MemoryBudget::Reservation> held,
+                      std::function<void(v1::ReduceStreamResponse)> done) {
+    {
+      absl::MutexLock lock(&mu);
+      ++pending;
+    }
+    const v1::ReduceRequest named = NamedPart(request);
+    const bool queued = stream_pool_.TrySchedule(
+        [this, &mu, &pending, &client, held, done,
+         request = std::move(request)] {
+          done(StreamAnswer(request, DoReduce(request, client, held.get())));
+          held->Release();
+          absl::MutexLock lock(&mu);
+          --pending;
+        });
+    if (queued) return;
+    {
+      absl::MutexLock lock(&mu);
+      --pending;
+    }
+    metrics_->CountResourceExhausted("stream_queue");
+    metrics_->CountReduce("unresolved", absl::StatusCode::kResourceExhausted);
+    done(StreamAnswer(
+        named, Prefixed(absl::ResourceExhaustedError(absl::StrCat(
+                            stream_pool_.max_queued(),
+                            " stream tensors are already waiting for a worker "
+                            "on this daemon (the queue's bound); expected "
+                            "fewer tensors in flight, or retry this one")),
+                        TensorLabel(named))));
+  };
   v1::ReduceRequest request;
   while (stream->Read(&request)) {
+    if (request.parts_size() > 0) {
+      ScheduleParts(request, send, schedule);
+      request = v1::ReduceRequest();
+      continue;
+    }
     // Limits: a queued tensor's inline bytes count against the memory
     // budget while it waits, and the queue is bounded; a tensor refused by
     // either is answered at once and the stream goes on.
     absl::StatusOr<MemoryBudget::Reservation> reserved = ReserveInline(request);
-    // What an error answer names, kept apart: the request moves to a worker.
-    v1::ReduceRequest named;
-    named.set_tensor(request.tensor());
-    named.set_step(request.step());
-    named.set_request_id(request.request_id());
     if (reserved.ok()) {
-      {
-        absl::MutexLock lock(&mu);
-        ++pending;
-      }
       // std::function needs a copyable closure: the reservation is shared.
-      auto held =
-          std::make_shared<MemoryBudget::Reservation>(*std::move(reserved));
-      const bool queued =
-          stream_pool_.TrySchedule([this, &mu, &pending, &client, &write, held,
-                                    request = std::move(request)] {
-            write(request, DoReduce(request, client, held.get()));
-            held->Release();
-            absl::MutexLock lock(&mu);
-            --pending;
-          });
-      if (!queued) {
-        {
-          absl::MutexLock lock(&mu);
-          --pending;
-        }
-        metrics_->CountResourceExhausted("stream_queue");
-        reserved = absl::ResourceExhaustedError(absl::StrCat(
-            stream_pool_.max_queued(),
-            " stream tensors are already waiting for a worker on this "
-            "daemon (the queue's bound); expected fewer tensors in flight, "
-            "or retry this one"));
-      }
-    }
-    if (!reserved.ok()) {
+      schedule(std::move(request),
+               std::make_shared<MemoryBudget::Reservation>(*std::move(reserved)),
+               send);
+    } else {
       metrics_->CountReduce("unresolved", reserved.status().code());
-      write(named, Prefixed(reserved.status(), TensorLabel(named)));
+      const v1::ReduceRequest named = NamedPart(request);
+      send(StreamAnswer(named, Prefixed(reserved.status(), TensorLabel(named))));
     }
     request = v1::ReduceRequest();
   }
@@ -264,6 +325,43 @@ grpc::Status GradcompService::ReduceStream(
                         "the client stopped reading results");
   }
   return grpc::Status::OK;
+}
+
+void GradcompService::ScheduleParts(
+    const v1::ReduceRequest& request,
+    const std::function<void(const v1::ReduceStreamResponse&)>& send,
+    const ScheduleFn& schedule) {
+  absl::StatusOr<std::vector<v1::ReduceRequest>> split = SplitParts(request);
+  if (!split.ok()) {
+    metrics_->CountReduce("unresolved", split.status().code());
+    v1::ReduceStreamResponse refused;
+    refused.set_request_id(request.request_id());
+    refused.set_error_code(static_cast<int>(split.status().code()));
+    refused.set_error_message(absl::StrCat(
+        "request ", request.request_id(), ": ", split.status().message()));
+    send(refused);
+    return;
+  }
+  // The last part to finish sends every part's answer in one message.
+  auto answer = std::make_shared<PartsAnswer>(request.request_id(),
+                                              split->size());
+  for (size_t i = 0; i < split->size(); ++i) {
+    auto done = [answer, i, send](v1::ReduceStreamResponse part) {
+      if (answer->Set(i, std::move(part))) send(answer->Take());
+    };
+    v1::ReduceRequest& part = (*split)[i];
+    // Parts hold no inline bytes; the reservation ties them to the budget
+    // that the engine grows for their staging.
+    absl::StatusOr<MemoryBudget::Reservation> reserved = ReserveInline(part);
+    if (!reserved.ok()) {
+      metrics_->CountReduce("unresolved", reserved.status().code());
+      done(StreamAnswer(part, Prefixed(reserved.status(), TensorLabel(part))));
+      continue;
+    }
+    schedule(std::move(part),
+             std::make_shared<MemoryBudget::Reservation>(*std::move(reserved)),
+             std::move(done));
+  }
 }
 
 grpc::Status GradcompService::GetInfo(grpc::ServerContext* /*context*/,

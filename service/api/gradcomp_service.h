@@ -7,7 +7,9 @@
 #ifndef GRADCOMP_SERVICE_API_GRADCOMP_SERVICE_H_
 #define GRADCOMP_SERVICE_API_GRADCOMP_SERVICE_H_
 
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -99,6 +101,18 @@ class GradcompService final : public v1::Gradcomp::Service {
   absl::StatusOr<v1::ReduceResponse> DoReduce(
       const v1::ReduceRequest& request, absl::string_view client,
       MemoryBudget::Reservation* held = nullptr);
+  // Queues one ReduceStream tensor's reduce, holding `held` until it ends;
+  // `done` gets its answer, from a worker or, when the queue is full, at once.
+  using ScheduleFn = std::function<void(
+      v1::ReduceRequest, std::shared_ptr<MemoryBudget::Reservation>,
+      std::function<void(v1::ReduceStreamResponse)>)>;
+  // A ReduceStream request with parts: each part scheduled as a tensor of
+  // its own, and every part's answer sent with `send` in one message once
+  // the last is in; a request SplitParts refuses is answered with its error.
+  void ScheduleParts(
+      const v1::ReduceRequest& request,
+      const std::function<void(const v1::ReduceStreamResponse&)>& send,
+      const ScheduleFn& schedule);
   // Reserves `request`'s inline input in the engine's memory budget.
   absl::StatusOr<MemoryBudget::Reservation> ReserveInline(
       const v1::ReduceRequest& request);

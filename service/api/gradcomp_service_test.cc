@@ -771,5 +771,84 @@ TEST_F(GradcompShmTest, ClientsWithoutAnIdOwnRegionsByConnection) {
   EXPECT_EQ(MetricValue(*metrics_.collectable(), "gradcomp_shm_regions"), 0);
 }
 
+// A request with parts: each part is reduced as a tensor of its own, and the
+// answers come back in one message, in the parts' order, a failed part
+// beside the others' results.
+TEST_F(GradcompShmTest, ReduceStreamAnswersEachPartOfABucket) {
+  collective_.Open();
+  const size_t n = 16 + 3 + 10;  // parts a [4, 4], b [3], c [2, 5]
+  const uint64_t out = n * sizeof(float);
+  std::unique_ptr<client::ShmRegion> region = NewRegion(2 * out);
+  ASSERT_NE(region, nullptr);
+  const std::vector<float> g = Ramp(n);
+  std::copy(g.begin(), g.end(), region->floats().begin());
+  // The last 4 bytes are left out: part c's output does not fit.
+  ASSERT_TRUE(
+      Register("c1", "grads", region->key(), 0, region->byte_size() - 4).ok());
+
+  v1::ReduceRequest request = ShmRequest("grads", n, 0, out);
+  request.clear_tensor();
+  request.clear_shape();
+  request.set_request_id(9);
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> parts = {
+      {"a", {4, 4}}, {"b", {3}}, {"c", {2, 5}}};
+  uint64_t offset = 0;
+  for (const auto& [name, shape] : parts) {
+    v1::ReducePart* part = request.add_parts();
+    part->set_tensor(name);
+    part->mutable_shape()->Assign(shape.begin(), shape.end());
+    part->set_offset(offset);
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    offset += numel * sizeof(float);
+  }
+  // The unary call cannot answer parts.
+  v1::ReduceResponse unary;
+  const grpc::Status refused = Reduce("c1", request, &unary);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("over ReduceStream"));
+
+  v1::ReduceRequest overlapping = request;
+  overlapping.set_request_id(10);
+  overlapping.mutable_parts(1)->set_offset(60);
+  auto context = As("c1");
+  auto stream = stub_->ReduceStream(context.get());
+  ASSERT_TRUE(stream->Write(overlapping));
+  ASSERT_TRUE(stream->Write(request));
+  stream->WritesDone();
+  std::map<uint64_t, v1::ReduceStreamResponse> answers;
+  v1::ReduceStreamResponse response;
+  while (stream->Read(&response)) answers[response.request_id()] = response;
+  EXPECT_TRUE(stream->Finish().ok());
+  ASSERT_EQ(answers.size(), 2u);
+
+  const v1::ReduceStreamResponse& bad = answers[10];
+  EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad.error_message(),
+              HasSubstr("request 10: parts 0 ('a', bytes 0..64) and 1 ('b', "
+                        "from byte 60) overlap"));
+  EXPECT_EQ(bad.part_results_size(), 0);
+
+  const v1::ReduceStreamResponse& answer = answers[9];
+  EXPECT_EQ(answer.error_code(), 0);
+  ASSERT_EQ(answer.part_results_size(), 3) << answer.DebugString();
+  for (int i = 0; i < 2; ++i) {
+    const v1::ReduceStreamResponse& part = answer.part_results(i);
+    EXPECT_EQ(part.error_code(), 0) << part.error_message();
+    EXPECT_EQ(part.result().request_id(), static_cast<uint64_t>(i));
+    EXPECT_EQ(part.result().stats().raw_bytes(),
+              (i == 0 ? 16 : 3) * sizeof(float));
+  }
+  const v1::ReduceStreamResponse& c = answer.part_results(2);
+  EXPECT_EQ(c.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(c.request_id(), 2u);
+  EXPECT_EQ(c.tensor(), "c");
+  EXPECT_THAT(c.error_message(), HasSubstr("output_shm: slice offset"));
+  // World size 1 with `none`: parts a and b come back as they went in.
+  const float* result = region->floats().data() + n;
+  EXPECT_TRUE(std::equal(g.begin(), g.begin() + 19, result));
+  EXPECT_TRUE(Unregister("c1", "grads").ok());
+}
+
 }  // namespace
 }  // namespace gradcomp::service

@@ -207,6 +207,9 @@ def main() -> int:
                    help="declare batches of this many MiB of consecutive tensors, "
                    "so that their rounds travel as one collective (the DDP "
                    "hook's batch_gather); 0: none")
+    p.add_argument("--parts", choices=("on", "off"), default="on",
+                   help="with --io shm: send the tensors as requests with parts "
+                   "(a request per 128 tensors of a batch), or one request each")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -243,7 +246,8 @@ def main() -> int:
             else:
                 out = client.reduce_many_shm(shm.tensors, step=step, codec=forced,
                                              params=CODECS[codec], job=f"e2e-{codec}",
-                                             batches=batches)
+                                             batches=batches,
+                                             parts=args.parts == "on")
             wall = time.perf_counter() - t0
             c1, d1 = cpu_seconds(None), cpu_seconds(args.daemon_pid)
             s1 = context_switches(args.daemon_pid)

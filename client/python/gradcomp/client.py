@@ -191,6 +191,67 @@ def _batch_requests(batches: Mapping[str, Sequence[str]] | None,
     return batch_of
 
 
+# The daemon's bound on a request's parts (kMaxRequestParts).
+MAX_REQUEST_PARTS = 128
+
+
+def _span(slices: Sequence[gradcomp_pb2.SharedMemorySlice]
+          ) -> gradcomp_pb2.SharedMemorySlice:
+    """The slice from the first of `slices` (all in one region) to the end
+    of the last."""
+    start = min(s.offset for s in slices)
+    end = max(s.offset + s.byte_size for s in slices)
+    return gradcomp_pb2.SharedMemorySlice(region=slices[0].region, offset=start,
+                                          byte_size=end - start)
+
+
+def _as_parts(requests: Sequence[gradcomp_pb2.ReduceRequest]
+              ) -> list[gradcomp_pb2.ReduceRequest] | None:
+    """One-tensor shared-memory requests as requests with parts (request_id
+    = their index): runs of requests in one batch or none, at most
+    MAX_REQUEST_PARTS each; None unless every input lies in one
+    region, every output in one region, each output at the same distance
+    from its input, and the two spans of each request do not overlap (the
+    daemon's conditions)."""
+    if not requests:
+        return None
+    first = requests[0]
+    delta = first.output_shm.offset - first.input_shm.offset
+    for request in requests:
+        if (request.input_shm.region != first.input_shm.region
+                or request.output_shm.region != first.output_shm.region
+                or request.dtype != first.dtype
+                or request.output_shm.offset - request.input_shm.offset != delta):
+            return None
+    # A request's batch is every part's: runs of one batch (or none).
+    groups: list[list[gradcomp_pb2.ReduceRequest]] = []
+    for request in requests:
+        if (not groups or len(groups[-1]) == MAX_REQUEST_PARTS
+                or groups[-1][0].batch != request.batch):
+            groups.append([])
+        groups[-1].append(request)
+    chunks = []
+    for index, group in enumerate(groups):
+        source = _span([r.input_shm for r in group])
+        target = _span([r.output_shm for r in group])
+        if (source.region == target.region
+                and source.offset < target.offset + target.byte_size
+                and target.offset < source.offset + source.byte_size):
+            return None
+        chunk = gradcomp_pb2.ReduceRequest()
+        chunk.CopyFrom(group[0])
+        chunk.ClearField("tensor")
+        chunk.ClearField("shape")
+        chunk.request_id = index
+        chunk.input_shm.CopyFrom(source)
+        chunk.output_shm.CopyFrom(target)
+        for request in group:
+            chunk.parts.add(tensor=request.tensor, shape=request.shape,
+                            offset=request.input_shm.offset - source.offset)
+        chunks.append(chunk)
+    return chunks
+
+
 def _as_wire_array(array: np.ndarray) -> np.ndarray:
     """`array` as a C-ordered little-endian float array, copying only if needed."""
     array = np.asarray(array)
@@ -612,11 +673,19 @@ class Client:
                         job: str = "default",
                         batches: Mapping[str, Sequence[str]] | None = None,
                         gossip: Gossip | None = None,
-                        consensus_distance: float | None = None
+                        consensus_distance: float | None = None,
+                        parts: bool = True
                         ) -> dict[str, ReduceStats]:
         """reduce_shm for a bucket {name: (source, target)} over one
         ReduceStream; `batches`, `gossip`, `consensus_distance` and failures
-        as in reduce_many."""
+        as in reduce_many.
+
+        With `parts` (the default), tensors laid out alike in one input and
+        one output region (a bucket and its copy) go as requests with parts,
+        up to MAX_REQUEST_PARTS tensors of one batch per request, which spares the client
+        and the daemon a message per tensor; any other layout, or `parts`
+        False, sends a request per tensor. Results and failures are the same.
+        """
         names = list(tensors)
         spec = codec_spec(codec, params)
         batch_of = _batch_requests(batches, names)
@@ -625,18 +694,41 @@ class Client:
                                       gossip=gossip,
                                       consensus_distance=consensus_distance)
                     for i, name in enumerate(names)]
+        chunks = _as_parts(requests) if parts else None
+        if chunks is not None:
+            requests = chunks
         stats: dict[str, ReduceStats] = {}
         failures: dict[str, tuple[grpc.StatusCode, str]] = {}
+
+        def record(reply: gradcomp_pb2.ReduceStreamResponse,
+                   part_names: Sequence[str]) -> None:
+            if reply.error_code != 0:
+                name = reply.tensor or part_names[reply.request_id]
+                failures[name] = (status_code(reply.error_code), reply.error_message)
+            elif reply.result.request_id < len(part_names):
+                stats[part_names[reply.result.request_id]] = \
+                    ReduceStats.from_proto(reply.result.stats)
+
         try:
             for reply in self._stub.ReduceStream(
                     iter(requests), timeout=self.timeout,
                     metadata=(("gradcomp-client-id", self.client_id),)):
-                if reply.error_code != 0:
-                    failures[reply.tensor] = (status_code(reply.error_code),
-                                              reply.error_message)
-                elif reply.result.request_id < len(names):
-                    stats[names[reply.result.request_id]] = \
-                        ReduceStats.from_proto(reply.result.stats)
+                if chunks is None:
+                    record(reply, names)
+                    continue
+                if reply.request_id >= len(chunks):
+                    raise GradcompError("ReduceStream", self.target,
+                                        grpc.StatusCode.INTERNAL,
+                                        f"unexpected request_id {reply.request_id} "
+                                        f"in a reply")
+                part_names = [part.tensor for part in chunks[reply.request_id].parts]
+                if reply.part_results:
+                    for part in reply.part_results:
+                        record(part, part_names)
+                elif reply.error_code != 0:  # the request was refused whole
+                    for name in part_names:
+                        failures[name] = (status_code(reply.error_code),
+                                          reply.error_message)
         except grpc.RpcError as error:
             raise GradcompError.from_rpc_error("ReduceStream", self.target, error) from None
         self._check_stream(failures, len(names),

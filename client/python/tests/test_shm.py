@@ -143,6 +143,96 @@ class ShmDaemonTest(unittest.TestCase):
             np.testing.assert_array_equal(target, grad, err_msg=name)
         del expected
 
+    def _bucket(self, shapes, seed=0):
+        """Tensors laid out one after another in the region's first half,
+        their outputs alike in the second: {name: (source, target)}, and
+        the gradients."""
+        half = self.region.byte_size // 2
+        tensors, grads, offset = {}, {}, 0
+        for i, shape in enumerate(shapes):
+            grad = _gradient(shape, seed=seed + i)
+            source = self.region.array(shape, offset=offset)
+            source[...] = grad
+            target = self.region.array(shape, offset=half + offset)
+            target[...] = np.nan
+            tensors[f"t{i}"] = (self.region.tensor("bucket", source),
+                                self.region.tensor("bucket", target))
+            grads[f"t{i}"] = grad
+            offset += grad.nbytes
+        return tensors, grads
+
+    def _results(self, tensors):
+        return {name: self.region.array(target.shape,
+                                        offset=target.offset).copy()
+                for name, (_, target) in tensors.items()}
+
+    def test_a_bucket_goes_as_requests_with_parts(self):
+        self.client.register_shm("bucket", self.region)
+        # 300 tensors: three requests of at most 128 parts, and runs of two
+        # batches and of none.
+        shapes = [(16, 8) if i % 3 else (5,) for i in range(300)]
+        tensors, grads = self._bucket(shapes)
+        names = list(tensors)
+        chunks = gradcomp.client._as_parts([
+            self.client._shm_request(name, 0, "default", *tensors[name], None,
+                                     request_id=i)
+            for i, name in enumerate(names)])
+        self.assertEqual([len(c.parts) for c in chunks], [128, 128, 44])
+        self.assertEqual([c.parts[0].tensor for c in chunks], ["t0", "t128", "t256"])
+        batches = {"a": names[10:20], "b": names[20:140]}
+        for step, parts in enumerate([True, False]):
+            stats = self.client.reduce_many_shm(
+                tensors, step=step, codec="fp16", batches=batches, parts=parts)
+            self.assertEqual(list(stats), names)
+            self.assertTrue(all(s.codec == "fp16" for s in stats.values()))
+            results = self._results(tensors)
+            for name, grad in grads.items():
+                np.testing.assert_allclose(results[name], grad, rtol=1e-3,
+                                           atol=1e-4, err_msg=name)
+            if parts:
+                with_parts = results
+        # Parts or not, the same bits.
+        for name in names:
+            np.testing.assert_array_equal(with_parts[name], results[name])
+
+    def test_a_part_that_fails_fails_alone(self):
+        # The region ends 4 bytes before the last output.
+        tensors, grads = self._bucket([(8, 8), (10,), (4,)])
+        end = tensors["t2"][1].offset + tensors["t2"][1].byte_size
+        self.client.register_shm("bucket", self.region, byte_size=end - 4)
+        with self.assertRaises(gradcomp.GradcompError) as error:
+            self.client.reduce_many_shm(tensors, step=0)
+        self.assertEqual(list(error.exception.failures), ["t2"])
+        self.assertIn("tensor 't2' step 0: output_shm", str(error.exception))
+        results = self._results(tensors)
+        np.testing.assert_array_equal(results["t0"], grads["t0"])
+        np.testing.assert_array_equal(results["t1"], grads["t1"])
+        self.client.reduce_many_shm({"t0": tensors["t0"]}, step=1)  # still serving
+
+    def test_layouts_the_daemon_cannot_split_go_per_tensor(self):
+        a = ShmTensor("r", 0, (4,), np.dtype(np.float32))
+        b = ShmTensor("r", 16, (4,), np.dtype(np.float32))
+        out_a = ShmTensor("r", 64, (4,), np.dtype(np.float32))
+        out_b = ShmTensor("r", 96, (4,), np.dtype(np.float32))
+        request = gradcomp.Client._shm_request
+        out_b_alike = ShmTensor("r", 80, (4,), b.dtype)
+        self.assertIsNotNone(gradcomp.client._as_parts(
+            [request("a", 0, "j", a, out_a, None),
+             request("b", 0, "j", b, out_b_alike, None)]))
+        # Outputs not laid out as the inputs.
+        self.assertIsNone(gradcomp.client._as_parts(
+            [request("a", 0, "j", a, out_a, None), request("b", 0, "j", b, out_b, None)]))
+        # Inputs in two regions.
+        self.assertIsNone(gradcomp.client._as_parts(
+            [request("a", 0, "j", a, out_a, None),
+             request("b", 0, "j", ShmTensor("s", 16, (4,), b.dtype),
+                     out_b_alike, None)]))
+        # Each output just after its input: the spans overlap.
+        self.assertIsNone(gradcomp.client._as_parts(
+            [request("a", 0, "j", a, ShmTensor("r", 16, (4,), a.dtype), None),
+             request("b", 0, "j", ShmTensor("r", 32, (4,), a.dtype),
+                     ShmTensor("r", 48, (4,), a.dtype), None)]))
+
     def test_errors(self):
         self.client.register_shm("grads", self.region, offset=4096, byte_size=8192)
         good = ShmTensor("grads", 0, (1024,), np.dtype(np.float32))
