@@ -271,9 +271,9 @@ grpc::Status GradcompService::ReduceStream(
       ++pending;
     }
     const v1::ReduceRequest named = NamedPart(request);
-    const bool queued = stream_pool_.TrySchedule(
-        [this, &mu, &pending, &client, held, done,
-         request = std::move(request)] {
+    const bool queued =
+        stream_pool_.TrySchedule([this, &mu, &pending, &client, held, done,
+                                  request = std::move(request)] {
           done(StreamAnswer(request, DoReduce(request, client, held.get())));
           held->Release();
           absl::MutexLock lock(&mu);
@@ -307,13 +307,15 @@ grpc::Status GradcompService::ReduceStream(
     absl::StatusOr<MemoryBudget::Reservation> reserved = ReserveInline(request);
     if (reserved.ok()) {
       // std::function needs a copyable closure: the reservation is shared.
-      schedule(std::move(request),
-               std::make_shared<MemoryBudget::Reservation>(*std::move(reserved)),
-               send);
+      schedule(
+          std::move(request),
+          std::make_shared<MemoryBudget::Reservation>(*std::move(reserved)),
+          send);
     } else {
       metrics_->CountReduce("unresolved", reserved.status().code());
       const v1::ReduceRequest named = NamedPart(request);
-      send(StreamAnswer(named, Prefixed(reserved.status(), TensorLabel(named))));
+      send(
+          StreamAnswer(named, Prefixed(reserved.status(), TensorLabel(named))));
     }
     request = v1::ReduceRequest();
   }
@@ -337,14 +339,14 @@ void GradcompService::ScheduleParts(
     v1::ReduceStreamResponse refused;
     refused.set_request_id(request.request_id());
     refused.set_error_code(static_cast<int>(split.status().code()));
-    refused.set_error_message(absl::StrCat(
-        "request ", request.request_id(), ": ", split.status().message()));
+    refused.set_error_message(absl::StrCat("request ", request.request_id(),
+                                           ": ", split.status().message()));
     send(refused);
     return;
   }
   // The last part to finish sends every part's answer in one message.
-  auto answer = std::make_shared<PartsAnswer>(request.request_id(),
-                                              split->size());
+  auto answer =
+      std::make_shared<PartsAnswer>(request.request_id(), split->size());
   for (size_t i = 0; i < split->size(); ++i) {
     auto done = [answer, i, send](v1::ReduceStreamResponse part) {
       if (answer->Set(i, std::move(part))) send(answer->Take());

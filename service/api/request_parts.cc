@@ -71,10 +71,9 @@ absl::StatusOr<std::vector<v1::ReduceRequest>> SplitParts(
         "expected input_shm and output_shm set");
   }
   if (request.parts_size() > static_cast<int>(kMaxRequestParts)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request has ", request.parts_size(),
-                     " parts, expected at most ", kMaxRequestParts,
-                     " (split the bucket into several requests)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request has ", request.parts_size(), " parts, expected at most ",
+        kMaxRequestParts, " (split the bucket into several requests)"));
   }
   const v1::SharedMemorySlice& in = request.input_shm();
   const v1::SharedMemorySlice& out = request.output_shm();
@@ -82,11 +81,11 @@ absl::StatusOr<std::vector<v1::ReduceRequest>> SplitParts(
       in.offset() < out.offset() + out.byte_size() &&
       out.offset() < in.offset() + in.byte_size()) {
     // A part's output would overwrite another part's input.
-    return absl::InvalidArgumentError(absl::StrCat(
-        "input_shm (offset ", in.offset(), ", ", in.byte_size(),
-        " bytes) and output_shm (offset ", out.offset(), ", ", out.byte_size(),
-        " bytes) overlap in region '", in.region(),
-        "'; expected disjoint slices"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("input_shm (offset ", in.offset(), ", ", in.byte_size(),
+                     " bytes) and output_shm (offset ", out.offset(), ", ",
+                     out.byte_size(), " bytes) overlap in region '",
+                     in.region(), "'; expected disjoint slices"));
   }
   GC_ASSIGN_OR_RETURN(const size_t width,
                       DTypeBytes(DTypeFromProto(request.dtype())));
@@ -106,7 +105,8 @@ absl::StatusOr<std::vector<v1::ReduceRequest>> SplitParts(
   std::vector<Extent> extents;
   for (int i = 0; i < request.parts_size(); ++i) {
     const v1::ReducePart& part = request.parts(i);
-    const std::string label = absl::StrCat("part ", i, " ('", part.tensor(), "')");
+    const std::string label =
+        absl::StrCat("part ", i, " ('", part.tensor(), "')");
     if (part.tensor().empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat(label, ": tensor is empty, expected a name"));
@@ -116,15 +116,15 @@ absl::StatusOr<std::vector<v1::ReduceRequest>> SplitParts(
           label, ": tensor repeats an earlier part's, expected each once"));
     }
     if (part.offset() > room) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          label, ": offset ", part.offset(), " is past the ", room,
-          " bytes of the slices"));
-    }
-    absl::StatusOr<uint64_t> bytes = PartBytes(part, width, room - part.offset());
-    if (!bytes.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(label, " at offset ", part.offset(), ": ",
-                       bytes.status().message()));
+          absl::StrCat(label, ": offset ", part.offset(), " is past the ", room,
+                       " bytes of the slices"));
+    }
+    absl::StatusOr<uint64_t> bytes =
+        PartBytes(part, width, room - part.offset());
+    if (!bytes.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          label, " at offset ", part.offset(), ": ", bytes.status().message()));
     }
     extents.push_back({part.offset(), *bytes, i});
     v1::ReduceRequest& one = split.emplace_back(common);
@@ -137,8 +137,9 @@ absl::StatusOr<std::vector<v1::ReduceRequest>> SplitParts(
         Narrowed(request.output_shm(), part.offset(), *bytes);
   }
   // Two parts that share bytes would write each other's results.
-  std::sort(extents.begin(), extents.end(),
-            [](const Extent& a, const Extent& b) { return a.offset < b.offset; });
+  std::sort(
+      extents.begin(), extents.end(),
+      [](const Extent& a, const Extent& b) { return a.offset < b.offset; });
   for (size_t j = 1; j < extents.size(); ++j) {
     const Extent& a = extents[j - 1];
     const Extent& b = extents[j];

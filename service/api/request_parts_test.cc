@@ -122,8 +122,9 @@ TEST(SplitPartsTest, RefusesOverlappingSlices) {
 TEST(SplitPartsTest, RefusesAPartOutsideTheSlices) {
   v1::ReduceRequest request = Bucket();
   request.mutable_parts(1)->set_offset(28);  // 28 + 12 > 36
-  ExpectRefused(request, "part 1 ('fc.bias') at offset 28: shape [3] needs "
-                         "more than the 8 bytes");
+  ExpectRefused(request,
+                "part 1 ('fc.bias') at offset 28: shape [3] needs "
+                "more than the 8 bytes");
   request.mutable_parts(1)->set_offset(100);
   ExpectRefused(request, "part 1 ('fc.bias'): offset 100 is past the 36");
   // The smaller slice bounds the parts.
@@ -146,8 +147,9 @@ TEST(SplitPartsTest, RefusesHugeShapesWithoutOverflow) {
 TEST(SplitPartsTest, RefusesOverlappingRepeatedOrUnnamedParts) {
   v1::ReduceRequest request = Bucket();
   request.mutable_parts(1)->set_offset(20);
-  ExpectRefused(request, "parts 0 ('fc.weight', bytes 0..24) and 1 "
-                         "('fc.bias', from byte 20) overlap");
+  ExpectRefused(request,
+                "parts 0 ('fc.weight', bytes 0..24) and 1 "
+                "('fc.bias', from byte 20) overlap");
   request = Bucket();
   request.mutable_parts(1)->set_tensor("fc.weight");
   ExpectRefused(request, "part 1 ('fc.weight'): tensor repeats");

@@ -4,9 +4,11 @@
 #include <cstdlib>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "codecs/builtin.h"
 #include "grpcpp/grpcpp.h"
+#include "service/api/request_parts.h"
 
 namespace gradcomp::service {
 namespace {
@@ -41,6 +43,14 @@ int Call(const uint8_t* bytes, size_t size, Handler handler) {
   Response response;
   const grpc::Status status = handler(&context, &request, &response);
   return static_cast<int>(status.error_code());
+}
+
+// Whether `part` lies within `whole`, in the same region.
+bool Within(const v1::SharedMemorySlice& part,
+            const v1::SharedMemorySlice& whole) {
+  return part.region() == whole.region() && part.offset() >= whole.offset() &&
+         part.byte_size() <= whole.byte_size() &&
+         part.offset() - whole.offset() <= whole.byte_size() - part.byte_size();
 }
 
 }  // namespace
@@ -138,6 +148,27 @@ int RequestChecker::Check(const uint8_t* data, size_t size) {
           bytes, n, [service](auto* c, auto* q, auto* r) {
             return service->SharedMemoryStatus(c, q, r);
           });
+    case FuzzedRpc::kReduceParts: {
+      v1::ReduceRequest request;
+      if (!request.ParseFromArray(bytes, static_cast<int>(n))) return -1;
+      absl::StatusOr<std::vector<v1::ReduceRequest>> parts =
+          SplitParts(request);
+      if (!parts.ok()) return static_cast<int>(parts.status().code());
+      int first_error = 0;
+      for (const v1::ReduceRequest& part : *parts) {
+        // A part never reaches past the slices the request named.
+        if (!Within(part.input_shm(), request.input_shm()) ||
+            !Within(part.output_shm(), request.output_shm())) {
+          Fail("SplitParts made a part outside the request's slices");
+        }
+        grpc::ServerContext context;
+        v1::ReduceResponse response;
+        const int code = static_cast<int>(
+            service->Reduce(&context, &part, &response).error_code());
+        if (first_error == 0) first_error = code;
+      }
+      return first_error;
+    }
     case FuzzedRpc::kCount:
       break;
   }

@@ -32,7 +32,10 @@ enum class FuzzedRpc : uint8_t {
   kSetPolicy = 3,
   kImportState = 4,
   kSharedMemoryStatus = 5,
-  kCount = 6,
+  // A ReduceRequest with parts: SplitParts, then each part's Reduce, as
+  // ReduceStream serves it.
+  kReduceParts = 6,
+  kCount = 7,
 };
 
 // The region every fuzzed Reduce may name as its input_shm/output_shm.
