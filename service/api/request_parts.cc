@@ -42,6 +42,11 @@ absl::StatusOr<uint64_t> PartBytes(const v1::ReducePart& part, size_t width,
     }
     numel *= d;
   }
+  if (numel > max_numel) {  // a scalar (no dimensions) in too few bytes
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shape ", shape, " needs ", numel * width, " bytes, more than the ",
+        limit, " bytes left in the slices after its offset"));
+  }
   return numel * width;
 }
 
@@ -77,6 +82,15 @@ absl::StatusOr<std::vector<v1::ReduceRequest>> SplitParts(
   }
   const v1::SharedMemorySlice& in = request.input_shm();
   const v1::SharedMemorySlice& out = request.output_shm();
+  for (const auto& [name, slice] :
+       {std::pair{"input_shm", &in}, std::pair{"output_shm", &out}}) {
+    // Parts' offsets are added to the slice's; nothing may wrap.
+    if (slice->offset() > UINT64_MAX - slice->byte_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": offset ", slice->offset(), " + byte_size ",
+          slice->byte_size(), " wraps around; expected a slice that fits"));
+    }
+  }
   if (in.region() == out.region() &&
       in.offset() < out.offset() + out.byte_size() &&
       out.offset() < in.offset() + in.byte_size()) {

@@ -1,5 +1,6 @@
 #include "service/api/request_parts.h"
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -131,6 +132,23 @@ TEST(SplitPartsTest, RefusesAPartOutsideTheSlices) {
   request = Bucket();
   request.mutable_output_shm()->set_byte_size(30);
   ExpectRefused(request, "part 1 ('fc.bias') at offset 24");
+  // A scalar (no dimensions) needs its 4 bytes too (found by the fuzzer).
+  request = Bucket();
+  request.mutable_parts(1)->clear_shape();
+  request.mutable_parts(1)->set_offset(36);
+  ExpectRefused(request,
+                "part 1 ('fc.bias') at offset 36: shape [] needs 4 "
+                "bytes, more than the 0 bytes");
+  request.mutable_parts(1)->set_offset(32);
+  EXPECT_TRUE(SplitParts(request).ok());
+}
+
+TEST(SplitPartsTest, RefusesSlicesThatWrapAround) {
+  v1::ReduceRequest request = Bucket();
+  request.mutable_input_shm()->set_offset(UINT64_MAX - 8);
+  ExpectRefused(request,
+                "input_shm: offset 18446744073709551607 + byte_size "
+                "36 wraps around");
 }
 
 TEST(SplitPartsTest, RefusesHugeShapesWithoutOverflow) {
