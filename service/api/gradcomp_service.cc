@@ -261,16 +261,27 @@ grpc::Status GradcompService::ReduceStream(
     if (!write_failed && !stream->Write(response)) write_failed = true;
   };
   // Queues one tensor's reduce; `done` gets its answer, on a worker or, when
-  // the queue is full, here.
+  // the memory budget or the bounded queue refuses it, here (the stream
+  // goes on). A queued tensor's inline bytes count against the budget while
+  // it waits.
   auto schedule = [this, &mu, &pending, &client](
                       v1::ReduceRequest request,
-                      std::shared_ptr<MemoryBudget::Reservation> held,
                       std::function<void(v1::ReduceStreamResponse)> done) {
+    const v1::ReduceRequest named = NamedPart(request);
+    absl::StatusOr<MemoryBudget::Reservation> reserved = ReserveInline(request);
+    if (!reserved.ok()) {
+      metrics_->CountReduce("unresolved", reserved.status().code());
+      done(
+          StreamAnswer(named, Prefixed(reserved.status(), TensorLabel(named))));
+      return;
+    }
+    // std::function needs a copyable closure: the reservation is shared.
+    auto held =
+        std::make_shared<MemoryBudget::Reservation>(*std::move(reserved));
     {
       absl::MutexLock lock(&mu);
       ++pending;
     }
-    const v1::ReduceRequest named = NamedPart(request);
     const bool queued =
         stream_pool_.TrySchedule([this, &mu, &pending, &client, held, done,
                                   request = std::move(request)] {
@@ -298,24 +309,8 @@ grpc::Status GradcompService::ReduceStream(
   while (stream->Read(&request)) {
     if (request.parts_size() > 0) {
       ScheduleParts(request, send, schedule);
-      request = v1::ReduceRequest();
-      continue;
-    }
-    // Limits: a queued tensor's inline bytes count against the memory
-    // budget while it waits, and the queue is bounded; a tensor refused by
-    // either is answered at once and the stream goes on.
-    absl::StatusOr<MemoryBudget::Reservation> reserved = ReserveInline(request);
-    if (reserved.ok()) {
-      // std::function needs a copyable closure: the reservation is shared.
-      schedule(
-          std::move(request),
-          std::make_shared<MemoryBudget::Reservation>(*std::move(reserved)),
-          send);
     } else {
-      metrics_->CountReduce("unresolved", reserved.status().code());
-      const v1::ReduceRequest named = NamedPart(request);
-      send(
-          StreamAnswer(named, Prefixed(reserved.status(), TensorLabel(named))));
+      schedule(std::move(request), send);
     }
     request = v1::ReduceRequest();
   }
@@ -348,21 +343,10 @@ void GradcompService::ScheduleParts(
   auto answer =
       std::make_shared<PartsAnswer>(request.request_id(), split->size());
   for (size_t i = 0; i < split->size(); ++i) {
-    auto done = [answer, i, send](v1::ReduceStreamResponse part) {
-      if (answer->Set(i, std::move(part))) send(answer->Take());
-    };
-    v1::ReduceRequest& part = (*split)[i];
-    // Parts hold no inline bytes; the reservation ties them to the budget
-    // that the engine grows for their staging.
-    absl::StatusOr<MemoryBudget::Reservation> reserved = ReserveInline(part);
-    if (!reserved.ok()) {
-      metrics_->CountReduce("unresolved", reserved.status().code());
-      done(StreamAnswer(part, Prefixed(reserved.status(), TensorLabel(part))));
-      continue;
-    }
-    schedule(std::move(part),
-             std::make_shared<MemoryBudget::Reservation>(*std::move(reserved)),
-             std::move(done));
+    schedule(std::move((*split)[i]),
+             [answer, i, send](v1::ReduceStreamResponse part) {
+               if (answer->Set(i, std::move(part))) send(answer->Take());
+             });
   }
 }
 

@@ -9,7 +9,6 @@
 
 #include <functional>
 #include <map>
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -101,11 +100,10 @@ class GradcompService final : public v1::Gradcomp::Service {
   absl::StatusOr<v1::ReduceResponse> DoReduce(
       const v1::ReduceRequest& request, absl::string_view client,
       MemoryBudget::Reservation* held = nullptr);
-  // Queues one ReduceStream tensor's reduce, holding `held` until it ends;
-  // `done` gets its answer, from a worker or, when the queue is full, at once.
+  // Queues one ReduceStream tensor's reduce; `done` gets its answer, from a
+  // worker or, when the memory budget or the queue refuses it, at once.
   using ScheduleFn = std::function<void(
-      v1::ReduceRequest, std::shared_ptr<MemoryBudget::Reservation>,
-      std::function<void(v1::ReduceStreamResponse)>)>;
+      v1::ReduceRequest, std::function<void(v1::ReduceStreamResponse)>)>;
   // A ReduceStream request with parts: each part scheduled as a tensor of
   // its own, and every part's answer sent with `send` in one message once
   // the last is in; a request SplitParts refuses is answered with its error.
