@@ -136,9 +136,8 @@ SquareSums SumSquares(absl::Span<const float> a, absl::Span<const float> b) {
   return {(d0 + d1) + (d2 + d3), (n0 + n1) + (n2 + n3)};
 }
 
-// ||a - b|| / ||a|| in double; NaN when ||a|| = 0.
-double RelativeError(absl::Span<const float> a, absl::Span<const float> b) {
-  const SquareSums sums = SumSquares(a, b);
+// ||a - b|| / ||a|| from SumSquares(a, b); NaN when ||a|| = 0.
+double RelativeError(const SquareSums& sums) {
   if (sums.norm == 0) return std::numeric_limits<double>::quiet_NaN();
   return std::sqrt(sums.diff / sums.norm);
 }
@@ -164,15 +163,6 @@ std::optional<absl::Span<float>> FindResidual(codecs::TensorState& state) {
     if (auto buffer = state.Find(name)) return buffer;
   }
   return std::nullopt;
-}
-
-// ||x|| / ||g|| in double, for the error-feedback residual metric; NaN
-// when ||g|| = 0.
-double NormRatio(absl::Span<const float> x, absl::Span<const float> g) {
-  const double xx = SumSquares(x, {}).norm;
-  const double gg = SumSquares(g, {}).norm;
-  return gg == 0 ? std::numeric_limits<double>::quiet_NaN()
-                 : std::sqrt(xx / gg);
 }
 
 // The fp32 values of a reduce's result: the caller's output span or the
@@ -609,13 +599,17 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   if (sample_error) {
     std::unique_ptr<float[]> own = UninitializedFloats(numel);
     GC_RETURN_IF_ERROR(session->DecodeOwn({own.get(), numel}));
-    stats.relative_error = RelativeError(grad, {own.get(), numel});
+    const SquareSums sums = SumSquares(grad, {own.get(), numel});
+    stats.relative_error = RelativeError(sums);
     // Sharded residuals live in per-slice states (sharded_reduce.h); the
     // tensor's own would be a stale one from an earlier allgather step.
     if (std::optional<absl::Span<float>> residual = FindResidual(*state);
         sharded == nullptr && residual.has_value() &&
         std::isfinite(stats.relative_error)) {
-      metrics_->ObserveResidualNorm(stats.codec, NormRatio(*residual, grad));
+      // ||residual|| / ||grad||, with ||grad||^2 from the sums above (> 0:
+      // the relative error is finite).
+      metrics_->ObserveResidualNorm(
+          stats.codec, std::sqrt(SumSquares(*residual, {}).norm / sums.norm));
     }
   }
   return out;
