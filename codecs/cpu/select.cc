@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -12,24 +13,48 @@
 namespace gradcomp::codecs {
 namespace {
 
-// Elements tested together: a block without a hit costs one vector compare
-// per few elements and no branch per element.
+// Elements tested together: a block without a hit costs four vector
+// compares and no branch per element.
 constexpr size_t kBlock = 16;
 
+// Appends every i in [begin, end) with MagnitudeKey(x[i]) >= threshold.
+//
+// Sixteen keys at a time with GCC's vector extension (SSE2, every x86-64)
+// into a 16-bit mask of hits, whose set bits are then written out: the
+// plain loop compiled to four scalar instructions per element, and this pass
+// over the whole tensor took twice as long as reading it (docs/benchmarks.md,
+// "Top-k selection"). Keys are below 2^31, so key >= threshold is the signed
+// compare key > threshold - 1 that SSE2 has, for every threshold up to 2^31.
 void FilterRange(const float* x, size_t begin, size_t end, uint32_t threshold,
                  std::vector<uint32_t>* out) {
+  using I4 = int32_t __attribute__((vector_size(16)));
+  const int32_t below =
+      static_cast<int32_t>(std::min(threshold, uint32_t{1} << 31) - 1);
+  const I4 bound = {below, below, below, below};
+  const I4 magnitude = {0x7FFFFFFF, 0x7FFFFFFF, 0x7FFFFFFF, 0x7FFFFFFF};
+  size_t count = out->size();
   size_t i = begin;
   for (; i + kBlock <= end; i += kBlock) {
-    int any = 0;
-    for (size_t j = 0; j < kBlock; ++j)
-      any |= MagnitudeKey(x[i + j]) >= threshold;
-    if (!any) continue;
-    for (size_t j = 0; j < kBlock; ++j) {
-      if (MagnitudeKey(x[i + j]) >= threshold) {
-        out->push_back(static_cast<uint32_t>(i + j));
-      }
+    I4 lanes = {0, 0, 0, 0};
+    for (int j = 0; j < static_cast<int>(kBlock); j += 4) {
+      I4 bits;
+      std::memcpy(&bits, x + i + j, sizeof(bits));
+      // A true comparison is all ones: keep the lane's bit of the mask.
+      const I4 bit = {1 << j, 2 << j, 4 << j, 8 << j};
+      lanes |= ((bits & magnitude) > bound) & bit;
     }
+    uint32_t hits = static_cast<uint32_t>(lanes[0] | lanes[1] | lanes[2] |
+                                          lanes[3]);
+    if (hits == 0) continue;
+    if (out->size() < count + kBlock) out->resize(2 * (count + kBlock));
+    uint32_t* o = out->data() + count;
+    do {
+      *o++ = static_cast<uint32_t>(i) + __builtin_ctz(hits);
+      hits &= hits - 1;
+    } while (hits != 0);
+    count = static_cast<size_t>(o - out->data());
   }
+  out->resize(count);
   for (; i < end; ++i) {
     if (MagnitudeKey(x[i]) >= threshold)
       out->push_back(static_cast<uint32_t>(i));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -141,6 +142,27 @@ TEST(SelectTopKTest, KOfAllSelectsEveryNonzero) {
             (std::vector<uint32_t>{1, 2, 4}));
   EXPECT_EQ(SelectTopK(x, 50, 0.01, kRng).indices,
             (std::vector<uint32_t>{1, 2, 4}));
+}
+
+// The filter tests sixteen keys at a time and then the tail one by one:
+// every lane of a block, a block of hits only, and the tail must be found,
+// down to the smallest subnormal and up to NaN.
+TEST(SelectTopKTest, EveryLaneOfABlockAndTheTailAreFound) {
+  std::vector<float> x(16 * 4 + 7, 0.0f);
+  for (size_t lane = 0; lane < 16; ++lane) x[16 + lane] = -1.0f;  // all hits
+  for (size_t lane = 0; lane < 16; lane += 3) x[32 + lane] = 2.0f;
+  x[48] = std::numeric_limits<float>::denorm_min();
+  x[63] = NAN;
+  x[64] = -INFINITY;
+  x[70] = 0.5f;
+  std::vector<uint32_t> nonzero;
+  for (uint32_t i = 0; i < x.size(); ++i) {
+    if (x[i] != 0.0f) nonzero.push_back(i);
+  }
+  for (double fraction : {1.0, 0.01}) {
+    EXPECT_EQ(SelectTopK(x, x.size(), fraction, kRng).indices, nonzero)
+        << fraction;
+  }
 }
 
 TEST(SelectTopKTest, NonFiniteValuesComeFirst) {
