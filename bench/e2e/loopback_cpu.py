@@ -152,7 +152,7 @@ def main() -> int:
                                  for k in range(n))
         summary[codec] = {"daemon_cpu_s": daemon, "daemon_switches": switches,
                           "client_cpu_s": client, "wall_s": wall}
-        print(f"| {codec} | {daemon:.2f} | {switches:.0f} | {client:.2f} | {wall:.2f} |")
+        print(f"| {codec} | {daemon:.3f} | {switches:.0f} | {client:.3f} | {wall:.2f} |")
     (work / "summary.json").write_text(json.dumps(
         {"io": args.io, "local": args.local, "daemon": binary,
          "daemon_args": args.daemon_arg,

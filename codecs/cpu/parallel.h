@@ -25,8 +25,10 @@ struct ParallelOptions {
 int ParallelParts(size_t n, const ParallelOptions& options);
 
 // Runs fn(begin, end, part) for ParallelParts(n, options) disjoint ranges
-// covering [0, n) in order, part 0 on the calling thread, and returns when
-// all have finished. fn must not throw.
+// covering [0, n) in order, part 0 on the calling thread and the others on
+// threads kept for the process's life (or on the calling thread, when they
+// are busy), and returns when all have finished. fn must not throw; it may
+// call ParallelFor itself.
 void ParallelFor(
     size_t n, const ParallelOptions& options,
     absl::FunctionRef<void(size_t begin, size_t end, int part)> fn);

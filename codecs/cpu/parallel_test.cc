@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstddef>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -78,6 +79,29 @@ TEST(ParallelForTest, ScopedThreadsSetsThePartCountAndRestoresIt) {
     EXPECT_EQ(ParallelParts(1000, options), 7);
   }
   EXPECT_EQ(ParallelParts(1000, options), machine);
+}
+
+// Parts run on threads kept between calls; a part that itself calls
+// ParallelFor, more parts than cores, and calls from several threads at once
+// must all finish (the waiting callers run queued parts themselves).
+TEST(ParallelForTest, NestedAndConcurrentCallsAllFinish) {
+  ScopedParallelThreads threads(5);
+  const ParallelOptions options{/*min_per_part=*/1, /*align=*/1};
+  std::vector<std::thread> callers;
+  std::vector<std::atomic<int>> sums(4);
+  for (int c = 0; c < 4; ++c) {
+    callers.emplace_back([&, c] {
+      for (int round = 0; round < 50; ++round) {
+        ParallelFor(10, options, [&](size_t begin, size_t end, int) {
+          ParallelFor(end - begin, options, [&](size_t b, size_t e, int) {
+            sums[c] += static_cast<int>(e - b);
+          });
+        });
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  for (int c = 0; c < 4; ++c) EXPECT_EQ(sums[c].load(), 50 * 10) << c;
 }
 
 }  // namespace
