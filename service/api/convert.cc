@@ -1,15 +1,18 @@
 #include "service/api/convert.h"
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "service/config/policy_proto.h"
 
 namespace gradcomp::service {
 
 absl::StatusOr<ReduceInput> ReduceInputFromProto(
-    const v1::ReduceRequest& request, const MappedSlices& slices) {
+    const v1::ReduceRequest& request, const MappedSlices& slices,
+    std::shared_ptr<const BatchSpec> batch) {
   if (request.has_output_shm() && request.output_shm().byte_size() == 0) {
     // An empty output span means "answer inline" to the engine.
     return absl::InvalidArgumentError(
@@ -44,9 +47,13 @@ absl::StatusOr<ReduceInput> ReduceInputFromProto(
   if (request.has_output_shm()) input.output = slices.output;
   if (request.has_codec()) input.codec = CodecSpecFromProto(request.codec());
   if (request.has_batch()) {
-    input.batch = BatchRequest{
-        request.batch().id(),
-        {request.batch().members().begin(), request.batch().members().end()}};
+    GC_ASSIGN_OR_RETURN(
+        BatchSpec spec,
+        MakeBatchSpec(request.batch().id(), {request.batch().members().begin(),
+                                             request.batch().members().end()}));
+    input.batch = std::make_shared<const BatchSpec>(std::move(spec));
+  } else {
+    input.batch = std::move(batch);
   }
   switch (request.mode()) {
     case v1::REDUCE_MODE_AVERAGE:

@@ -7,9 +7,12 @@
 #ifndef GRADCOMP_SERVICE_API_CONVERT_H_
 #define GRADCOMP_SERVICE_API_CONVERT_H_
 
+#include <memory>
+
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "gradcomp/v1/gradcomp.pb.h"
+#include "service/collective/batching_collective.h"
 #include "service/engine/engine.h"
 
 namespace gradcomp::service {
@@ -28,8 +31,13 @@ struct MappedSlices {
 // average into `slices.output`. Overlapping input and output slices are
 // InvalidArgument: the engine reads fp32 input in place and still reads it
 // after it has written the output.
+//
+// The input's batch is made from the request's (InvalidArgument when
+// MakeBatchSpec refuses it), or is `batch` when the request is a part of a
+// request with parts, whose batch SplitParts made once for all of them.
 absl::StatusOr<ReduceInput> ReduceInputFromProto(
-    const v1::ReduceRequest& request, const MappedSlices& slices = {});
+    const v1::ReduceRequest& request, const MappedSlices& slices = {},
+    std::shared_ptr<const BatchSpec> batch = nullptr);
 
 v1::ReduceResponse ReduceResponseToProto(const v1::ReduceRequest& request,
                                          ReduceOutput output);

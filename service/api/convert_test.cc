@@ -1,7 +1,11 @@
 #include "service/api/convert.h"
 
 #include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace gradcomp::service {
@@ -62,7 +66,7 @@ TEST(ConvertTest, NoCodecMeansThePolicyDecides) {
   EXPECT_FALSE(input->codec.has_value());
 }
 
-TEST(ConvertTest, ABatchReachesTheEngineInput) {
+TEST(ConvertTest, ABatchReachesTheEngineInputSortedOrItsPartsBatch) {
   v1::ReduceRequest request;
   request.set_tensor("b");
   request.mutable_batch()->set_id("bucket0");
@@ -70,10 +74,20 @@ TEST(ConvertTest, ABatchReachesTheEngineInput) {
   request.mutable_batch()->add_members("a");
   auto input = ReduceInputFromProto(request);
   ASSERT_TRUE(input.ok()) << input.status();
-  ASSERT_TRUE(input->batch.has_value());
+  ASSERT_NE(input->batch, nullptr);
   EXPECT_EQ(input->batch->id, "bucket0");
-  EXPECT_EQ(input->batch->members, (std::vector<std::string>{"b", "a"}));
-  EXPECT_FALSE(ReduceInputFromProto(v1::ReduceRequest())->batch.has_value());
+  EXPECT_EQ(input->batch->members, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(ReduceInputFromProto(v1::ReduceRequest())->batch, nullptr);
+
+  // A part gets the batch made once for its request.
+  auto shared = std::make_shared<const BatchSpec>(*input->batch);
+  request.clear_batch();
+  EXPECT_EQ(ReduceInputFromProto(request, {}, shared)->batch, shared);
+
+  request.mutable_batch()->set_id("");
+  request.mutable_batch()->add_members("b");
+  EXPECT_THAT(ReduceInputFromProto(request).status().message(),
+              ::testing::HasSubstr("batch id is empty"));
 }
 
 TEST(ConvertTest, SharedMemorySlicesBecomeTheInputAndOutput) {

@@ -137,6 +137,7 @@ absl::StatusOr<absl::Span<char>> GradcompService::HostBytes(
 
 absl::StatusOr<ReduceInput> GradcompService::ResolveInput(
     const v1::ReduceRequest& request, absl::string_view client,
+    std::shared_ptr<const BatchSpec> batch,
     std::optional<SharedMemorySlice>* input_slice,
     std::optional<SharedMemorySlice>* output_slice, HostStaging* staging) {
   if (request.has_input_shm()) {
@@ -162,7 +163,7 @@ absl::StatusOr<ReduceInput> GradcompService::ResolveInput(
     slices.input = {static_cast<char*>(in.device_data()), in.byte_size()};
     slices.output = {static_cast<char*>(out.device_data()), out.byte_size()};
     GC_ASSIGN_OR_RETURN(ReduceInput input,
-                        ReduceInputFromProto(request, slices));
+                        ReduceInputFromProto(request, slices, std::move(batch)));
     staging->device = {in.device_id(), in.device_data(), out.device_data(),
                        in.byte_size()};
     input.data = absl::string_view();
@@ -182,7 +183,7 @@ absl::StatusOr<ReduceInput> GradcompService::ResolveInput(
     if (!bytes.ok()) return Prefixed(bytes.status(), "output_shm");
     slices.output = *bytes;
   }
-  return ReduceInputFromProto(request, slices);
+  return ReduceInputFromProto(request, slices, std::move(batch));
 }
 
 absl::StatusOr<MemoryBudget::Reservation> GradcompService::ReserveInline(
@@ -192,7 +193,7 @@ absl::StatusOr<MemoryBudget::Reservation> GradcompService::ReserveInline(
 
 absl::StatusOr<v1::ReduceResponse> GradcompService::DoReduce(
     const v1::ReduceRequest& request, absl::string_view client,
-    MemoryBudget::Reservation* held) {
+    MemoryBudget::Reservation* held, std::shared_ptr<const BatchSpec> batch) {
   if (request.parts_size() > 0) {
     // ReduceStream splits them (SplitParts); one answer cannot hold many.
     metrics_->CountReduce("unresolved", absl::StatusCode::kInvalidArgument);
@@ -212,7 +213,8 @@ absl::StatusOr<v1::ReduceResponse> GradcompService::DoReduce(
   HostStaging staging;
   absl::StatusOr<ReduceInput> input =
       own.ok()
-          ? ResolveInput(request, client, &input_slice, &output_slice, &staging)
+          ? ResolveInput(request, client, std::move(batch), &input_slice,
+                         &output_slice, &staging)
           : own.status();
   if (!input.ok()) {
     // Refused before the engine saw it; counted here so that every request
@@ -266,6 +268,7 @@ grpc::Status GradcompService::ReduceStream(
   // it waits.
   auto schedule = [this, &mu, &pending, &client](
                       v1::ReduceRequest request,
+                      std::shared_ptr<const BatchSpec> batch,
                       std::function<void(v1::ReduceStreamResponse)> done) {
     const v1::ReduceRequest named = NamedPart(request);
     absl::StatusOr<MemoryBudget::Reservation> reserved = ReserveInline(request);
@@ -284,8 +287,10 @@ grpc::Status GradcompService::ReduceStream(
     }
     const bool queued =
         stream_pool_.TrySchedule([this, &mu, &pending, &client, held, done,
-                                  request = std::move(request)] {
-          done(StreamAnswer(request, DoReduce(request, client, held.get())));
+                                  request = std::move(request),
+                                  batch = std::move(batch)] {
+          done(StreamAnswer(request,
+                            DoReduce(request, client, held.get(), batch)));
           held->Release();
           absl::MutexLock lock(&mu);
           --pending;
@@ -310,7 +315,7 @@ grpc::Status GradcompService::ReduceStream(
     if (request.parts_size() > 0) {
       ScheduleParts(request, send, schedule);
     } else {
-      schedule(std::move(request), send);
+      schedule(std::move(request), nullptr, send);
     }
     request = v1::ReduceRequest();
   }
@@ -328,7 +333,7 @@ void GradcompService::ScheduleParts(
     const v1::ReduceRequest& request,
     const std::function<void(const v1::ReduceStreamResponse&)>& send,
     const ScheduleFn& schedule) {
-  absl::StatusOr<std::vector<v1::ReduceRequest>> split = SplitParts(request);
+  absl::StatusOr<SplitRequest> split = SplitParts(request);
   if (!split.ok()) {
     metrics_->CountReduce("unresolved", split.status().code());
     v1::ReduceStreamResponse refused;
@@ -341,9 +346,9 @@ void GradcompService::ScheduleParts(
   }
   // The last part to finish sends every part's answer in one message.
   auto answer =
-      std::make_shared<PartsAnswer>(request.request_id(), split->size());
-  for (size_t i = 0; i < split->size(); ++i) {
-    schedule(std::move((*split)[i]),
+      std::make_shared<PartsAnswer>(request.request_id(), split->parts.size());
+  for (size_t i = 0; i < split->parts.size(); ++i) {
+    schedule(std::move(split->parts[i]), split->batch,
              [answer, i, send](v1::ReduceStreamResponse part) {
                if (answer->Set(i, std::move(part))) send(answer->Take());
              });

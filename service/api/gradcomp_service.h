@@ -97,13 +97,17 @@ class GradcompService final : public v1::Gradcomp::Service {
   // One Reduce in core terms for `client` (ClientId of the call); the
   // status is what the client sees. `held` holds the request's inline
   // bytes in the memory budget; null: DoReduce reserves them itself.
+  // `batch`: the batch of a request's parts (SplitRequest), for a part.
   absl::StatusOr<v1::ReduceResponse> DoReduce(
       const v1::ReduceRequest& request, absl::string_view client,
-      MemoryBudget::Reservation* held = nullptr);
-  // Queues one ReduceStream tensor's reduce; `done` gets its answer, from a
-  // worker or, when the memory budget or the queue refuses it, at once.
+      MemoryBudget::Reservation* held = nullptr,
+      std::shared_ptr<const BatchSpec> batch = nullptr);
+  // Queues one ReduceStream tensor's reduce (with its batch when it is a
+  // part: DoReduce); `done` gets its answer, from a worker or, when the
+  // memory budget or the queue refuses it, at once.
   using ScheduleFn = std::function<void(
-      v1::ReduceRequest, std::function<void(v1::ReduceStreamResponse)>)>;
+      v1::ReduceRequest, std::shared_ptr<const BatchSpec>,
+      std::function<void(v1::ReduceStreamResponse)>)>;
   // A ReduceStream request with parts: each part scheduled as a tensor of
   // its own, and every part's answer sent with `send` in one message once
   // the last is in; a request SplitParts refuses is answered with its error.
@@ -114,9 +118,6 @@ class GradcompService final : public v1::Gradcomp::Service {
   // Reserves `request`'s inline input in the engine's memory budget.
   absl::StatusOr<MemoryBudget::Reservation> ReserveInline(
       const v1::ReduceRequest& request);
-  // The engine input of `request`, with its shared-memory slices acquired
-  // into `input_slice` / `output_slice`, which the caller holds until the
-  // reduce returns.
   // Host copies of a request's slices of CUDA regions: the engine runs on
   // the CPU, so a CUDA input is copied to the host before the reduce and a
   // CUDA output back after it (docs/gpu.md, "CUDA IPC"). Counted against
@@ -129,9 +130,12 @@ class GradcompService final : public v1::Gradcomp::Service {
     // (ReduceInput::device), and nothing above is used.
     DeviceTensor device;
   };
-
+  // The engine input of `request` (and `batch`, as DoReduce's), with its
+  // shared-memory slices acquired into `input_slice` / `output_slice`,
+  // which the caller holds until the reduce returns.
   absl::StatusOr<ReduceInput> ResolveInput(
       const v1::ReduceRequest& request, absl::string_view client,
+      std::shared_ptr<const BatchSpec> batch,
       std::optional<SharedMemorySlice>* input_slice,
       std::optional<SharedMemorySlice>* output_slice, HostStaging* staging);
   // `slice`'s bytes: a system slice's own, a CUDA slice's in `host`,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -62,8 +63,7 @@ v1::SharedMemorySlice Narrowed(const v1::SharedMemorySlice& slice,
 
 }  // namespace
 
-absl::StatusOr<std::vector<v1::ReduceRequest>> SplitParts(
-    const v1::ReduceRequest& request) {
+absl::StatusOr<SplitRequest> SplitParts(const v1::ReduceRequest& request) {
   if (!request.tensor().empty() || request.shape_size() > 0 ||
       request.has_data()) {
     return absl::InvalidArgumentError(
@@ -107,10 +107,18 @@ absl::StatusOr<std::vector<v1::ReduceRequest>> SplitParts(
   // parts must lie within both, whichever is smaller.
   const uint64_t room = std::min(request.input_shm().byte_size(),
                                  request.output_shm().byte_size());
+  SplitRequest split;
+  if (request.has_batch()) {
+    GC_ASSIGN_OR_RETURN(
+        BatchSpec batch,
+        MakeBatchSpec(request.batch().id(), {request.batch().members().begin(),
+                                             request.batch().members().end()}));
+    split.batch = std::make_shared<const BatchSpec>(std::move(batch));
+  }
   v1::ReduceRequest common = request;
   common.clear_parts();
-  std::vector<v1::ReduceRequest> split;
-  split.reserve(request.parts_size());
+  common.clear_batch();
+  split.parts.reserve(request.parts_size());
   absl::flat_hash_set<std::string> names;
   struct Extent {
     uint64_t offset, bytes;
@@ -141,7 +149,7 @@ absl::StatusOr<std::vector<v1::ReduceRequest>> SplitParts(
           label, " at offset ", part.offset(), ": ", bytes.status().message()));
     }
     extents.push_back({part.offset(), *bytes, i});
-    v1::ReduceRequest& one = split.emplace_back(common);
+    v1::ReduceRequest& one = split.parts.emplace_back(common);
     one.set_tensor(part.tensor());
     one.mutable_shape()->Assign(part.shape().begin(), part.shape().end());
     one.set_request_id(static_cast<uint64_t>(i));

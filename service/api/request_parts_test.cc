@@ -48,10 +48,10 @@ v1::ReduceRequest Bucket() {
 }
 
 TEST(SplitPartsTest, EachPartIsARequestOfItsOwnOverItsBytes) {
-  absl::StatusOr<std::vector<v1::ReduceRequest>> split = SplitParts(Bucket());
+  absl::StatusOr<SplitRequest> split = SplitParts(Bucket());
   ASSERT_TRUE(split.ok()) << split.status();
-  ASSERT_EQ(split->size(), 2u);
-  const v1::ReduceRequest& weight = (*split)[0];
+  ASSERT_EQ(split->parts.size(), 2u);
+  const v1::ReduceRequest& weight = split->parts[0];
   EXPECT_EQ(weight.tensor(), "fc.weight");
   EXPECT_THAT(weight.shape(), ::testing::ElementsAre(2, 3));
   EXPECT_EQ(weight.request_id(), 0u);
@@ -60,36 +60,40 @@ TEST(SplitPartsTest, EachPartIsARequestOfItsOwnOverItsBytes) {
   EXPECT_EQ(weight.input_shm().byte_size(), 24u);
   EXPECT_EQ(weight.output_shm().offset(), 1024u);
   EXPECT_EQ(weight.output_shm().byte_size(), 24u);
-  const v1::ReduceRequest& bias = (*split)[1];
+  const v1::ReduceRequest& bias = split->parts[1];
   EXPECT_EQ(bias.tensor(), "fc.bias");
   EXPECT_EQ(bias.request_id(), 1u);
   EXPECT_EQ(bias.input_shm().offset(), 88u);
   EXPECT_EQ(bias.input_shm().byte_size(), 12u);
   EXPECT_EQ(bias.output_shm().offset(), 1048u);
-  for (const v1::ReduceRequest& part : *split) {
+  for (const v1::ReduceRequest& part : split->parts) {
     EXPECT_EQ(part.parts_size(), 0);
     EXPECT_EQ(part.job(), "job");
     EXPECT_EQ(part.step(), 7);
     EXPECT_EQ(part.dtype(), v1::DTYPE_FLOAT32);
     EXPECT_EQ(part.codec().name(), "topk");
-    EXPECT_EQ(part.batch().id(), "b0");
-    EXPECT_EQ(part.batch().members_size(), 2);
+    // The batch is made once, for every part, not copied into each.
+    EXPECT_FALSE(part.has_batch());
   }
+  ASSERT_NE(split->batch, nullptr);
+  EXPECT_EQ(split->batch->id, "b0");
+  EXPECT_EQ(split->batch->members,
+            (std::vector<std::string>{"fc.bias", "fc.weight"}));
 }
 
 TEST(SplitPartsTest, PartsOfHalfWidthFollowTheDtype) {
   v1::ReduceRequest request = Bucket();
   request.set_dtype(v1::DTYPE_FLOAT16);
   request.mutable_parts(1)->set_offset(12);
-  absl::StatusOr<std::vector<v1::ReduceRequest>> split = SplitParts(request);
+  absl::StatusOr<SplitRequest> split = SplitParts(request);
   ASSERT_TRUE(split.ok()) << split.status();
-  EXPECT_EQ((*split)[0].input_shm().byte_size(), 12u);
-  EXPECT_EQ((*split)[1].input_shm().byte_size(), 6u);
+  EXPECT_EQ(split->parts[0].input_shm().byte_size(), 12u);
+  EXPECT_EQ(split->parts[1].input_shm().byte_size(), 6u);
 }
 
 void ExpectRefused(const v1::ReduceRequest& request,
                    const std::string& message) {
-  absl::StatusOr<std::vector<v1::ReduceRequest>> split = SplitParts(request);
+  absl::StatusOr<SplitRequest> split = SplitParts(request);
   ASSERT_FALSE(split.ok());
   EXPECT_EQ(split.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(split.status().message()), HasSubstr(message));
@@ -178,7 +182,7 @@ TEST(SplitPartsTest, RefusesOverlappingRepeatedOrUnnamedParts) {
 TEST(SplitPartsTest, RefusesTooManyPartsAndBadDtypes) {
   v1::ReduceRequest request = Bucket();
   request.set_dtype(v1::DTYPE_UNSPECIFIED);
-  absl::StatusOr<std::vector<v1::ReduceRequest>> split = SplitParts(request);
+  absl::StatusOr<SplitRequest> split = SplitParts(request);
   EXPECT_EQ(split.status().code(), absl::StatusCode::kInvalidArgument);
   request = Bucket();
   request.clear_parts();
@@ -187,6 +191,16 @@ TEST(SplitPartsTest, RefusesTooManyPartsAndBadDtypes) {
     part->set_tensor("t" + std::to_string(i));
   }
   ExpectRefused(request, "expected at most 128");
+}
+
+TEST(SplitPartsTest, ABadBatchRefusesTheRequestAndNoBatchIsNull) {
+  v1::ReduceRequest request = Bucket();
+  request.mutable_batch()->add_members("fc.bias");
+  ExpectRefused(request, "names member 'fc.bias' twice");
+  request.clear_batch();
+  absl::StatusOr<SplitRequest> split = SplitParts(request);
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_EQ(split->batch, nullptr);
 }
 
 }  // namespace

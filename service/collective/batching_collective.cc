@@ -5,6 +5,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -108,11 +109,21 @@ absl::StatusOr<codecs::RoundResult> SumGathered(
   return result;
 }
 
+std::string BatchKey(absl::string_view id,
+                     const std::vector<std::string>& members) {
+  Fnv1a64 digest;
+  for (const std::string& member : members) {
+    digest.Update(member);
+    digest.Update(absl::string_view("\0", 1));
+  }
+  return absl::StrCat("#batch:", id, "#",
+                      absl::StrFormat("%016x", digest.value()));
+}
+
 }  // namespace
 
 absl::StatusOr<BatchSpec> MakeBatchSpec(std::string id,
-                                        std::vector<std::string> members,
-                                        absl::string_view tensor) {
+                                        std::vector<std::string> members) {
   if (id.empty()) {
     return absl::InvalidArgumentError(
         "batch id is empty, expected a name that is the same on every rank "
@@ -134,24 +145,25 @@ absl::StatusOr<BatchSpec> MakeBatchSpec(std::string id,
           absl::StrCat("batch '", id, "' names member '", members[i],
                        "' twice, expected each tensor once"));
     }
+    if (absl::StrContains(members[i], '#')) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch '", id, "' names member '", members[i],
+          "', which holds '#' (reserved for the daemon's own keys)"));
+    }
   }
-  if (!std::binary_search(members.begin(), members.end(), tensor)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "batch '", id, "' does not name tensor '", tensor,
-        "' among its members [", absl::StrJoin(members, ", "),
-        "], expected the members to include every tensor sent with it"));
-  }
-  return BatchSpec{std::move(id), std::move(members)};
+  std::string key = BatchKey(id, members);
+  return BatchSpec{std::move(id), std::move(members), std::move(key)};
 }
 
-std::string BatchKeyTensor(const BatchSpec& batch) {
-  Fnv1a64 digest;
-  for (const std::string& member : batch.members) {
-    digest.Update(member);
-    digest.Update(absl::string_view("\0", 1));
+absl::Status CheckBatchMember(const BatchSpec& batch,
+                              absl::string_view tensor) {
+  if (std::binary_search(batch.members.begin(), batch.members.end(), tensor)) {
+    return absl::OkStatus();
   }
-  return absl::StrCat("#batch:", batch.id, "#",
-                      absl::StrFormat("%016x", digest.value()));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "batch '", batch.id, "' does not name tensor '", tensor,
+      "' among its members [", absl::StrJoin(batch.members, ", "),
+      "], expected the members to include every tensor sent with it"));
 }
 
 BatchingCollective::BatchingCollective(Collective* inner,
@@ -190,7 +202,7 @@ bool BatchingCollective::Complete(const StepBatch& batch, int round,
 
 absl::StatusOr<BatchingCollective::StepBatch*> BatchingCollective::FindOrAdd(
     const RoundKey& key, const BatchSpec& batch) {
-  StepKey step_key{key.job, BatchKeyTensor(batch), key.step};
+  StepKey step_key{key.job, batch.key, key.step};
   auto it = batches_.find(step_key);
   if (it == batches_.end()) {
     DropStale();
@@ -228,7 +240,7 @@ void BatchingCollective::MaybeErase(const RoundKey& key, const BatchSpec& batch,
   for (int from : step_batch.left_from) {
     if (from == kStillIn) return;
   }
-  batches_.erase(StepKey{key.job, BatchKeyTensor(batch), key.step});
+  batches_.erase(StepKey{key.job, batch.key, key.step});
 }
 
 // The members' common SUM plan: every arrived member sends a SUM round
@@ -290,7 +302,7 @@ absl::StatusOr<BatchingCollective::Summed> BatchingCollective::Exchange(
   // otherwise meet the others' allgather with a sum.
   GC_ASSIGN_OR_RETURN(
       codecs::RoundResult result,
-      inner_->Run({key.job, absl::StrCat(BatchKeyTensor(batch), "#sum"),
+      inner_->Run({key.job, absl::StrCat(batch.key, "#sum"),
                    key.step, key.round},
                   std::move(round)));
   if (result.sum.size() != (common.elements + 1) * members) {
@@ -311,7 +323,7 @@ absl::StatusOr<BatchingCollective::Gathered> BatchingCollective::ExchangeGather(
   payloads.clear();
   GC_ASSIGN_OR_RETURN(
       codecs::RoundResult result,
-      inner_->Run({key.job, BatchKeyTensor(batch), key.step, key.round},
+      inner_->Run({key.job, batch.key, key.step, key.round},
                   std::move(round)));
   Gathered gathered;
   gathered.world_size = result.world_size;

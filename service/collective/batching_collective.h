@@ -14,7 +14,8 @@
 //     (docs/benchmarks.md, "Where a top-k step's context switches go").
 //
 //   BatchingCollective batching(&peer_collective, absl::Seconds(60));
-//   GC_ASSIGN_OR_RETURN(BatchSpec batch, MakeBatchSpec(id, members, tensor));
+//   GC_ASSIGN_OR_RETURN(BatchSpec batch, MakeBatchSpec(id, members));
+//   GC_RETURN_IF_ERROR(CheckBatchMember(batch, tensor));
 //   // on each member's thread, for each of its rounds:
 //   GC_ASSIGN_OR_RETURN(auto result, batching.RunBatched(key, batch, round));
 //   // when the member is done with the step, whether it succeeded or not:
@@ -71,21 +72,24 @@ inline constexpr size_t kMaxBatchMembers = 128;
 // most 8 KiB). A larger one runs its own reduce-scatter and allgather.
 inline constexpr size_t kMaxGatheredSumBytes = 64 * 1024;
 
-// A batch as the engine uses it: `members` sorted and unique.
+// A batch as the engine uses it, made once per request by MakeBatchSpec
+// (the parts of a request share one): `members` sorted and unique, and
+// `key`, the rendezvous name of the batch's inner collective:
+// "#batch:<id>#<digest of the member list>".
 struct BatchSpec {
   std::string id;
   std::vector<std::string> members;
+  std::string key;
 };
 
-// Validates a request's batch for `tensor` and sorts its members.
-// InvalidArgument when the id is empty, a member is empty or repeated,
-// `tensor` is not a member, or there are more than kMaxBatchMembers.
+// Validates a request's batch and sorts its members. InvalidArgument when
+// the id is empty, a member is empty, repeated or holds '#' (reserved for
+// the daemon's own keys), or there are more than kMaxBatchMembers.
 absl::StatusOr<BatchSpec> MakeBatchSpec(std::string id,
-                                        std::vector<std::string> members,
-                                        absl::string_view tensor);
+                                        std::vector<std::string> members);
 
-// The rendezvous name of a batch's inner collective.
-std::string BatchKeyTensor(const BatchSpec& batch);
+// InvalidArgument, naming the members, unless `tensor` is one of them.
+absl::Status CheckBatchMember(const BatchSpec& batch, absl::string_view tensor);
 
 class BatchingCollective : public Collective {
  public:

@@ -64,7 +64,7 @@ codecs::Round SumRound(int round, absl::Span<const float> values,
 }
 
 BatchSpec Spec(const std::string& id, std::vector<std::string> members) {
-  return *MakeBatchSpec(id, std::move(members), "a");
+  return *MakeBatchSpec(id, std::move(members));
 }
 
 // Runs fn(rank, member) on one thread each and joins them.
@@ -78,29 +78,36 @@ void OnThreads(int world, int members,
 }
 
 TEST(MakeBatchSpecTest, SortsAndRefusesBadLists) {
-  absl::StatusOr<BatchSpec> spec = MakeBatchSpec("b", {"c", "a", "b"}, "b");
+  absl::StatusOr<BatchSpec> spec = MakeBatchSpec("b", {"c", "a", "b"});
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_THAT(spec->members, ::testing::ElementsAre("a", "b", "c"));
 
-  EXPECT_THAT(MakeBatchSpec("", {"a"}, "a").status().message(),
+  EXPECT_THAT(MakeBatchSpec("", {"a"}).status().message(),
               HasSubstr("batch id is empty"));
-  EXPECT_THAT(MakeBatchSpec("b", {"a", "a"}, "a").status().message(),
+  EXPECT_THAT(MakeBatchSpec("b", {"a", "a"}).status().message(),
               HasSubstr("names member 'a' twice"));
-  EXPECT_THAT(MakeBatchSpec("b", {"a", ""}, "a").status().message(),
+  EXPECT_THAT(MakeBatchSpec("b", {"a", ""}).status().message(),
               HasSubstr("empty member"));
-  EXPECT_THAT(MakeBatchSpec("b", {"x", "y"}, "a").status().message(),
-              HasSubstr("does not name tensor 'a'"));
+  EXPECT_THAT(MakeBatchSpec("b", {"a", "x#y"}).status().message(),
+              HasSubstr("holds '#'"));
   std::vector<std::string> many;
   for (size_t i = 0; i <= kMaxBatchMembers; ++i)
     many.push_back(absl::StrCat(i));
-  EXPECT_EQ(MakeBatchSpec("b", many, "0").status().code(),
+  EXPECT_EQ(MakeBatchSpec("b", many).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST(BatchKeyTensorTest, DependsOnTheMemberList) {
-  EXPECT_NE(BatchKeyTensor(Spec("b", {"a", "c"})),
-            BatchKeyTensor(Spec("b", {"a", "d"})));
-  EXPECT_EQ(BatchKeyTensor(Spec("b", {"a", "c"})).rfind("#batch:b#", 0), 0u);
+TEST(CheckBatchMemberTest, NamesTheMembersOfABatchWithoutTheTensor) {
+  const BatchSpec spec = Spec("b", {"y", "x"});
+  EXPECT_TRUE(CheckBatchMember(spec, "x").ok());
+  EXPECT_THAT(CheckBatchMember(spec, "a").message(),
+              HasSubstr("does not name tensor 'a' among its members [x, y]"));
+}
+
+TEST(MakeBatchSpecTest, KeyDependsOnTheMemberList) {
+  EXPECT_NE(Spec("b", {"a", "c"}).key, Spec("b", {"a", "d"}).key);
+  EXPECT_EQ(Spec("b", {"c", "a"}).key, Spec("b", {"a", "c"}).key);
+  EXPECT_EQ(Spec("b", {"a", "c"}).key.rfind("#batch:b#", 0), 0u);
 }
 
 // Five members, two rounds, two steps: each member's result is bit-for-bit
@@ -111,7 +118,7 @@ TEST(BatchingCollectiveTest, EqualsPerTensorSumsWithOneCollectivePerRound) {
   constexpr size_t kElements = 37;
   Ranks ranks(kWorld, absl::Seconds(60));
   const std::vector<std::string> names = {"m0", "m1", "m2", "m3", "m4"};
-  const BatchSpec spec = *MakeBatchSpec("bucket0", names, "m0");
+  const BatchSpec spec = *MakeBatchSpec("bucket0", names);
   std::vector<std::vector<float>> batched(kWorld * kMembers * kRounds * kSteps);
   std::vector<std::vector<float>> plain(batched.size());
   auto slot = [&](int r, int m, int round, int step) {
@@ -289,7 +296,7 @@ TEST(BatchingCollectiveTest, ManyBatchesConcurrently) {
     std::vector<std::string> names;
     for (int m = 0; m < kMembers; ++m) names.push_back(absl::StrCat(b, ".", m));
     specs.push_back(
-        *MakeBatchSpec(absl::StrCat("batch", b), names, names.front()));
+        *MakeBatchSpec(absl::StrCat("batch", b), names));
   }
   std::vector<std::vector<float>> results(kWorld * kBatches * kMembers * 2);
   OnThreads(kWorld, kBatches * kMembers, [&](int r, int i) {
@@ -349,7 +356,7 @@ TEST(BatchingCollectiveTest, GatherRoundsTravelAsOneCollective) {
   constexpr int kWorld = 4, kMembers = 4, kSteps = 3;
   Ranks ranks(kWorld, absl::Seconds(60));
   const std::vector<std::string> names = {"m0", "m1", "m2", "m3"};
-  const BatchSpec spec = *MakeBatchSpec("bucket0", names, "m0");
+  const BatchSpec spec = *MakeBatchSpec("bucket0", names);
   std::vector<std::vector<codecs::Bytes>> got(kWorld * kMembers * kSteps);
   OnThreads(kWorld, kMembers, [&](int r, int m) {
     for (int step = 0; step < kSteps; ++step) {

@@ -364,20 +364,14 @@ void Engine::RecordSuccess(const ReduceStats& stats) {
   metrics_->CountBackend(stats.codec, stats.backend);
 }
 
-absl::StatusOr<std::optional<BatchSpec>> Engine::ResolveBatch(
+absl::StatusOr<std::shared_ptr<const BatchSpec>> Engine::ResolveBatch(
     const ReduceInput& in) const {
-  if (!in.batch.has_value()) return std::nullopt;
-  GC_ASSIGN_OR_RETURN(
-      BatchSpec batch,
-      MakeBatchSpec(in.batch->id, in.batch->members, in.tensor));
+  if (in.batch == nullptr) return nullptr;
+  const BatchSpec& batch = *in.batch;
+  GC_RETURN_IF_ERROR(CheckBatchMember(batch, in.tensor));
+  // With a declared tensor list, every member must be declared with this
+  // tensor's dtype and shape: a batch is of same-shape tensors.
   for (const std::string& member : batch.members) {
-    if (absl::StrContains(member, '#')) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "batch '", batch.id, "' names member '", member,
-          "', which holds '#' (reserved for the daemon's own keys)"));
-    }
-    // With a declared tensor list, every member must be declared with this
-    // tensor's dtype and shape: a batch is of same-shape tensors.
     absl::Status declared = declared_.Check(in.job, member, in.dtype, in.shape);
     if (!declared.ok()) {
       return absl::InvalidArgumentError(
@@ -388,8 +382,8 @@ absl::StatusOr<std::optional<BatchSpec>> Engine::ResolveBatch(
   }
   // One worker has no collective to save; its small stream pool could not
   // hold a large batch's waiting members either.
-  if (collective_->world_size() == 1) return std::nullopt;
-  return batch;
+  if (collective_->world_size() == 1) return nullptr;
+  return in.batch;
 }
 
 absl::StatusOr<MemoryBudget::Reservation> Engine::ReserveInput(
@@ -434,7 +428,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
     }
     metrics_->SetConsensusDistance(in.job, in.consensus_distance);
   }
-  if (in.mode == ReduceMode::kGossip && in.batch.has_value()) {
+  if (in.mode == ReduceMode::kGossip && in.batch != nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch '", in.batch->id,
         "' in gossip mode: gossip has no SUM rounds to batch, expected no "
@@ -445,10 +439,11 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   }
   // A batched reduce leaves its batch however it ends, from the first round
   // it did not run, so that the other members go on without it.
-  GC_ASSIGN_OR_RETURN(const std::optional<BatchSpec> batch, ResolveBatch(in));
+  GC_ASSIGN_OR_RETURN(const std::shared_ptr<const BatchSpec> batch,
+                      ResolveBatch(in));
   int batch_round = 0;
   absl::Cleanup leave_batch = [&] {
-    if (batch.has_value()) {
+    if (batch != nullptr) {
       batching_.Leave({in.job, in.tensor, in.step, batch_round}, *batch);
     }
   };
@@ -575,7 +570,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
     const RoundKey key{in.job, in.tensor, in.step, round_index};
     GC_ASSIGN_OR_RETURN(
         codecs::RoundResult result,
-        batch.has_value() ? batching_.RunBatched(key, *batch, std::move(*round))
+        batch != nullptr ? batching_.RunBatched(key, *batch, std::move(*round))
                           : collective_->Run(key, std::move(*round)));
     stats.collective_seconds += SecondsSince(t);
     t = Clock::now();
@@ -666,7 +661,7 @@ Engine::DevicePlan Engine::PlanDevice(const ReduceInput& in) {
   DevicePlan plan;
   // Only a plain fp32 average of a valid, non-empty tensor runs on the GPU;
   // the staged path reports whatever is wrong with the others.
-  if (in.mode != ReduceMode::kAverage || in.batch.has_value() ||
+  if (in.mode != ReduceMode::kAverage || in.batch != nullptr ||
       in.dtype != DType::kFloat32 || in.consensus_distance != 0) {
     return plan;
   }

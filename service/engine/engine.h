@@ -67,12 +67,6 @@ struct EngineOptions {
   JobQuotaOptions quotas;
 };
 
-// A request's batch (gradcomp.proto ReduceBatch): members in any order.
-struct BatchRequest {
-  std::string id;
-  std::vector<std::string> members;
-};
-
 // A tensor in GPU memory (a CUDA IPC slice). Its codec runs on the GPU when
 // it has a twin there (device_codecs.h) and the reduce is a plain fp32
 // average; otherwise the engine copies it to the host, reduces it as any
@@ -97,8 +91,10 @@ struct ReduceInput {
   absl::Span<char> output;
   std::optional<CodecSpec> codec;  // overrides the policy when set
   // Set: the SUM rounds travel in one collective with the batch's other
-  // members (world size > 1; alone, the batch is validated and ignored).
-  std::optional<BatchRequest> batch;
+  // members (world size > 1; alone, it is checked and ignored). Made by
+  // MakeBatchSpec from the request's ReduceBatch, once per request: the
+  // parts of a request share it.
+  std::shared_ptr<const BatchSpec> batch;
   // Bytes of the memory budget the caller already holds for this request
   // (its inline input, reserved when it arrived); the engine grows it by
   // the reduce's own working memory. Null: the engine reserves on its own.
@@ -196,9 +192,10 @@ class Engine {
   // metrics Reduce records whatever the outcome.
   absl::StatusOr<ReduceOutput> ReduceImpl(const ReduceInput& input,
                                           std::string* codec_label);
-  // The request's batch, validated; nullopt when it has none or when
-  // batching saves nothing (world size 1).
-  absl::StatusOr<std::optional<BatchSpec>> ResolveBatch(
+  // The request's batch, checked against the tensor (and a declared tensor
+  // list); null when it has none or when batching saves nothing (world
+  // size 1).
+  absl::StatusOr<std::shared_ptr<const BatchSpec>> ResolveBatch(
       const ReduceInput& in) const;
   // Reserves the memory budget for the buffers ReduceImpl allocates: into
   // `in.reservation` when the caller holds one, else into `own`.

@@ -12,6 +12,7 @@
 #include "codecs/state.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "service/collective/batching_collective.h"
 #include "service/collective/in_process_group.h"
 #include "service/engine/engine.h"
 #include "service/metrics/metrics.h"
@@ -243,7 +244,7 @@ TEST_F(EngineGossipTest, RefusesMixedModesBatchesAndBadDistances) {
   EXPECT_THAT(engines_[0]->Reduce(average).status().message(),
               HasSubstr("job 'job' reduces in gossip mode on this daemon"));
   ReduceInput batched = Input(data, {6}, 1, {"ring"});
-  batched.batch = BatchRequest{"b", {"w"}};
+  batched.batch = std::make_shared<const BatchSpec>(*MakeBatchSpec("b", {"w"}));
   EXPECT_THAT(engines_[0]->Reduce(batched).status().message(),
               HasSubstr("gossip has no SUM rounds to batch"));
   ReduceInput nan = Input(data, {6}, 1, {"ring"});

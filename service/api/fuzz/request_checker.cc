@@ -151,11 +151,11 @@ int RequestChecker::Check(const uint8_t* data, size_t size) {
     case FuzzedRpc::kReduceParts: {
       v1::ReduceRequest request;
       if (!request.ParseFromArray(bytes, static_cast<int>(n))) return -1;
-      absl::StatusOr<std::vector<v1::ReduceRequest>> parts =
-          SplitParts(request);
-      if (!parts.ok()) return static_cast<int>(parts.status().code());
+      absl::StatusOr<SplitRequest> split = SplitParts(request);
+      if (!split.ok()) return static_cast<int>(split.status().code());
       int first_error = 0;
-      for (const v1::ReduceRequest& part : *parts) {
+      // Each part alone (the unary call has no batch to share).
+      for (const v1::ReduceRequest& part : split->parts) {
         // A part never reaches past the slices the request named.
         if (!Within(part.input_shm(), request.input_shm()) ||
             !Within(part.output_shm(), request.output_shm())) {
