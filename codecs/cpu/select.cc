@@ -23,8 +23,9 @@ constexpr size_t kBlock = 16;
 // into a 16-bit mask of hits, whose set bits are then written out: the
 // plain loop compiled to four scalar instructions per element, and this pass
 // over the whole tensor took twice as long as reading it (docs/benchmarks.md,
-// "Top-k selection"). Keys are below 2^31, so key >= threshold is the signed
-// compare key > threshold - 1 that SSE2 has, for every threshold up to 2^31.
+// "Top-k selection and threads kept"). Keys are below 2^31, so key >=
+// threshold is the signed compare key > threshold - 1 that SSE2 has, for
+// every threshold up to 2^31.
 void FilterRange(const float* x, size_t begin, size_t end, uint32_t threshold,
                  std::vector<uint32_t>* out) {
   using I4 = int32_t __attribute__((vector_size(16)));
@@ -43,8 +44,8 @@ void FilterRange(const float* x, size_t begin, size_t end, uint32_t threshold,
       const I4 bit = {1 << j, 2 << j, 4 << j, 8 << j};
       lanes |= ((bits & magnitude) > bound) & bit;
     }
-    uint32_t hits = static_cast<uint32_t>(lanes[0] | lanes[1] | lanes[2] |
-                                          lanes[3]);
+    uint32_t hits =
+        static_cast<uint32_t>(lanes[0] | lanes[1] | lanes[2] | lanes[3]);
     if (hits == 0) continue;
     if (out->size() < count + kBlock) out->resize(2 * (count + kBlock));
     uint32_t* o = out->data() + count;

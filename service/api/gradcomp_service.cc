@@ -162,8 +162,9 @@ absl::StatusOr<ReduceInput> GradcompService::ResolveInput(
     const SharedMemorySlice& out = **output_slice;
     slices.input = {static_cast<char*>(in.device_data()), in.byte_size()};
     slices.output = {static_cast<char*>(out.device_data()), out.byte_size()};
-    GC_ASSIGN_OR_RETURN(ReduceInput input,
-                        ReduceInputFromProto(request, slices, std::move(batch)));
+    GC_ASSIGN_OR_RETURN(
+        ReduceInput input,
+        ReduceInputFromProto(request, slices, std::move(batch)));
     staging->device = {in.device_id(), in.device_data(), out.device_data(),
                        in.byte_size()};
     input.data = absl::string_view();
@@ -212,10 +213,9 @@ absl::StatusOr<v1::ReduceResponse> GradcompService::DoReduce(
   std::optional<SharedMemorySlice> input_slice, output_slice;
   HostStaging staging;
   absl::StatusOr<ReduceInput> input =
-      own.ok()
-          ? ResolveInput(request, client, std::move(batch), &input_slice,
-                         &output_slice, &staging)
-          : own.status();
+      own.ok() ? ResolveInput(request, client, std::move(batch), &input_slice,
+                              &output_slice, &staging)
+               : own.status();
   if (!input.ok()) {
     // Refused before the engine saw it; counted here so that every request
     // shows in gradcomp_reduce_total.
@@ -285,16 +285,15 @@ grpc::Status GradcompService::ReduceStream(
       absl::MutexLock lock(&mu);
       ++pending;
     }
-    const bool queued =
-        stream_pool_.TrySchedule([this, &mu, &pending, &client, held, done,
-                                  request = std::move(request),
-                                  batch = std::move(batch)] {
-          done(StreamAnswer(request,
-                            DoReduce(request, client, held.get(), batch)));
-          held->Release();
-          absl::MutexLock lock(&mu);
-          --pending;
-        });
+    const bool queued = stream_pool_.TrySchedule([this, &mu, &pending, &client,
+                                                  held, done,
+                                                  request = std::move(request),
+                                                  batch = std::move(batch)] {
+      done(StreamAnswer(request, DoReduce(request, client, held.get(), batch)));
+      held->Release();
+      absl::MutexLock lock(&mu);
+      --pending;
+    });
     if (queued) return;
     {
       absl::MutexLock lock(&mu);

@@ -105,9 +105,9 @@ class GradcompService final : public v1::Gradcomp::Service {
   // Queues one ReduceStream tensor's reduce (with its batch when it is a
   // part: DoReduce); `done` gets its answer, from a worker or, when the
   // memory budget or the queue refuses it, at once.
-  using ScheduleFn = std::function<void(
-      v1::ReduceRequest, std::shared_ptr<const BatchSpec>,
-      std::function<void(v1::ReduceStreamResponse)>)>;
+  using ScheduleFn =
+      std::function<void(v1::ReduceRequest, std::shared_ptr<const BatchSpec>,
+                         std::function<void(v1::ReduceStreamResponse)>)>;
   // A ReduceStream request with parts: each part scheduled as a tensor of
   // its own, and every part's answer sent with `send` in one message once
   // the last is in; a request SplitParts refuses is answered with its error.

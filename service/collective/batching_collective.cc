@@ -300,11 +300,10 @@ absl::StatusOr<BatchingCollective::Summed> BatchingCollective::Exchange(
   }
   // Its own key: a rank where the batch's GATHER members all left would
   // otherwise meet the others' allgather with a sum.
-  GC_ASSIGN_OR_RETURN(
-      codecs::RoundResult result,
-      inner_->Run({key.job, absl::StrCat(batch.key, "#sum"),
-                   key.step, key.round},
-                  std::move(round)));
+  GC_ASSIGN_OR_RETURN(codecs::RoundResult result,
+                      inner_->Run({key.job, absl::StrCat(batch.key, "#sum"),
+                                   key.step, key.round},
+                                  std::move(round)));
   if (result.sum.size() != (common.elements + 1) * members) {
     return absl::InternalError(
         absl::StrCat("the batch's sum holds ", result.sum.size(),
@@ -323,8 +322,7 @@ absl::StatusOr<BatchingCollective::Gathered> BatchingCollective::ExchangeGather(
   payloads.clear();
   GC_ASSIGN_OR_RETURN(
       codecs::RoundResult result,
-      inner_->Run({key.job, batch.key, key.step, key.round},
-                  std::move(round)));
+      inner_->Run({key.job, batch.key, key.step, key.round}, std::move(round)));
   Gathered gathered;
   gathered.world_size = result.world_size;
   gathered.payloads.assign(members,

@@ -295,8 +295,7 @@ TEST(BatchingCollectiveTest, ManyBatchesConcurrently) {
   for (int b = 0; b < kBatches; ++b) {
     std::vector<std::string> names;
     for (int m = 0; m < kMembers; ++m) names.push_back(absl::StrCat(b, ".", m));
-    specs.push_back(
-        *MakeBatchSpec(absl::StrCat("batch", b), names));
+    specs.push_back(*MakeBatchSpec(absl::StrCat("batch", b), names));
   }
   std::vector<std::vector<float>> results(kWorld * kBatches * kMembers * 2);
   OnThreads(kWorld, kBatches * kMembers, [&](int r, int i) {

@@ -571,7 +571,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
     GC_ASSIGN_OR_RETURN(
         codecs::RoundResult result,
         batch != nullptr ? batching_.RunBatched(key, *batch, std::move(*round))
-                          : collective_->Run(key, std::move(*round)));
+                         : collective_->Run(key, std::move(*round)));
     stats.collective_seconds += SecondsSince(t);
     t = Clock::now();
     GC_RETURN_IF_ERROR(session->Absorb(std::move(result)));

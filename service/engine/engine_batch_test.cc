@@ -177,7 +177,8 @@ TEST_F(EngineBatchTest, BatchedTopKOfDifferentShapesEqualsUnbatched) {
   }
 }
 
-TEST_F(EngineBatchTest, ABatchWithoutTheTensorIsInvalidArgumentBeforeAnyCollective) {
+TEST_F(EngineBatchTest,
+       ABatchWithoutTheTensorIsInvalidArgumentBeforeAnyCollective) {
   const std::string data = Gradient(0, 0, 0);
   ReduceInput in = Input("job", 0, 0, data, true);
   in.batch = Batch({"other", "another"});
