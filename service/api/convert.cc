@@ -10,6 +10,14 @@
 
 namespace gradcomp::service {
 
+absl::StatusOr<std::shared_ptr<const BatchSpec>> BatchSpecFromProto(
+    const v1::ReduceBatch& batch) {
+  GC_ASSIGN_OR_RETURN(BatchSpec spec,
+                      MakeBatchSpec(batch.id(), {batch.members().begin(),
+                                                 batch.members().end()}));
+  return std::make_shared<const BatchSpec>(std::move(spec));
+}
+
 absl::StatusOr<ReduceInput> ReduceInputFromProto(
     const v1::ReduceRequest& request, const MappedSlices& slices,
     std::shared_ptr<const BatchSpec> batch) {
@@ -47,11 +55,7 @@ absl::StatusOr<ReduceInput> ReduceInputFromProto(
   if (request.has_output_shm()) input.output = slices.output;
   if (request.has_codec()) input.codec = CodecSpecFromProto(request.codec());
   if (request.has_batch()) {
-    GC_ASSIGN_OR_RETURN(
-        BatchSpec spec,
-        MakeBatchSpec(request.batch().id(), {request.batch().members().begin(),
-                                             request.batch().members().end()}));
-    input.batch = std::make_shared<const BatchSpec>(std::move(spec));
+    GC_ASSIGN_OR_RETURN(input.batch, BatchSpecFromProto(request.batch()));
   } else {
     input.batch = std::move(batch);
   }

@@ -39,6 +39,10 @@ absl::StatusOr<ReduceInput> ReduceInputFromProto(
     const v1::ReduceRequest& request, const MappedSlices& slices = {},
     std::shared_ptr<const BatchSpec> batch = nullptr);
 
+// MakeBatchSpec of a request's batch, to be shared by its parts.
+absl::StatusOr<std::shared_ptr<const BatchSpec>> BatchSpecFromProto(
+    const v1::ReduceBatch& batch);
+
 v1::ReduceResponse ReduceResponseToProto(const v1::ReduceRequest& request,
                                          ReduceOutput output);
 

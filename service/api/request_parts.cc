@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "service/api/convert.h"
 #include "service/config/policy_proto.h"
 #include "service/engine/dtype.h"
 
@@ -109,11 +110,7 @@ absl::StatusOr<SplitRequest> SplitParts(const v1::ReduceRequest& request) {
                                  request.output_shm().byte_size());
   SplitRequest split;
   if (request.has_batch()) {
-    GC_ASSIGN_OR_RETURN(
-        BatchSpec batch,
-        MakeBatchSpec(request.batch().id(), {request.batch().members().begin(),
-                                             request.batch().members().end()}));
-    split.batch = std::make_shared<const BatchSpec>(std::move(batch));
+    GC_ASSIGN_OR_RETURN(split.batch, BatchSpecFromProto(request.batch()));
   }
   v1::ReduceRequest common = request;
   common.clear_parts();
