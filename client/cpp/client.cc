@@ -16,6 +16,14 @@
 namespace gradcomp::client {
 namespace {
 
+v1::SharedMemorySlice SliceProto(const ShmSlice& slice) {
+  v1::SharedMemorySlice proto;
+  proto.set_region(slice.region);
+  proto.set_offset(slice.offset);
+  proto.set_byte_size(slice.byte_size);
+  return proto;
+}
+
 // A float32 result of `n` values (the size ReduceInline checked).
 Float32ReduceResult ToFloat32(ReduceResult raw, size_t n) {
   Float32ReduceResult result;
@@ -253,14 +261,8 @@ absl::StatusOr<v1::ReduceStats> Client::ReduceShm(
   request.set_step(step);
   request.set_dtype(dtype);
   request.mutable_shape()->Add(shape.begin(), shape.end());
-  v1::SharedMemorySlice* in = request.mutable_input_shm();
-  in->set_region(input.region);
-  in->set_offset(input.offset);
-  in->set_byte_size(input.byte_size);
-  v1::SharedMemorySlice* out = request.mutable_output_shm();
-  out->set_region(output.region);
-  out->set_offset(output.offset);
-  out->set_byte_size(output.byte_size);
+  *request.mutable_input_shm() = SliceProto(input);
+  *request.mutable_output_shm() = SliceProto(output);
   if (codec) *request.mutable_codec() = *codec;
   if (batch) *request.mutable_batch() = *batch;
   v1::ReduceResponse response;
@@ -268,6 +270,75 @@ absl::StatusOr<v1::ReduceStats> Client::ReduceShm(
       FromGrpcStatus(stub_->Reduce(NewContext().get(), request, &response),
                      "Reduce", target_));
   return std::move(*response.mutable_stats());
+}
+
+absl::StatusOr<std::vector<absl::StatusOr<v1::ReduceStats>>>
+Client::ReduceShmBucket(const std::string& job, int64_t step, v1::DType dtype,
+                        absl::Span<const ShmPart> parts, const ShmSlice& input,
+                        const ShmSlice& output,
+                        const std::optional<v1::CodecSpec>& codec,
+                        const std::optional<v1::ReduceBatch>& batch) {
+  if (parts.empty()) {
+    return absl::InvalidArgumentError(
+        "ReduceShmBucket: expected at least one part, got none");
+  }
+  v1::ReduceRequest request;
+  request.set_job(job);
+  request.set_step(step);
+  request.set_dtype(dtype);
+  *request.mutable_input_shm() = SliceProto(input);
+  *request.mutable_output_shm() = SliceProto(output);
+  for (const ShmPart& part : parts) {
+    v1::ReducePart* added = request.add_parts();
+    added->set_tensor(part.tensor);
+    added->mutable_shape()->Add(part.shape.begin(), part.shape.end());
+    added->set_offset(part.offset);
+  }
+  if (codec) *request.mutable_codec() = *codec;
+  if (batch) *request.mutable_batch() = *batch;
+
+  // One request, one answer: written, closed, then read.
+  const std::unique_ptr<grpc::ClientContext> context = NewContext();
+  std::unique_ptr<
+      grpc::ClientReaderWriter<v1::ReduceRequest, v1::ReduceStreamResponse>>
+      stream = stub_->ReduceStream(context.get());
+  stream->Write(request);
+  stream->WritesDone();
+  v1::ReduceStreamResponse answer;
+  const bool answered = stream->Read(&answer);
+  GC_RETURN_IF_ERROR(FromGrpcStatus(stream->Finish(), "ReduceStream", target_));
+  if (!answered) {
+    return absl::InternalError(absl::StrCat("ReduceStream to gradcompd at ",
+                                            target_,
+                                            ": the stream ended without "
+                                            "an answer to the request with ",
+                                            parts.size(), " parts"));
+  }
+  if (answer.error_code() != 0) {
+    return FromGrpcStatus(
+        grpc::Status(static_cast<grpc::StatusCode>(answer.error_code()),
+                     answer.error_message()),
+        "ReduceStream", target_);
+  }
+  if (answer.part_results_size() != static_cast<int>(parts.size())) {
+    return absl::InternalError(
+        absl::StrCat("ReduceStream to gradcompd at ", target_, ": ",
+                     answer.part_results_size(), " part results for ",
+                     parts.size(), " parts"));
+  }
+  std::vector<absl::StatusOr<v1::ReduceStats>> results;
+  results.reserve(parts.size());
+  for (v1::ReduceStreamResponse& part : *answer.mutable_part_results()) {
+    if (part.error_code() != 0) {
+      results.push_back(FromGrpcStatus(
+          grpc::Status(static_cast<grpc::StatusCode>(part.error_code()),
+                       part.error_message()),
+          "ReduceStream", target_));
+    } else {
+      results.push_back(std::move(*part.mutable_result()->mutable_stats()));
+    }
+  }
+  return results;
 }
 
 absl::StatusOr<v1::GetInfoResponse> Client::GetInfo() {

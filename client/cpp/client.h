@@ -54,6 +54,14 @@ struct ShmSlice {
   uint64_t byte_size = 0;
 };
 
+// One tensor of a bucket (Client::ReduceShmBucket): its name, its shape and
+// its byte offset from the start of both the input and the output slice.
+struct ShmPart {
+  std::string tensor;
+  std::vector<int64_t> shape;
+  uint64_t offset = 0;
+};
+
 // The result of a Reduce in the input's dtype.
 struct ReduceResult {
   v1::DType dtype = v1::DTYPE_UNSPECIFIED;
@@ -128,6 +136,21 @@ class Client {
   absl::StatusOr<v1::ReduceStats> ReduceShm(
       const std::string& job, const std::string& tensor, int64_t step,
       v1::DType dtype, absl::Span<const int64_t> shape, const ShmSlice& input,
+      const ShmSlice& output,
+      const std::optional<v1::CodecSpec>& codec = std::nullopt,
+      const std::optional<v1::ReduceBatch>& batch = std::nullopt);
+
+  // ReduceShm for a bucket: tensors laid out in `input` and copied alike
+  // into `output` (each part at the same offset in both), sent as one
+  // ReduceStream request with parts instead of a Reduce per tensor, so one
+  // message goes each way (docs/clients.md, "Parts"). Every part gets the
+  // same dtype, codec and batch. The result holds each part's stats or its
+  // own error, in the parts' order: a part fails alone. A request the daemon
+  // refuses whole (parts that overlap or leave the slices, a bad batch,
+  // more than 128 parts) is the returned status.
+  absl::StatusOr<std::vector<absl::StatusOr<v1::ReduceStats>>> ReduceShmBucket(
+      const std::string& job, int64_t step, v1::DType dtype,
+      absl::Span<const ShmPart> parts, const ShmSlice& input,
       const ShmSlice& output,
       const std::optional<v1::CodecSpec>& codec = std::nullopt,
       const std::optional<v1::ReduceBatch>& batch = std::nullopt);

@@ -1,6 +1,7 @@
 // The real gradcompd with client shared memory, driven by the C++ client and
 // its ShmRegion helper: off by default, a reduce that reads and writes the
-// region (no tensor bytes over gRPC), errors, status and unregister.
+// region (no tensor bytes over gRPC), a bucket in one request with parts,
+// errors, status and unregister.
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -18,6 +19,7 @@ namespace gradcomp::testing {
 namespace {
 
 using client::Client;
+using client::ShmPart;
 using client::ShmRegion;
 using client::ShmSlice;
 using ::testing::HasSubstr;
@@ -117,6 +119,69 @@ TEST(ShmIntegrationTest, ReducesThroughTheRegion) {
   EXPECT_EQ((*client)->ShmStatus()->regions_size(), 0);
   // The name is free again.
   EXPECT_TRUE((*other)->RegisterShm("grads", (*second)->key(), 0, 64).ok());
+}
+
+// A bucket of three tensors as one request with parts: each part's average
+// lands at its offset in the output slice, a part that reaches past the
+// registered region fails alone beside the others, and a request the
+// daemon refuses whole is the call's status.
+TEST(ShmIntegrationTest, ReducesABucketAsOneRequestWithParts) {
+  std::unique_ptr<DaemonProcess> daemon = StartDaemon({"--allow_client_shm"});
+  ASSERT_NE(daemon, nullptr);
+  auto client = Client::Connect(daemon->target());
+  ASSERT_TRUE(client.ok());
+  // A 16 x 32 weight, a 32-vector bias and a 64-vector back to back: 2432
+  // bytes of inputs at the region's start, outputs from byte 4096.
+  const uint64_t region_bytes = 8192, bucket_bytes = 2432;
+  auto region = ShmRegion::Create(region_bytes, "shm-test");
+  ASSERT_TRUE(region.ok()) << region.status();
+  absl::Span<float> floats = (*region)->floats();
+  for (size_t i = 0; i < bucket_bytes / sizeof(float); ++i) {
+    floats[i] = 0.25f * i;
+  }
+  ASSERT_TRUE(
+      (*client)->RegisterShm("bucket", (*region)->key(), 0, region_bytes).ok());
+  const std::vector<ShmPart> parts = {
+      {"fc.weight", {16, 32}, 0}, {"fc.bias", {32}, 2048}, {"x", {64}, 2176}};
+  const ShmSlice in{"bucket", 0, bucket_bytes};
+
+  auto results = (*client)->ReduceShmBucket("job", 0, v1::DTYPE_FLOAT32, parts,
+                                            in, {"bucket", 4096, bucket_bytes});
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), 3u);
+  for (size_t p = 0; p < parts.size(); ++p) {
+    ASSERT_TRUE((*results)[p].ok()) << p << ": " << (*results)[p].status();
+    EXPECT_EQ((*results)[p]->codec(), "none");
+  }
+  EXPECT_EQ((*results)[0]->raw_bytes(), 2048u);
+  EXPECT_EQ((*results)[1]->raw_bytes(), 128u);
+  EXPECT_EQ((*results)[2]->raw_bytes(), 256u);
+  for (size_t i = 0; i < bucket_bytes / sizeof(float); ++i) {
+    ASSERT_EQ(floats[4096 / sizeof(float) + i], floats[i]) << i;
+  }
+
+  // Outputs from byte 6000: the 64-vector's [8176, 8432) reaches past the
+  // region's 8192 bytes and fails alone; the other two are reduced.
+  results = (*client)->ReduceShmBucket("job", 1, v1::DTYPE_FLOAT32, parts, in,
+                                       {"bucket", 6000, bucket_bytes});
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), 3u);
+  EXPECT_TRUE((*results)[0].ok()) << (*results)[0].status();
+  EXPECT_TRUE((*results)[1].ok()) << (*results)[1].status();
+  ASSERT_FALSE((*results)[2].ok());
+  EXPECT_THAT((*results)[2].status().message(), HasSubstr("ReduceStream"));
+  EXPECT_THAT((*results)[2].status().message(), HasSubstr("ends past its"));
+
+  // Overlapping parts: the whole request is refused, naming them.
+  std::vector<ShmPart> overlapping = parts;
+  overlapping[1].offset = 2044;
+  absl::Status refused =
+      (*client)
+          ->ReduceShmBucket("job", 2, v1::DTYPE_FLOAT32, overlapping, in,
+                            {"bucket", 4096, bucket_bytes})
+          .status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("overlap"));
 }
 
 }  // namespace
