@@ -45,6 +45,13 @@ struct TopKSelection {
 TopKSelection SelectTopK(absl::Span<const float> x, size_t k,
                          double sample_fraction, const PhiloxStream& rng);
 
+// Whether the filter currently takes its AVX2 path (x86-64 with AVX2); it
+// finds the same indices as the SSE2 path.
+bool SelectSimdActive();
+
+// Tests force the SSE2 path with true, and restore dispatch with false.
+void DisableSelectSimdForTesting(bool disable);
+
 }  // namespace gradcomp::codecs
 
 #endif  // GRADCOMP_CODECS_CPU_SELECT_H_

@@ -144,10 +144,27 @@ TEST(SelectTopKTest, KOfAllSelectsEveryNonzero) {
             (std::vector<uint32_t>{1, 2, 4}));
 }
 
+// The filter's two paths (AVX2 where the CPU has it, and SSE2) must find
+// the same indices: each test below runs on both.
+class SelectPathTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { DisableSelectSimdForTesting(GetParam()); }
+  void TearDown() override { DisableSelectSimdForTesting(false); }
+};
+
+TEST_P(SelectPathTest, SimdIsUsedWhereTheCpuHasItUnlessDisabled) {
+#if defined(__x86_64__)
+  EXPECT_EQ(SelectSimdActive(),
+            !GetParam() && __builtin_cpu_supports("avx2") != 0);
+#else
+  EXPECT_FALSE(SelectSimdActive());
+#endif
+}
+
 // The filter tests sixteen keys at a time and then the tail one by one:
 // every lane of a block, a block of hits only, and the tail must be found,
 // down to the smallest subnormal and up to NaN.
-TEST(SelectTopKTest, EveryLaneOfABlockAndTheTailAreFound) {
+TEST_P(SelectPathTest, EveryLaneOfABlockAndTheTailAreFound) {
   std::vector<float> x(16 * 4 + 7, 0.0f);
   for (size_t lane = 0; lane < 16; ++lane) x[16 + lane] = -1.0f;  // all hits
   for (size_t lane = 0; lane < 16; lane += 3) x[32 + lane] = 2.0f;
@@ -164,6 +181,18 @@ TEST(SelectTopKTest, EveryLaneOfABlockAndTheTailAreFound) {
         << fraction;
   }
 }
+
+// Large enough for the filter to run in parts on threads, at densities
+// from one hit in a thousand blocks to hits in most of them.
+TEST_P(SelectPathTest, ExactTopKAtEveryDensity) {
+  const std::vector<float> x = Normal(3'000'017, 9);
+  for (size_t k : {100u, 30'000u, 600'000u}) {
+    const TopKSelection sel = SelectTopK(x, k, 1.0, kRng);
+    EXPECT_EQ(sel.indices, ExactTopK(x, k)) << k;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(SimdAndSse2, SelectPathTest, ::testing::Bool());
 
 TEST(SelectTopKTest, NonFiniteValuesComeFirst) {
   std::vector<float> x = Normal(100000, 6);
