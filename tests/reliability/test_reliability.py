@@ -19,6 +19,7 @@ import numpy as np
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import results  # noqa: E402
+import soak  # noqa: E402
 import workload  # noqa: E402
 
 WORLD = 4
@@ -54,6 +55,31 @@ class ShortSoakTest(unittest.TestCase):
         self.assertEqual(s["failed_steps"], 0)
         self.assertEqual(s["wrong_results"], 0)
         self.assertTrue(s["flat"], s["memory"])
+
+
+class RssSlopeTest(unittest.TestCase):
+    """The flatness rule forgives one huge page of heap, not a leak."""
+
+    @staticmethod
+    def samples(rss: list[float]) -> list[dict]:
+        return [{"step": 150 + 10 * i, "rss": [value]} for i, value in enumerate(rss)]
+
+    def test_one_huge_page_step_is_not_a_slope(self) -> None:
+        base = 23 << 20
+        rss = [base + 100 * i for i in range(16)]
+        rss[9:] = [v + soak.HUGE_PAGE for v in rss[9:]]
+        self.assertLess(soak.rss_slope(self.samples(rss), 0), 20)
+
+    def test_a_leak_still_shows(self) -> None:
+        # 89 KB a step (a step's payloads), in huge-page steps as the heap
+        # shows it: one every 24 steps.
+        leaked = [(150 + 10 * i) * 89_000 for i in range(16)]
+        rss = [(23 << 20) + (v // soak.HUGE_PAGE) * soak.HUGE_PAGE for v in leaked]
+        self.assertGreater(soak.rss_slope(self.samples(rss), 0), 4096)
+
+    def test_a_larger_single_step_counts(self) -> None:
+        rss = [23 << 20] * 8 + [(23 << 20) + 3 * soak.HUGE_PAGE] * 8
+        self.assertGreater(soak.rss_slope(self.samples(rss), 0), 4096)
 
 
 class ShortChaosTest(unittest.TestCase):
