@@ -168,8 +168,9 @@ def rss_slope(samples: list[dict], rank: int) -> float:
     The daemon's heap is on transparent huge pages (service/main.cc,
     glibc.malloc.hugetlb), so its RSS moves in steps of 2 MiB when the
     heap's high-water mark crosses into a new huge page, which happens once
-    in a while without a leak (seen in 1 of 3 300-step runs, as often
-    before and after a change). The largest rise between two samples, if
+    in a while without a leak (a step fell inside the fitted samples in 1 of
+    3 300-step runs; builds without the change that showed it had the same
+    steps elsewhere in the run). The largest rise between two samples, if
     it is one huge page, is taken out before the fit; a leak keeps
     stepping and still shows (the payload leak this run is for, 89 KB a
     step, makes a step every 24 steps)."""
