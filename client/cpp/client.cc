@@ -16,6 +16,16 @@
 namespace gradcomp::client {
 namespace {
 
+// The error a ReduceStream answer (a request's, or one part's) carries, as
+// FromGrpcStatus words it; OK when it has none.
+absl::Status AnswerStatus(const v1::ReduceStreamResponse& answer,
+                          absl::string_view target) {
+  return FromGrpcStatus(
+      grpc::Status(static_cast<grpc::StatusCode>(answer.error_code()),
+                   answer.error_message()),
+      "ReduceStream", target);
+}
+
 v1::SharedMemorySlice SliceProto(const ShmSlice& slice) {
   v1::SharedMemorySlice proto;
   proto.set_region(slice.region);
@@ -314,12 +324,7 @@ Client::ReduceShmBucket(const std::string& job, int64_t step, v1::DType dtype,
                                             "an answer to the request with ",
                                             parts.size(), " parts"));
   }
-  if (answer.error_code() != 0) {
-    return FromGrpcStatus(
-        grpc::Status(static_cast<grpc::StatusCode>(answer.error_code()),
-                     answer.error_message()),
-        "ReduceStream", target_);
-  }
+  GC_RETURN_IF_ERROR(AnswerStatus(answer, target_));
   if (answer.part_results_size() != static_cast<int>(parts.size())) {
     return absl::InternalError(
         absl::StrCat("ReduceStream to gradcompd at ", target_, ": ",
@@ -329,13 +334,11 @@ Client::ReduceShmBucket(const std::string& job, int64_t step, v1::DType dtype,
   std::vector<absl::StatusOr<v1::ReduceStats>> results;
   results.reserve(parts.size());
   for (v1::ReduceStreamResponse& part : *answer.mutable_part_results()) {
-    if (part.error_code() != 0) {
-      results.push_back(FromGrpcStatus(
-          grpc::Status(static_cast<grpc::StatusCode>(part.error_code()),
-                       part.error_message()),
-          "ReduceStream", target_));
-    } else {
+    absl::Status status = AnswerStatus(part, target_);
+    if (status.ok()) {
       results.push_back(std::move(*part.mutable_result()->mutable_stats()));
+    } else {
+      results.push_back(std::move(status));
     }
   }
   return results;
