@@ -178,12 +178,13 @@ class SingleRoundCodec : public Codec {
   // The body of a FinishGather override that parses every payload before it
   // writes, so that it needs no scratch and a bad payload still leaves `out`
   // untouched with the default's error: `parse(payload, out.size())` gives
-  // an absl::StatusOr of a parsed view of the payload, and `add(parsed,
-  // weight, out)` adds weight times its decode to `out`.
-  template <typename Parse, typename Add>
-  absl::Status ParseAllThenAverage(absl::Span<const Bytes> payloads,
+  // an absl::StatusOr of a parsed view of the payload, and `combine(parsed,
+  // weight, out)` writes into `out` weight times the sum of the decodes of
+  // the span `parsed` (rank order).
+  template <typename Parse, typename Combine>
+  absl::Status ParseAllThenCombine(absl::Span<const Bytes> payloads,
                                    absl::Span<float> out, Parse parse,
-                                   Add add) const {
+                                   Combine combine) const {
     using Parsed = typename std::invoke_result_t<Parse, absl::string_view,
                                                  size_t>::value_type;
     if (payloads.empty()) return NoPayloadsError();
@@ -194,10 +195,23 @@ class SingleRoundCodec : public Codec {
       if (!one.ok()) return GatherPayloadError(r, one.status());
       parsed.push_back(*std::move(one));
     }
-    std::fill(out.begin(), out.end(), 0.0f);
     const float weight = 1.0f / static_cast<float>(payloads.size());
-    for (const Parsed& one : parsed) add(one, weight, out);
+    combine(absl::Span<const Parsed>(parsed), weight, out);
     return absl::OkStatus();
+  }
+
+  // ParseAllThenCombine where `add(parsed, weight, out)` adds weight times
+  // one decode to `out`: out is zeroed, then each is added in rank order.
+  template <typename Parse, typename Add>
+  absl::Status ParseAllThenAverage(absl::Span<const Bytes> payloads,
+                                   absl::Span<float> out, Parse parse,
+                                   Add add) const {
+    return ParseAllThenCombine(
+        payloads, out, parse,
+        [&](auto parsed, float weight, absl::Span<float> sum) {
+          std::fill(sum.begin(), sum.end(), 0.0f);
+          for (const auto& one : parsed) add(one, weight, sum);
+        });
   }
 
  private:

@@ -267,6 +267,30 @@ TEST(TopKCodecTest, FinishGatherIsTheBaseMeanOfTheDecodes) {
   EXPECT_GT(std::count(direct.begin(), direct.end(), 0.0f), 800);
 }
 
+// FinishGather writes the output a stretch at a time (8192 values): ranks'
+// pairs that meet at one index, pairs on either side of a stretch's end, and
+// a last stretch cut short all come out as the default's, bit for bit.
+TEST(TopKCodecTest, FinishGatherAcrossStretchesIsTheBaseMean) {
+  const auto codec = Make({{"ratio", "0.05"}, {"sample", "1"}});
+  const size_t n = 3 * 8192 + 77;
+  const std::vector<float> shared = Normal(n, 30);
+  std::vector<Bytes> payloads;
+  for (uint32_t r = 0; r < 4; ++r) {
+    // Half of each rank's gradient is common, so their top k overlap.
+    std::vector<float> g = Normal(n, 31 + r);
+    for (size_t i = 0; i < n; ++i) g[i] = 0.5f * g[i] + shared[i];
+    g[8191] = g[8192] = 100.0f + r;  // both sides of the first stretch's end
+    g[n - 1] = -50.0f;               // the short last stretch
+    TensorState state;
+    payloads.push_back(EncodeStep(*codec, g, state, 0).payload);
+  }
+  const std::vector<float> direct =
+      testing::ExpectGatherMatchesTheDefault(*codec, payloads, n);
+  EXPECT_EQ(direct[8191], (100.0f + 101.0f + 102.0f + 103.0f) / 4);
+  EXPECT_EQ(direct[n - 1], -50.0f);
+  EXPECT_GT(std::count(direct.begin(), direct.end(), 0.0f), n / 2);
+}
+
 TEST(TopKCodecTest, FinishGatherWithABadPayloadLeavesOutputUntouched) {
   const auto codec = Make({});
   const std::vector<Bytes> payloads = {Payload(10, {1, 2}, 2, 2),
