@@ -36,12 +36,12 @@ void WriteSparsePayload(CodecId codec, uint64_t numel,
   }
 }
 
-absl::Status AddSparsePayload(absl::string_view payload, CodecId codec,
-                              absl::string_view name, float alpha,
-                              absl::Span<float> acc) {
-  const uint64_t n = acc.size();
+absl::StatusOr<SparsePairs> ParseSparsePayload(absl::string_view payload,
+                                               CodecId codec,
+                                               absl::string_view name,
+                                               uint64_t numel) {
   GC_ASSIGN_OR_RETURN(const ParsedPayload parsed,
-                      ParsePayload(payload, codec, /*round=*/0, n));
+                      ParsePayload(payload, codec, /*round=*/0, numel));
   if (parsed.header.flags != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: expected header flags 0 (not a dense body), got 0x%02x", name,
@@ -65,25 +65,39 @@ absl::Status AddSparsePayload(absl::string_view payload, CodecId codec,
   uint32_t count32;
   std::memcpy(&count32, params + 4, sizeof(count32));
   const uint64_t count = count32;
-  if (count > n) {
+  if (count > numel) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: payload holds %d pairs, more than the tensor's %d elements", name,
-        count, n));
+        count, numel));
   }
-  std::vector<uint32_t> indices;
+  SparsePairs pairs;
   GC_ASSIGN_OR_RETURN(const size_t index_bytes,
-                      DecodeIndices(parsed.body, count, n, &indices));
+                      DecodeIndices(parsed.body, count, numel, &pairs.indices));
   if (parsed.body.size() - index_bytes != sizeof(float) * count) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: %d values need %d bytes after the indices, got %d", name, count,
         sizeof(float) * count, parsed.body.size() - index_bytes));
   }
-  const char* values = parsed.body.data() + index_bytes;
-  for (uint64_t j = 0; j < count; ++j) {
+  pairs.values = parsed.body.substr(index_bytes);
+  return pairs;
+}
+
+void AddSparsePairs(const SparsePairs& pairs, float alpha,
+                    absl::Span<float> acc) {
+  const char* values = pairs.values.data();
+  for (size_t j = 0; j < pairs.indices.size(); ++j) {
     float value;
     std::memcpy(&value, values + sizeof(float) * j, sizeof(value));
-    acc[indices[j]] += alpha * value;
+    acc[pairs.indices[j]] += alpha * value;
   }
+}
+
+absl::Status AddSparsePayload(absl::string_view payload, CodecId codec,
+                              absl::string_view name, float alpha,
+                              absl::Span<float> acc) {
+  GC_ASSIGN_OR_RETURN(const SparsePairs pairs,
+                      ParseSparsePayload(payload, codec, name, acc.size()));
+  AddSparsePairs(pairs, alpha, acc);
   return absl::OkStatus();
 }
 

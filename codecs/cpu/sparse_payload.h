@@ -14,8 +14,10 @@
 #define GRADCOMP_CODECS_CPU_SPARSE_PAYLOAD_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "codecs/tensor.h"
@@ -29,9 +31,26 @@ void WriteSparsePayload(CodecId codec, uint64_t numel,
                         absl::Span<const uint32_t> indices,
                         absl::Span<const float> values, Bytes* out);
 
-// Checks the whole payload (header for `codec` and acc.size() elements,
-// parameters, every index and length) and only then adds alpha * value at
-// each index. InvalidArgument, prefixed with `name`, leaves `acc` untouched.
+// A payload's (index, value) pairs, every part checked.
+struct SparsePairs {
+  std::vector<uint32_t> indices;  // strictly ascending, below numel
+  absl::string_view values;       // indices.size() fp32 values, unaligned
+};
+
+// Checks the whole payload: the header for `codec` and `numel` elements, the
+// parameters, every index and the length. InvalidArgument, prefixed with
+// `name`.
+absl::StatusOr<SparsePairs> ParseSparsePayload(absl::string_view payload,
+                                               CodecId codec,
+                                               absl::string_view name,
+                                               uint64_t numel);
+
+// acc[index] += alpha * value for each pair, in order.
+void AddSparsePairs(const SparsePairs& pairs, float alpha,
+                    absl::Span<float> acc);
+
+// ParseSparsePayload for acc.size() elements, and only then AddSparsePairs.
+// An error leaves `acc` untouched.
 absl::Status AddSparsePayload(absl::string_view payload, CodecId codec,
                               absl::string_view name, float alpha,
                               absl::Span<float> acc);

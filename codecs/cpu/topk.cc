@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
-#include "codecs/cpu/index_coding.h"
 #include "codecs/cpu/select.h"
+#include "codecs/cpu/sparse_payload.h"
 #include "codecs/random.h"
 #include "codecs/wire.h"
 
@@ -19,29 +19,17 @@ namespace gradcomp::codecs {
 namespace {
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
-              "the payload is written with host-order memcpy");
+              "the payload's values are read with host-order memcpy");
 
-constexpr uint8_t kIndexDeltaPacked = 1;  // index_coding.h
-constexpr size_t kParamBytes = 8;
 constexpr double kWarmupDensities[] = {0.25, 0.0625, 0.0156, 0.004};
 
-// acc[index] += alpha * value for each checked pair.
-void AddPairs(const TopKPairs& pairs, float alpha, absl::Span<float> acc) {
-  const char* values = pairs.values.data();
-  for (size_t j = 0; j < pairs.indices.size(); ++j) {
-    float value;
-    std::memcpy(&value, values + 4 * j, sizeof(value));
-    acc[pairs.indices[j]] += alpha * value;
-  }
-}
-
 // out = weight * the sum of every rank's pairs, and 0 where no rank sent a
-// value. Bit for bit what zeroing out and then AddPairs rank by rank gives:
-// each element gets the same additions in the same order, onto +0. But out
-// is written stretch by stretch, each zeroed and then given every rank's
+// value. Bit for bit what zeroing out and then AddSparsePairs rank by rank
+// gives: each element gets the same additions in the same order, onto +0. But
+// out is written stretch by stretch, each zeroed and then given every rank's
 // pairs in it while it is still in cache, instead of zeroed whole and then
 // added to at scattered places, each a cache miss on a large tensor.
-void AveragePairs(absl::Span<const TopKPairs> ranks, float weight,
+void AveragePairs(absl::Span<const SparsePairs> ranks, float weight,
                   absl::Span<float> out) {
   constexpr size_t kStretch = 8192;  // 32 KB of out
   std::vector<size_t> next(ranks.size(), 0);
@@ -62,12 +50,6 @@ void AveragePairs(absl::Span<const TopKPairs> ranks, float weight,
       next[r] = j;
     }
   }
-}
-
-uint32_t Load32(const char* p) {
-  uint32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
 }
 
 absl::Status CheckRange(absl::string_view name, double value, double low,
@@ -186,73 +168,21 @@ absl::Status TopKCodec::EncodeWith(const TensorView& grad, TensorState& state,
   GC_ASSIGN_OR_RETURN(const TopKSelection selection,
                       select(v, KAt(n, ctx.step), options_.sample, rng));
   const std::vector<uint32_t>& indices = selection.indices;
-  const uint32_t count = static_cast<uint32_t>(indices.size());
-  const IndexPlan plan = PlanIndices(indices);
-
-  char params[kParamBytes] = {static_cast<char>(kIndexDeltaPacked)};
-  std::memcpy(params + 4, &count, sizeof(count));
-  WireHeader header;
-  header.codec = CodecId::kTopK;
-  header.numel = n;
-  char* body = BeginPayload(header, absl::string_view(params, kParamBytes),
-                            plan.bytes + size_t{4} * count, payload);
-  EncodeIndices(indices, plan, body);
-  char* values = body + plan.bytes;
-  for (uint32_t j = 0; j < count; ++j) {
-    std::memcpy(values + size_t{4} * j, &v[indices[j]], sizeof(float));
-  }
+  std::vector<float> values(indices.size());
+  for (size_t j = 0; j < indices.size(); ++j) values[j] = v[indices[j]];
+  WriteSparsePayload(CodecId::kTopK, n, indices, values, payload);
   momentum_.Sent(indices, options_.masking, state);
   return absl::OkStatus();
 }
 
-absl::StatusOr<TopKPairs> ParseTopKPayload(absl::string_view payload,
-                                           size_t n) {
-  GC_ASSIGN_OR_RETURN(const ParsedPayload parsed,
-                      ParsePayload(payload, CodecId::kTopK, /*round=*/0, n));
-  if (parsed.header.flags != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "topk: expected header flags 0 (not a dense body), got 0x%02x",
-        parsed.header.flags));
-  }
-  if (parsed.params.size() != kParamBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("topk: expected %d parameter bytes, got %d",
-                        kParamBytes, parsed.params.size()));
-  }
-  const char* params = parsed.params.data();
-  if (static_cast<uint8_t>(params[0]) != kIndexDeltaPacked || params[1] != 0 ||
-      params[2] != 0 || params[3] != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "topk: expected index encoding %d with zero padding, got bytes "
-        "%d %d %d %d",
-        kIndexDeltaPacked, static_cast<uint8_t>(params[0]),
-        static_cast<uint8_t>(params[1]), static_cast<uint8_t>(params[2]),
-        static_cast<uint8_t>(params[3])));
-  }
-  const uint64_t count = Load32(params + 4);
-  if (count > n) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "topk: payload holds %d pairs, more than the tensor's %d elements",
-        count, n));
-  }
-  TopKPairs pairs;
-  GC_ASSIGN_OR_RETURN(const size_t index_bytes,
-                      DecodeIndices(parsed.body, count, n, &pairs.indices));
-  if (parsed.body.size() - index_bytes != 4 * count) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "topk: %d values need %d bytes after the indices, got %d", count,
-        4 * count, parsed.body.size() - index_bytes));
-  }
-  pairs.values = parsed.body.substr(index_bytes);
-  return pairs;
+absl::StatusOr<SparsePairs> ParseTopKPayload(absl::string_view payload,
+                                             size_t n) {
+  return ParseSparsePayload(payload, CodecId::kTopK, "topk", n);
 }
 
 absl::Status TopKCodec::DecodeAdd(absl::string_view payload, float alpha,
                                   absl::Span<float> acc) const {
-  GC_ASSIGN_OR_RETURN(const TopKPairs pairs,
-                      ParseTopKPayload(payload, acc.size()));
-  AddPairs(pairs, alpha, acc);
-  return absl::OkStatus();
+  return AddSparsePayload(payload, CodecId::kTopK, "topk", alpha, acc);
 }
 
 absl::Status TopKCodec::FinishGather(absl::Span<const Bytes> payloads,

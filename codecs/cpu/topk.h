@@ -29,6 +29,7 @@
 #include "codecs/codec.h"
 #include "codecs/cpu/momentum.h"
 #include "codecs/cpu/select.h"
+#include "codecs/cpu/sparse_payload.h"
 #include "codecs/params.h"
 #include "codecs/random.h"
 #include "codecs/registry.h"
@@ -101,11 +102,8 @@ CodecInfo TopKInfo();
 
 // A top-k payload's (index, value) pairs, checked as DecodeAdd checks them
 // for a tensor of n elements.
-struct TopKPairs {
-  std::vector<uint32_t> indices;
-  absl::string_view values;  // indices.size() fp32 values, unaligned
-};
-absl::StatusOr<TopKPairs> ParseTopKPayload(absl::string_view payload, size_t n);
+absl::StatusOr<SparsePairs> ParseTopKPayload(absl::string_view payload,
+                                             size_t n);
 
 // Registers "topk".
 absl::Status RegisterTopK(CodecRegistry& registry);

@@ -329,7 +329,7 @@ class CudaTopK : public CudaCodec {
   // The CPU decoder's checks, the scatter-add on the GPU.
   absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
                                float* acc, size_t n) const override {
-    GC_ASSIGN_OR_RETURN(const TopKPairs pairs, ParseTopKPayload(payload, n));
+    GC_ASSIGN_OR_RETURN(const SparsePairs pairs, ParseTopKPayload(payload, n));
     const std::vector<uint32_t>& indices = pairs.indices;
     const size_t count = indices.size();
     for (size_t j = 1; j < count; ++j) {
