@@ -18,9 +18,8 @@ constexpr size_t kParamBytes = 8;
 
 }  // namespace
 
-void WriteSparsePayload(CodecId codec, uint64_t numel,
-                        absl::Span<const uint32_t> indices,
-                        absl::Span<const float> values, Bytes* out) {
+char* BeginSparsePayload(CodecId codec, uint64_t numel,
+                         absl::Span<const uint32_t> indices, Bytes* out) {
   const uint32_t count = static_cast<uint32_t>(indices.size());
   const IndexPlan plan = PlanIndices(indices);
   char params[kParamBytes] = {static_cast<char>(kIndexDeltaPacked)};
@@ -31,8 +30,15 @@ void WriteSparsePayload(CodecId codec, uint64_t numel,
   char* body = BeginPayload(header, absl::string_view(params, kParamBytes),
                             plan.bytes + sizeof(float) * count, out);
   EncodeIndices(indices, plan, body);
-  if (count > 0) {
-    std::memcpy(body + plan.bytes, values.data(), sizeof(float) * count);
+  return body + plan.bytes;
+}
+
+void WriteSparsePayload(CodecId codec, uint64_t numel,
+                        absl::Span<const uint32_t> indices,
+                        absl::Span<const float> values, Bytes* out) {
+  char* body_values = BeginSparsePayload(codec, numel, indices, out);
+  if (!values.empty()) {
+    std::memcpy(body_values, values.data(), sizeof(float) * values.size());
   }
 }
 
@@ -84,11 +90,8 @@ absl::StatusOr<SparsePairs> ParseSparsePayload(absl::string_view payload,
 
 void AddSparsePairs(const SparsePairs& pairs, float alpha,
                     absl::Span<float> acc) {
-  const char* values = pairs.values.data();
   for (size_t j = 0; j < pairs.indices.size(); ++j) {
-    float value;
-    std::memcpy(&value, values + sizeof(float) * j, sizeof(value));
-    acc[pairs.indices[j]] += alpha * value;
+    acc[pairs.indices[j]] += alpha * pairs.value(j);
   }
 }
 

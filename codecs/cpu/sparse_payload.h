@@ -13,7 +13,9 @@
 #ifndef GRADCOMP_CODECS_CPU_SPARSE_PAYLOAD_H_
 #define GRADCOMP_CODECS_CPU_SPARSE_PAYLOAD_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -25,8 +27,13 @@
 
 namespace gradcomp::codecs {
 
-// `indices` strictly ascending and below numel < 2^32; values.size() ==
-// indices.size().
+// Writes the payload but its values: header, parameters and the coded
+// `indices` (strictly ascending and below numel < 2^32). Returns where the
+// indices.size() fp32 values go, for a caller that gathers them in place.
+char* BeginSparsePayload(CodecId codec, uint64_t numel,
+                         absl::Span<const uint32_t> indices, Bytes* out);
+
+// BeginSparsePayload, then `values` (values.size() == indices.size()).
 void WriteSparsePayload(CodecId codec, uint64_t numel,
                         absl::Span<const uint32_t> indices,
                         absl::Span<const float> values, Bytes* out);
@@ -35,6 +42,13 @@ void WriteSparsePayload(CodecId codec, uint64_t numel,
 struct SparsePairs {
   std::vector<uint32_t> indices;  // strictly ascending, below numel
   absl::string_view values;       // indices.size() fp32 values, unaligned
+
+  // The value of pair j.
+  float value(size_t j) const {
+    float v;
+    std::memcpy(&v, values.data() + sizeof(float) * j, sizeof(v));
+    return v;
+  }
 };
 
 // Checks the whole payload: the header for `codec` and `numel` elements, the

@@ -19,7 +19,7 @@ namespace gradcomp::codecs {
 namespace {
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
-              "the payload's values are read with host-order memcpy");
+              "the payload's values are written with host-order memcpy");
 
 constexpr double kWarmupDensities[] = {0.25, 0.0625, 0.0156, 0.004};
 
@@ -38,14 +38,11 @@ void AveragePairs(absl::Span<const SparsePairs> ranks, float weight,
     std::fill(out.begin() + begin, out.begin() + end, 0.0f);
     for (size_t r = 0; r < ranks.size(); ++r) {
       const std::vector<uint32_t>& indices = ranks[r].indices;
-      const char* values = ranks[r].values.data();
       size_t j = next[r];
       // Indices ascend (index_coding.h), so rank r's pairs in this stretch
       // start where its last stretch stopped.
       for (; j < indices.size() && indices[j] < end; ++j) {
-        float value;
-        std::memcpy(&value, values + 4 * j, sizeof(value));
-        out[indices[j]] += weight * value;
+        out[indices[j]] += weight * ranks[r].value(j);
       }
       next[r] = j;
     }
@@ -168,9 +165,10 @@ absl::Status TopKCodec::EncodeWith(const TensorView& grad, TensorState& state,
   GC_ASSIGN_OR_RETURN(const TopKSelection selection,
                       select(v, KAt(n, ctx.step), options_.sample, rng));
   const std::vector<uint32_t>& indices = selection.indices;
-  std::vector<float> values(indices.size());
-  for (size_t j = 0; j < indices.size(); ++j) values[j] = v[indices[j]];
-  WriteSparsePayload(CodecId::kTopK, n, indices, values, payload);
+  char* values = BeginSparsePayload(CodecId::kTopK, n, indices, payload);
+  for (size_t j = 0; j < indices.size(); ++j) {
+    std::memcpy(values + sizeof(float) * j, &v[indices[j]], sizeof(float));
+  }
   momentum_.Sent(indices, options_.masking, state);
   return absl::OkStatus();
 }
