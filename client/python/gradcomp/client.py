@@ -191,63 +191,80 @@ def _batch_requests(batches: Mapping[str, Sequence[str]] | None,
     return batch_of
 
 
+def _shm_dtype(name: str, source: ShmTensor, target: ShmTensor) -> int:
+    """The wire dtype of a (source, target) pair of shared-memory tensors;
+    ValueError unless both have one shape and dtype, TypeError for a dtype
+    gradcomp does not reduce."""
+    if source.shape != target.shape or source.dtype != target.dtype:
+        raise ValueError(f"tensor '{name}': output {target.shape} {target.dtype} "
+                         f"differs from input {source.shape} {source.dtype}")
+    dtype = _PB_DTYPE.get(source.dtype)
+    if dtype is None:
+        raise TypeError(f"gradcomp reduces float16, float32 or float64; "
+                        f"got {source.dtype}")
+    return dtype
+
+
 # The daemon's bound on a request's parts (kMaxRequestParts).
 MAX_REQUEST_PARTS = 128
 
 
-def _span(slices: Sequence[gradcomp_pb2.SharedMemorySlice]
-          ) -> gradcomp_pb2.SharedMemorySlice:
-    """The slice from the first of `slices` (all in one region) to the end
-    of the last."""
-    start = min(s.offset for s in slices)
-    end = max(s.offset + s.byte_size for s in slices)
-    return gradcomp_pb2.SharedMemorySlice(region=slices[0].region, offset=start,
-                                          byte_size=end - start)
-
-
-def _as_parts(requests: Sequence[gradcomp_pb2.ReduceRequest]
+def _as_parts(template: gradcomp_pb2.ReduceRequest,
+              tensors: Sequence[tuple[str, ShmTensor, ShmTensor]],
+              batch_of: Mapping[str, gradcomp_pb2.ReduceBatch]
               ) -> list[gradcomp_pb2.ReduceRequest] | None:
-    """One-tensor shared-memory requests as requests with parts (request_id
-    = their index): runs of requests in one batch or none, at most
-    MAX_REQUEST_PARTS each; None unless every input lies in one
-    region, every output in one region, each output at the same distance
-    from its input, and the two spans of each request do not overlap (the
-    daemon's conditions)."""
-    if not requests:
+    """Shared-memory tensors [(name, source, target)], each pair already
+    checked by _shm_dtype, as requests with parts: each a copy of `template`
+    (job, step, dtype, codec, mode) with request_id = its index, holding a
+    run of tensors in one batch of `batch_of` (by identity, as
+    _batch_requests shares them) or in none, at most MAX_REQUEST_PARTS.
+    None unless every input lies in one region, every output in one
+    region, all of one dtype, each output at the same distance from its
+    input, and the input and output spans of each request do not overlap
+    (the daemon's conditions). Built from the tensors directly, not from a
+    request per tensor: a client pays this on every step."""
+    if not tensors:
         return None
-    first = requests[0]
-    delta = first.output_shm.offset - first.input_shm.offset
-    for request in requests:
-        if (request.input_shm.region != first.input_shm.region
-                or request.output_shm.region != first.output_shm.region
-                or request.dtype != first.dtype
-                or request.output_shm.offset - request.input_shm.offset != delta):
+    _, first_source, first_target = tensors[0]
+    delta = first_target.offset - first_source.offset
+    for _, source, target in tensors:
+        if (source.region != first_source.region
+                or target.region != first_target.region
+                or source.dtype != first_source.dtype
+                or target.offset - source.offset != delta):
             return None
-    # A request's batch is every part's: runs of one batch (or none).
-    groups: list[list[gradcomp_pb2.ReduceRequest]] = []
-    for request in requests:
+    groups: list[list[tuple[str, ShmTensor, ShmTensor]]] = []
+    group_batch = None
+    for entry in tensors:
+        batch = batch_of.get(entry[0])
         if (not groups or len(groups[-1]) == MAX_REQUEST_PARTS
-                or groups[-1][0].batch != request.batch):
+                or batch is not group_batch):
             groups.append([])
-        groups[-1].append(request)
+            group_batch = batch
+        groups[-1].append(entry)
     chunks = []
     for index, group in enumerate(groups):
-        source = _span([r.input_shm for r in group])
-        target = _span([r.output_shm for r in group])
-        if (source.region == target.region
-                and source.offset < target.offset + target.byte_size
-                and target.offset < source.offset + source.byte_size):
+        start = min(source.offset for _, source, _ in group)
+        end = max(source.offset + source.byte_size for _, source, _ in group)
+        # Every output is its input moved by `delta`, so the output span is
+        # the input span moved by `delta`.
+        if first_source.region == first_target.region and abs(delta) < end - start:
             return None
         chunk = gradcomp_pb2.ReduceRequest()
-        chunk.CopyFrom(group[0])
-        chunk.ClearField("tensor")
-        chunk.ClearField("shape")
+        chunk.CopyFrom(template)
         chunk.request_id = index
-        chunk.input_shm.CopyFrom(source)
-        chunk.output_shm.CopyFrom(target)
-        for request in group:
-            chunk.parts.add(tensor=request.tensor, shape=request.shape,
-                            offset=request.input_shm.offset - source.offset)
+        chunk.input_shm.region = first_source.region
+        chunk.input_shm.offset = start
+        chunk.input_shm.byte_size = end - start
+        chunk.output_shm.region = first_target.region
+        chunk.output_shm.offset = start + delta
+        chunk.output_shm.byte_size = end - start
+        batch = batch_of.get(group[0][0])
+        if batch is not None:
+            chunk.batch.CopyFrom(batch)
+        for name, source, _ in group:
+            chunk.parts.add(tensor=name, shape=source.shape,
+                            offset=source.offset - start)
         chunks.append(chunk)
     return chunks
 
@@ -631,15 +648,9 @@ class Client:
                      gossip: Gossip | None = None,
                      consensus_distance: float | None = None
                      ) -> gradcomp_pb2.ReduceRequest:
-        if source.shape != target.shape or source.dtype != target.dtype:
-            raise ValueError(f"tensor '{name}': output {target.shape} {target.dtype} "
-                             f"differs from input {source.shape} {source.dtype}")
-        dtype = _PB_DTYPE.get(source.dtype)
-        if dtype is None:
-            raise TypeError(f"gradcomp reduces float16, float32 or float64; "
-                            f"got {source.dtype}")
         request = gradcomp_pb2.ReduceRequest(
-            job=job, tensor=name, step=step, dtype=dtype, shape=source.shape,
+            job=job, tensor=name, step=step,
+            dtype=_shm_dtype(name, source, target), shape=source.shape,
             request_id=request_id,
             input_shm=gradcomp_pb2.SharedMemorySlice(
                 region=source.region, offset=source.offset,
@@ -689,14 +700,24 @@ class Client:
         names = list(tensors)
         spec = codec_spec(codec, params)
         batch_of = _batch_requests(batches, names)
-        requests = [self._shm_request(name, step, job, *tensors[name], spec,
-                                      request_id=i, batch=batch_of.get(name),
-                                      gossip=gossip,
-                                      consensus_distance=consensus_distance)
-                    for i, name in enumerate(names)]
-        chunks = _as_parts(requests) if parts else None
+        entries = [(name, *tensors[name]) for name in names]
+        dtypes = [_shm_dtype(*entry) for entry in entries]  # every pair checked
+        chunks = None
+        if parts and entries:
+            template = gradcomp_pb2.ReduceRequest(job=job, step=step,
+                                                  dtype=dtypes[0])
+            if spec is not None:
+                template.codec.CopyFrom(spec)
+            _set_mode(template, gossip, consensus_distance)
+            chunks = _as_parts(template, entries, batch_of)
         if chunks is not None:
             requests = chunks
+        else:
+            requests = [self._shm_request(name, step, job, *tensors[name], spec,
+                                          request_id=i, batch=batch_of.get(name),
+                                          gossip=gossip,
+                                          consensus_distance=consensus_distance)
+                        for i, name in enumerate(names)]
         stats: dict[str, ReduceStats] = {}
         failures: dict[str, tuple[grpc.StatusCode, str]] = {}
 

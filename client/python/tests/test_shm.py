@@ -173,13 +173,36 @@ class ShmDaemonTest(unittest.TestCase):
         shapes = [(16, 8) if i % 3 else (5,) for i in range(300)]
         tensors, grads = self._bucket(shapes)
         names = list(tensors)
-        chunks = gradcomp.client._as_parts([
-            self.client._shm_request(name, 0, "default", *tensors[name], None,
-                                     request_id=i)
-            for i, name in enumerate(names)])
+        template = gradcomp_pb2.ReduceRequest(job="default", step=0,
+                                              dtype=gradcomp_pb2.DTYPE_FLOAT32)
+        chunks = gradcomp.client._as_parts(
+            template, [(name, *tensors[name]) for name in names], {})
         self.assertEqual([len(c.parts) for c in chunks], [128, 128, 44])
         self.assertEqual([c.parts[0].tensor for c in chunks], ["t0", "t128", "t256"])
+        self.assertEqual([c.request_id for c in chunks], [0, 1, 2])
+        # Each request spans its parts' bytes, in and out, at the parts'
+        # offsets; the template's fields are every request's.
+        half = self.region.byte_size // 2
+        for chunk in chunks:
+            first = tensors[chunk.parts[0].tensor][0]
+            last = tensors[chunk.parts[-1].tensor][0]
+            self.assertEqual(chunk.input_shm.offset, first.offset)
+            self.assertEqual(chunk.input_shm.byte_size,
+                             last.offset + last.byte_size - first.offset)
+            self.assertEqual(chunk.output_shm.offset, half + first.offset)
+            self.assertEqual(chunk.output_shm.byte_size, chunk.input_shm.byte_size)
+            self.assertEqual((chunk.job, chunk.step, chunk.tensor), ("default", 0, ""))
+            for part in chunk.parts:
+                source = tensors[part.tensor][0]
+                self.assertEqual(part.offset, source.offset - first.offset)
+                self.assertEqual(tuple(part.shape), source.shape)
         batches = {"a": names[10:20], "b": names[20:140]}
+        batch_of = gradcomp.client._batch_requests(batches, names)
+        chunks = gradcomp.client._as_parts(
+            template, [(name, *tensors[name]) for name in names], batch_of)
+        # Runs of one batch or none, at most 128 each.
+        self.assertEqual([(c.batch.id, len(c.parts)) for c in chunks],
+                         [("", 10), ("a", 10), ("b", 120), ("", 128), ("", 32)])
         for step, parts in enumerate([True, False]):
             stats = self.client.reduce_many_shm(
                 tensors, step=step, codec="fp16", batches=batches, parts=parts)
@@ -214,24 +237,31 @@ class ShmDaemonTest(unittest.TestCase):
         b = ShmTensor("r", 16, (4,), np.dtype(np.float32))
         out_a = ShmTensor("r", 64, (4,), np.dtype(np.float32))
         out_b = ShmTensor("r", 96, (4,), np.dtype(np.float32))
-        request = gradcomp.Client._shm_request
+        template = gradcomp_pb2.ReduceRequest(job="j", step=0,
+                                              dtype=gradcomp_pb2.DTYPE_FLOAT32)
+
+        def as_parts(*entries):
+            return gradcomp.client._as_parts(template, entries, {})
+
         out_b_alike = ShmTensor("r", 80, (4,), b.dtype)
-        self.assertIsNotNone(gradcomp.client._as_parts(
-            [request("a", 0, "j", a, out_a, None),
-             request("b", 0, "j", b, out_b_alike, None)]))
+        self.assertIsNotNone(as_parts(("a", a, out_a), ("b", b, out_b_alike)))
         # Outputs not laid out as the inputs.
-        self.assertIsNone(gradcomp.client._as_parts(
-            [request("a", 0, "j", a, out_a, None), request("b", 0, "j", b, out_b, None)]))
+        self.assertIsNone(as_parts(("a", a, out_a), ("b", b, out_b)))
         # Inputs in two regions.
-        self.assertIsNone(gradcomp.client._as_parts(
-            [request("a", 0, "j", a, out_a, None),
-             request("b", 0, "j", ShmTensor("s", 16, (4,), b.dtype),
-                     out_b_alike, None)]))
+        self.assertIsNone(as_parts(
+            ("a", a, out_a), ("b", ShmTensor("s", 16, (4,), b.dtype), out_b_alike)))
+        # Two dtypes.
+        f64 = np.dtype(np.float64)
+        self.assertIsNone(as_parts(
+            ("a", a, out_a),
+            ("b", ShmTensor("r", 16, (2,), f64), ShmTensor("r", 80, (2,), f64))))
         # Each output just after its input: the spans overlap.
-        self.assertIsNone(gradcomp.client._as_parts(
-            [request("a", 0, "j", a, ShmTensor("r", 16, (4,), a.dtype), None),
-             request("b", 0, "j", ShmTensor("r", 32, (4,), a.dtype),
-                     ShmTensor("r", 48, (4,), a.dtype), None)]))
+        self.assertIsNone(as_parts(
+            ("a", a, ShmTensor("r", 16, (4,), a.dtype)),
+            ("b", ShmTensor("r", 32, (4,), a.dtype), ShmTensor("r", 48, (4,), a.dtype))))
+        # An output before its input: overlapping it, then just clear of it.
+        self.assertIsNone(as_parts(("a", ShmTensor("r", 8, (4,), a.dtype), a)))
+        self.assertIsNotNone(as_parts(("a", ShmTensor("r", 16, (4,), a.dtype), a)))
 
     def test_errors(self):
         self.client.register_shm("grads", self.region, offset=4096, byte_size=8192)
