@@ -30,6 +30,25 @@ void Mailbox::EraseLocked(absl::node_hash_map<MessageKey, Slot>::iterator it) {
   slots_.erase(it);
 }
 
+Mailbox::Slot* Mailbox::ArrivalSlotLocked(const MessageKey& key,
+                                          absl::Time now) {
+  auto current = current_step_.find(TensorKey(key.job, key.tensor));
+  if (current != current_step_.end() && key.step < current->second) {
+    CountDropped("stale");
+    return nullptr;
+  }
+  return &SlotLocked(key, now);
+}
+
+Mailbox::Slot& Mailbox::SlotLocked(const MessageKey& key, absl::Time now) {
+  auto [it, inserted] = slots_.try_emplace(key);
+  if (inserted) {
+    it->second.by_rank.resize(world_size_);
+    it->second.created = now;
+  }
+  return it->second;
+}
+
 void Mailbox::ExpireLocked(absl::Time now) {
   next_expiry_ = now + options_.unclaimed_ttl / 4;
   const absl::Time cutoff = now - options_.unclaimed_ttl;
@@ -47,17 +66,9 @@ void Mailbox::OnMessage(int from, const MessageKey& key, codecs::Bytes data) {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   if (now >= next_expiry_) ExpireLocked(now);
-  auto current = current_step_.find(TensorKey(key.job, key.tensor));
-  if (current != current_step_.end() && key.step < current->second) {
-    CountDropped("stale");
-    return;
-  }
-  auto [it, inserted] = slots_.try_emplace(key);
-  Slot& slot = it->second;
-  if (inserted) {
-    slot.by_rank.resize(world_size_);
-    slot.created = now;
-  }
+  Slot* const arrival = ArrivalSlotLocked(key, now);
+  if (arrival == nullptr) return;
+  Slot& slot = *arrival;
   std::optional<codecs::Bytes>& entry = slot.by_rank[from];
   if (!slot.claimed) {
     // A peer that restarted may send a key again: the newer copy wins.
@@ -85,20 +96,11 @@ void Mailbox::OnMessage(int from, const MessageKey& key, codecs::Bytes data) {
 void Mailbox::OnCorruptMessage(int from, const MessageKey& key,
                                const absl::Status& why) {
   absl::MutexLock lock(&mu_);
-  auto current = current_step_.find(TensorKey(key.job, key.tensor));
-  if (current != current_step_.end() && key.step < current->second) {
-    CountDropped("stale");
-    return;
-  }
   // Kept until this rank's call for the key collects it, like a message.
-  auto [it, inserted] = slots_.try_emplace(key);
-  Slot& slot = it->second;
-  if (inserted) {
-    slot.by_rank.resize(world_size_);
-    slot.created = absl::Now();
-  }
-  if (slot.error.ok()) slot.error = why;
-  ++slot.arrivals;
+  Slot* const slot = ArrivalSlotLocked(key, absl::Now());
+  if (slot == nullptr) return;
+  if (slot->error.ok()) slot->error = why;
+  ++slot->arrivals;
 }
 
 void Mailbox::OnPeerLost(int rank, const absl::Status& why) {
@@ -133,12 +135,7 @@ absl::StatusOr<std::vector<codecs::Bytes>> Mailbox::Collect(
     const MessageKey& key, absl::Span<const int> from, absl::Time deadline,
     const std::function<std::string(int)>& peer_name) {
   absl::MutexLock lock(&mu_);
-  auto [it, inserted] = slots_.try_emplace(key);
-  Slot& slot = it->second;
-  if (inserted) {
-    slot.by_rank.resize(world_size_);
-    slot.created = absl::Now();
-  }
+  Slot& slot = SlotLocked(key, absl::Now());
   if (slot.claimed) {
     return absl::FailedPreconditionError(
         absl::StrCat(KeyString(key),

@@ -87,6 +87,14 @@ class Mailbox : public Receiver {
   void EraseLocked(absl::node_hash_map<MessageKey, Slot>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The slot of `key`, made at `now` if there is none.
+  Slot& SlotLocked(const MessageKey& key, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The slot that an arriving message (or the news of a corrupt one) for
+  // `key` goes to (SlotLocked); null, counted as dropped, for a step older
+  // than the tensor's current one.
+  Slot* ArrivalSlotLocked(const MessageKey& key, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountDropped(absl::string_view reason);
 
   const int world_size_;

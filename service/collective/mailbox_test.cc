@@ -122,11 +122,12 @@ TEST(MailboxTest, ALaterLocalStepFreesAndRefusesOlderSteps) {
   mailbox.BeginStep("job", "w", 2);
   EXPECT_EQ(mailbox.unclaimed_bytes(), 4u);
   mailbox.OnMessage(1, Key(1), "too late");
+  mailbox.OnCorruptMessage(1, Key(1), absl::DataLossError("damaged"));
   EXPECT_EQ(mailbox.unclaimed_bytes(), 4u);
   EXPECT_EQ(MetricValue(*metrics.collectable(),
                         "gradcomp_peer_messages_dropped_total",
                         {{"reason", "stale"}}),
-            2);
+            3);
   // A trainer that restarts from a checkpoint goes back in steps.
   mailbox.BeginStep("job", "w", 0);
   mailbox.OnMessage(1, Key(0), "again");

@@ -188,6 +188,17 @@ absl::StatusOr<GossipNode::TensorGossip*> GossipNode::Tensor(
   return t.get();
 }
 
+absl::StatusOr<GossipNode::TensorGossip*> GossipNode::Existing(
+    const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no gossip state for tensor '", name, "'"));
+  }
+  return it->second.get();
+}
+
 absl::StatusOr<GossipStats> GossipNode::Round(Collective& collective,
                                               const RoundKey& key,
                                               absl::Span<const int64_t> shape,
@@ -588,16 +599,7 @@ absl::StatusOr<GossipStats> GossipNode::ChocoRoundOn(TensorGossip& t,
 
 absl::StatusOr<std::vector<float>> GossipNode::ChocoCopy(
     const std::string& tensor, int owner) const {
-  TensorGossip* t = nullptr;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = tensors_.find(tensor);
-    if (it != tensors_.end()) t = it->second.get();
-  }
-  if (t == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("no gossip state for tensor '", tensor, "'"));
-  }
+  GC_ASSIGN_OR_RETURN(TensorGossip * t, Existing(tensor));
   absl::MutexLock lock(&t->mu);
   if (t->own_hat.empty()) {
     return absl::NotFoundError(
@@ -615,16 +617,7 @@ absl::StatusOr<std::vector<float>> GossipNode::ChocoCopy(
 
 absl::StatusOr<EdgeFactors> GossipNode::Factors(const std::string& tensor,
                                                 int neighbour) const {
-  TensorGossip* t = nullptr;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = tensors_.find(tensor);
-    if (it != tensors_.end()) t = it->second.get();
-  }
-  if (t == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("no gossip state for tensor '", tensor, "'"));
-  }
+  GC_ASSIGN_OR_RETURN(TensorGossip * t, Existing(tensor));
   absl::MutexLock lock(&t->mu);
   const absl::Span<const Neighbour> neighbours = topology_.neighbours(rank_);
   for (size_t e = 0; e < neighbours.size() && e < t->edges.size(); ++e) {

@@ -167,6 +167,9 @@ class GossipNode {
 
   absl::StatusOr<TensorGossip*> Tensor(const std::string& name)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // NotFound unless `name` has had a round.
+  absl::StatusOr<TensorGossip*> Existing(const std::string& name) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The round itself, on `t` (whose lock the caller holds).
   absl::StatusOr<GossipStats> RoundOn(TensorGossip& t, Collective& collective,
                                       const RoundKey& key,

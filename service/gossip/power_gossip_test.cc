@@ -217,6 +217,13 @@ TEST(PowerGossipTest, BothEndsOfEveryEdgeHoldBitIdenticalFactors) {
             << "edge " << i << "-" << n.rank;
       }
     }
+    // A tensor with no round yet, and a rank that is no neighbour.
+    EXPECT_THAT(net.node(0).Factors("never", 1).status().message(),
+                HasSubstr("no gossip state for tensor 'never'"));
+    EXPECT_EQ(net.node(0).ChocoCopy("never", 0).status().code(),
+              absl::StatusCode::kNotFound);
+    EXPECT_EQ(net.node(0).Factors("w", 0).status().code(),
+              absl::StatusCode::kNotFound);
   }
 }
 

@@ -6,21 +6,12 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "service/transport/peer_frame_testing.h"
 
 namespace gradcomp::service {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string Flatten(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  EXPECT_TRUE(buffer.Dump(&slices).ok());
-  std::string out;
-  for (const grpc::Slice& s : slices) {
-    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  return out;
-}
 
 grpc::ByteBuffer FromString(const std::string& bytes) {
   grpc::Slice slice(bytes.data(), bytes.size());
@@ -45,7 +36,7 @@ TEST(PeerFrameTest, ADataFrameIsAPeerFrameWithoutCopyingItsChunk) {
 
   // The generated classes read it ...
   v1::PeerFrame parsed;
-  ASSERT_TRUE(parsed.ParseFromString(Flatten(frame)));
+  ASSERT_TRUE(parsed.ParseFromString(FrameBytes(frame)));
   EXPECT_EQ(parsed.header().tensor(), "fc1.weight");
   EXPECT_EQ(parsed.chunk(), "234560123456789");
   EXPECT_EQ(parsed.chunk_crc32c(), 0xdeadbeefu);

@@ -17,12 +17,11 @@
 #include "absl/strings/string_view.h"
 #include "codecs/tensor.h"
 #include "gradcomp/v1/peer.pb.h"
-#include "grpcpp/support/byte_buffer.h"
-#include "grpcpp/support/slice.h"
 #include "gtest/gtest.h"
 #include "service/collective/fuzz/peer_message_checker.h"
 #include "service/collective/gather_batch_message.h"
 #include "service/transport/peer_frame.h"
+#include "service/transport/peer_frame_testing.h"
 
 namespace gradcomp::service {
 namespace {
@@ -33,16 +32,6 @@ std::string Input(PeerParser parser, uint8_t parameter,
                   const std::string& message) {
   return std::string{static_cast<char>(parser), static_cast<char>(parameter)} +
          message;
-}
-
-std::string Flatten(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  EXPECT_TRUE(buffer.Dump(&slices).ok());
-  std::string out;
-  for (const grpc::Slice& s : slices) {
-    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  return out;
 }
 
 // A batch entry header: presence, then the length little-endian.
@@ -72,10 +61,11 @@ std::vector<std::pair<std::string, std::string>> Seeds() {
   header.set_total_bytes(14);
   const absl::string_view chunk[] = {"0123456789", "abcd"};
   const absl::string_view later[] = {"tail"};
-  const std::string first = Flatten(DataFrame(&header, chunk, 0x1c291ca3u, {}));
+  const std::string first =
+      FrameBytes(DataFrame(&header, chunk, 0x1c291ca3u, {}));
   // A later version's PeerFrame: fields 9 (varint), 10 (fixed64) and 11
   // (length-delimited) are skipped.
-  const std::string unknown = Flatten(DataFrame(nullptr, later, 7, {})) +
+  const std::string unknown = FrameBytes(DataFrame(nullptr, later, 7, {})) +
                               std::string("\x48\x96\x01", 3) + "\x51" +
                               std::string(8, 'f') + "\x5a\x02zz";
 
@@ -87,10 +77,10 @@ std::vector<std::pair<std::string, std::string>> Seeds() {
 
   using P = PeerParser;
   return {
-      {"frame_hello", Input(P::kFrame, 5, Flatten(HelloFrame(hello)))},
+      {"frame_hello", Input(P::kFrame, 5, FrameBytes(HelloFrame(hello)))},
       {"frame_data_first", Input(P::kFrame, 20, first)},
       {"frame_data_later",
-       Input(P::kFrame, 3, Flatten(DataFrame(nullptr, later, 9, {})))},
+       Input(P::kFrame, 3, FrameBytes(DataFrame(nullptr, later, 9, {})))},
       {"frame_unknown_fields", Input(P::kFrame, 9, unknown)},
       {"invalid_frame_truncated",
        Input(P::kFrame, 7, first.substr(0, first.size() - 2))},
@@ -158,7 +148,7 @@ TEST(PeerMessageCorpusTest, TheSeedsAreWhatTheSendersWrite) {
 TEST(PeerMessageCorpusTest, TheSecondByteCutsAFrameAnywhere) {
   v1::Hello hello;
   hello.set_rank(2);
-  const std::string frame = Flatten(HelloFrame(hello));
+  const std::string frame = FrameBytes(HelloFrame(hello));
   for (int cut = 0; cut < 256; ++cut) {
     EXPECT_TRUE(Check(Input(PeerParser::kFrame, cut, frame)).ok()) << cut;
   }
