@@ -8,12 +8,55 @@
 namespace gradcomp::service {
 namespace {
 
-std::string KeyString(const MessageKey& key) {
-  static constexpr const char* kPhases[] = {"", "gather", "reduce-scatter",
-                                            "allgather"};
+constexpr Phase kPhases[] = {Phase::kGather,      Phase::kReduceScatter,
+                             Phase::kAllgather,   Phase::kShardScatter,
+                             Phase::kShardGather, Phase::kNeighbours};
+
+std::string PhaseName(Phase phase) {
+  switch (phase) {
+    case Phase::kGather:
+      return "gather";
+    case Phase::kReduceScatter:
+      return "reduce-scatter";
+    case Phase::kAllgather:
+      return "allgather";
+    case Phase::kShardScatter:
+      return "shard-scatter";
+    case Phase::kShardGather:
+      return "shard-gather";
+    case Phase::kNeighbours:
+      return "neighbours";
+  }
+  return absl::StrCat("phase ", static_cast<int>(phase));
+}
+
+// The phases one collective goes through, numbered: a rank in one of them
+// may get a faster peer's message of the next (a reduce-scatter's rank gets
+// an allgather message), but never one of another collective's.
+int CollectiveOf(Phase phase) {
+  switch (phase) {
+    case Phase::kGather:
+      return 0;
+    case Phase::kReduceScatter:
+    case Phase::kAllgather:
+      return 1;
+    case Phase::kShardScatter:
+    case Phase::kShardGather:
+      return 2;
+    case Phase::kNeighbours:
+      return 3;
+  }
+  return -1;
+}
+
+// "job 'j' tensor 't' step 3 round 0": the key but its phase.
+std::string RoundString(const MessageKey& key) {
   return absl::StrCat("job '", key.job, "' tensor '", key.tensor, "' step ",
-                      key.step, " round ", key.round, " ",
-                      kPhases[static_cast<int>(key.phase)]);
+                      key.step, " round ", key.round);
+}
+
+std::string KeyString(const MessageKey& key) {
+  return absl::StrCat(RoundString(key), " ", PhaseName(key.phase));
 }
 
 }  // namespace
@@ -91,6 +134,23 @@ void Mailbox::OnMessage(int from, const MessageKey& key, codecs::Bytes data) {
   }
   entry = std::move(data);
   ++slot.arrivals;
+  MarkOtherCollectiveLocked(from, key);
+}
+
+void Mailbox::MarkOtherCollectiveLocked(int from, const MessageKey& key) {
+  MessageKey other = key;
+  for (Phase phase : kPhases) {
+    if (CollectiveOf(phase) == CollectiveOf(key.phase)) continue;
+    other.phase = phase;
+    auto it = slots_.find(other);
+    if (it == slots_.end()) continue;
+    Slot& slot = it->second;
+    if (slot.claimed && slot.other_from < 0) {
+      slot.other_from = from;
+      slot.other_phase = key.phase;
+      ++slot.arrivals;
+    }
+  }
 }
 
 void Mailbox::OnCorruptMessage(int from, const MessageKey& key,
@@ -147,6 +207,21 @@ absl::StatusOr<std::vector<codecs::Bytes>> Mailbox::Collect(
   slot.bytes = 0;
   slot.awaited.assign(world_size_, false);
   for (int rank : from) slot.awaited[rank] = true;
+  // A peer that already sent this round in a collective of another kind
+  // (awaited here or not: either way the ranks disagree).
+  MessageKey other = key;
+  for (Phase phase : kPhases) {
+    if (CollectiveOf(phase) == CollectiveOf(key.phase)) continue;
+    other.phase = phase;
+    auto it = slots_.find(other);
+    if (it == slots_.end() || it->second.claimed) continue;
+    for (int rank = 0; rank < world_size_ && slot.other_from < 0; ++rank) {
+      if (it->second.by_rank[rank].has_value()) {
+        slot.other_from = rank;
+        slot.other_phase = phase;
+      }
+    }
+  }
 
   // The ranks still missing, mirrored into the waiting gauges.
   std::vector<int> waiting;
@@ -163,7 +238,8 @@ absl::StatusOr<std::vector<codecs::Bytes>> Mailbox::Collect(
   };
   update_waiting();
   bool timed_out = false;
-  while (!waiting.empty() && slot.error.ok() && !timed_out) {
+  while (!waiting.empty() && slot.error.ok() && slot.other_from < 0 &&
+         !timed_out) {
     const int seen = slot.arrivals;
     auto progress = [&slot, seen]() {
       return slot.arrivals != seen || !slot.error.ok();
@@ -176,6 +252,16 @@ absl::StatusOr<std::vector<codecs::Bytes>> Mailbox::Collect(
     for (int rank : waiting) metrics_->AddWaiting(rank, -1);
   }
   absl::Status error = slot.error;
+  if (error.ok() && slot.other_from >= 0) {
+    error = absl::FailedPreconditionError(absl::StrCat(
+        peer_name(slot.other_from), " sent a ", PhaseName(slot.other_phase),
+        " message for ", RoundString(key), ", where this rank waits for ",
+        PhaseName(key.phase),
+        ": the ranks reduce this tensor with collectives of different kinds "
+        "(a codec or mode that differs between ranks, such as a summable "
+        "codec on one and a compressing one on another); expected the same "
+        "on every rank"));
+  }
   std::vector<codecs::Bytes> out(world_size_);
   for (int rank : from) {
     if (slot.by_rank[rank].has_value())
@@ -198,7 +284,30 @@ absl::StatusOr<std::vector<codecs::Bytes>> Mailbox::Collect(
         KeyString(key), ": no message from ", absl::StrJoin(names, ", "),
         " before the deadline (", arrived.empty() ? "none" : "ranks ",
         absl::StrJoin(arrived, ", "), arrived.empty() ? " of the others" : "",
-        " arrived)"));
+        " arrived)", SentInsteadLocked(key.job, missing, peer_name)));
+  }
+  return out;
+}
+
+std::string Mailbox::SentInsteadLocked(
+    const std::string& job, absl::Span<const int> ranks,
+    const std::function<std::string(int)>& peer_name) const {
+  constexpr int kMaxKeysPerRank = 3;
+  std::string out;
+  for (int rank : ranks) {
+    std::vector<std::string> keys;
+    for (const auto& [key, slot] : slots_) {
+      if (key.job == job && !slot.claimed && slot.by_rank[rank].has_value() &&
+          keys.size() < kMaxKeysPerRank) {
+        keys.push_back(absl::StrCat("tensor '", key.tensor, "' step ", key.step,
+                                    " round ", key.round, " ",
+                                    PhaseName(key.phase)));
+      }
+    }
+    if (keys.empty()) continue;
+    std::sort(keys.begin(), keys.end());
+    absl::StrAppend(&out, "; ", peer_name(rank),
+                    " sent instead: ", absl::StrJoin(keys, ", "));
   }
   return out;
 }

@@ -62,7 +62,10 @@ class Mailbox : public Receiver {
   // returns them indexed by rank (world_size entries; empty for ranks not in
   // `from`). DeadlineExceeded when `deadline` passes, Unavailable when a
   // rank still awaited is lost; both name the missing ranks through
-  // `peer_name`.
+  // `peer_name`, and the deadline error says what they sent instead.
+  // FailedPrecondition, at once, when any rank has sent or sends this
+  // (job, tensor, step, round) in a collective of another kind (a gather
+  // where this rank sums, say): the ranks chose different codecs or modes.
   absl::StatusOr<std::vector<codecs::Bytes>> Collect(
       const MessageKey& key, absl::Span<const int> from, absl::Time deadline,
       const std::function<std::string(int)>& peer_name)
@@ -81,6 +84,10 @@ class Mailbox : public Receiver {
     // Set when a message for it was dropped (overflow) or an awaited rank
     // was lost: the Collect fails with it.
     absl::Status error;
+    // A rank that sent this round in a collective of another kind (-1:
+    // none), and that message's phase: the Collect fails naming both.
+    int other_from = -1;
+    Phase other_phase = Phase::kGather;
   };
   using TensorKey = std::pair<std::string, std::string>;  // job, tensor
 
@@ -94,6 +101,18 @@ class Mailbox : public Receiver {
   // `key` goes to (SlotLocked); null, counted as dropped, for a step older
   // than the tensor's current one.
   Slot* ArrivalSlotLocked(const MessageKey& key, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rank `from` sent `key`: a Collect of the same (job, tensor, step,
+  // round) in a collective of another kind fails, whether it awaits `from`
+  // or not (the ranks disagree on how to reduce the tensor).
+  void MarkOtherCollectiveLocked(int from, const MessageKey& key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // For a deadline error: what each of `ranks` sent for `job` that no call
+  // here has collected (a few keys each), as "; <peer> sent instead: ...";
+  // empty when they sent nothing.
+  std::string SentInsteadLocked(
+      const std::string& job, absl::Span<const int> ranks,
+      const std::function<std::string(int)>& peer_name) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountDropped(absl::string_view reason);
 

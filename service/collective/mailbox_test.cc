@@ -114,6 +114,88 @@ TEST(MailboxTest, LosingAnAwaitedRankFailsTheCollectAtOnce) {
                         "closed"));
 }
 
+MessageKey PhaseKey(Phase phase, std::string tensor = "w") {
+  return MessageKey{"job", std::move(tensor), 0, 0, phase};
+}
+
+TEST(MailboxTest, AMessageOfAnotherKindOfCollectiveFailsTheCollectAtOnce) {
+  // The peer's message came first: a gather where this rank sums.
+  {
+    Mailbox mailbox(3, {}, nullptr);
+    mailbox.OnMessage(2, PhaseKey(Phase::kGather), "topk payload");
+    auto got = mailbox.Collect(PhaseKey(Phase::kReduceScatter), {1, 2},
+                               absl::InfiniteFuture(), Name);
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(got.status().message(),
+                HasSubstr("rank 2 (test) sent a gather message for job 'job' "
+                          "tensor 'w' step 0 round 0, where this rank waits "
+                          "for reduce-scatter: the ranks reduce this tensor "
+                          "with collectives of different kinds"));
+  }
+  // It comes while this rank waits, and wakes it; the sender need not be
+  // one this rank waits for (a neighbour exchange waits for a few).
+  {
+    Mailbox mailbox(3, {}, nullptr);
+    std::thread sender(
+        [&] { mailbox.OnMessage(2, PhaseKey(Phase::kGather), "gather"); });
+    auto got = mailbox.Collect(PhaseKey(Phase::kNeighbours), {1},
+                               absl::InfiniteFuture(), Name);
+    sender.join();
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(got.status().message(),
+                HasSubstr("rank 2 (test) sent a gather message"));
+    EXPECT_THAT(got.status().message(), HasSubstr("waits for neighbours"));
+  }
+}
+
+TEST(MailboxTest, ALaterPhaseOfTheSameCollectiveOrAnotherRoundIsNoMismatch) {
+  Mailbox mailbox(2, {}, nullptr);
+  // A faster peer already in the allgather, and in the next round.
+  mailbox.OnMessage(1, PhaseKey(Phase::kAllgather), "ahead");
+  MessageKey next_round = PhaseKey(Phase::kGather);
+  next_round.round = 1;
+  mailbox.OnMessage(1, next_round, "ahead too");
+  std::thread sender([&] {
+    mailbox.OnMessage(1, PhaseKey(Phase::kReduceScatter), "scatter");
+  });
+  auto scatter = mailbox.Collect(PhaseKey(Phase::kReduceScatter), {1},
+                                 absl::InfiniteFuture(), Name);
+  sender.join();
+  ASSERT_TRUE(scatter.ok()) << scatter.status();
+  EXPECT_EQ((*scatter)[1], "scatter");
+  auto gather = mailbox.Collect(PhaseKey(Phase::kAllgather), {1},
+                                absl::InfiniteFuture(), Name);
+  ASSERT_TRUE(gather.ok()) << gather.status();
+  EXPECT_EQ((*gather)[1], "ahead");
+}
+
+TEST(MailboxTest, ADeadlineErrorSaysWhatTheMissingRankSentInstead) {
+  Mailbox mailbox(3, {}, nullptr);
+  // Rank 1 gossips this job: it sent its spec to its neighbours.
+  mailbox.OnMessage(1, PhaseKey(Phase::kNeighbours, "#gossip-spec"), "spec");
+  MessageKey elsewhere = PhaseKey(Phase::kGather);
+  elsewhere.job = "other job";
+  mailbox.OnMessage(2, elsewhere, "not this job's");
+  auto got = mailbox.Collect(PhaseKey(Phase::kReduceScatter), {1, 2},
+                             absl::Now() + absl::Milliseconds(50), Name);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(got.status().message(),
+              HasSubstr("job 'job' tensor 'w' step 0 round 0 reduce-scatter: "
+                        "no message from rank 1 (test), rank 2 (test) before "
+                        "the deadline (none of the others arrived); rank 1 "
+                        "(test) sent instead: tensor '#gossip-spec' step 0 "
+                        "round 0 neighbours"));
+  EXPECT_THAT(got.status().message(),
+              ::testing::Not(HasSubstr("rank 2 (test) sent instead")));
+  // Every phase has its name (shard and neighbour phases included).
+  for (Phase phase : {Phase::kShardScatter, Phase::kShardGather}) {
+    auto late = mailbox.Collect(PhaseKey(phase, "s"), {1}, absl::Now(), Name);
+    EXPECT_THAT(late.status().message(),
+                HasSubstr(phase == Phase::kShardScatter ? " shard-scatter: "
+                                                        : " shard-gather: "));
+  }
+}
+
 TEST(MailboxTest, ALaterLocalStepFreesAndRefusesOlderSteps) {
   PeerMetrics metrics(0, 2);
   Mailbox mailbox(2, {}, &metrics);

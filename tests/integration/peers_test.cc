@@ -549,6 +549,36 @@ TEST(PeersFaultTest, AKilledDaemonIsNamedAndTheNextStepWorksAfterRestart) {
   EXPECT_EQ(offset, got.size());
 }
 
+// Two ranks force top-k (a gather) and two force none (a reduce-scatter)
+// for the same tensors: every rank fails at once, long before its 120 s
+// collective deadline, naming a rank that reduced them the other way; the
+// next step, alike on every rank, works.
+TEST(PeersMismatchTest, RanksThatForceCollectivesOfDifferentKindsFailAtOnce) {
+  Cluster cluster(kWorld, absl::Seconds(120));
+  ASSERT_TRUE(cluster.StartAll().ok());
+  std::vector<WorkerRun> mixed;
+  for (int r = 0; r < kWorld; ++r) {
+    mixed.push_back({r, "mixed", r < 2 ? "topk" : "none", "-", 0, 1, 1,
+                     TmpPath(absl::StrCat("mixed-rank", r, ".bin"))});
+  }
+  const std::vector<int> codes = RunWorkers(cluster, mixed);
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(codes[r], 3) << "rank " << r;
+    const std::string error = ReadFile(mixed[r].out + ".err");
+    EXPECT_THAT(error, HasSubstr("FAILED_PRECONDITION")) << "rank " << r;
+    EXPECT_THAT(error, HasSubstr(r < 2 ? "sent a reduce-scatter message"
+                                       : "sent a gather message"))
+        << "rank " << r;
+    EXPECT_THAT(error, HasSubstr("collectives of different kinds"));
+  }
+  std::vector<WorkerRun> alike = mixed;
+  for (WorkerRun& run : alike) {
+    run.codec = "none";
+    run.first = 1;
+  }
+  for (const int code : RunWorkers(cluster, alike)) EXPECT_EQ(code, 0);
+}
+
 // Collectives this daemon has run (gradcomp_collective_duration_seconds'
 // counts, every algorithm).
 double CollectivesRun(DaemonProcess& daemon) {
