@@ -207,21 +207,6 @@ absl::StatusOr<std::vector<codecs::Bytes>> Mailbox::Collect(
   slot.bytes = 0;
   slot.awaited.assign(world_size_, false);
   for (int rank : from) slot.awaited[rank] = true;
-  // A peer that already sent this round in a collective of another kind
-  // (awaited here or not: either way the ranks disagree).
-  MessageKey other = key;
-  for (Phase phase : kPhases) {
-    if (CollectiveOf(phase) == CollectiveOf(key.phase)) continue;
-    other.phase = phase;
-    auto it = slots_.find(other);
-    if (it == slots_.end() || it->second.claimed) continue;
-    for (int rank = 0; rank < world_size_ && slot.other_from < 0; ++rank) {
-      if (it->second.by_rank[rank].has_value()) {
-        slot.other_from = rank;
-        slot.other_phase = phase;
-      }
-    }
-  }
 
   // The ranks still missing, mirrored into the waiting gauges.
   std::vector<int> waiting;

@@ -63,9 +63,13 @@ class Mailbox : public Receiver {
   // `from`). DeadlineExceeded when `deadline` passes, Unavailable when a
   // rank still awaited is lost; both name the missing ranks through
   // `peer_name`, and the deadline error says what they sent instead.
-  // FailedPrecondition, at once, when any rank has sent or sends this
-  // (job, tensor, step, round) in a collective of another kind (a gather
+  // FailedPrecondition, at once, when a rank sends this (job, tensor, step,
+  // round) in a collective of another kind while this call waits (a gather
   // where this rank sums, say): the ranks chose different codecs or modes.
+  // Such a message that came before the call is not taken as a mismatch:
+  // it may be left from an attempt at this step that this rank gave up
+  // before its collective (a NaN refused, then the step sent dense); the
+  // deadline error names it.
   absl::StatusOr<std::vector<codecs::Bytes>> Collect(
       const MessageKey& key, absl::Span<const int> from, absl::Time deadline,
       const std::function<std::string(int)>& peer_name)

@@ -119,33 +119,42 @@ MessageKey PhaseKey(Phase phase, std::string tensor = "w") {
 }
 
 TEST(MailboxTest, AMessageOfAnotherKindOfCollectiveFailsTheCollectAtOnce) {
-  // The peer's message came first: a gather where this rank sums.
-  {
-    Mailbox mailbox(3, {}, nullptr);
-    mailbox.OnMessage(2, PhaseKey(Phase::kGather), "topk payload");
-    auto got = mailbox.Collect(PhaseKey(Phase::kReduceScatter), {1, 2},
-                               absl::InfiniteFuture(), Name);
-    EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_THAT(got.status().message(),
-                HasSubstr("rank 2 (test) sent a gather message for job 'job' "
-                          "tensor 'w' step 0 round 0, where this rank waits "
-                          "for reduce-scatter: the ranks reduce this tensor "
-                          "with collectives of different kinds"));
-  }
-  // It comes while this rank waits, and wakes it; the sender need not be
-  // one this rank waits for (a neighbour exchange waits for a few).
-  {
-    Mailbox mailbox(3, {}, nullptr);
-    std::thread sender(
-        [&] { mailbox.OnMessage(2, PhaseKey(Phase::kGather), "gather"); });
-    auto got = mailbox.Collect(PhaseKey(Phase::kNeighbours), {1},
-                               absl::InfiniteFuture(), Name);
-    sender.join();
-    EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_THAT(got.status().message(),
-                HasSubstr("rank 2 (test) sent a gather message"));
-    EXPECT_THAT(got.status().message(), HasSubstr("waits for neighbours"));
-  }
+  // It comes while this rank waits and wakes it; the sender need not be one
+  // this rank waits for (a neighbour exchange waits for a few).
+  PeerMetrics metrics(0, 3);
+  Mailbox mailbox(3, {}, &metrics);
+  std::thread sender([&] {
+    // Once the Collect below waits for rank 1's message.
+    while (MetricValue(*metrics.collectable(), "gradcomp_peer_waiting",
+                       {{"peer", "1"}}) != 1) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    mailbox.OnMessage(2, PhaseKey(Phase::kGather), "gather");
+  });
+  auto got = mailbox.Collect(PhaseKey(Phase::kNeighbours), {1},
+                             absl::InfiniteFuture(), Name);
+  sender.join();
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(got.status().message(),
+              HasSubstr("rank 2 (test) sent a gather message for job 'job' "
+                        "tensor 'w' step 0 round 0, where this rank waits "
+                        "for neighbours: the ranks reduce this tensor with "
+                        "collectives of different kinds"));
+}
+
+TEST(MailboxTest, AMessageOfAnotherKindThatCameFirstWaitsForTheDeadline) {
+  // Perhaps left from an attempt at this step that this rank gave up before
+  // its collective; the deadline error names it.
+  Mailbox mailbox(3, {}, nullptr);
+  mailbox.OnMessage(2, PhaseKey(Phase::kGather), "topk payload");
+  mailbox.OnMessage(1, PhaseKey(Phase::kReduceScatter), "dense slice");
+  auto got = mailbox.Collect(PhaseKey(Phase::kReduceScatter), {1, 2},
+                             absl::Now() + absl::Milliseconds(50), Name);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(got.status().message(),
+              HasSubstr("no message from rank 2 (test) before the deadline "
+                        "(ranks 1 arrived); rank 2 (test) sent instead: "
+                        "tensor 'w' step 0 round 0 gather"));
 }
 
 TEST(MailboxTest, ALaterPhaseOfTheSameCollectiveOrAnotherRoundIsNoMismatch) {
