@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 namespace gradcomp::codecs {
@@ -10,17 +11,6 @@ namespace {
 constexpr int kMaxPasses = 10;
 constexpr double kTooFew = 0.8;
 constexpr float kLowerBy = 0.8f;
-
-struct Candidate {
-  uint32_t key;
-  uint32_t index;
-};
-
-// The order of selection: larger magnitude first, then the lower index. It
-// is total, so the k first candidates are one set however they are found.
-bool Before(const Candidate& a, const Candidate& b) {
-  return a.key > b.key || (a.key == b.key && a.index < b.index);
-}
 
 }  // namespace
 
@@ -61,22 +51,32 @@ uint32_t LowerThreshold(uint32_t threshold) {
   return std::max(MagnitudeKey(lowered), kSmallestKey);
 }
 
-// Partitions a copy of the (key, index) pairs to find the (k+1)-th, then
-// keeps what precedes it: no sort.
+// The order of selection is larger key first, then the lower index: the
+// k first are every key above the k-th largest key and, of the keys equal
+// to it, the first ones in `indices`' (ascending) order. So a partition of
+// a copy of the keys alone finds that key, with no (key, index) pairs to
+// sort.
 void TrimToTopK(absl::Span<const uint32_t> keys, size_t k,
                 std::vector<uint32_t>* indices) {
-  std::vector<Candidate> candidates(indices->size());
-  for (size_t j = 0; j < indices->size(); ++j) {
-    candidates[j] = {keys[j], (*indices)[j]};
+  if (k == 0) {
+    indices->clear();
+    return;
   }
-  std::vector<Candidate> partitioned = candidates;
-  std::nth_element(partitioned.begin(), partitioned.begin() + k,
-                   partitioned.end(), Before);
-  const Candidate first_dropped = partitioned[k];
-  indices->clear();
-  for (const Candidate& c : candidates) {
-    if (Before(c, first_dropped)) indices->push_back(c.index);
+  std::vector<uint32_t> partitioned(keys.begin(), keys.end());
+  std::nth_element(partitioned.begin(), partitioned.begin() + (k - 1),
+                   partitioned.end(), std::greater<uint32_t>());
+  const uint32_t last = partitioned[k - 1];
+  size_t above = 0;
+  for (const uint32_t key : keys) above += key > last;
+  size_t ties = k - above;  // keys equal to `last` that are kept
+  size_t kept = 0;
+  for (size_t j = 0; j < keys.size(); ++j) {
+    if (keys[j] > last || (keys[j] == last && ties > 0)) {
+      if (keys[j] == last) --ties;
+      (*indices)[kept++] = (*indices)[j];
+    }
   }
+  indices->resize(kept);
 }
 
 }  // namespace gradcomp::codecs
