@@ -49,10 +49,15 @@ int CollectiveOf(Phase phase) {
   return -1;
 }
 
+// "tensor 't' step 3 round 0": the key but its job and phase.
+std::string TensorRoundString(const MessageKey& key) {
+  return absl::StrCat("tensor '", key.tensor, "' step ", key.step, " round ",
+                      key.round);
+}
+
 // "job 'j' tensor 't' step 3 round 0": the key but its phase.
 std::string RoundString(const MessageKey& key) {
-  return absl::StrCat("job '", key.job, "' tensor '", key.tensor, "' step ",
-                      key.step, " round ", key.round);
+  return absl::StrCat("job '", key.job, "' ", TensorRoundString(key));
 }
 
 std::string KeyString(const MessageKey& key) {
@@ -284,9 +289,8 @@ std::string Mailbox::SentInsteadLocked(
     for (const auto& [key, slot] : slots_) {
       if (key.job == job && !slot.claimed && slot.by_rank[rank].has_value() &&
           keys.size() < kMaxKeysPerRank) {
-        keys.push_back(absl::StrCat("tensor '", key.tensor, "' step ", key.step,
-                                    " round ", key.round, " ",
-                                    PhaseName(key.phase)));
+        keys.push_back(
+            absl::StrCat(TensorRoundString(key), " ", PhaseName(key.phase)));
       }
     }
     if (keys.empty()) continue;

@@ -180,8 +180,8 @@ TEST(MailboxTest, ALaterPhaseOfTheSameCollectiveOrAnotherRoundIsNoMismatch) {
 
 TEST(MailboxTest, ADeadlineErrorSaysWhatTheMissingRankSentInstead) {
   Mailbox mailbox(3, {}, nullptr);
-  // Rank 1 gossips this job: it sent its spec to its neighbours.
-  mailbox.OnMessage(1, PhaseKey(Phase::kNeighbours, "#gossip-spec"), "spec");
+  // Rank 1 gossips this job: it sent its gossip spec (an allgather).
+  mailbox.OnMessage(1, PhaseKey(Phase::kShardGather, "#gossip-spec"), "spec");
   MessageKey elsewhere = PhaseKey(Phase::kGather);
   elsewhere.job = "other job";
   mailbox.OnMessage(2, elsewhere, "not this job's");
@@ -193,15 +193,15 @@ TEST(MailboxTest, ADeadlineErrorSaysWhatTheMissingRankSentInstead) {
                         "no message from rank 1 (test), rank 2 (test) before "
                         "the deadline (none of the others arrived); rank 1 "
                         "(test) sent instead: tensor '#gossip-spec' step 0 "
-                        "round 0 neighbours"));
+                        "round 0 shard-gather"));
   EXPECT_THAT(got.status().message(),
               ::testing::Not(HasSubstr("rank 2 (test) sent instead")));
   // Every phase has its name (shard and neighbour phases included).
-  for (Phase phase : {Phase::kShardScatter, Phase::kShardGather}) {
+  for (Phase phase : {Phase::kShardScatter, Phase::kNeighbours}) {
     auto late = mailbox.Collect(PhaseKey(phase, "s"), {1}, absl::Now(), Name);
     EXPECT_THAT(late.status().message(),
                 HasSubstr(phase == Phase::kShardScatter ? " shard-scatter: "
-                                                        : " shard-gather: "));
+                                                        : " neighbours: "));
   }
 }
 
