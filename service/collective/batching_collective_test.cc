@@ -185,6 +185,36 @@ TEST(BatchingCollectiveTest, AMemberThatLeavesEverywhereLetsTheOthersGoOn) {
   }
 }
 
+// A member that leaves while the others already wait for it wakes them,
+// and they go on without it long before their member deadline (at which
+// they would find the round complete and succeed too, only 30 s late: the
+// bound below is half of that, a liveness check, not a timing). If the
+// others have not arrived within the pause, Leave comes first and the test
+// checks the other order.
+TEST(BatchingCollectiveTest, AMemberLeavingWakesTheMembersWaitingForIt) {
+  constexpr int kWorld = 2;
+  constexpr absl::Duration kMemberTimeout = absl::Seconds(30);
+  Ranks ranks(kWorld, kMemberTimeout);
+  const BatchSpec spec = Spec("b", {"a", "b"});
+  std::vector<absl::Status> status(kWorld);
+  const absl::Time start = absl::Now();
+  OnThreads(kWorld, 2, [&](int r, int m) {
+    if (m == 1) {
+      absl::SleepFor(absl::Milliseconds(200));
+      ranks.batching(r).Leave({"job", "b", 0, 0}, spec);
+      return;
+    }
+    status[r] = ranks.batching(r)
+                    .RunBatched({"job", "a", 0, 0}, spec,
+                                SumRound(0, Values(r, 0, 0, 0, 4)))
+                    .status();
+    ranks.batching(r).Leave({"job", "a", 0, 1}, spec);
+  });
+  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(status[r].ok()) << status[r];
+  EXPECT_LT(absl::Now() - start, kMemberTimeout / 2)
+      << "the waiting members slept until their deadline";
+}
+
 // A member that leaves on one rank only: the others succeed everywhere;
 // it fails on the ranks that sent it, naming how many ranks contributed.
 TEST(BatchingCollectiveTest, AMemberLeftOnOneRankFailsOnlyThatMember) {
