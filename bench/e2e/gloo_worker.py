@@ -67,8 +67,8 @@ def main() -> int:
     flats = [torch.empty(sum(t.numel() for t in b)) for b in buckets]
     steps = []
     for step in range(args.steps):
+        q0 = qdisc_sent()  # a `tc` run: before the barrier, as in tests/e2e/worker.py
         dist.barrier()
-        q0 = qdisc_sent()
         t0 = time.perf_counter()
         for bucket, flat in zip(buckets, flats):
             torch.cat([t.reshape(-1) for t in bucket], out=flat)

@@ -54,7 +54,11 @@ class Barrier:
         self.dir = pathlib.Path(directory)
         self.rank, self.world, self.timeout = rank, world, timeout
 
-    def wait(self, name: str) -> None:
+    def wait(self, name: str, poll_s: float = 0.005) -> None:
+        """Returns once every rank has reached `name`, at most `poll_s`
+        after the last one (a short poll where the ranks must leave
+        together, a longer one where waiting ranks would take CPU from
+        ranks still at work)."""
         (self.dir / f"{name}.{self.rank}").touch()
         deadline = time.monotonic() + self.timeout
         while not all((self.dir / f"{name}.{r}").exists() for r in range(self.world)):
@@ -63,7 +67,7 @@ class Barrier:
                            if not (self.dir / f"{name}.{r}").exists()]
                 raise TimeoutError(f"barrier {name}: ranks {missing} did not arrive "
                                    f"within {self.timeout} s")
-            time.sleep(0.005)
+            time.sleep(poll_s)
 
 
 def qdisc_sent(dev: str) -> int:
@@ -232,13 +236,21 @@ def main() -> int:
         for step in range(args.steps):
             batches = gather_batches(grads, args.batch_mib) if args.batch_mib > 0 else None
             tag = f"{codec}.{step}"
-            barrier.wait(f"start.{tag}")
+            # Every reading that takes time is made outside the step and
+            # outside the other ranks' steps: before the start barrier (the
+            # last thing before the step, so that the ranks start together)
+            # or after the done barrier. Scraping the metrics until they
+            # settle and counting context switches (a /proc file per daemon
+            # thread) after the start barrier made the ranks start tens of
+            # ms apart, which the first to start waited out in its step, and
+            # reading /proc cost as much client CPU as the requests.
             before = settled(args.metrics_url)
             q0 = qdisc_sent(args.qdisc_dev)
-            c0, d0 = cpu_seconds(None), cpu_seconds(args.daemon_pid)
             s0 = context_switches(args.daemon_pid)
-            t0 = time.perf_counter()
             forced = None if CODECS[codec] is None else codec
+            barrier.wait(f"start.{tag}", poll_s=0.001)
+            c0, d0 = cpu_seconds(None), cpu_seconds(args.daemon_pid)
+            t0 = time.perf_counter()
             if shm is None:
                 out = {name: st for name, (_, st) in client.reduce_many(
                     grads, step=step, codec=forced, params=CODECS[codec],
@@ -250,8 +262,8 @@ def main() -> int:
                                              parts=args.parts == "on")
             wall = time.perf_counter() - t0
             c1, d1 = cpu_seconds(None), cpu_seconds(args.daemon_pid)
-            s1 = context_switches(args.daemon_pid)
             barrier.wait(f"done.{tag}")
+            s1 = context_switches(args.daemon_pid)
             after = settled(args.metrics_url)
             q1 = qdisc_sent(args.qdisc_dev)
             tensors = {name: {"codec": st.codec, "wire_bytes": st.wire_bytes,
