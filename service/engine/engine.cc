@@ -19,6 +19,7 @@
 #include "codecs/random.h"
 #include "codecs/tensor.h"
 #include "service/collective/sharded_reduce.h"
+#include "service/engine/square_sums.h"
 
 namespace gradcomp::service {
 namespace {
@@ -93,53 +94,6 @@ Nonfinite CountNonfinite(absl::Span<const float> values) {
         values.begin());
   }
   return n;
-}
-
-// Sums of squares in double: ||a - b||^2 and ||a||^2, or with `b` empty
-// ||a||^2 alone. Four partial sums of each, in named locals so that they
-// stay in registers: four independent chains of dependent adds instead of
-// one (at -O2 gcc neither vectorises a double reduction nor kept an array of
-// lanes out of memory), and a fixed order, so the result is the same from
-// run to run.
-struct SquareSums {
-  double diff = 0, norm = 0;
-};
-
-SquareSums SumSquares(absl::Span<const float> a, absl::Span<const float> b) {
-  const size_t n = a.size();
-  const bool with_b = !b.empty();
-  double d0 = 0, d1 = 0, d2 = 0, d3 = 0, n0 = 0, n1 = 0, n2 = 0, n3 = 0;
-  size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    const double x0 = a[i], x1 = a[i + 1], x2 = a[i + 2], x3 = a[i + 3];
-    n0 += x0 * x0;
-    n1 += x1 * x1;
-    n2 += x2 * x2;
-    n3 += x3 * x3;
-    if (with_b) {
-      const double e0 = x0 - b[i], e1 = x1 - b[i + 1], e2 = x2 - b[i + 2],
-                   e3 = x3 - b[i + 3];
-      d0 += e0 * e0;
-      d1 += e1 * e1;
-      d2 += e2 * e2;
-      d3 += e3 * e3;
-    }
-  }
-  for (; i < n; ++i) {
-    const double x = a[i];
-    n0 += x * x;
-    if (with_b) {
-      const double e = x - b[i];
-      d0 += e * e;
-    }
-  }
-  return {(d0 + d1) + (d2 + d3), (n0 + n1) + (n2 + n3)};
-}
-
-// ||a - b|| / ||a|| from SumSquares(a, b); NaN when ||a|| = 0.
-double RelativeError(const SquareSums& sums) {
-  if (sums.norm == 0) return std::numeric_limits<double>::quiet_NaN();
-  return std::sqrt(sums.diff / sums.norm);
 }
 
 // True when `data` can be read as floats in place: the request is fp32 and
