@@ -108,7 +108,7 @@ def gradcomp_phase(net: shaped_net.ShapedNetwork, work: pathlib.Path, name: str,
                                      stderr=subprocess.STDOUT))
         for i in range(W):
             workers.append(net.popen(i, [
-                "/usr/bin/python3", str(REPO / "tests/e2e/worker.py"), f"--rank={i}",
+                sys.executable, str(REPO / "tests/e2e/worker.py"), f"--rank={i}",
                 f"--world_size={W}", f"--peers_up={world - 1}",
                 f"--barrier_dir={barriers}", f"--steps={args.steps}",
                 f"--codecs={args.codecs}", "--rpc_timeout=300", "--barrier_timeout=300",
@@ -133,7 +133,7 @@ def gloo_phase(net: shaped_net.ShapedNetwork, work: pathlib.Path,
     try:
         for i in range(W):
             procs.append(net.popen(i, [
-                "/usr/bin/python3", str(HERE / "gloo_worker.py"), f"--rank={i}",
+                sys.executable, str(HERE / "gloo_worker.py"), f"--rank={i}",
                 f"--world_size={W}", f"--master={net.address(0)}:{GLOO_PORT}",
                 f"--steps={args.steps}", f"--out={work / f'gloo.{i}.json'}"], env=env,
                 stdout=open(work / f"gloo.{i}.log", "wb"), stderr=subprocess.STDOUT))

@@ -104,7 +104,7 @@ def main() -> int:
                 stdout=open(work / f"gradcompd.{i}.log", "wb"), stderr=subprocess.STDOUT))
         for i in range(W):
             workers.append(subprocess.Popen(
-                ["/usr/bin/python3", str(REPO / "tests/e2e/worker.py"), f"--rank={i}",
+                [sys.executable, str(REPO / "tests/e2e/worker.py"), f"--rank={i}",
                  f"--world_size={W}", f"--peers_up={0 if args.local else W - 1}",
                  f"--target=127.0.0.1:{api[i]}",
                  f"--metrics_url=http://127.0.0.1:{mon[i]}/metrics",

@@ -121,7 +121,7 @@ def run_cluster(args: argparse.Namespace, work: pathlib.Path) -> list[dict]:
         for i in range(W):
             log = open(work / f"worker.{i}.log", "wb")
             workers.append(net.popen(i, [
-                "/usr/bin/python3", str(HERE / "worker.py"), f"--rank={i}",
+                sys.executable, str(HERE / "worker.py"), f"--rank={i}",
                 f"--world_size={W}", f"--barrier_dir={barriers}",
                 f"--steps={args.steps}", f"--codecs={args.codecs}",
                 f"--out={work / f'worker.{i}.json'}"],
