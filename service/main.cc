@@ -9,6 +9,7 @@
 //   --peers=h0:50052,h1:50052,h2:50052,h3:50052
 #include <malloc.h>
 #include <signal.h>
+#include <sys/auxv.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,6 +35,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
@@ -456,6 +458,44 @@ void KeepFreedMemoryForReuse() {
   mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
 }
 
+// Started as `ld-linux-x86-64.so.2 [loader options] gradcompd [flags]` (as
+// tools/gpu_test's bundle runs it on machines without Debian's libraries),
+// the kernel executed the loader, which it then reports as no interpreter
+// (AT_BASE 0): /proc/self/exe is the loader and argv has lost the loader's
+// options. The restart then runs the original command line again, which
+// /proc/self/cmdline still holds, instead of handing the daemon's flags to
+// the loader (which refused them: "unrecognized option").
+std::vector<std::string> LoaderCommandLine() {
+  if (getauxval(AT_BASE) != 0) return {};
+  std::FILE* file = std::fopen("/proc/self/cmdline", "rb");
+  if (file == nullptr) return {};
+  std::string all;
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), file)) > 0;) {
+    all.append(buffer, n);
+  }
+  std::fclose(file);
+  // NUL-terminated arguments, any of which may be empty.
+  if (all.empty() || all.back() != '\0') return {};
+  all.pop_back();
+  return absl::StrSplit(all, '\0');
+}
+
+// Executes the binary again with `argv`; returns only if that fails.
+void RestartByOwnPath(char** argv) {
+  // By the binary's own path: the kernel names a process after the file it
+  // executes, and ps, top and pgrep should show gradcompd, not "exe". A
+  // binary replaced on disk since it started has lost that path (it reads
+  // "... (deleted)"); /proc/self/exe still reaches it.
+  char path[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n > 0) {
+    path[n] = '\0';
+    execv(path, argv);
+  }
+  execv("/proc/self/exe", argv);
+}
+
 // That high-water mark is still faulted in 4 KiB at a time (tens of
 // thousands of faults per daemon over the first steps), and every copy and
 // checksum through the step's 100 MB of buffers misses the TLB page after
@@ -477,17 +517,15 @@ void RestartWithHugePageHeap(char** argv) {
                                 ? absl::StrCat(kTunable, "=1")
                                 : absl::StrCat(tunables, ":", kTunable, "=1");
   if (setenv("GLIBC_TUNABLES", value.c_str(), 1) != 0) return;
-  // By the binary's own path: the kernel names a process after the file it
-  // executes, and ps, top and pgrep should show gradcompd, not "exe". A
-  // binary replaced on disk since it started has lost that path (it reads
-  // "... (deleted)"); /proc/self/exe still reaches it.
-  char path[PATH_MAX];
-  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
-  if (n > 0) {
-    path[n] = '\0';
-    execv(path, argv);
+  if (std::vector<std::string> command = LoaderCommandLine();
+      !command.empty()) {
+    std::vector<char*> args;
+    for (std::string& arg : command) args.push_back(arg.data());
+    args.push_back(nullptr);
+    execv("/proc/self/exe", args.data());
+  } else {
+    RestartByOwnPath(argv);
   }
-  execv("/proc/self/exe", argv);
   std::fprintf(stderr,
                "gradcompd: could not restart with %s=1 (%s); the heap stays "
                "on 4 KiB pages\n",
