@@ -1,21 +1,15 @@
 #include "service/engine/square_sums.h"
 
 #include <cmath>
-#include <random>
 #include <vector>
 
+#include "codecs/testing/random_inputs.h"
 #include "gtest/gtest.h"
 
 namespace gradcomp::service {
 namespace {
 
-std::vector<float> Normal(size_t n, int seed, float scale) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(gen);
-  return v;
-}
+using codecs::testing::Normal;
 
 // The sums in long double, one value after another.
 SquareSums Reference(const std::vector<float>& a, const std::vector<float>& b,
