@@ -7,6 +7,7 @@
 //   gradcompd --config=daemon.json --check_config   # validate, print, exit
 //   gradcompd --rank=1 --world_size=4
 //   --peers=h0:50052,h1:50052,h2:50052,h3:50052
+#include <link.h>
 #include <malloc.h>
 #include <signal.h>
 #include <sys/auxv.h>
@@ -458,15 +459,33 @@ void KeepFreedMemoryForReuse() {
   mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
 }
 
+// Whether this program names an ELF interpreter (it is dynamically linked):
+// the first object dl_iterate_phdr reports is the program itself.
+bool HasInterpreter() {
+  bool found = false;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t /*size*/, void* data) {
+        for (ElfW(Half) i = 0; i < info->dlpi_phnum; ++i) {
+          if (info->dlpi_phdr[i].p_type == PT_INTERP) {
+            *static_cast<bool*>(data) = true;
+          }
+        }
+        return 1;  // the program only
+      },
+      &found);
+  return found;
+}
+
 // Started as `ld-linux-x86-64.so.2 [loader options] gradcompd [flags]` (as
 // tools/gpu_test's bundle runs it on machines without Debian's libraries),
-// the kernel executed the loader, which it then reports as no interpreter
-// (AT_BASE 0): /proc/self/exe is the loader and argv has lost the loader's
-// options. The restart then runs the original command line again, which
-// /proc/self/cmdline still holds, instead of handing the daemon's flags to
-// the loader (which refused them: "unrecognized option").
+// the kernel executed the loader, so it reports no interpreter (AT_BASE 0)
+// although the program has one: /proc/self/exe is the loader and argv has
+// lost the loader's options. The restart then runs the original command
+// line again, which /proc/self/cmdline still holds, instead of handing the
+// daemon's flags to the loader (which refused them: "unrecognized option").
+// Empty when the program was started the usual way (or is static).
 std::vector<std::string> LoaderCommandLine() {
-  if (getauxval(AT_BASE) != 0) return {};
+  if (getauxval(AT_BASE) != 0 || !HasInterpreter()) return {};
   std::FILE* file = std::fopen("/proc/self/cmdline", "rb");
   if (file == nullptr) return {};
   std::string all;
