@@ -480,12 +480,15 @@ bool HasInterpreter() {
 // tools/gpu_test's bundle runs it on machines without Debian's libraries),
 // the kernel executed the loader, so it reports no interpreter (AT_BASE 0)
 // although the program has one: /proc/self/exe is the loader and argv has
-// lost the loader's options. The restart then runs the original command
+// lost the loader's options. The restart must then run the original command
 // line again, which /proc/self/cmdline still holds, instead of handing the
 // daemon's flags to the loader (which refused them: "unrecognized option").
-// Empty when the program was started the usual way (or is static).
-std::vector<std::string> LoaderCommandLine() {
-  if (getauxval(AT_BASE) != 0 || !HasInterpreter()) return {};
+bool StartedThroughLoader() {
+  return getauxval(AT_BASE) == 0 && HasInterpreter();
+}
+
+// This process's command line as the kernel got it; empty if unreadable.
+std::vector<std::string> OriginalCommandLine() {
   std::FILE* file = std::fopen("/proc/self/cmdline", "rb");
   if (file == nullptr) return {};
   std::string all;
@@ -532,18 +535,29 @@ void RestartWithHugePageHeap(char** argv) {
   if (tunables != nullptr && std::strstr(tunables, kTunable) != nullptr) {
     return;
   }
+  std::vector<std::string> loader_command;
+  if (StartedThroughLoader()) {
+    loader_command = OriginalCommandLine();
+    if (loader_command.empty()) {
+      std::fprintf(stderr,
+                   "gradcompd: started through the dynamic loader and "
+                   "/proc/self/cmdline is unreadable; not restarting with "
+                   "%s=1, the heap stays on 4 KiB pages\n",
+                   kTunable);
+      return;
+    }
+  }
   const std::string value = tunables == nullptr || *tunables == '\0'
                                 ? absl::StrCat(kTunable, "=1")
                                 : absl::StrCat(tunables, ":", kTunable, "=1");
   if (setenv("GLIBC_TUNABLES", value.c_str(), 1) != 0) return;
-  if (std::vector<std::string> command = LoaderCommandLine();
-      !command.empty()) {
+  if (loader_command.empty()) {
+    RestartByOwnPath(argv);
+  } else {
     std::vector<char*> args;
-    for (std::string& arg : command) args.push_back(arg.data());
+    for (std::string& arg : loader_command) args.push_back(arg.data());
     args.push_back(nullptr);
     execv("/proc/self/exe", args.data());
-  } else {
-    RestartByOwnPath(argv);
   }
   std::fprintf(stderr,
                "gradcompd: could not restart with %s=1 (%s); the heap stays "
