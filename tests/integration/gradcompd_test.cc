@@ -475,9 +475,10 @@ TEST(GradcompctlInfoTest, ShowsTheEffectiveConfigAndPolicy) {
   EXPECT_THAT(text.str(), HasSubstr("dense_below_numel: 1024"));
 }
 
-// The daemon's environment, NUL-separated entries.
-std::vector<std::string> EnvironmentOf(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/environ"), std::ios::binary);
+// The NUL-separated entries of /proc/<pid>/<file>: "environ" (the daemon's
+// environment) or "cmdline" (its command line).
+std::vector<std::string> ProcEntries(pid_t pid, absl::string_view file) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/", file), std::ios::binary);
   std::string all((std::istreambuf_iterator<char>(in)),
                   std::istreambuf_iterator<char>());
   return absl::StrSplit(all, '\0', absl::SkipEmpty());
@@ -494,7 +495,8 @@ TEST_F(GradcompdTest, TheDaemonRunsWithItsHeapOnHugePages) {
       given == nullptr || *given == '\0'
           ? "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"
           : absl::StrCat("GLIBC_TUNABLES=", given, ":glibc.malloc.hugetlb=1");
-  EXPECT_THAT(EnvironmentOf(daemon_->pid()), ::testing::Contains(expected));
+  EXPECT_THAT(ProcEntries(daemon_->pid(), "environ"),
+              ::testing::Contains(expected));
 }
 
 // The restart executes the binary by its path, so the process keeps its
@@ -538,13 +540,10 @@ TEST(GradcompdHugePagesTest, TheRestartKeepsAnExplicitLoadersCommandLine) {
   absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon =
       DaemonProcess::Start(script, {});
   ASSERT_TRUE(daemon.ok()) << daemon.status();
-  const std::vector<std::string> environment = EnvironmentOf((*daemon)->pid());
-  EXPECT_THAT(environment, ::testing::Contains(
-                               ::testing::HasSubstr("glibc.malloc.hugetlb=1")));
-  std::ifstream in(absl::StrCat("/proc/", (*daemon)->pid(), "/cmdline"));
-  std::string cmdline((std::istreambuf_iterator<char>(in)),
-                      std::istreambuf_iterator<char>());
-  EXPECT_THAT(cmdline, HasSubstr("--library-path"));
+  EXPECT_THAT(ProcEntries((*daemon)->pid(), "environ"),
+              ::testing::Contains(HasSubstr("glibc.malloc.hugetlb=1")));
+  EXPECT_THAT(ProcEntries((*daemon)->pid(), "cmdline"),
+              ::testing::Contains("--library-path"));
   EXPECT_EQ((*daemon)->Stop(), 0) << (*daemon)->Log();
 }
 
@@ -562,7 +561,7 @@ TEST(GradcompdHugePagesTest, ACallersChoiceOfTheHeapsPagesIsKept) {
     setenv("GLIBC_TUNABLES", saved.c_str(), 1);
   }
   ASSERT_TRUE(daemon.ok()) << daemon.status();
-  EXPECT_THAT(EnvironmentOf((*daemon)->pid()),
+  EXPECT_THAT(ProcEntries((*daemon)->pid(), "environ"),
               ::testing::Contains("GLIBC_TUNABLES=glibc.malloc.hugetlb=0"));
   EXPECT_EQ((*daemon)->Stop(), 0) << (*daemon)->Log();
 }
