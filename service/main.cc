@@ -158,8 +158,9 @@ namespace gradcomp::service {
 namespace {
 
 // The flag names written on the command line ("--name", "--name=value",
-// "-name"); this absl version keeps IsSpecifiedOnCommandLine private, and a
-// flag given with its default value must still override the config file.
+// "-name", and "--noname" for a boolean flag, named as "name"); this absl
+// version keeps IsSpecifiedOnCommandLine private, and a flag given with its
+// default value must still override the config file.
 std::set<std::string> NamedFlags(int argc, char** argv) {
   std::set<std::string> names;
   for (int i = 1; i < argc; ++i) {
@@ -167,9 +168,33 @@ std::set<std::string> NamedFlags(int argc, char** argv) {
     if (arg == "--") break;
     if (!absl::ConsumePrefix(&arg, "-")) continue;
     absl::ConsumePrefix(&arg, "-");
-    names.emplace(arg.substr(0, arg.find('=')));
+    absl::string_view name = arg.substr(0, arg.find('='));
+    if (absl::string_view negated = name;
+        absl::FindCommandLineFlag(name) == nullptr &&
+        absl::ConsumePrefix(&negated, "no")) {
+      const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(negated);
+      if (flag != nullptr && flag->IsOfType<bool>()) name = negated;
+    }
+    names.emplace(name);
   }
   return names;
+}
+
+// Flags read from a file or the environment are set without being written
+// on the command line, so NamedFlags cannot tell them from defaults: beside
+// a config file they would be silently overruled by it.
+absl::Status CheckNoIndirectFlags(const std::set<std::string>& named,
+                                  const std::string& config_path) {
+  if (config_path.empty()) return absl::OkStatus();
+  for (const char* indirect : {"flagfile", "fromenv", "tryfromenv"}) {
+    if (named.count(indirect) > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", indirect, " cannot be combined with --config: its flags "
+          "could not override the config file; write them on the command "
+          "line or in the config file"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 template <typename T>
@@ -272,6 +297,8 @@ int WaitForShutdownSignal(const sigset_t& signals) {
 absl::Status Run(const std::set<std::string>& named_flags) {
   const sigset_t signals = BlockShutdownSignals();
   const codecs::CodecRegistry& registry = codecs::BuiltinCodecs();
+  GC_RETURN_IF_ERROR(
+      CheckNoIndirectFlags(named_flags, absl::GetFlag(FLAGS_config)));
   absl::StatusOr<v1::DaemonConfig> config = LoadConfig(
       absl::GetFlag(FLAGS_config), GivenFlags(named_flags), registry);
   if (!config.ok()) return config.status();

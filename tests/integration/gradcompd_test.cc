@@ -475,6 +475,62 @@ TEST(GradcompctlInfoTest, ShowsTheEffectiveConfigAndPolicy) {
   EXPECT_THAT(text.str(), HasSubstr("dense_below_numel: 1024"));
 }
 
+// What `gradcompd --check_config` prints, and its exit status, for the
+// given flags after --config=<a file holding `config_text`>.
+struct CheckedConfig {
+  int status = -1;
+  std::string output;
+};
+CheckedConfig CheckConfig(const std::string& config_text,
+                          const std::string& flags) {
+  absl::StatusOr<std::string> binary = DaemonBinary();
+  EXPECT_TRUE(binary.ok()) << binary.status();
+  const std::string dir = std::getenv("TEST_TMPDIR");
+  const std::string config = absl::StrCat(dir, "/check.textproto");
+  std::ofstream(config) << config_text;
+  const std::string out = absl::StrCat(dir, "/check.txt");
+  const std::string command =
+      absl::StrCat(binary.value_or(""), " --config=", config, " ", flags,
+                   " --check_config > ", out, " 2>&1");
+  CheckedConfig checked;
+  checked.status = std::system(command.c_str());
+  std::ifstream printed(out);
+  std::stringstream text;
+  text << printed.rdbuf();
+  checked.output = text.str();
+  return checked;
+}
+
+// A boolean flag given as --noNAME overrides the config file, as
+// --NAME=false does (the file turns client shared memory on here).
+TEST(GradcompdConfigTest, ANegatedBooleanFlagOverridesTheConfigFile) {
+  const std::string file = "allow_client_shm: true";
+  const CheckedConfig alone = CheckConfig(file, "");
+  ASSERT_EQ(alone.status, 0) << alone.output;
+  EXPECT_THAT(alone.output, HasSubstr("\"allow_client_shm\": true"));
+  for (const char* flag :
+       {"--noallow_client_shm", "--allow_client_shm=false"}) {
+    const CheckedConfig overridden = CheckConfig(file, flag);
+    ASSERT_EQ(overridden.status, 0) << flag << ": " << overridden.output;
+    EXPECT_THAT(overridden.output,
+                HasSubstr("\"allow_client_shm\": false"))
+        << flag;
+  }
+}
+
+// Flags from --flagfile cannot be told from defaults, so beside --config
+// they are refused rather than silently overruled by the file.
+TEST(GradcompdConfigTest, AFlagFileBesideAConfigFileIsRefused) {
+  const std::string flagfile =
+      absl::StrCat(std::getenv("TEST_TMPDIR"), "/flags.txt");
+  std::ofstream(flagfile) << "--seed=3\n";
+  const CheckedConfig checked =
+      CheckConfig("seed: 8", absl::StrCat("--flagfile=", flagfile));
+  EXPECT_NE(checked.status, 0) << checked.output;
+  EXPECT_THAT(checked.output,
+              HasSubstr("--flagfile cannot be combined with --config"));
+}
+
 // The NUL-separated entries of /proc/<pid>/<file>: "environ" (the daemon's
 // environment) or "cmdline" (its command line).
 std::vector<std::string> ProcEntries(pid_t pid, absl::string_view file) {
