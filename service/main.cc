@@ -189,7 +189,8 @@ absl::Status CheckNoIndirectFlags(const std::set<std::string>& named,
   for (const char* indirect : {"flagfile", "fromenv", "tryfromenv"}) {
     if (named.count(indirect) > 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--", indirect, " cannot be combined with --config: its flags "
+          "--", indirect,
+          " cannot be combined with --config: its flags "
           "could not override the config file; write them on the command "
           "line or in the config file"));
     }

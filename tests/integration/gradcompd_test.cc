@@ -512,8 +512,7 @@ TEST(GradcompdConfigTest, ANegatedBooleanFlagOverridesTheConfigFile) {
        {"--noallow_client_shm", "--allow_client_shm=false"}) {
     const CheckedConfig overridden = CheckConfig(file, flag);
     ASSERT_EQ(overridden.status, 0) << flag << ": " << overridden.output;
-    EXPECT_THAT(overridden.output,
-                HasSubstr("\"allow_client_shm\": false"))
+    EXPECT_THAT(overridden.output, HasSubstr("\"allow_client_shm\": false"))
         << flag;
   }
 }
