@@ -10,8 +10,7 @@
   PowerGossip with fresh factors every round matches warm start in the
   first round (the same first draw) and differs from it in the second.
 
-Needs the daemon: `bazel build //service:gradcompd` or $GRADCOMPD. Skipped,
-with the reason, while the daemon does not know the gossip mode.
+Needs the daemon: `bazel build //service:gradcompd` or $GRADCOMPD.
 """
 import threading
 import unittest
@@ -21,7 +20,6 @@ import numpy as np
 import gradcomp
 from gradcomp import metrics
 from gradcomp.client import Gossip, _set_mode
-from gradcomp.errors import GradcompError
 from gradcomp.shm import ShmRegion
 from gradcomp.testing import Daemon, free_port
 from gradcomp.v1 import gradcomp_pb2
@@ -107,7 +105,6 @@ class GossipRingTest(unittest.TestCase):
             cls.tearDownClass()
             raise
         cls.clients = [gradcomp.Client(d.target, timeout=60) for d in cls.daemons]
-        cls.reason = cls._probe()
 
     @classmethod
     def tearDownClass(cls):
@@ -115,25 +112,6 @@ class GossipRingTest(unittest.TestCase):
             client.close()
         for daemon in cls.daemons:
             daemon.close()
-
-    @classmethod
-    def _probe(cls) -> str:
-        """Why the daemons cannot run these tests ("" if they can): they
-        refuse the gossip fields, or ignore them and average."""
-        xs = [np.full(3, float(r), np.float32) for r in range(W)]
-        try:
-            out = cls._on_every_rank(lambda r, c: c.reduce(
-                xs[r], "probe", 0, job="probe", gossip=Gossip("ring", rank=0))[0])
-        except GradcompError as error:
-            return f"the daemon refuses the gossip mode: {error}"
-        if np.allclose(out[0], np.mean(xs)):
-            return ("the daemon ignores ReduceRequest.mode (it was built "
-                    "before the gossip mode): rebuild //service:gradcompd")
-        return ""
-
-    def setUp(self):
-        if self.reason:
-            self.skipTest(self.reason)
 
     @classmethod
     def _on_every_rank(cls, work) -> list:
@@ -169,10 +147,11 @@ class GossipRingTest(unittest.TestCase):
             for r in range(W):
                 np.testing.assert_allclose(out[r][name][0], expected[r],
                                            rtol=1e-5, atol=1e-6)
-        # Gossip sends to two neighbours only: the tensor twice, not summed
-        # over W like the average.
+        # Gossip sends the tensor to each of the two neighbours and nothing
+        # else: 2 x (30 fp32 values + the 32-byte payload header), where an
+        # allgather would send it to all W - 1 = 3 others.
         stats = out[0]["w"][1]
-        self.assertGreaterEqual(stats.wire_bytes, 2 * 30 * 4)
+        self.assertEqual(stats.wire_bytes, 2 * (30 * 4 + 32))
 
     def test_shared_memory_equals_inline(self):
         rng = np.random.default_rng(2)
