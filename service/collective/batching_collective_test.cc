@@ -186,18 +186,16 @@ TEST(BatchingCollectiveTest, AMemberThatLeavesEverywhereLetsTheOthersGoOn) {
 }
 
 // A member that leaves while the others already wait for it wakes them,
-// and they go on without it long before their member deadline (at which
-// they would find the round complete and succeed too, only 30 s late: the
-// bound below is half of that, a liveness check, not a timing). If the
-// others have not arrived within the pause, Leave comes first and the test
-// checks the other order.
+// and they go on without it. Their member deadline is an hour away, so a
+// lost wake-up shows as this test hanging until Bazel's timeout, not as a
+// time measured here. The pause makes the others wait first in nearly
+// every run; if they have not arrived within it, Leave comes first and the
+// test checks the other order, which must succeed too.
 TEST(BatchingCollectiveTest, AMemberLeavingWakesTheMembersWaitingForIt) {
   constexpr int kWorld = 2;
-  constexpr absl::Duration kMemberTimeout = absl::Seconds(30);
-  Ranks ranks(kWorld, kMemberTimeout);
+  Ranks ranks(kWorld, absl::Hours(1));
   const BatchSpec spec = Spec("b", {"a", "b"});
   std::vector<absl::Status> status(kWorld);
-  const absl::Time start = absl::Now();
   OnThreads(kWorld, 2, [&](int r, int m) {
     if (m == 1) {
       absl::SleepFor(absl::Milliseconds(200));
@@ -211,8 +209,6 @@ TEST(BatchingCollectiveTest, AMemberLeavingWakesTheMembersWaitingForIt) {
     ranks.batching(r).Leave({"job", "a", 0, 1}, spec);
   });
   for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(status[r].ok()) << status[r];
-  EXPECT_LT(absl::Now() - start, kMemberTimeout / 2)
-      << "the waiting members slept until their deadline";
 }
 
 // A member that leaves on one rank only: the others succeed everywhere;

@@ -34,8 +34,16 @@ TEST(MailboxTest, MessagesThatCameFirstWaitForTheLocalCall) {
 }
 
 TEST(MailboxTest, CollectWaitsForMessagesThatComeLater) {
-  Mailbox mailbox(2, {}, nullptr);
-  std::thread sender([&] { mailbox.OnMessage(1, Key(0), "late"); });
+  PeerMetrics metrics(0, 2);
+  Mailbox mailbox(2, {}, &metrics);
+  std::thread sender([&] {
+    // Once the Collect below waits for it.
+    while (MetricValue(*metrics.collectable(), "gradcomp_peer_waiting",
+                       {{"peer", "1"}}) != 1) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    mailbox.OnMessage(1, Key(0), "late");
+  });
   auto got = mailbox.Collect(Key(0), {1}, absl::InfiniteFuture(), Name);
   sender.join();
   ASSERT_TRUE(got.ok()) << got.status();
@@ -97,11 +105,17 @@ TEST(MailboxTest, WaitingGaugeShowsTheRanksAStepWaitsOn) {
 }
 
 TEST(MailboxTest, LosingAnAwaitedRankFailsTheCollectAtOnce) {
-  Mailbox mailbox(3, {}, nullptr);
+  PeerMetrics metrics(0, 3);
+  Mailbox mailbox(3, {}, &metrics);
   mailbox.OnMessage(1, Key(0), "x");
   std::thread killer([&] {
-    // Rank 1 already sent: its loss does not matter; rank 2's does.
-    absl::SleepFor(absl::Milliseconds(20));
+    // Once the Collect below waits for rank 2 (a loss reported before it
+    // starts is not this test's case). Rank 1 already sent: its loss does
+    // not matter; rank 2's does.
+    while (MetricValue(*metrics.collectable(), "gradcomp_peer_waiting",
+                       {{"peer", "2"}}) != 1) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
     mailbox.OnPeerLost(1, absl::UnavailableError("rank 1 closed"));
     mailbox.OnPeerLost(2, absl::UnavailableError("rank 2 closed"));
   });
