@@ -21,15 +21,17 @@ INSTANTIATE_TEST_SUITE_P(
     ConformanceCaseName);
 
 // Top-k sends coordinates of g exactly, so the error is the energy left
-// out: at most sqrt(1 - c/n) for c sent values, and c >= 0.8k when sampled
-// (k = 41 of 4097 at ratio 0.01: sqrt(1 - 32.8/4097) < 0.997). Ratio 1
-// sends every value.
+// out by the c values sent: k = 41 of 4097 at ratio 0.01, and c >= 0.8k = 33
+// when the threshold is sampled. Over 2000 N(0, 1) vectors of 4097 values,
+// the largest error of the exact top 41 is 0.9642 and of the top 33 0.9693,
+// while 41 values picked at random leave at least 0.9908 (this seed's exact
+// top-k: 0.9572). Ratio 1 sends every value.
 INSTANTIATE_TEST_SUITE_P(
     TopK, CodecConformanceTest,
-    ::testing::Values(ConformanceCase{"topk", {{"ratio", "0.01"}}, 0.997},
+    ::testing::Values(ConformanceCase{"topk", {{"ratio", "0.01"}}, 0.975},
                       ConformanceCase{"topk",
                                       {{"ratio", "0.01"}, {"sample", "1"}},
-                                      0.995,
+                                      0.965,
                                       "exact"},
                       ConformanceCase{"topk", {{"ratio", "1"}}, 0.0, "dense"}),
     ConformanceCaseName);
@@ -129,8 +131,9 @@ INSTANTIATE_TEST_SUITE_P(
 // planes' step at about 3.2 / 2^planes; measured 0.12 at 4 bits per value,
 // 0.34 at 2.5 (one plane polar-coded on short blocks). Seed mode's int16
 // fixed point wraps at |g| >= 0.32768, i.e. on most N(0, 1) values
-// (measured 1.01); decoded values lie in [-0.32768, 0.32767], so the error
-// is at most ||g|| + 0.32768 sqrt(n), 1.33 ||g|| here.
+// (measured 1.01, more than an all-zero decode's 1.0), so no bound on this
+// input tells a working decode from a broken one: the row has none, and
+// polar_test checks seed mode on values it can hold.
 INSTANTIATE_TEST_SUITE_P(
     Polar, CodecConformanceTest,
     ::testing::Values(
@@ -139,7 +142,7 @@ INSTANTIATE_TEST_SUITE_P(
                         {{"bits_per_value", "2.5"}, {"log2_block", "8"}},
                         0.40,
                         "short_blocks"},
-        ConformanceCase{"polar", {{"mode", "seed"}}, 1.35, "seed"}),
+        ConformanceCase{"polar", {{"mode", "seed"}}, kNoErrorBound, "seed"}),
     ConformanceCaseName);
 
 // ATOMO on a 17 x 241 N(0, 1) matrix, from a numpy replica of Algorithm 1
