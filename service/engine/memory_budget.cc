@@ -86,8 +86,13 @@ absl::Status MemoryBudget::Acquire(uint64_t bytes, absl::string_view what,
   };
   // A request larger than the whole budget would wait for nothing.
   const bool can_ever_fit = bytes <= total_;
-  if (can_ever_fit &&
-      (fits() || mu_.AwaitWithTimeout(absl::Condition(&fits), wait))) {
+  auto await_room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++waiting_;
+    const bool room = mu_.AwaitWithTimeout(absl::Condition(&fits), wait);
+    --waiting_;
+    return room;
+  };
+  if (can_ever_fit && (fits() || await_room())) {
     reserved_ += bytes;
     PublishLocked();
     return absl::OkStatus();
@@ -132,6 +137,11 @@ uint64_t MemoryBudget::in_use() const {
 uint64_t MemoryBudget::state_bytes() const {
   absl::MutexLock lock(&mu_);
   return state_;
+}
+
+int MemoryBudget::waiting() const {
+  absl::MutexLock lock(&mu_);
+  return waiting_;
 }
 
 void MemoryBudget::PublishLocked() {

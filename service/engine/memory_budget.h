@@ -79,6 +79,8 @@ class MemoryBudget {
   // Reserved by requests plus held by codec state.
   uint64_t in_use() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t state_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Reserve calls waiting for room now.
+  int waiting() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // Adds `bytes` to the requests' share, waiting up to `wait` for room.
@@ -92,6 +94,7 @@ class MemoryBudget {
   mutable absl::Mutex mu_;
   uint64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t state_ ABSL_GUARDED_BY(mu_) = 0;
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Half of the memory this process may use: the smaller of the machine's

@@ -2,7 +2,7 @@
 
 #include <thread>
 
-#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "service/metrics/metrics.h"
@@ -91,13 +91,11 @@ TEST(MemoryBudgetTest, WaiterGetsMemoryReleasedByAnother) {
   MemoryBudget budget(1000, nullptr);
   auto held = budget.Reserve(800, "held", absl::ZeroDuration());
   ASSERT_TRUE(held.ok());
-  absl::Notification waiting;
   absl::StatusOr<MemoryBudget::Reservation> got;
-  std::thread waiter([&] {
-    waiting.Notify();
-    got = budget.Reserve(500, "waiter", absl::InfiniteDuration());
-  });
-  waiting.WaitForNotification();
+  std::thread waiter(
+      [&] { got = budget.Reserve(500, "waiter", absl::InfiniteDuration()); });
+  // Released only once the waiter waits: a lost wake-up hangs the test.
+  while (budget.waiting() != 1) absl::SleepFor(absl::Milliseconds(1));
   held->Release();
   waiter.join();
   ASSERT_TRUE(got.ok()) << got.status();
