@@ -172,7 +172,6 @@ TEST(PeerCollectiveTest, SumIntoTheRoundsBufferIsTheSameSumBitForBit) {
     round.sum_into = absl::MakeSpan(into[r][t]);
     return round;
   });
-  std::vector<std::vector<float>> by_vector(kTensors);
   Group reference(kW);
   Results plain = RunAll(reference, kW, kTensors, 0, [&](int r, int t) {
     return codecs::Round{
@@ -279,9 +278,11 @@ TEST(PeerCollectiveTest, RanksWithDifferentCodecsAreRefusedNamingBoth) {
   EXPECT_EQ(results[1][0].status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The deadline leaves the live ranks time to arrive on a loaded machine:
+// the error names every rank it has no message from.
 TEST(PeerCollectiveTest, AMissingRankFailsTheOthersAtTheDeadlineNamingIt) {
   constexpr int kW = 4;
-  Group group(kW, absl::Milliseconds(100));
+  Group group(kW, absl::Seconds(2));
   std::vector<absl::Status> status(kW - 1);
   std::vector<std::thread> threads;
   for (int r = 0; r < kW - 1; ++r) {

@@ -90,15 +90,20 @@ TEST(DTypeTest, Float64BeyondFloatRangeSaturatesToInf) {
   EXPECT_EQ(out[2], 0.5f);
 }
 
-TEST(DTypeTest, HalfPrecisionRoundsToNearest) {
-  // 1 + 2^-12 is below half an fp16 ulp (2^-11) above 1: rounds to 1.
-  const std::vector<float> in = {1.0f + 1.0f / 4096};
-  std::vector<float> back(1);
+TEST(DTypeTest, HalfPrecisionRoundsToNearestEven) {
+  // fp16's ulp above 1 is 2^-10. Below half an ulp rounds down, above half
+  // rounds up (truncation would give 1), and a tie goes to the even
+  // mantissa: down from 1 + 2^-11, up from 1 + 2^-10 + 2^-11.
+  constexpr float kUlp = 1.0f / 1024;
+  const std::vector<float> in = {1.0f + kUlp / 4, 1.0f + 3 * kUlp / 4,
+                                 1.0f + kUlp / 2, 1.0f + kUlp + kUlp / 2};
+  std::vector<float> back(in.size());
   ASSERT_TRUE(DecodeToFloat(DType::kFloat16,
                             *EncodeFromFloat(DType::kFloat16, in),
                             absl::MakeSpan(back))
                   .ok());
-  EXPECT_EQ(back[0], 1.0f);
+  EXPECT_EQ(back,
+            (std::vector<float>{1.0f, 1.0f + kUlp, 1.0f, 1.0f + 2 * kUlp}));
 }
 
 }  // namespace
