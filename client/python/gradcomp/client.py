@@ -18,7 +18,7 @@ import math
 import os
 import secrets
 import socket
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import grpc
 import numpy as np
@@ -191,13 +191,20 @@ def _batch_requests(batches: Mapping[str, Sequence[str]] | None,
     return batch_of
 
 
+# SharedMemorySlice.offset and byte_size are uint64s.
+_MAX_UINT64 = 2**64 - 1
+
+
 def _shm_dtype(name: str, source: ShmTensor, target: ShmTensor) -> int:
     """The wire dtype of a (source, target) pair of shared-memory tensors;
-    ValueError unless both have one shape and dtype, TypeError for a dtype
-    gradcomp does not reduce."""
+    ValueError unless both have one shape and dtype and offsets a uint64
+    holds, TypeError for a dtype gradcomp does not reduce."""
     if source.shape != target.shape or source.dtype != target.dtype:
         raise ValueError(f"tensor '{name}': output {target.shape} {target.dtype} "
                          f"differs from input {source.shape} {source.dtype}")
+    if not (0 <= source.offset <= _MAX_UINT64 and 0 <= target.offset <= _MAX_UINT64):
+        raise ValueError(f"tensor '{name}': offsets {source.offset} (input) and "
+                         f"{target.offset} (output), expected 0 to 2**64 - 1")
     dtype = _PB_DTYPE.get(source.dtype)
     if dtype is None:
         raise TypeError(f"gradcomp reduces float16, float32 or float64; "
@@ -277,6 +284,78 @@ def _as_wire_array(array: np.ndarray) -> np.ndarray:
                         f"got {array.dtype}")
     # Not ascontiguousarray: it turns a 0-d array (a scalar) into 1-d.
     return np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
+
+
+# ReduceRequest.step is an int64, and the daemon takes steps >= 0.
+_MAX_STEP = 2**63 - 1
+
+
+def _check_step(step: int) -> None:
+    if not 0 <= step <= _MAX_STEP:
+        raise ValueError(f"step {step}: expected 0 <= step <= 2**63 - 1")
+
+
+class _StreamAnswers:
+    """The answers of one ReduceStream for the tensors `names`, in the order
+    sent: each tensor's result or failure, by name, at most one each."""
+
+    def __init__(self, target: str, names: Sequence[str]):
+        self.target = target
+        self.names = names
+        self.results: dict[str, object] = {}
+        self.failures: dict[str, tuple[grpc.StatusCode, str]] = {}
+
+    def _bad_reply(self, message: str) -> GradcompError:
+        return GradcompError("ReduceStream", self.target, grpc.StatusCode.INTERNAL,
+                             f"bad reply from gradcompd: {message}")
+
+    def sent(self, items: Sequence, request_id: int) -> object:
+        """items[request_id], the request a reply answers; GradcompError
+        INTERNAL for an id that was not sent."""
+        if request_id >= len(items):
+            raise self._bad_reply(f"request_id {request_id}, expected one of "
+                                  f"the {len(items)} sent (0 to {len(items) - 1})")
+        return items[request_id]
+
+    def _first_answer(self, name: str) -> None:
+        if name in self.results or name in self.failures:
+            raise self._bad_reply(f"a second answer for tensor '{name}'")
+
+    def result(self, name: str, result: object) -> None:
+        self._first_answer(name)
+        self.results[name] = result
+
+    def failure(self, name: str, error_code: int, message: str) -> None:
+        self._first_answer(name)
+        self.failures[name] = (status_code(error_code), message)
+
+    def check(self, ended: grpc.RpcError | None) -> None:
+        """Raises GradcompError if the stream `ended` with an error, or some
+        tensors failed or got no answer, with the failures in its `failures`
+        and the other tensors' results in its `completed`."""
+        missing = [name for name in self.names
+                   if name not in self.results and name not in self.failures]
+        if ended is None and not self.failures and not missing:
+            return
+        # The stream's own error comes first, then the first tensor's; a
+        # stream that ended well without every answer is the daemon's fault.
+        code, problems = grpc.StatusCode.INTERNAL, []
+        if ended is not None:
+            code = ended.code()
+            problems.append(ended.details() or "")
+        if self.failures:
+            first_code, first_details = next(iter(self.failures.values()))
+            if ended is None:
+                code = first_code
+            problems.append(f"{len(self.failures)} of {len(self.names)} tensors "
+                            f"failed, first: {first_details}")
+        if missing:
+            problems.append(f"the stream ended without an answer for {missing}")
+        error = GradcompError("ReduceStream", self.target, code,
+                              "; ".join(filter(None, problems)), self.failures)
+        error.completed = {name: self.results[name] for name in self.names
+                           if name in self.results}
+        raise error
 
 
 DEFAULT_TARGET = "unix:/run/gradcomp/gradcomp.sock"
@@ -389,12 +468,14 @@ class Client:
             raise GradcompError.from_rpc_error(rpc, self.target, error) from None
 
     @staticmethod
-    def _request(array: np.ndarray, name: str, step: int, job: str,
-                 spec: gradcomp_pb2.CodecSpec | None, request_id: int = 0,
-                 batch: gradcomp_pb2.ReduceBatch | None = None,
-                 gossip: Gossip | None = None,
-                 consensus_distance: float | None = None) -> bytes:
-        """A serialized ReduceRequest with `array` inline."""
+    def _header(array: np.ndarray, name: str, step: int, job: str,
+                spec: gradcomp_pb2.CodecSpec | None, request_id: int = 0,
+                batch: gradcomp_pb2.ReduceBatch | None = None,
+                gossip: Gossip | None = None,
+                consensus_distance: float | None = None
+                ) -> gradcomp_pb2.ReduceRequest:
+        """The ReduceRequest of `array` without its data (see
+        inline_wire.encode_request)."""
         header = gradcomp_pb2.ReduceRequest(
             job=job, tensor=name, step=step, dtype=_PB_DTYPE[array.dtype],
             shape=array.shape, request_id=request_id)
@@ -403,7 +484,7 @@ class Client:
         if batch is not None:
             header.batch.CopyFrom(batch)
         _set_mode(header, gossip, consensus_distance)
-        return inline_wire.encode_request(header, array)
+        return header
 
     def _result(self, response: gradcomp_pb2.ReduceResponse, data: memoryview,
                 shape: tuple[int, ...]) -> tuple[np.ndarray, ReduceStats]:
@@ -440,9 +521,12 @@ class Client:
         metrics (the trainer's own measure of how far the workers' models
         are apart).
         """
+        _check_step(step)
         array = _as_wire_array(array)
-        request = self._request(array, name, step, job, codec_spec(codec, params),
-                                gossip=gossip, consensus_distance=consensus_distance)
+        request = inline_wire.encode_request(
+            self._header(array, name, step, job, codec_spec(codec, params),
+                         gossip=gossip, consensus_distance=consensus_distance),
+            array)
         try:
             response, data = self._reduce(request, timeout=self.timeout)
         except grpc.RpcError as error:
@@ -468,8 +552,10 @@ class Client:
         Returns {name: (average, stats)} in the order given. If any tensor
         fails, the stream is still drained and GradcompError is raised with
         every failure in its `failures` and the other tensors' results in its
-        `completed`.
+        `completed`; so too if the stream ends early (at the deadline, say),
+        with its code, and its message names the tensors left unanswered.
         """
+        _check_step(step)
         items = list(tensors.items() if isinstance(tensors, Mapping) else tensors)
         names = [name for name, _ in items]
         if len(set(names)) != len(names):
@@ -477,53 +563,29 @@ class Client:
         arrays = [_as_wire_array(array) for _, array in items]
         spec = codec_spec(codec, params)
         batch_of = _batch_requests(batches, names)
-
-        def requests() -> Iterator[bytes]:
-            for i, (name, array) in enumerate(zip(names, arrays)):
-                yield self._request(array, name, step, job, spec, request_id=i,
-                                    batch=batch_of.get(name), gossip=gossip,
-                                    consensus_distance=consensus_distance)
-
-        results: dict[int, tuple[np.ndarray, ReduceStats]] = {}
-        failures: dict[str, tuple[grpc.StatusCode, str]] = {}
+        # Every header now, so that a bad argument raises here rather than
+        # inside gRPC; each tensor's bytes join its header only as gRPC sends
+        # it, so the bucket is never copied whole.
+        headers = [self._header(array, name, step, job, spec, request_id=i,
+                                batch=batch_of.get(name), gossip=gossip,
+                                consensus_distance=consensus_distance)
+                   for i, (name, array) in enumerate(zip(names, arrays))]
+        requests = map(inline_wire.encode_request, headers, arrays)
+        answers = _StreamAnswers(self.target, names)
+        ended = None
         try:
-            for reply, data in self._reduce_stream(requests(), timeout=self.timeout):
+            for reply, data in self._reduce_stream(requests, timeout=self.timeout):
                 if reply.error_code != 0:
-                    name = reply.tensor or (names[reply.request_id]
-                                            if reply.request_id < len(names)
-                                            else f"request {reply.request_id}")
-                    failures[name] = (status_code(reply.error_code),
-                                      reply.error_message)
+                    answers.failure(answers.sent(names, reply.request_id),
+                                    reply.error_code, reply.error_message)
                     continue
                 i = reply.result.request_id
-                if i >= len(items) or i in results:
-                    raise GradcompError("ReduceStream", self.target,
-                                        grpc.StatusCode.INTERNAL,
-                                        f"unexpected request_id {i} in a reply")
-                results[i] = self._result(reply.result, data, arrays[i].shape)
+                answers.result(answers.sent(names, i),
+                               self._result(reply.result, data, arrays[i].shape))
         except grpc.RpcError as error:
-            raise GradcompError.from_rpc_error("ReduceStream", self.target, error) from None
-        try:
-            self._check_stream(failures, len(items),
-                               [names[i] for i in range(len(items)) if i not in results])
-        except GradcompError as error:
-            error.completed = {names[i]: results[i] for i in sorted(results)}
-            raise
-        return {names[i]: results[i] for i in range(len(items))}
-
-    def _check_stream(self, failures: Mapping[str, tuple[grpc.StatusCode, str]],
-                      count: int, missing: list[str]) -> None:
-        """Raises GradcompError for a ReduceStream of `count` tensors in which
-        some failed (all of them in `failures`) or got no result."""
-        if failures:
-            first_code, first_details = next(iter(failures.values()))
-            raise GradcompError(
-                "ReduceStream", self.target, first_code,
-                f"{len(failures)} of {count} tensors failed, first: {first_details}",
-                dict(failures))
-        if missing:
-            raise GradcompError("ReduceStream", self.target, grpc.StatusCode.INTERNAL,
-                                f"the stream ended without results for {missing}")
+            ended = error
+        answers.check(ended)
+        return {name: answers.results[name] for name in names}
 
     def info(self) -> gradcomp_pb2.GetInfoResponse:
         """Version, wire format, codecs and their properties, world size, policy hash."""
@@ -588,7 +650,15 @@ class Client:
                      byte_size: int | None = None) -> None:
         """Registers bytes [offset, offset + byte_size) of `region` (default: to
         its end) as `name`, which must be unique on the daemon."""
+        if not 0 <= offset < region.byte_size:
+            raise ValueError(f"register_shm '{name}': offset {offset}, expected 0 "
+                             f"to {region.byte_size - 1} (the region holds "
+                             f"{region.byte_size} bytes)")
         size = region.byte_size - offset if byte_size is None else byte_size
+        if not 0 < size <= region.byte_size - offset:
+            raise ValueError(f"register_shm '{name}': byte_size {size}, expected "
+                             f"1 to {region.byte_size - offset} (the region holds "
+                             f"{region.byte_size} bytes, from offset {offset})")
         self._shm_call("RegisterSystemSharedMemory",
                        gradcomp_pb2.RegisterSystemSharedMemoryRequest(
                            name=name, shm_key=region.key, offset=offset,
@@ -633,12 +703,23 @@ class Client:
         """Registers a contiguous torch CUDA tensor's memory as region `name`
         and returns the tensor as a slice of it, for reduce_shm (input and
         output may be the same tensor's slices only if they do not overlap:
-        use two tensors). Keep the tensor alive while it is registered."""
+        use two tensors). Keep the tensor alive while it is registered.
+
+        The slice's dtype is the tensor's, so it must be one numpy has:
+        ValueError for another (torch.bfloat16, say) before anything is
+        registered."""
+        try:
+            dtype = cuda_ipc.numpy_dtype(tensor)
+        except TypeError:
+            raise ValueError(
+                f"register_cuda_tensor '{name}': {tensor.dtype} has no numpy "
+                f"dtype for the slice; expected torch.float16, torch.float32 or "
+                f"torch.float64 (what reduce_shm reduces), or torch.uint8 for a "
+                f"buffer of bytes") from None
         handle = cuda_ipc.cuda_ipc_handle(tensor)
         self.register_cuda_shm(name, handle.raw, handle.device,
                                handle.region_bytes)
-        return ShmTensor(name, handle.offset, tuple(tensor.shape),
-                         cuda_ipc.numpy_dtype(tensor))
+        return ShmTensor(name, handle.offset, tuple(tensor.shape), dtype)
 
     @staticmethod
     def _shm_request(name: str, step: int, job: str, source: ShmTensor,
@@ -673,6 +754,7 @@ class Client:
         """Averages the tensor at `source` over the job's workers into
         `target` (both from ShmRegion.tensor, not overlapping); `gossip` and
         `consensus_distance` as in reduce."""
+        _check_step(step)
         response = self._shm_call("Reduce", self._shm_request(
             name, step, job, source, target, codec_spec(codec, params),
             gossip=gossip, consensus_distance=consensus_distance))
@@ -689,7 +771,7 @@ class Client:
                         ) -> dict[str, ReduceStats]:
         """reduce_shm for a bucket {name: (source, target)} over one
         ReduceStream; `batches`, `gossip`, `consensus_distance` and failures
-        as in reduce_many.
+        as in reduce_many, with {name: stats} in GradcompError.completed.
 
         With `parts` (the default), tensors laid out alike in one input and
         one output region (a bucket and its copy) go as requests with parts,
@@ -697,6 +779,7 @@ class Client:
         and the daemon a message per tensor; any other layout, or `parts`
         False, sends a request per tensor. Results and failures are the same.
         """
+        _check_step(step)
         names = list(tensors)
         spec = codec_spec(codec, params)
         batch_of = _batch_requests(batches, names)
@@ -718,18 +801,18 @@ class Client:
                                           gossip=gossip,
                                           consensus_distance=consensus_distance)
                         for i, name in enumerate(names)]
-        stats: dict[str, ReduceStats] = {}
-        failures: dict[str, tuple[grpc.StatusCode, str]] = {}
+        answers = _StreamAnswers(self.target, names)
 
         def record(reply: gradcomp_pb2.ReduceStreamResponse,
-                   part_names: Sequence[str]) -> None:
+                   sent_names: Sequence[str]) -> None:
             if reply.error_code != 0:
-                name = reply.tensor or part_names[reply.request_id]
-                failures[name] = (status_code(reply.error_code), reply.error_message)
-            elif reply.result.request_id < len(part_names):
-                stats[part_names[reply.result.request_id]] = \
-                    ReduceStats.from_proto(reply.result.stats)
+                answers.failure(answers.sent(sent_names, reply.request_id),
+                                reply.error_code, reply.error_message)
+            else:
+                answers.result(answers.sent(sent_names, reply.result.request_id),
+                               ReduceStats.from_proto(reply.result.stats))
 
+        ended = None
         try:
             for reply in self._stub.ReduceStream(
                     iter(requests), timeout=self.timeout,
@@ -737,21 +820,15 @@ class Client:
                 if chunks is None:
                     record(reply, names)
                     continue
-                if reply.request_id >= len(chunks):
-                    raise GradcompError("ReduceStream", self.target,
-                                        grpc.StatusCode.INTERNAL,
-                                        f"unexpected request_id {reply.request_id} "
-                                        f"in a reply")
-                part_names = [part.tensor for part in chunks[reply.request_id].parts]
+                part_names = [part.tensor for part in
+                              answers.sent(chunks, reply.request_id).parts]
                 if reply.part_results:
                     for part in reply.part_results:
                         record(part, part_names)
                 elif reply.error_code != 0:  # the request was refused whole
                     for name in part_names:
-                        failures[name] = (status_code(reply.error_code),
-                                          reply.error_message)
+                        answers.failure(name, reply.error_code, reply.error_message)
         except grpc.RpcError as error:
-            raise GradcompError.from_rpc_error("ReduceStream", self.target, error) from None
-        self._check_stream(failures, len(names),
-                           [name for name in names if name not in stats])
-        return {name: stats[name] for name in names}
+            ended = error
+        answers.check(ended)
+        return {name: answers.results[name] for name in names}

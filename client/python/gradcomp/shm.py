@@ -90,11 +90,16 @@ class ShmRegion:
         self.release()
 
     def __del__(self) -> None:
-        if getattr(self, "_map", None) is not None:
-            try:
-                self.release()
-            except BufferError:
-                pass  # views still exported at interpreter exit
+        if getattr(self, "_map", None) is None:
+            return  # released, or __init__ failed
+        try:
+            self.release()
+        except BufferError:
+            # Views from array() outlive the region (or the interpreter is
+            # exiting): they keep the mapping, and with it the flock, until
+            # they go; the name goes now, as it needs no unmapping.
+            self._map = None
+            self._unlink_and_close()
 
     def _mapping(self) -> mmap.mmap:
         if self._map is None:
@@ -127,8 +132,8 @@ class ShmRegion:
                          dtype=view.dtype)
 
     def release(self) -> None:
-        """Unmaps and unlinks the region; BufferError if numpy views of it
-        are still alive. Releasing twice is a no-op."""
+        """Unmaps and unlinks the region; BufferError, releasing nothing, if
+        numpy views of it are still alive. Releasing twice is a no-op."""
         if self._map is None:
             return
         del self._base
@@ -139,5 +144,10 @@ class ShmRegion:
             raise BufferError(f"shared-memory region {self.key} still has numpy "
                               f"views; delete them before release()") from None
         self._map = None
-        os.unlink(_SHM_DIR + self.key)
-        os.close(self._fd)  # drops the flock: the daemon may reclaim it
+        self._unlink_and_close()
+
+    def _unlink_and_close(self) -> None:
+        try:
+            os.unlink(_SHM_DIR + self.key)
+        finally:
+            os.close(self._fd)  # drops the flock: the daemon may reclaim it

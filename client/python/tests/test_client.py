@@ -2,6 +2,7 @@
 
 Needs the daemon binary: `bazel build //service:gradcompd`, or $GRADCOMPD.
 """
+import concurrent.futures
 import unittest
 
 import grpc
@@ -9,7 +10,7 @@ import numpy as np
 
 import gradcomp
 from gradcomp import metrics
-from gradcomp.testing import Daemon, free_port
+from gradcomp.testing import Daemon, free_port, start_peered
 from gradcomp.v1 import gradcomp_pb2
 
 
@@ -142,11 +143,13 @@ class ClientTest(unittest.TestCase):
                 self.assertEqual(caught.exception.code,
                                  grpc.StatusCode.INVALID_ARGUMENT)
                 self.assertEqual(caught.exception.rpc, "Reduce")
-        with self.assertRaises(gradcomp.GradcompError) as caught:
-            self.client.reduce(x, "bad", step=-1, codec="none")
-        self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
         # Still serving.
         out, _ = self.client.reduce(x, "after-bad", step=0, codec="none")
+        np.testing.assert_array_equal(out, x)
+
+    def test_the_largest_step_is_reduced(self):
+        x = _gradient((8,))
+        out, _ = self.client.reduce(x, "last-step", step=2**63 - 1, codec="none")
         np.testing.assert_array_equal(out, x)
 
     def test_declared_tensor_list_guards_the_job(self):
@@ -207,6 +210,39 @@ class ClientTest(unittest.TestCase):
         wire = growth("gradcomp_wire_bytes_total", codec="qsgd")
         self.assertGreater(wire, 0)
         self.assertLess(wire, 3 * x.size * 4)
+
+
+class PeeredStreamTest(unittest.TestCase):
+    """World size 2, where rank 1 reduces only some of rank 0's tensors."""
+
+    def test_a_stream_past_its_deadline_keeps_what_was_answered(self):
+        daemons = start_peered(2, self.addCleanup)
+        clients = [gradcomp.Client(d.target, timeout=60.0) for d in daemons]
+        for client in clients:
+            self.addCleanup(client.close)
+        x = _gradient((8,))
+        rank1 = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        self.addCleanup(rank1.shutdown)
+
+        def reduce_on_rank1(*names):
+            return rank1.submit(clients[1].reduce_many, {name: x for name in names},
+                                step=0, codec="none")
+
+        # The ranks connect on their first collective: one first, untimed.
+        warm_up = reduce_on_rank1("warm-up")
+        clients[0].reduce_many({"warm-up": x}, step=0, codec="none")
+        warm_up.result()
+        only_a = reduce_on_rank1("a")
+        clients[0].timeout = 5.0
+        with self.assertRaises(gradcomp.GradcompError) as caught:
+            clients[0].reduce_many({"a": x, "b": x}, step=0, codec="none")
+        self.assertEqual(list(only_a.result()), ["a"])
+        error = caught.exception
+        self.assertEqual(error.code, grpc.StatusCode.DEADLINE_EXCEEDED, error)
+        self.assertEqual(error.failures, {})
+        self.assertEqual(list(error.completed), ["a"])
+        np.testing.assert_array_equal(error.completed["a"][0], x)
+        self.assertIn("the stream ended without an answer for ['b']", str(error))
 
 
 class NoDaemonTest(unittest.TestCase):

@@ -3,6 +3,7 @@ and real gradcompd processes (world size 1 and 2) started here.
 
 Needs the daemon binary: `bazel build //service:gradcompd`, or $GRADCOMPD.
 """
+import fcntl
 import os
 import signal
 import subprocess
@@ -55,6 +56,42 @@ class ShmRegionTest(unittest.TestCase):
         self.assertFalse(os.path.exists("/dev/shm" + region.key))
         with self.assertRaises(ValueError):
             region.array(4)
+
+    def test_a_region_dropped_before_its_views_unlinks_its_name(self):
+        region = ShmRegion(64, tag="py-test")
+        path = "/dev/shm" + region.key
+        self.addCleanup(lambda: os.path.exists(path) and os.unlink(path))
+        view = region.array(4)
+        del region
+        self.assertFalse(os.path.exists(path))
+        view[...] = 2.0  # the mapping lives on with the view
+        self.assertTrue(np.all(view == 2.0))
+
+    def test_a_process_exiting_with_a_live_view_leaves_no_object(self):
+        script = textwrap.dedent("""
+            from gradcomp.shm import ShmRegion
+            region = ShmRegion(64, tag="py-test-exit")
+            view = region.array(4)
+            print(region.key, flush=True)
+        """)
+        child = subprocess.run([sys.executable, "-c", script], check=True,
+                               stdout=subprocess.PIPE, text=True)
+        path = "/dev/shm" + child.stdout.strip()
+        self.addCleanup(lambda: os.path.exists(path) and os.unlink(path))
+        self.assertTrue(child.stdout.strip(), "the child made no region")
+        self.assertFalse(os.path.exists(path))
+
+    def test_release_closes_the_object_when_its_name_is_gone(self):
+        region = ShmRegion(64, tag="py-test")
+        path = "/dev/shm" + region.key
+        other = os.open(path, os.O_RDWR)
+        self.addCleanup(os.close, other)
+        os.unlink(path)
+        with self.assertRaises(FileNotFoundError):
+            region.release()
+        # The region's fd is closed, and its shared flock with it.
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        region.release()  # already released
 
     def test_bad_sizes_and_tags(self):
         with self.assertRaises(ValueError):
