@@ -22,8 +22,9 @@ class GradcompError(Exception):
       code: the grpc.StatusCode, e.g. grpc.StatusCode.INVALID_ARGUMENT.
       details: the daemon's message.
       failures: for ReduceStream, every failed tensor -> (code, details).
-      completed: for Client.reduce_many, what the tensors that did not fail
-        returned: name -> (average, stats).
+      completed: for ReduceStream, what the tensors answered before the
+        error returned: name -> (average, stats) from Client.reduce_many,
+        name -> stats from Client.reduce_many_shm.
     """
 
     def __init__(self, rpc: str, target: str, code: grpc.StatusCode,
