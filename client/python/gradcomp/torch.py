@@ -15,7 +15,9 @@ buckets while one is on the wire.
 Tensors travel through shared memory when the daemon is on this host and
 accepts it (`--allow_client_shm`): one region per bucket, the bucket copied
 in and the averages copied out, no tensor bytes over gRPC. Otherwise, or
-with shm=False, they travel inline.
+with shm=False, they travel inline. A daemon that restarted has forgotten
+the regions: the hook registers a bucket's region again when the daemon
+says it does not know it, and sends the bucket once more.
 
 CUDA buckets go through CUDA IPC when the daemon is on this host and has a
 usable GPU: the hook registers one device buffer of its own with the
@@ -48,14 +50,16 @@ every rank, which would replace the workers' differing models.
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
+import ipaddress
 import threading
 import warnings
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
+import grpc
 import numpy as np
 import torch
 
-from gradcomp import cuda_ipc
 from gradcomp.client import Client, Gossip
 from gradcomp.errors import GradcompError
 from gradcomp.shm import ShmRegion, ShmTensor
@@ -127,11 +131,75 @@ def same_shape_batches(tensors: Iterable[tuple[str, tuple[int, ...], str]],
     return batches
 
 
-def _is_local(target: str) -> bool:
-    if target.startswith("unix:"):
+# The gradient dtypes gradcompd reduces, as the numpy dtypes of ShmTensor.
+_NUMPY_DTYPES = {torch.float16: np.dtype(np.float16),
+                 torch.float32: np.dtype(np.float32),
+                 torch.float64: np.dtype(np.float64)}
+
+
+def _host(address: str) -> str:
+    """The host of "host", "host:port", "[v6]:port" or a bare IPv6 address."""
+    if address.startswith("["):
+        return address[1:].partition("]")[0]
+    if address.count(":") > 1:
+        return address
+    return address.partition(":")[0]
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
         return True
-    host = target.rsplit(":", 1)[0].strip("[]")
-    return host in ("localhost", "127.0.0.1", "::1")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _is_local(target: str) -> bool:
+    """Whether gRPC target `target` is on this host: a unix socket, or
+    loopback as host:port, dns:[//authority/]host:port or an ipv4:/ipv6:
+    address list."""
+    scheme, _, rest = target.partition(":")
+    if scheme in ("unix", "unix-abstract"):
+        return True
+    if scheme == "dns":
+        addresses = [rest[2:].partition("/")[2] if rest.startswith("//") else rest]
+    elif scheme in ("ipv4", "ipv6"):
+        addresses = rest.split(",")
+    else:
+        addresses = [target]
+    return all(_is_loopback(_host(address)) for address in addresses)
+
+
+def _unknown_region(error: GradcompError, name: str) -> bool:
+    """Whether `error` is the daemon saying it has no region `name`
+    (service/memory/shared_memory_registry.cc): a daemon that restarted
+    since the region was registered."""
+    return (error.code == grpc.StatusCode.NOT_FOUND
+            and f"no shared-memory region '{name}'" in error.details)
+
+
+def _unregister(client: Client, name: str) -> None:
+    """Unregisters region `name`; one the daemon does not know (it restarted
+    since) is gone already."""
+    try:
+        client.unregister_shm(name)
+    except GradcompError as error:
+        if not _unknown_region(error, name):
+            raise
+
+
+def _close_all(steps: Iterable[Callable[[], None]]) -> None:
+    """Calls every one of `steps`, even after one fails, then raises the
+    first error."""
+    first = None
+    for step in steps:
+        try:
+            step()
+        except BaseException as error:
+            first = first or error
+    if first is not None:
+        raise first
 
 
 class _ShmStaging:
@@ -152,27 +220,39 @@ class _ShmStaging:
             return current
         if current is not None:
             self._drop(index)
+        region = ShmRegion(2 * nbytes, tag="torch-hook")
+        return self._register(index, region), region
+
+    def renew(self, index: int) -> str:
+        """Registers bucket `index`'s region again, under a new name, with a
+        daemon that no longer knows it (one that restarted); the new name."""
+        _, region = self._regions.pop(index)
+        return self._register(index, region)
+
+    def _register(self, index: int, region: ShmRegion) -> str:
+        """Registers `region` as bucket `index`'s under a new name, or
+        releases it if that fails."""
         self._generation += 1
         name = f"{self._job}.{self._client.client_id}.bucket{index}.{self._generation}"
-        region = ShmRegion(2 * nbytes, tag="torch-hook")
         try:
             self._client.register_shm(name, region)
         except BaseException:
             region.release()
             raise
         self._regions[index] = (name, region)
-        return name, region
+        return name
 
     def _drop(self, index: int) -> None:
         name, region = self._regions.pop(index)
         try:
-            self._client.unregister_shm(name)
+            _unregister(self._client, name)
         finally:
             region.release()
 
     def close(self) -> None:
-        for index in list(self._regions):
-            self._drop(index)
+        """Unregisters and releases every region, even after a failure;
+        raises the first error."""
+        _close_all(functools.partial(self._drop, index) for index in list(self._regions))
 
 
 # Slot offsets in the CUDA buffer are multiples of this: every dtype's
@@ -244,21 +324,41 @@ class _CudaStaging:
         return (self._region.region, start + first, start + second,
                 self._buffer[first:first + nbytes], self._buffer[second:second + nbytes])
 
+    def renew(self) -> str:
+        """Registers the buffer again, under a new name, with a daemon that
+        no longer knows its region (one that restarted); the new name. The
+        slots stay where they are. If that fails, the buffer and its slots
+        are forgotten, as by close()."""
+        try:
+            self._region = self._register(self._buffer)
+        except BaseException:
+            self._forget()
+            raise
+        return self._region.region
+
     def _allocate(self, nbytes: int) -> None:
         sizes, slots = self._sizes, self._slots
         self.close()
-        self._generation += 1
-        name = f"{self._job}.{self._client.client_id}.cuda.{self._generation}"
         buffer = torch.empty(nbytes, dtype=torch.uint8, device=self._device)
-        self._region = self._client.register_cuda_tensor(name, buffer)
+        self._region = self._register(buffer)
         self._buffer, self._sizes, self._slots = buffer, sizes, slots
 
+    def _register(self, buffer: torch.Tensor) -> ShmTensor:
+        self._generation += 1
+        name = f"{self._job}.{self._client.client_id}.cuda.{self._generation}"
+        return self._client.register_cuda_tensor(name, buffer)
+
+    def _forget(self) -> None:
+        self._buffer, self._region, self._sizes, self._slots = None, None, {}, {}
+
     def close(self) -> None:
-        """Unregisters the region (before its memory is freed)."""
-        if self._region is not None:
-            name, self._region = self._region.region, None
-            self._client.unregister_shm(name)
-        self._buffer, self._sizes, self._slots = None, {}, {}
+        """Unregisters the region (before its memory is freed); the buffer
+        and its slots are forgotten even if that fails."""
+        try:
+            if self._region is not None:
+                _unregister(self._client, self._region.region)
+        finally:
+            self._forget()
 
 
 class HookState:
@@ -344,12 +444,12 @@ class HookState:
             max_workers=1, thread_name_prefix="gradcomp-hook")
 
     def close(self) -> None:
+        """Waits for the buckets in flight, unregisters the staging regions
+        and closes the client: every step, even after one fails (a daemon
+        gone); then raises the first error."""
         self._executor.shutdown(wait=True)
-        if self._staging is not None:
-            self._staging.close()
-        if self._cuda_staging is not None:
-            self._cuda_staging.close()
-        self.client.close()
+        stagings = [s for s in (self._staging, self._cuda_staging) if s is not None]
+        _close_all([*(s.close for s in stagings), self.client.close])
 
     def state_dict(self) -> dict[str, Any]:
         """The step and the daemon's codec state of this job, for a checkpoint.
@@ -383,8 +483,11 @@ class HookState:
             if not 0 <= offset <= size - grad.numel() * grad.element_size():
                 raise ValueError(f"gradient of '{name}' is not a view of its "
                                  f"bucket's buffer (byte offset {offset} of {size})")
-            tensors.append(_Tensor(name, tuple(grad.shape),
-                                   cuda_ipc.numpy_dtype(grad), offset))
+            dtype = _NUMPY_DTYPES.get(grad.dtype)
+            if dtype is None:
+                raise TypeError(f"gradient of '{name}' is {grad.dtype}; gradcomp "
+                                f"reduces {', '.join(map(str, _NUMPY_DTYPES))} only")
+            tensors.append(_Tensor(name, tuple(grad.shape), dtype, offset))
         return tensors
 
     def _groups(self, tensors: list[_Tensor]) -> list[tuple[Codec | None, list[_Tensor]]]:
@@ -509,9 +612,23 @@ class HookState:
         source.view(buffer.dtype).copy_(buffer)
         # The daemon reads through its own CUDA context: the copy must be done.
         torch.cuda.current_stream().synchronize()
-        stats, batched = self._reduce_slices(region, first, second, tensors, step)
+        stats, batched = self._reduce_registered(region, self._cuda_staging.renew,
+                                                 first, second, tensors, step)
         buffer.copy_(target.view(buffer.dtype))
         self._record(stats, batched, last)
+
+    def _reduce_registered(self, region: str, renew: Callable[[], str], first: int,
+                           second: int, tensors: list[_Tensor],
+                           step: int) -> tuple[dict, int]:
+        """_reduce_slices, and once more under the name renew() registers the
+        same memory as if the daemon no longer knows `region` (it restarted
+        since): any other error, or that one again, propagates."""
+        try:
+            return self._reduce_slices(region, first, second, tensors, step)
+        except GradcompError as error:
+            if not _unknown_region(error, region):
+                raise
+        return self._reduce_slices(renew(), first, second, tensors, step)
 
     def _reduce_slices(self, region: str, first: int, second: int,
                        tensors: list[_Tensor], step: int) -> tuple[dict, int]:
@@ -539,7 +656,9 @@ class HookState:
         if self._staging is not None:
             name, region = self._staging.region(index, buffer.nbytes)
             region.array(buffer.shape, buffer.dtype)[...] = buffer
-            stats, batched = self._reduce_slices(name, 0, buffer.nbytes, tensors, step)
+            stats, batched = self._reduce_registered(
+                name, functools.partial(self._staging.renew, index),
+                0, buffer.nbytes, tensors, step)
             buffer[...] = region.array(buffer.shape, buffer.dtype, offset=buffer.nbytes)
         else:
             for codec, group in self._groups(tensors):
@@ -604,7 +723,7 @@ def hook(state: HookState, bucket: torch.distributed.GradBucket
         else torch.futures.Future())
     try:
         tensors = state._tensors(bucket)
-    except ValueError as error:
+    except (TypeError, ValueError) as error:
         future.set_exception(error)
         return future
     step, last, index = state.step, bucket.is_last(), bucket.index()

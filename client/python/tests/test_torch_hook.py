@@ -10,7 +10,10 @@
   travel as one batch, its small biases sent dense as another, and
   training equals unbatched training bit for bit.
 - HookState refuses codecs for unknown parameters, a checkpoint of another
-  job, and shm=True with a remote daemon.
+  job, and shm=True with a remote daemon; a daemon is local by any gRPC
+  target form of a unix socket or loopback (dns:, ipv4:, ipv6:).
+- A bf16 model's bucket fails through the hook's Future (as DDP expects),
+  with an error that names the dtype and those gradcomp reduces.
 - A short Fashion-MNIST training (W = 2 workers, each with its own daemon,
   one epoch on a subset) reaches an accuracy that a broken reduce (zeros)
   does not.
@@ -23,6 +26,7 @@ import copy
 import os
 import tempfile
 import unittest
+from unittest import mock
 
 try:
     import torch
@@ -205,6 +209,65 @@ class HookStateTest(unittest.TestCase):
         self.addCleanup(state.close)
         with self.assertRaisesRegex(ValueError, "not on this host"):
             state._choose_transport()
+
+    def test_local_daemon_in_every_target_form(self):
+        import gradcomp.torch as gtorch
+        for target in ("unix:/run/gradcomp/gradcomp.sock", "unix-abstract:gradcomp",
+                       "localhost:50051", "127.0.0.1:50051", "127.0.0.2:50051",
+                       "[::1]:50051", "dns:///localhost:50051", "dns:localhost:50051",
+                       "dns://10.0.0.53/127.0.0.1:50051", "ipv4:127.0.0.1:50051",
+                       "ipv4:127.0.0.1:50051,127.0.0.1:50052", "ipv6:[::1]:50051"):
+            with self.subTest(target=target):
+                self.assertTrue(gtorch._is_local(target))
+        for target in ("remote.invalid:50051", "10.0.0.1:50051",
+                       "localhost.example.com:50051", "dns:///remote.invalid:50051",
+                       "dns://127.0.0.1/remote.invalid:50051", "ipv4:10.0.0.1:50051",
+                       "ipv4:127.0.0.1:50051,10.0.0.1:50051",
+                       "ipv6:[2001:db8::1]:50051"):
+            with self.subTest(target=target):
+                self.assertFalse(gtorch._is_local(target))
+
+
+class GlooGroupOfOne(unittest.TestCase):
+    """A base for tests that run DDP in this process: a Gloo group of one
+    for the test class."""
+
+    @classmethod
+    def setUpClass(cls):
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+               "GLOO_SOCKET_IFNAME": "lo"}
+        with mock.patch.dict(os.environ, env):
+            dist.init_process_group("gloo", rank=0, world_size=1)
+        cls.addClassCleanup(dist.destroy_process_group)
+
+
+@unittest.skipIf(torch is None, "needs torch (Debian: python3-torch)")
+class HookDtypeTest(GlooGroupOfOne):
+
+    def test_bf16_bucket_fails_its_future_naming_the_dtypes(self):
+        import gradcomp.torch as gtorch
+        model = _model().to(torch.bfloat16)
+        # This torch's Gloo cannot broadcast bf16; a group of one has
+        # nothing to sync anyway.
+        with mock.patch.object(nn.parallel.distributed, "_sync_module_states"):
+            ddp = nn.parallel.DistributedDataParallel(model)
+        state = gtorch.HookState(model, "127.0.0.1:1")  # never called
+        self.addCleanup(state.close)
+        futures = []
+
+        def hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+            futures.append(gtorch.hook(state, bucket))
+            return futures[-1]
+
+        ddp.register_comm_hook(state, hook)
+        expected = (r"gradient of '[02]\.(weight|bias)' is torch\.bfloat16; gradcomp "
+                    r"reduces torch\.float16, torch\.float32, torch\.float64 only")
+        x, y = _batch(0)
+        with self.assertRaisesRegex(RuntimeError, expected):
+            F.cross_entropy(ddp(x.to(torch.bfloat16)), y).backward()
+        self.assertEqual(len(futures), 1)  # the hook returned its Future
+        with self.assertRaisesRegex(TypeError, expected):
+            futures[0].wait()
 
 
 @unittest.skipIf(torch is None, "needs torch (Debian: python3-torch)")
