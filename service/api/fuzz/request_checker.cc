@@ -1,5 +1,7 @@
 #include "service/api/fuzz/request_checker.h"
 
+#include <sys/mman.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -77,6 +79,10 @@ RequestChecker::RequestChecker() : metrics_(&store_, "fuzz") {
   const absl::Status registered = shm_->RegisterSystem(
       "", kFuzzRegionName, region_->key(), 0, kFuzzRegionBytes);
   if (!registered.ok()) Fail(registered.ToString());
+  // The registry holds the object open, and this checker lives until the
+  // fuzzer exits without running its destructor: the name goes now, so that
+  // no run leaves an object in /dev/shm.
+  shm_unlink(region_->key().c_str());
   service_ = std::make_unique<GradcompService>(engine_.get(), &metrics_,
                                                /*stream_workers=*/1,
                                                DaemonSettings(), shm_.get());
