@@ -170,15 +170,18 @@ def peer_bytes(samples: list[metrics.Sample]) -> dict[str, int]:
 
 def settled(url: str) -> dict[str, int]:
     """The peer counters once they stop moving (a writer thread counts a
-    message after its last Write returns, a moment after the peer has it)."""
-    last = peer_bytes(metrics.scrape(url))
-    for _ in range(40):
+    message after its last Write returns, a moment after the peer has it):
+    unchanged over 4 scrapes 50 ms apart. RuntimeError if they still move
+    after 10 s, rather than counters the checks would compare exactly."""
+    last, same = peer_bytes(metrics.scrape(url)), 0
+    for _ in range(200):
         time.sleep(0.05)
         now = peer_bytes(metrics.scrape(url))
-        if now == last:
+        same = same + 1 if now == last else 0
+        if same == 3:
             return now
         last = now
-    return last
+    raise RuntimeError(f"{url}: the peer byte counters still moved after 10 s: {last}")
 
 
 def main() -> int:

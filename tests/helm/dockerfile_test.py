@@ -123,6 +123,7 @@ class DockerfileTest(unittest.TestCase):
         # tests/reliability/soak.py asserts flat memory with these.
         soak = (REPO / "tests" / "reliability" / "soak.py").read_text()
         deployed = re.findall(r'(?m)^DEPLOYED_TUNABLES = "([^"]+)"$', soak)
+        self.assertEqual(len(deployed), 1, "soak.py sets DEPLOYED_TUNABLES once")
         self.assertEqual(re.findall(r"(?m)^ENV GLIBC_TUNABLES=(\S+)$",
                                     DOCKERFILE.read_text()), deployed)
 

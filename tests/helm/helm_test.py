@@ -331,6 +331,10 @@ class ChartTest(unittest.TestCase):
                 self.assertEqual(copy.read_bytes(), source.read_bytes(),
                                  f"{copy} differs from {source}: run /usr/bin/python3 tests/helm/chart_files.py")
 
+
+class SchemaTest(unittest.TestCase):
+    """values.schema.json against the daemon (no helm needed)."""
+
     def test_schema_codecs_are_the_daemons(self):
         from gradcomp.testing import Daemon
         import gradcomp

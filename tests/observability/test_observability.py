@@ -62,15 +62,19 @@ POLICY = {
 }
 
 
-def _missing_tools() -> str | None:
-    for tool in ("prometheus", "promtool"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed (apt-get install prometheus)"
+def _missing_daemon() -> str | None:
     try:
         daemon_binary()
     except FileNotFoundError as error:
         return str(error)
     return None
+
+
+def _missing_tools() -> str | None:
+    for tool in ("prometheus", "promtool"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (apt-get install prometheus)"
+    return _missing_daemon()
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
@@ -334,7 +338,7 @@ class DashboardAndAlertsTest(unittest.TestCase):
         self.assertEqual(fired, set(rules))
 
 
-@unittest.skipIf(_missing_tools(), _missing_tools())
+@unittest.skipIf(_missing_daemon(), _missing_daemon())
 class RelativeErrorHistogramTest(unittest.TestCase):
     """With one worker the result is D(C(g)) itself, so the client can measure
     ||g - D(C(g))|| / ||g|| on its own; the daemon's histogram must put

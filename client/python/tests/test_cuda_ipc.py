@@ -42,7 +42,7 @@ class _DaemonTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        cls.daemon.stop()
+        cls.daemon.close()
 
 
 class CudaRegistrationTest(_DaemonTest):
@@ -117,10 +117,22 @@ class CudaLivenessLockTest(_DaemonTest):
 
     def test_registration_sends_the_lock(self):
         with gradcomp.Client(self.daemon.target) as client:
+            sent = []
+            send = client._shm_call
+
+            def recording(rpc, request):
+                sent.append(request)
+                return send(rpc, request)
+
+            client._shm_call = recording
             with self.assertRaises(gradcomp.GradcompError):
                 client.register_cuda_shm("dev", bytes(64), 0, 4096)
-            # Made before the call, held while the client lives.
-            self.assertTrue(lock_held(client._cuda_lock_key()))
+            # The request names the client's lock, made for the call and
+            # held while the client lives.
+            self.assertEqual(len(sent), 1)
+            self.assertIsNotNone(client._cuda_lock)
+            self.assertEqual(sent[0].lock_key, client._cuda_lock.key)
+            self.assertTrue(lock_held(sent[0].lock_key))
 
     def test_bad_lock_keys_are_refused_before_the_device(self):
         cases = (("/gradcomp.absent-lock", grpc.StatusCode.NOT_FOUND, "lock_key: "),
