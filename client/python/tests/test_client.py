@@ -147,6 +147,23 @@ class ClientTest(unittest.TestCase):
         out, _ = self.client.reduce(x, "after-bad", step=0, codec="none")
         np.testing.assert_array_equal(out, x)
 
+    def test_nan_and_inf_are_refused_by_compressing_codecs_and_passed_by_dense(self):
+        x = _gradient((4096,))
+        bad = x.copy()
+        bad[17], bad[900] = np.nan, -np.inf
+        with self.assertRaises(gradcomp.GradcompError) as caught:
+            self.client.reduce(bad, "nan/topk", step=0, codec="topk")
+        self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("input holds 2 NaN/Inf values (first at index 17", caught.exception.details)
+        # Refused before the codec's state took them in: the next step of the
+        # same tensor is finite.
+        out, _ = self.client.reduce(x, "nan/topk", step=1, codec="topk")
+        self.assertTrue(np.isfinite(out).all())
+        # A dense codec passes them through, as an allreduce would.
+        out, _ = self.client.reduce(bad, "nan/none", step=0, codec="none")
+        self.assertTrue(np.isnan(out[17]) and out[900] == -np.inf)
+        np.testing.assert_array_equal(np.delete(out, [17, 900]), np.delete(x, [17, 900]))
+
     def test_the_largest_step_is_reduced(self):
         x = _gradient((8,))
         out, _ = self.client.reduce(x, "last-step", step=2**63 - 1, codec="none")
