@@ -3,8 +3,9 @@
 Runs inside a host namespace of tests/e2e/shaped_net.py with
 GLOO_SOCKET_IFNAME=eth0. The tensors are gradcomp.resnet50's (seed = rank),
 as torch tensors. Each step does what DDP does with its default 25 MB
-buckets: tensors are packed in reverse registration order (DDP's bucket
-order) into flat fp32 buckets of at most 25 MiB, each bucket is allreduced
+buckets (DDP's first bucket is 1 MiB, which changes the bucket count by one
+and the bytes not at all): tensors are packed in reverse registration order
+(DDP's bucket order) into flat fp32 buckets of at most 25 MiB, each bucket is allreduced
 (SUM) and divided by the world size, and the averages are copied back into
 the per-parameter tensors. The step time covers pack, allreduce, divide and
 unpack; a dist.barrier() before each step (not timed) starts the ranks
