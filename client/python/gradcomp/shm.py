@@ -59,6 +59,9 @@ class ShmRegion:
     Its key is "/gradcomp.<tag>.<pid>.<random>", so jobs and pods sharing
     /dev/shm never collide. release() (or leaving the `with` block) unmaps
     it and unlinks the object; drop the numpy views from array() first.
+    Only the creating process unlinks it: a forked child that releases or
+    drops its copy unmaps and closes only its own, and the flock stays
+    while the parent holds its descriptor.
     """
 
     def __init__(self, byte_size: int, tag: str = "region"):
@@ -68,7 +71,8 @@ class ShmRegion:
         if not _TAG.fullmatch(tag):
             raise ValueError(f"shared-memory tag {tag!r}: expected 1 to 128 "
                              f"letters, digits, '-', '_' or '.'")
-        self.key = f"/gradcomp.{tag}.{os.getpid()}.{secrets.token_hex(8)}"
+        self._creator = os.getpid()
+        self.key = f"/gradcomp.{tag}.{self._creator}.{secrets.token_hex(8)}"
         self.byte_size = byte_size
         # shm_open(3) on Linux is open(2) under /dev/shm.
         self._fd = os.open(_SHM_DIR + self.key,
@@ -148,6 +152,7 @@ class ShmRegion:
 
     def _unlink_and_close(self) -> None:
         try:
-            os.unlink(_SHM_DIR + self.key)
+            if os.getpid() == self._creator:
+                os.unlink(_SHM_DIR + self.key)
         finally:
             os.close(self._fd)  # drops the flock: the daemon may reclaim it

@@ -81,6 +81,24 @@ class ShmRegionTest(unittest.TestCase):
         self.assertTrue(child.stdout.strip(), "the child made no region")
         self.assertFalse(os.path.exists(path))
 
+    def test_a_forked_child_leaves_its_parents_object(self):
+        region = ShmRegion(64, tag="py-test")
+        self.addCleanup(region.release)
+        path = "/dev/shm" + region.key
+        pid = os.fork()
+        if pid == 0:  # the child drops its copy, as its exit would
+            try:
+                region.release()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        self.assertTrue(os.path.exists(path))
+        # The parent's flock is still held: no exclusive lock is granted.
+        other = os.open(path, os.O_RDWR)
+        self.addCleanup(os.close, other)
+        with self.assertRaises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
     def test_release_closes_the_object_when_its_name_is_gone(self):
         region = ShmRegion(64, tag="py-test")
         path = "/dev/shm" + region.key
