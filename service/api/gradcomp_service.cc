@@ -46,12 +46,15 @@ std::string TensorLabel(const v1::ReduceRequest& request) {
   return absl::StrCat("tensor '", request.tensor(), "' step ", request.step());
 }
 
-// What an error answer names, kept apart from a request that moves on.
+// What an error answer names, and what leaving the request's batch needs
+// (GradcompService::LeaveBatch), kept apart from a request that moves on.
 v1::ReduceRequest NamedPart(const v1::ReduceRequest& request) {
   v1::ReduceRequest named;
+  named.set_job(request.job());
   named.set_tensor(request.tensor());
   named.set_step(request.step());
   named.set_request_id(request.request_id());
+  if (request.has_batch()) *named.mutable_batch() = request.batch();
   return named;
 }
 
@@ -187,6 +190,21 @@ absl::StatusOr<ReduceInput> GradcompService::ResolveInput(
   return ReduceInputFromProto(request, slices, std::move(batch));
 }
 
+void GradcompService::LeaveBatch(
+    const v1::ReduceRequest& request,
+    const std::shared_ptr<const BatchSpec>& batch) {
+  std::shared_ptr<const BatchSpec> spec = batch;
+  if (request.has_batch()) {
+    // A batch MakeBatchSpec refuses names no members to tell.
+    absl::StatusOr<std::shared_ptr<const BatchSpec>> own =
+        BatchSpecFromProto(request.batch());
+    if (!own.ok()) return;
+    spec = *std::move(own);
+  }
+  if (spec == nullptr) return;
+  engine_->LeaveBatch(request.job(), request.tensor(), request.step(), *spec);
+}
+
 absl::StatusOr<MemoryBudget::Reservation> GradcompService::ReserveInline(
     const v1::ReduceRequest& request) {
   return engine_->ReserveInput(request.data().size(), "its inline input");
@@ -212,6 +230,7 @@ absl::StatusOr<v1::ReduceResponse> GradcompService::DoReduce(
   // flight, so Unregister refuses them meanwhile.
   std::optional<SharedMemorySlice> input_slice, output_slice;
   HostStaging staging;
+  const std::shared_ptr<const BatchSpec> batch_of_part = batch;
   absl::StatusOr<ReduceInput> input =
       own.ok() ? ResolveInput(request, client, std::move(batch), &input_slice,
                               &output_slice, &staging)
@@ -220,6 +239,7 @@ absl::StatusOr<v1::ReduceResponse> GradcompService::DoReduce(
     // Refused before the engine saw it; counted here so that every request
     // shows in gradcomp_reduce_total.
     metrics_->CountReduce("unresolved", input.status().code());
+    LeaveBatch(request, batch_of_part);
     return Prefixed(input.status(), TensorLabel(request));
   }
   input->reservation = held;
@@ -274,6 +294,7 @@ grpc::Status GradcompService::ReduceStream(
     absl::StatusOr<MemoryBudget::Reservation> reserved = ReserveInline(request);
     if (!reserved.ok()) {
       metrics_->CountReduce("unresolved", reserved.status().code());
+      LeaveBatch(named, batch);
       done(
           StreamAnswer(named, Prefixed(reserved.status(), TensorLabel(named))));
       return;
@@ -285,15 +306,15 @@ grpc::Status GradcompService::ReduceStream(
       absl::MutexLock lock(&mu);
       ++pending;
     }
-    const bool queued = stream_pool_.TrySchedule([this, &mu, &pending, &client,
-                                                  held, done,
-                                                  request = std::move(request),
-                                                  batch = std::move(batch)] {
-      done(StreamAnswer(request, DoReduce(request, client, held.get(), batch)));
-      held->Release();
-      absl::MutexLock lock(&mu);
-      --pending;
-    });
+    const bool queued =
+        stream_pool_.TrySchedule([this, &mu, &pending, &client, held, done,
+                                  request = std::move(request), batch] {
+          done(StreamAnswer(request,
+                            DoReduce(request, client, held.get(), batch)));
+          held->Release();
+          absl::MutexLock lock(&mu);
+          --pending;
+        });
     if (queued) return;
     {
       absl::MutexLock lock(&mu);
@@ -301,6 +322,7 @@ grpc::Status GradcompService::ReduceStream(
     }
     metrics_->CountResourceExhausted("stream_queue");
     metrics_->CountReduce("unresolved", absl::StatusCode::kResourceExhausted);
+    LeaveBatch(named, batch);
     done(StreamAnswer(
         named, Prefixed(absl::ResourceExhaustedError(absl::StrCat(
                             stream_pool_.max_queued(),

@@ -118,6 +118,11 @@ class GradcompService final : public v1::Gradcomp::Service {
   // Reserves `request`'s inline input in the engine's memory budget.
   absl::StatusOr<MemoryBudget::Reservation> ReserveInline(
       const v1::ReduceRequest& request);
+  // `request` was refused before the engine saw it: if it is a member of a
+  // batch (its own, or `batch` as a part's), the other members go on
+  // without it rather than wait for it until the batch's deadline.
+  void LeaveBatch(const v1::ReduceRequest& request,
+                  const std::shared_ptr<const BatchSpec>& batch);
   // Host copies of a request's slices of CUDA regions: the engine runs on
   // the CPU, so a CUDA input is copied to the host before the reduce and a
   // CUDA output back after it (docs/gpu.md, "CUDA IPC"). Counted against

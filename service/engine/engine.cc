@@ -340,6 +340,13 @@ absl::StatusOr<std::shared_ptr<const BatchSpec>> Engine::ResolveBatch(
   return in.batch;
 }
 
+void Engine::LeaveBatch(const std::string& job, const std::string& tensor,
+                        int64_t step, const BatchSpec& batch, int round) {
+  // One worker does not batch (ResolveBatch).
+  if (collective_->world_size() == 1) return;
+  batching_.Leave({job, tensor, step, round}, batch);
+}
+
 absl::StatusOr<MemoryBudget::Reservation> Engine::ReserveInput(
     uint64_t bytes, absl::string_view what) {
   return budget_.Reserve(bytes, what, options_.memory_wait);
@@ -373,6 +380,15 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
     if (plan.twin == nullptr) return ReduceStaged(in, codec_label);
     return ReduceOnDevice(in, std::move(plan), codec_label);
   }
+  // A batched reduce leaves its batch however it ends, from the first round
+  // it did not run, so that the other members go on without it; a request
+  // refused below leaves it from round 0.
+  int batch_round = 0;
+  absl::Cleanup leave_batch = [&] {
+    if (in.batch != nullptr) {
+      LeaveBatch(in.job, in.tensor, in.step, *in.batch, batch_round);
+    }
+  };
   GC_RETURN_IF_ERROR(CheckNames(in));
   if (in.consensus_distance != 0) {
     if (!(in.consensus_distance > 0 && std::isfinite(in.consensus_distance))) {
@@ -391,16 +407,8 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   if (in.mode == ReduceMode::kAverage) {
     GC_RETURN_IF_ERROR(gossip_.CheckAverage(in.job));
   }
-  // A batched reduce leaves its batch however it ends, from the first round
-  // it did not run, so that the other members go on without it.
   GC_ASSIGN_OR_RETURN(const std::shared_ptr<const BatchSpec> batch,
                       ResolveBatch(in));
-  int batch_round = 0;
-  absl::Cleanup leave_batch = [&] {
-    if (batch != nullptr) {
-      batching_.Leave({in.job, in.tensor, in.step, batch_round}, *batch);
-    }
-  };
   GC_ASSIGN_OR_RETURN(const size_t width, DTypeBytes(in.dtype));
   GC_ASSIGN_OR_RETURN(const uint64_t numel,
                       CheckSize(in, width, in.data.size(), in.output.size()));
@@ -701,6 +709,14 @@ absl::StatusOr<ReduceOutput> Engine::ReduceOnDevice(const ReduceInput& in,
 absl::StatusOr<ReduceOutput> Engine::ReduceStaged(const ReduceInput& in,
                                                   std::string* codec_label) {
   const DeviceTensor& device = *in.device;
+  // Refused before the host reduce (which leaves the batch itself): leave
+  // it here.
+  bool handed_over = false;
+  absl::Cleanup leave_batch = [&] {
+    if (!handed_over && in.batch != nullptr) {
+      LeaveBatch(in.job, in.tensor, in.step, *in.batch);
+    }
+  };
   // Both host copies count against the memory budget until the reduce ends.
   MemoryBudget::Reservation own;
   MemoryBudget::Reservation* held = in.reservation;
@@ -724,6 +740,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceStaged(const ReduceInput& in,
   staged.data = input;
   staged.output = absl::MakeSpan(output);
   staged.reservation = held;
+  handed_over = true;
   GC_ASSIGN_OR_RETURN(ReduceOutput out, ReduceImpl(staged, codec_label));
   GC_RETURN_IF_ERROR(CopyHostToDevice(device.device_id, output, device.output));
   return out;

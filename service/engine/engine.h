@@ -183,6 +183,14 @@ class Engine {
   absl::StatusOr<MemoryBudget::Reservation> ReserveInput(
       uint64_t bytes, absl::string_view what);
 
+  // Member `tensor` of `batch` takes part in no round >= `round` of `step`:
+  // the batch's other members go on without it at once instead of waiting
+  // for it until the batch's deadline. Reduce leaves the batch itself
+  // however it ends; callers leave it from round 0 for a request refused
+  // before Reduce.
+  void LeaveBatch(const std::string& job, const std::string& tensor,
+                  int64_t step, const BatchSpec& batch, int round = 0);
+
  private:
   Engine(const EngineOptions& options, const codecs::CodecRegistry& registry,
          codecs::StateStore* store, Collective* collective, Metrics* metrics,

@@ -244,5 +244,50 @@ TEST_F(EngineBatchTest, AMemberFailingOnOneRankLeavesTheOthersWhole) {
               HasSubstr("'layer3.weight' was in the sum of 1 of 2 ranks"));
 }
 
+// The other members go on without a member whose request is refused
+// before its batch is even checked (a bad consensus distance here), or
+// that never reaches Reduce (its request refused by the service: it calls
+// LeaveBatch). Without the leave they would wait for it until the member
+// deadline and then fail.
+TEST_F(EngineBatchTest, AMemberRefusedBeforeItsRoundsLeavesTheBatch) {
+  for (const bool reaches_reduce : {true, false}) {
+    SCOPED_TRACE(reaches_reduce ? "refused by Reduce" : "left by the caller");
+    const int64_t step = reaches_reduce ? 0 : 1;
+    std::vector<absl::Status> status(kWorld * kMembers);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kWorld; ++r) {
+      for (int m = 0; m < kMembers; ++m) {
+        threads.emplace_back([&, r, m] {
+          const std::string data = Gradient(r, m, step);
+          ReduceInput in = Input("job", m, step, data, true);
+          if (r == 0 && m == 3) {
+            if (!reaches_reduce) {
+              engines_[r]->LeaveBatch("job", in.tensor, step, *in.batch);
+              return;
+            }
+            in.consensus_distance = -1;
+          }
+          status[r * kMembers + m] = engines_[r]->Reduce(in).status();
+        });
+      }
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < kWorld; ++r) {
+      for (int m = 0; m < kMembers; ++m) {
+        if (m == 3) continue;
+        EXPECT_TRUE(status[r * kMembers + m].ok())
+            << r << " " << m << ": " << status[r * kMembers + m];
+      }
+    }
+    if (reaches_reduce) {
+      EXPECT_THAT(status[3].message(), HasSubstr("consensus_distance is -1"));
+    }
+    EXPECT_EQ(status[kMembers + 3].code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(status[kMembers + 3].message(),
+                HasSubstr("'layer3.weight' was in the sum of 1 of 2 ranks"));
+  }
+}
+
 }  // namespace
 }  // namespace gradcomp::service
