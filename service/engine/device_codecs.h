@@ -68,6 +68,11 @@ absl::Status CopyDeviceToHost(int device_id, const void* device,
 absl::Status CopyHostToDevice(int device_id, absl::Span<const char> host,
                               void* device);
 
+// How many of the n fp32 values at `values` (device memory) are NaN or Inf,
+// counted on the device. Unavailable in a CPU-only build.
+absl::StatusOr<uint64_t> CountNonfiniteOnDevice(int device_id,
+                                                const float* values, size_t n);
+
 // The twin of `spec`: Unavailable without a usable GPU (always, in a
 // CPU-only build); NotFound or InvalidArgument when codecs/cuda has no twin
 // for the codec's name or parameters.

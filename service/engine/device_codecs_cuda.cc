@@ -9,6 +9,7 @@
 #include "base/status_macros.h"
 #include "codecs/cuda/cuda_codec.h"
 #include "codecs/cuda/device.h"
+#include "codecs/cuda/nonfinite.h"
 #include "codecs/params.h"
 #include "service/engine/device_codecs.h"
 
@@ -123,6 +124,21 @@ absl::Status CopyHostToDevice(int device_id, absl::Span<const char> host,
   GC_CUDA_RETURN_IF_ERROR(
       cudaMemcpy(device, host.data(), host.size(), cudaMemcpyHostToDevice));
   return SynchronizeStream();
+}
+
+absl::StatusOr<uint64_t> CountNonfiniteOnDevice(int device_id,
+                                                const float* values, size_t n) {
+  GC_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_id));
+  GC_ASSIGN_OR_RETURN(DeviceBuffer count,
+                      DeviceBuffer::Create(sizeof(unsigned long long)));
+  GC_CUDA_RETURN_IF_ERROR(
+      cudaMemset(count.data(), 0, sizeof(unsigned long long)));
+  GC_CUDA_RETURN_IF_ERROR(codecs::cuda::LaunchCountNonfinite(
+      values, n, count.as<unsigned long long>(), nullptr));
+  unsigned long long host = 0;
+  GC_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(&host, count.data(), sizeof(host), cudaMemcpyDeviceToHost));
+  return static_cast<uint64_t>(host);
 }
 
 }  // namespace gradcomp::service

@@ -30,4 +30,10 @@ absl::Status CopyHostToDevice(int /*device_id*/,
   return absl::UnavailableError(kNoCuda);
 }
 
+absl::StatusOr<uint64_t> CountNonfiniteOnDevice(int /*device_id*/,
+                                                const float* /*values*/,
+                                                size_t /*n*/) {
+  return absl::UnavailableError(kNoCuda);
+}
+
 }  // namespace gradcomp::service

@@ -5,6 +5,7 @@
 // (GTEST_SKIP) where no GPU answers.
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -15,8 +16,10 @@
 
 #include "codecs/builtin.h"
 #include "codecs/state.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "service/collective/in_process_group.h"
+#include "service/collective/local_collective.h"
 #include "service/engine/engine.h"
 #include "service/metrics/metrics.h"
 #include "service/metrics/metrics_testing.h"
@@ -205,6 +208,63 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Case>& info) {
       return info.param.codec;
     });
+
+// NaN/Inf in a device tensor, counted on the GPU as the host path counts
+// them: a compressing codec refuses the tensor before its state takes them
+// in (the next, finite step is finite), and a dense one passes them through.
+TEST(DeviceNonfiniteTest, CompressingCodecsRefuseThemAndDenseOnesPassThem) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    GTEST_SKIP() << "no usable CUDA device";
+  }
+  codecs::StateStore store;
+  Metrics metrics(&store, "t");
+  LocalCollective collective;
+  auto engine = Engine::Create(EngineOptions(), codecs::BuiltinCodecs(), &store,
+                               &collective, &metrics, Policy());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const size_t bytes = kNumel * sizeof(float);
+  void* d_in = nullptr;
+  void* d_out = nullptr;
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_in, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_out, bytes), cudaSuccess);
+  const DeviceTensor device{0, d_in, d_out, bytes};
+  auto reduce = [&](const std::vector<float>& g, const std::string& codec,
+                    int step) {
+    EXPECT_EQ(cudaMemcpy(d_in, g.data(), bytes, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ReduceInput in = Input(Case{codec, {}, "cuda"}, step);
+    in.device = &device;
+    return (*engine)->Reduce(in);
+  };
+  std::vector<float> bad = Gradient(0, 0);
+  bad[5] = NAN;
+  bad[700] = -INFINITY;
+
+  absl::StatusOr<ReduceOutput> refused = reduce(bad, "topk", 0);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr("input holds 2 NaN/Inf values; codec "
+                                   "'topk' compresses"));
+  absl::StatusOr<ReduceOutput> next = reduce(Gradient(0, 1), "topk", 1);
+  ASSERT_TRUE(next.ok()) << next.status();
+  std::vector<float> out(kNumel);
+  ASSERT_EQ(cudaMemcpy(out.data(), d_out, bytes, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  for (float v : out) ASSERT_TRUE(std::isfinite(v));
+
+  absl::StatusOr<ReduceOutput> passed = reduce(bad, "none", 0);
+  ASSERT_TRUE(passed.ok()) << passed.status();
+  EXPECT_EQ(passed->stats.backend, "cuda");
+  EXPECT_EQ(passed->stats.nonfinite_values, 2u);
+  ASSERT_EQ(cudaMemcpy(out.data(), d_out, bytes, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_TRUE(std::isnan(out[5]));
+  EXPECT_EQ(out[700], -INFINITY);
+  cudaFree(d_in);
+  cudaFree(d_out);
+}
 
 }  // namespace
 }  // namespace gradcomp::service

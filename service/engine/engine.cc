@@ -96,6 +96,16 @@ Nonfinite CountNonfinite(absl::Span<const float> values) {
   return n;
 }
 
+// Dense codecs pass NaN/Inf through as an allreduce would, so that AMP's
+// loss scaler sees the overflow; a compressing codec would fold them into
+// its residual state and poison every later step, so it refuses them.
+absl::Status NonfiniteRefused(absl::string_view what, absl::string_view codec) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "input holds ", what, "; codec '", codec,
+      "' compresses and would keep them in its state, expected finite values "
+      "(skip the step, or send it with a dense codec such as 'none')"));
+}
+
 // True when `data` can be read as floats in place: the request is fp32 and
 // its bytes are 4-byte aligned (protobuf's and shared memory's buffers are).
 bool IsAlignedFloat32(DType dtype, const char* data) {
@@ -466,15 +476,10 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   stats.dense_reason = std::move(decision.dense_reason);
 
   if (nonfinite.count > 0 && info.family != "dense") {
-    // Dense codecs pass NaN/Inf through as an allreduce would, so that AMP's
-    // loss scaler sees the overflow; a compressing codec would fold them
-    // into its residual state and poison every later step.
-    return absl::InvalidArgumentError(absl::StrCat(
-        "input holds ", nonfinite.count, " NaN/Inf values (first at index ",
-        nonfinite.first, ": ", grad[nonfinite.first], "); codec '", info.name,
-        "' compresses and would keep them in its state, expected finite "
-        "values (skip the step, or send it with a dense codec such as "
-        "'none')"));
+    return NonfiniteRefused(
+        absl::StrCat(nonfinite.count, " NaN/Inf values (first at index ",
+                     nonfinite.first, ": ", grad[nonfinite.first], ")"),
+        info.name);
   }
 
   codecs::StateStore::Locked state =
@@ -669,6 +674,18 @@ absl::StatusOr<ReduceOutput> Engine::ReduceOnDevice(const ReduceInput& in,
   *codec_label = info.name;
   ReduceOutput out;
   ReduceStats& stats = out.stats;
+  // NaN/Inf as on the host path (ReduceImpl), counted on the device.
+  GC_ASSIGN_OR_RETURN(
+      stats.nonfinite_values,
+      CountNonfiniteOnDevice(device.device_id,
+                             static_cast<const float*>(device.input), numel));
+  if (stats.nonfinite_values > 0) {
+    metrics_->AddNonfinite(stats.nonfinite_values);
+    if (info.family != "dense") {
+      return NonfiniteRefused(
+          absl::StrCat(stats.nonfinite_values, " NaN/Inf values"), info.name);
+    }
+  }
   stats.world_size = collective_->world_size();
   stats.codec = info.name;
   stats.backend = "cuda";
