@@ -107,6 +107,7 @@ absl::StatusOr<ShardedStats> ShardedReduce(
                           absl::StrCat(Where(key, j), ": ", encoded.message()));
     }
     stats.wire_bytes += parts[j].size();
+    stats.state_bytes += slice_state->ByteSize();
   }
   if (own_parts != nullptr) *own_parts = parts;
   stats.encode_seconds += SecondsSince(t);
@@ -142,6 +143,7 @@ absl::StatusOr<ShardedStats> ShardedReduce(
                           absl::StrCat(Where(key, me), " (owner re-encode): ",
                                        encoded.message()));
     }
+    stats.state_bytes += owner_state->ByteSize();
   }
   stats.wire_bytes += reencoded.size();
   stats.encode_seconds += SecondsSince(t);

@@ -75,6 +75,10 @@ struct ShardedStats {
   double encode_seconds = 0;
   double collective_seconds = 0;
   double decode_seconds = 0;
+  // Bytes of the codec state this reduce keeps under its own entries (the W
+  // slice states and the owned slice's), for the caller to count against
+  // the tensor's job quota and the memory budget.
+  uint64_t state_bytes = 0;
 };
 
 // Runs one sharded reduce of `grad` (the tensor's values, flattened; the

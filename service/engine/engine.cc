@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -486,8 +487,16 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
       store_->Acquire(in.job, in.tensor, in.shape, static_cast<int>(in.dtype));
   // However the reduce ends, the state's size then counts against the
   // job's quota and the memory budget (recorded while it is still locked).
+  // Sharded aggregation keeps its state in entries of its own
+  // (sharded_reduce.h), counted with the tensor's; a sharded reduce that
+  // fails leaves the count as it was.
+  bool sharding = false;
+  std::optional<uint64_t> sharded_state_bytes;
   absl::Cleanup record_state = [&] {
-    budget_.AddState(quotas_.RecordState(in.job, in.tensor, state->ByteSize()));
+    if (sharding && !sharded_state_bytes.has_value()) return;
+    budget_.AddState(quotas_.RecordState(
+        in.job, in.tensor,
+        state->ByteSize() + sharded_state_bytes.value_or(0)));
   };
   // Decided before the session starts: a session that will not be asked
   // for its own decode hands its payload over instead of copying it.
@@ -505,6 +514,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
       ShardableCodec(decision.aggregation, *codec, ctx.world_size, numel);
   ShardedSession* sharded = nullptr;
   std::unique_ptr<codecs::CodecSession> session;
+  sharding = shardable != nullptr;
   if (shardable != nullptr) {
     auto owned = std::make_unique<ShardedSession>(
         *collective_, *store_, *shardable,
@@ -550,6 +560,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   GC_RETURN_IF_ERROR(average.Commit());
   stats.decode_seconds += SecondsSince(t);
   if (sharded != nullptr) {
+    sharded_state_bytes = sharded->stats().state_bytes;
     stats.wire_bytes = sharded->stats().wire_bytes;
     stats.encode_seconds = sharded->stats().encode_seconds;
     stats.collective_seconds = sharded->stats().collective_seconds;

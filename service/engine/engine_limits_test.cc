@@ -7,12 +7,14 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "codecs/builtin.h"
 #include "codecs/state.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "service/collective/in_process_group.h"
 #include "service/collective/local_collective.h"
 #include "service/engine/engine.h"
 #include "service/metrics/metrics.h"
@@ -161,6 +163,53 @@ TEST_F(EngineLimitsTest, CodecStateCountsAgainstTheBudget) {
   in.step = 1;
   ASSERT_TRUE(engine_->Reduce(in).ok());
   EXPECT_EQ(InUse(), Metric("gradcomp_state_bytes"));
+}
+
+// Sharded aggregation keeps top-k's residuals in per-slice entries of the
+// state store; they count against the budget like the tensor's own state.
+TEST(EngineShardedLimitsTest, ShardedStateCountsAgainstTheBudget) {
+  constexpr int kWorld = 2;
+  InProcessGroup group(kWorld);
+  Policy policy;
+  policy.aggregation = Aggregation::kSharded;
+  std::vector<std::unique_ptr<codecs::StateStore>> stores;
+  std::vector<std::unique_ptr<Metrics>> metrics;
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int r = 0; r < kWorld; ++r) {
+    stores.push_back(std::make_unique<codecs::StateStore>());
+    metrics.push_back(std::make_unique<Metrics>(stores.back().get(), "test"));
+    auto engine = Engine::Create(EngineOptions(), codecs::BuiltinCodecs(),
+                                 stores.back().get(), &group.collective(r),
+                                 metrics.back().get(), policy);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engines.push_back(std::move(*engine));
+  }
+  const std::string data = Floats(64 * 64, 1);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      ReduceInput in;
+      in.job = "job";
+      in.tensor = "w";
+      in.dtype = DType::kFloat32;
+      in.shape = {64, 64};
+      in.data = data;
+      // Momentum correction is not shardable (topk.cc).
+      in.codec = CodecSpec{"topk", {{"ratio", "0.01"}, {"momentum", "0"}}};
+      absl::StatusOr<ReduceOutput> out = engines[r]->Reduce(in);
+      ASSERT_TRUE(out.ok()) << out.status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    const double state =
+        MetricValue(*metrics[r]->collectable(), "gradcomp_state_bytes", {});
+    EXPECT_GE(state, 64 * 64 * 4 / kWorld) << "rank " << r;
+    EXPECT_EQ(MetricValue(*metrics[r]->collectable(),
+                          "gradcomp_memory_budget_in_use_bytes", {}),
+              state)
+        << "rank " << r;
+  }
 }
 
 TEST_F(EngineLimitsTest, TensorQuotaRefusesNewNamesOfThatJobOnly) {
