@@ -101,6 +101,19 @@ codecs::ElemType SumType(codecs::ElemType body, absl::Span<const float> sum) {
   return body;
 }
 
+// Calls send(to) for every rank in `ranks`, all of them even after one
+// fails, and returns the first error. A rank that cannot take its message
+// (unreachable: the in-process and NCCL transports refuse at once) must not
+// keep this rank's message from the ranks after it: their collectives would
+// wait for it until their deadlines and then name this healthy rank as
+// missing.
+template <typename Send>
+absl::Status SendToEach(absl::Span<const int> ranks, Send send) {
+  absl::Status first;
+  for (int to : ranks) first.Update(send(to));
+  return first;
+}
+
 }  // namespace
 
 PeerCollective::PeerCollective(Transport* transport, Mailbox* mailbox,
@@ -119,10 +132,9 @@ absl::Status PeerCollective::SendToOthers(
     absl::Time deadline) {
   // One message, copied for each peer: the copies share its chunk checksums.
   const OutgoingMessage message = OutgoingMessage::Of(std::move(data));
-  for (int to : others_) {
-    GC_RETURN_IF_ERROR(transport_->SendMessage(to, key, message, deadline));
-  }
-  return absl::OkStatus();
+  return SendToEach(others_, [&](int to) {
+    return transport_->SendMessage(to, key, message, deadline);
+  });
 }
 
 absl::StatusOr<std::vector<codecs::Bytes>> PeerCollective::CollectFromOthers(
@@ -183,11 +195,11 @@ absl::StatusOr<std::vector<codecs::Bytes>> PeerCollective::AllToAll(
   }
   mailbox_->BeginStep(key.job, key.tensor, key.step);
   const MessageKey message = ToMessageKey(key, Phase::kShardScatter);
-  for (int to : others_) {
-    GC_RETURN_IF_ERROR(transport_->Send(
+  GC_RETURN_IF_ERROR(SendToEach(others_, [&](int to) {
+    return transport_->Send(
         to, message,
-        std::make_shared<const codecs::Bytes>(std::move(parts[to])), deadline));
-  }
+        std::make_shared<const codecs::Bytes>(std::move(parts[to])), deadline);
+  }));
   GC_ASSIGN_OR_RETURN(std::vector<codecs::Bytes> got,
                       CollectFromOthers(message, deadline));
   got[rank()] = std::move(parts[rank()]);
@@ -240,7 +252,7 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(
   // Reduce-scatter: slice j of this rank's body goes to rank j, as it is:
   // a small header of its own, then the body's bytes where they lie.
   const MessageKey scatter = ToMessageKey(key, Phase::kReduceScatter);
-  for (int to : others_) {
+  GC_RETURN_IF_ERROR(SendToEach(others_, [&](int to) {
     const Slice s = SliceOf(m, w, to);
     auto head = std::make_shared<const codecs::Bytes>(
         codecs::PayloadHead(header, type_param, s.size * elem));
@@ -250,9 +262,8 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(
         std::make_shared<std::pair<std::shared_ptr<const codecs::Bytes>,
                                    std::shared_ptr<const codecs::Bytes>>>(
             std::move(head), payload);
-    GC_RETURN_IF_ERROR(
-        transport_->SendMessage(to, scatter, std::move(message), deadline));
-  }
+    return transport_->SendMessage(to, scatter, std::move(message), deadline);
+  }));
   GC_ASSIGN_OR_RETURN(std::vector<codecs::Bytes> got,
                       CollectFromOthers(scatter, deadline));
 
@@ -381,11 +392,14 @@ PeerCollective::ExchangeWithNeighbours(const RoundKey& key,
   }
   mailbox_->BeginStep(key.job, key.tensor, key.step);
   const MessageKey message = ToMessageKey(key, Phase::kNeighbours);
+  // Every neighbour gets its part before an error is returned (SendToEach).
+  absl::Status sent;
   for (size_t k = 0; k < neighbours.size(); ++k) {
-    GC_RETURN_IF_ERROR(transport_->Send(
+    sent.Update(transport_->Send(
         neighbours[k], message,
         std::make_shared<const codecs::Bytes>(std::move(parts[k])), deadline));
   }
+  GC_RETURN_IF_ERROR(sent);
   GC_ASSIGN_OR_RETURN(
       std::vector<codecs::Bytes> by_rank,
       mailbox_->Collect(message, neighbours, deadline,

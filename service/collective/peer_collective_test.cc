@@ -334,5 +334,66 @@ TEST(PeerCollectiveTest, AKilledRankFailsTheWaitersAndTheNextStepWorks) {
   }
 }
 
+// Keeps the keys of what arrives (on the sender's thread: InProcessHub).
+class KeyRecorder : public Receiver {
+ public:
+  void OnMessage(int from, const MessageKey& key, codecs::Bytes) override {
+    absl::MutexLock lock(&mu_);
+    keys_.push_back(key);
+  }
+  void OnPeerLost(int, const absl::Status&) override {}
+  void OnCorruptMessage(int, const MessageKey&, const absl::Status&) override {}
+  std::vector<MessageKey> keys() {
+    absl::MutexLock lock(&mu_);
+    return keys_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<MessageKey> keys_;
+};
+
+// Rank 0 sends to rank 1 first, and rank 1 is unreachable: each exchange
+// still hands rank 2 its message before failing with rank 1's error, so
+// that rank 2 does not wait for rank 0 and blame it.
+TEST(PeerCollectiveTest, AnUnreachableRankDoesNotKeepTheMessageFromTheOthers) {
+  InProcessHub hub(3);
+  PeerMetrics metrics(0, 3);
+  Mailbox mailbox(3, MailboxOptions{}, &metrics);
+  KeyRecorder one;
+  KeyRecorder two;
+  std::unique_ptr<Transport> transport = hub.Connect(0, &mailbox);
+  std::unique_ptr<Transport> transport1 = hub.Connect(1, &one);
+  std::unique_ptr<Transport> transport2 = hub.Connect(2, &two);
+  PeerCollective collective(transport.get(), &mailbox,
+                            PeerCollectiveOptions{absl::Seconds(60)}, &metrics);
+  hub.Kill(1);
+  std::vector<absl::Status> status;
+  status.push_back(collective
+                       .Run({"job", "w", 0, 0},
+                            {codecs::Collective::kGather, DensePayload({1, 2})})
+                       .status());
+  status.push_back(collective
+                       .Run({"job", "w", 1, 0},
+                            {codecs::Collective::kSum, DensePayload({1, 2})})
+                       .status());
+  status.push_back(
+      collective.AllToAll({"job", "w", 2, 0}, {"a", "b", "c"}).status());
+  status.push_back(collective.Allgather({"job", "w", 3, 0}, "a").status());
+  status.push_back(
+      collective.ExchangeWithNeighbours({"job", "w", 4, 0}, {1, 2}, {"b", "c"})
+          .status());
+  for (const absl::Status& s : status) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_THAT(s.message(), HasSubstr("rank 1 (in-process) is not reachable"));
+  }
+  std::vector<Phase> phases;
+  for (const MessageKey& key : two.keys()) phases.push_back(key.phase);
+  EXPECT_THAT(phases,
+              ::testing::ElementsAre(Phase::kGather, Phase::kReduceScatter,
+                                     Phase::kShardScatter, Phase::kShardGather,
+                                     Phase::kNeighbours));
+}
+
 }  // namespace
 }  // namespace gradcomp::service

@@ -213,36 +213,9 @@ class GrpcTransport::Impl final : public grpc::Service {
     }
     const uint64_t size = message.size();
     absl::MutexLock lock(&mu_);
+    const absl::Status room = AwaitRoomLocked(to, size, deadline);
+    if (!room.ok()) return room;
     Peer& peer = peers_[to];
-    auto has_room = [this, &peer, size]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stopping_ || peer.queued_bytes == 0 ||
-             peer.queued_bytes + size <= options_.max_queued_bytes;
-    };
-    if (!mu_.AwaitWithDeadline(absl::Condition(&has_room), deadline)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the send queue to ", PeerName(to), " still held ", peer.queued_bytes,
-          " bytes at the deadline; ", PeerName(to), " is ",
-          peer.outgoing_up
-              ? "connected but slow"
-              : absl::StrCat("not connected: ", peer.last_error.message())));
-    }
-    if (stopping_) {
-      return absl::CancelledError(
-          absl::StrCat("rank ", rank(), " is shutting down"));
-    }
-    if (!peer.outgoing_up) {
-      // No writer holds the queue's front: drop what a dead peer never took.
-      const absl::Time now = absl::Now();
-      for (auto it = peer.queue.begin(); it != peer.queue.end();) {
-        if (it->deadline >= now) {
-          ++it;
-          continue;
-        }
-        peer.queued_bytes -= it->size;
-        it = peer.queue.erase(it);
-        if (metrics_ != nullptr) metrics_->CountDropped("expired");
-      }
-    }
     peer.queue.push_back({key, std::move(message), size, deadline});
     peer.queued_bytes += size;
     return absl::OkStatus();
@@ -269,15 +242,9 @@ class GrpcTransport::Impl final : public grpc::Service {
     }
     if (!stream->Write(HelloFrame(ToProto(local)))) return grpc::Status::OK;
     const int from = remote.rank;
-    ChangeIncoming(from, +1);
+    BeginIncoming(from);
     const absl::Status ended = Receive(from, stream);
-    ChangeIncoming(from, -1);
-    bool stopping;
-    {
-      absl::MutexLock lock(&mu_);
-      stopping = stopping_;
-    }
-    if (!stopping) {
+    if (EndIncoming(from)) {
       receiver_->OnPeerLost(
           from, absl::UnavailableError(absl::StrCat(
                     "the stream from ", PeerName(from), " ended: ",
@@ -313,10 +280,82 @@ class GrpcTransport::Impl final : public grpc::Service {
     metrics_->SetPeersUp(up);
   }
 
-  void ChangeIncoming(int from, int delta) ABSL_LOCKS_EXCLUDED(mu_) {
+  void BeginIncoming(int from) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    peers_[from].incoming += delta;
+    ++peers_[from].incoming;
     UpdatePeersUpLocked();
+  }
+
+  // Counts off one ended stream from rank `from`; true if that rank is now
+  // lost: no other stream from it is live, and the transport is not
+  // stopping. While another stream is live (a restarted peer that dialled
+  // in before its old connection's end was noticed, ~30 s later by
+  // keepalive; or a redial after a break this side had not seen yet), the
+  // messages still to come from that rank arrive over it, and the steps
+  // waiting for them must not fail.
+  bool EndIncoming(int from) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    const int live = --peers_[from].incoming;
+    UpdatePeersUpLocked();
+    return live == 0 && !stopping_;
+  }
+
+  // Waits until rank `to`'s queue has room for `size` more bytes (an empty
+  // queue always has). While the peer is not connected no writer takes
+  // messages off the queue, so room can appear only by messages expiring:
+  // they are dropped here, and the wait wakes when the next one expires
+  // (a full queue to a dead peer would otherwise stay full for good, and
+  // every send to it would block until its deadline). DeadlineExceeded
+  // naming the peer if no room came by `deadline`; Cancelled on shutdown.
+  absl::Status AwaitRoomLocked(int to, uint64_t size, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Peer& peer = peers_[to];
+    auto has_room = [this, &peer, size]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return peer.queued_bytes == 0 ||
+             peer.queued_bytes + size <= options_.max_queued_bytes;
+    };
+    while (true) {
+      const bool connected = peer.outgoing_up;
+      absl::Time wake = deadline;
+      if (!connected) wake = std::min(wake, DropExpiredLocked(&peer));
+      // Connecting or disconnecting changes who frees room: look again.
+      auto settled = [this, &peer, &has_room,
+                      connected]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || has_room() || peer.outgoing_up != connected;
+      };
+      const bool woken = mu_.AwaitWithDeadline(absl::Condition(&settled), wake);
+      if (stopping_) {
+        return absl::CancelledError(
+            absl::StrCat("rank ", rank(), " is shutting down"));
+      }
+      if (has_room()) return absl::OkStatus();
+      if (!woken && absl::Now() >= deadline) break;
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the send queue to ", PeerName(to), " still held ", peer.queued_bytes,
+        " bytes at the deadline; ", PeerName(to), " is ",
+        peer.outgoing_up
+            ? "connected but slow"
+            : absl::StrCat("not connected: ", peer.last_error.message())));
+  }
+
+  // Drops the messages in `peer`'s queue whose deadline has passed, and
+  // returns the earliest deadline of those left (InfiniteFuture if none).
+  // Only while the peer is not connected: then no writer holds the front.
+  absl::Time DropExpiredLocked(Peer* peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const absl::Time now = absl::Now();
+    absl::Time earliest = absl::InfiniteFuture();
+    for (auto it = peer->queue.begin(); it != peer->queue.end();) {
+      if (it->deadline >= now) {
+        earliest = std::min(earliest, it->deadline);
+        ++it;
+        continue;
+      }
+      peer->queued_bytes -= it->size;
+      it = peer->queue.erase(it);
+      if (metrics_ != nullptr) metrics_->CountDropped("expired");
+    }
+    return earliest;
   }
 
   // Reassembles messages from their chunks until the stream ends; an error
@@ -427,6 +466,9 @@ class GrpcTransport::Impl final : public grpc::Service {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
       peers_[to].last_error = ended;
+      // Between attempts nothing else may look at the queue for a long
+      // while: the payloads of messages nobody will take are freed here.
+      DropExpiredLocked(&peers_[to]);
       if (was_up || !logged_error) {
         std::fprintf(stderr, "gradcompd: rank %d -> %s: %s\n", rank(),
                      PeerName(to).c_str(),

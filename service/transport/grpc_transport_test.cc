@@ -1,5 +1,6 @@
 #include "service/transport/grpc_transport.h"
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -8,6 +9,8 @@
 #include "absl/synchronization/mutex.h"
 #include "base/free_port.h"
 #include "gmock/gmock.h"
+#include "gradcomp/v1/peer.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "service/metrics/metrics_testing.h"
 #include "service/metrics/peer_metrics.h"
@@ -17,6 +20,7 @@ namespace gradcomp::service {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 
 // Keeps what arrives; Wait blocks until `n` messages are in.
 class Inbox : public Receiver {
@@ -63,6 +67,11 @@ class Inbox : public Receiver {
     mu_.Await(absl::Condition(&lost));
     return why_;
   }
+  // The ranks reported lost so far.
+  std::vector<int> Lost() {
+    absl::MutexLock lock(&mu_);
+    return lost_;
+  }
 
  private:
   absl::Mutex mu_;
@@ -104,6 +113,7 @@ class Cluster {
     options.peers = addresses_;
     options.chunk_bytes = 64 << 10;
     options.tamper_for_test = tamper_;
+    options.max_queued_bytes = max_queued_bytes_;
     const PeerIdentity identity = identities_[rank];
     auto transport = GrpcTransport::Create(
         options, [identity] { return identity; }, &inboxes_[rank],
@@ -117,6 +127,9 @@ class Cluster {
   void Tamper(decltype(GrpcTransportOptions::tamper_for_test) tamper) {
     tamper_ = std::move(tamper);
   }
+
+  // Transports started after this queue at most `bytes` for each peer.
+  void LimitQueues(uint64_t bytes) { max_queued_bytes_ = bytes; }
 
   GrpcTransport& transport(int rank) { return *transports_[rank]; }
   Inbox& inbox(int rank) { return inboxes_[rank]; }
@@ -133,6 +146,7 @@ class Cluster {
   std::vector<std::unique_ptr<PeerMetrics>> metrics_;
   std::vector<PeerIdentity> identities_;
   decltype(GrpcTransportOptions::tamper_for_test) tamper_;
+  uint64_t max_queued_bytes_ = GrpcTransportOptions().max_queued_bytes;
   // Last: transports stop before what they deliver into goes away.
   std::vector<std::unique_ptr<GrpcTransport>> transports_;
 };
@@ -290,6 +304,119 @@ TEST(GrpcTransportTest, ARestartedPeerIsLostThenRejoins) {
   EXPECT_EQ(got[0].data, "hello");
   ASSERT_TRUE(cluster.transport(1).Send(0, key, Data("back"), Soon()).ok());
   EXPECT_EQ(cluster.inbox(0).WaitMessages(1)[0].data, "back");
+}
+
+// A Connect stream dialled by hand into a transport, as rank `id.rank`
+// would: for streams the transports would not open themselves.
+class HandDialledStream {
+ public:
+  explicit HandDialledStream(const std::string& address)
+      : stub_(v1::Peer::NewStub(
+            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {
+    context_.set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::seconds(30));
+    stream_ = stub_->Connect(&context_);
+  }
+  // Sends `id`'s Hello; true once the listener answered with its own.
+  bool Handshake(const PeerIdentity& id) {
+    v1::PeerFrame hello;
+    hello.mutable_hello()->set_version(id.version);
+    hello.mutable_hello()->set_wire_version(id.wire_version);
+    hello.mutable_hello()->set_protocol_version(id.protocol_version);
+    hello.mutable_hello()->set_world_size(id.world_size);
+    hello.mutable_hello()->set_rank(id.rank);
+    hello.mutable_hello()->set_policy_hash(id.policy_hash);
+    hello.mutable_hello()->set_seed(id.seed);
+    hello.mutable_hello()->set_instance(id.instance);
+    v1::PeerFrame reply;
+    return stream_->Write(hello) && stream_->Read(&reply) && reply.has_hello();
+  }
+  // Closes the stream; returns once the listener is done with it (its
+  // handler has returned the call's status).
+  grpc::Status End() {
+    stream_->WritesDone();
+    v1::PeerFrame ignored;
+    while (stream_->Read(&ignored)) {
+    }
+    return stream_->Finish();
+  }
+
+ private:
+  std::unique_ptr<v1::Peer::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::PeerFrame, v1::PeerFrame>>
+      stream_;
+};
+
+// Rank 1 restarted and dialled in again while rank 0 still held the stream
+// of its old instance (a half-open connection, noticed by keepalive only
+// ~30 s later). When that old stream ends, rank 1's messages still come
+// over the new one: steps waiting for them must not fail, so rank 1 is not
+// reported lost. When its last stream ends, it is.
+TEST(GrpcTransportTest, AnOldStreamEndingWhileANewOneIsLiveLosesNoPeer) {
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.Start(0).ok());
+  PeerIdentity old_instance = Cluster::Identity(1, 2);
+  old_instance.instance = 77;
+  HandDialledStream old_stream(cluster.address(0));
+  ASSERT_TRUE(old_stream.Handshake(old_instance));
+  ASSERT_TRUE(cluster.Start(1).ok());
+  ASSERT_TRUE(cluster.transport(1).WaitForPeers(Soon()).ok());
+  // Once a message over the new stream is in, rank 0 counts that stream.
+  const MessageKey key{"job", "w", 1, 0, Phase::kGather};
+  ASSERT_TRUE(cluster.transport(1).Send(0, key, Data("new"), Soon()).ok());
+  ASSERT_EQ(cluster.inbox(0).WaitMessages(1)[0].data, "new");
+
+  EXPECT_TRUE(old_stream.End().ok());
+  EXPECT_THAT(cluster.inbox(0).Lost(), IsEmpty());
+
+  cluster.Stop(1);
+  EXPECT_THAT(cluster.inbox(0).WaitLost(1).message(),
+              HasSubstr(absl::StrCat("the stream from rank 1 (",
+                                     cluster.address(1), ") ended")));
+}
+
+// Nothing takes messages off the queue to a peer that is down, so once it
+// is full only expiry makes room: a send waiting for room gets it when the
+// messages ahead of it expire, not at its own deadline (nor, as before,
+// never, with every later send blocking until its deadline).
+TEST(GrpcTransportTest, ExpiredMessagesMakeRoomInTheQueueToADeadPeer) {
+  Cluster cluster(2);
+  cluster.LimitQueues(1000);
+  ASSERT_TRUE(cluster.Start(0).ok());  // rank 1 never comes up
+  const MessageKey key{"job", "w", 1, 0, Phase::kGather};
+  ASSERT_TRUE(cluster.transport(0)
+                  .Send(1, key, Data(std::string(1000, 'x')),
+                        absl::Now() + absl::Milliseconds(100))
+                  .ok());
+  // The deadline only bounds the test should the room never come.
+  const absl::Status status = cluster.transport(0).Send(
+      1, key, Data("next"), absl::Now() + absl::Seconds(10));
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_EQ(cluster.Metric(0, "gradcomp_peer_messages_dropped_total",
+                           {{"reason", "expired"}}),
+            1);
+}
+
+// Messages that have not expired keep their room: the send waits for its
+// deadline and says why the queue did not drain.
+TEST(GrpcTransportTest, ASendToAFullQueueFailsAtItsDeadlineNamingThePeer) {
+  Cluster cluster(2);
+  cluster.LimitQueues(1000);
+  ASSERT_TRUE(cluster.Start(0).ok());  // rank 1 never comes up
+  const MessageKey key{"job", "w", 1, 0, Phase::kGather};
+  ASSERT_TRUE(cluster.transport(0)
+                  .Send(1, key, Data(std::string(1000, 'x')), Soon())
+                  .ok());
+  const absl::Status status = cluster.transport(0).Send(
+      1, key, Data("next"), absl::Now() + absl::Milliseconds(100));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(
+      status.message(),
+      HasSubstr(absl::StrCat("the send queue to rank 1 (", cluster.address(1),
+                             ") still held 1000 bytes at the "
+                             "deadline")));
+  EXPECT_THAT(status.message(), HasSubstr("is not connected"));
 }
 
 }  // namespace
