@@ -14,6 +14,7 @@
 #include "service/api/convert.h"
 #include "service/api/grpc_status.h"
 #include "service/api/request_parts.h"
+#include "service/api/stream_outbox.h"
 #include "service/config/policy_proto.h"
 #include "service/engine/device_codecs.h"
 #include "service/engine/tensor_list.h"
@@ -22,6 +23,11 @@
 namespace gradcomp::service {
 
 namespace {
+
+// Answers queued for a stream's client beyond which the stream takes no
+// more of its requests (StreamOutbox::WaitForRoom): room for a reading
+// client's answers to flow, small beside the memory budget.
+constexpr uint64_t kMaxUnwrittenAnswerBytes = uint64_t{256} << 20;
 
 // The metadata key a client names itself with (gradcomp.proto, "Shared
 // memory"); its shared-memory regions belong to that name.
@@ -273,14 +279,18 @@ grpc::Status GradcompService::ReduceStream(
         stream) {
   const std::string client = ClientId(*context);
   // gRPC allows one Read and one Write at a time on a stream: this thread
-  // reads, and the workers write one at a time under `mu`.
+  // reads, and the outbox's writer writes what the workers queue there
+  // (stream_outbox.h), so that a client that stops reading cannot hold the
+  // workers every client shares.
+  StreamOutbox outbox(
+      [stream](const v1::ReduceStreamResponse& answer) {
+        return stream->Write(answer);
+      },
+      kMaxUnwrittenAnswerBytes);
   absl::Mutex mu;
   int pending = 0;
-  bool write_failed = false;
-  auto send = [stream, &mu,
-               &write_failed](const v1::ReduceStreamResponse& response) {
-    absl::MutexLock lock(&mu);
-    if (!write_failed && !stream->Write(response)) write_failed = true;
+  auto send = [&outbox](const v1::ReduceStreamResponse& response) {
+    outbox.Push(response);
   };
   // Queues one tensor's reduce; `done` gets its answer, on a worker or, when
   // the memory budget or the bounded queue refuses it, here (the stream
@@ -331,8 +341,9 @@ grpc::Status GradcompService::ReduceStream(
                             "fewer tensors in flight, or retry this one")),
                         TensorLabel(named))));
   };
+  // A client whose answers pile up unread gets no more requests taken.
   v1::ReduceRequest request;
-  while (stream->Read(&request)) {
+  while (outbox.WaitForRoom() && stream->Read(&request)) {
     if (request.parts_size() > 0) {
       ScheduleParts(request, send, schedule);
     } else {
@@ -340,10 +351,12 @@ grpc::Status GradcompService::ReduceStream(
     }
     request = v1::ReduceRequest();
   }
-  absl::MutexLock lock(&mu);
-  mu.Await(absl::Condition(
-      +[](int* n) { return *n == 0; }, &pending));
-  if (write_failed) {
+  {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(
+        +[](int* n) { return *n == 0; }, &pending));
+  }
+  if (!outbox.Close()) {
     return grpc::Status(grpc::StatusCode::CANCELLED,
                         "the client stopped reading results");
   }

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -361,6 +362,58 @@ TEST_F(GradcompdTest, SharedMemoryIsOffWithoutTheFlag) {
   EXPECT_EQ(stub->RegisterSystemSharedMemory(&context, request, &response)
                 .error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+// A client that stops reading its ReduceStream holds only its own stream:
+// its answers wait in that stream's queue, not in the workers every client
+// shares (this daemon has max(2, cores) of them), so another client's
+// stream is still answered. Without that, the other stream's answer would
+// wait for a worker until its deadline.
+TEST_F(GradcompdTest, AClientThatStopsReadingDoesNotStopTheOthers) {
+  // Channels of their own: separate connections, not one shared subchannel.
+  auto stub_on_own_connection = [] {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    return v1::Gradcomp::NewStub(grpc::CreateCustomChannel(
+        daemon_->target(), grpc::InsecureChannelCredentials(), args));
+  };
+  auto idle_stub = stub_on_own_connection();
+  grpc::ClientContext idle_context;
+  auto idle = idle_stub->ReduceStream(&idle_context);
+  const std::vector<float> large(1 << 18, 0.5f);  // 1 MiB answers
+  for (int i = 0; i < 40; ++i) {
+    v1::ReduceRequest request;
+    request.set_job("idle");
+    request.set_tensor(absl::StrCat("t", i));
+    request.set_request_id(i);
+    request.set_dtype(v1::DTYPE_FLOAT32);
+    request.add_shape(static_cast<int64_t>(large.size()));
+    request.set_data(AsBytes(large));
+    ASSERT_TRUE(idle->Write(request));
+  }
+  // ... and reads none of the answers.
+
+  auto other_stub = stub_on_own_connection();
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(60));
+  auto other = other_stub->ReduceStream(&context);
+  const std::vector<float> small = {1, 2, 3, 4};
+  v1::ReduceRequest request;
+  request.set_job("busy");
+  request.set_tensor("w");
+  request.set_dtype(v1::DTYPE_FLOAT32);
+  request.add_shape(4);
+  request.set_data(AsBytes(small));
+  ASSERT_TRUE(other->Write(request));
+  other->WritesDone();
+  v1::ReduceStreamResponse answer;
+  const bool read = other->Read(&answer);
+  const grpc::Status finished = other->Finish();
+  ASSERT_TRUE(read) << finished.error_code() << " " << finished.error_message();
+  EXPECT_EQ(answer.error_code(), 0) << answer.error_message();
+  EXPECT_TRUE(finished.ok()) << finished.error_message();
+  idle_context.TryCancel();
 }
 
 TEST_F(GradcompdTest, MetricsCountReducesAndBytesPerCodec) {

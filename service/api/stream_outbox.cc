@@ -1,0 +1,69 @@
+#include "service/api/stream_outbox.h"
+
+#include <utility>
+
+namespace gradcomp::service {
+
+StreamOutbox::StreamOutbox(WriteFn write, uint64_t max_unwritten_bytes)
+    : write_(std::move(write)), max_unwritten_bytes_(max_unwritten_bytes) {
+  writer_ = std::thread([this] { WriteAll(); });
+}
+
+StreamOutbox::~StreamOutbox() { Close(); }
+
+void StreamOutbox::Push(v1::ReduceStreamResponse answer) {
+  absl::MutexLock lock(&mu_);
+  if (broken_) return;
+  unwritten_bytes_ += answer.ByteSizeLong();
+  queue_.push_back(std::move(answer));
+}
+
+bool StreamOutbox::WaitForRoom() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](StreamOutbox* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+        return self->broken_ ||
+               self->unwritten_bytes_ <= self->max_unwritten_bytes_;
+      },
+      this));
+  return !broken_;
+}
+
+bool StreamOutbox::Close() {
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+  }
+  if (writer_.joinable()) writer_.join();
+  absl::MutexLock lock(&mu_);
+  return !broken_;
+}
+
+void StreamOutbox::WriteAll() {
+  while (true) {
+    v1::ReduceStreamResponse answer;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](StreamOutbox* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+            return !self->queue_.empty() || self->closing_;
+          },
+          this));
+      if (queue_.empty()) return;
+      answer = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    const uint64_t bytes = answer.ByteSizeLong();
+    const bool written = write_(answer);
+    absl::MutexLock lock(&mu_);
+    unwritten_bytes_ -= bytes;
+    if (!written && !broken_) {
+      // Nothing more reaches this client: what is queued goes now.
+      broken_ = true;
+      queue_.clear();
+      unwritten_bytes_ = 0;
+    }
+  }
+}
+
+}  // namespace gradcomp::service

@@ -1,0 +1,77 @@
+#include "service/api/stream_outbox.h"
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+
+namespace gradcomp::service {
+namespace {
+
+v1::ReduceStreamResponse Answer(int id, size_t bytes = 0) {
+  v1::ReduceStreamResponse answer;
+  answer.set_request_id(id);
+  answer.set_error_message(std::string(bytes, 'x'));
+  return answer;
+}
+
+TEST(StreamOutboxTest, WritesEveryAnswerInOrderBeforeClosing) {
+  std::vector<int> written;
+  StreamOutbox outbox(
+      [&](const v1::ReduceStreamResponse& a) {
+        written.push_back(a.request_id());
+        return true;
+      },
+      1 << 20);
+  for (int i = 0; i < 100; ++i) outbox.Push(Answer(i));
+  EXPECT_TRUE(outbox.Close());
+  ASSERT_EQ(written.size(), 100u);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(written[i], i);
+}
+
+// The client does not read: its write blocks. Pushing never waits for it;
+// the reader's WaitForRoom does, once the unwritten answers pass the bound,
+// and goes on when the client takes them.
+TEST(StreamOutboxTest, PushNeverWaitsForTheClientAndTheReaderDoes) {
+  absl::Notification client_reads;
+  StreamOutbox outbox(
+      [&](const v1::ReduceStreamResponse&) {
+        client_reads.WaitForNotification();
+        return true;
+      },
+      /*max_unwritten_bytes=*/1000);
+  for (int i = 0; i < 10; ++i) outbox.Push(Answer(i, 500));  // returns
+  absl::Notification room;
+  std::thread reader([&] {
+    EXPECT_TRUE(outbox.WaitForRoom());
+    room.Notify();
+  });
+  EXPECT_FALSE(room.HasBeenNotified());
+  client_reads.Notify();
+  reader.join();
+  EXPECT_TRUE(room.HasBeenNotified());
+  EXPECT_TRUE(outbox.Close());
+}
+
+// A broken stream: the rest is dropped, the reader is told to stop, and
+// Close says the answers did not all arrive.
+TEST(StreamOutboxTest, ABrokenStreamDropsTheRestAndStopsTheReader) {
+  int writes = 0;
+  StreamOutbox outbox(
+      [&](const v1::ReduceStreamResponse&) {
+        ++writes;
+        return false;
+      },
+      /*max_unwritten_bytes=*/0);
+  outbox.Push(Answer(0, 100));
+  EXPECT_FALSE(outbox.WaitForRoom());
+  outbox.Push(Answer(1, 100));
+  EXPECT_FALSE(outbox.Close());
+  EXPECT_EQ(writes, 1);
+}
+
+}  // namespace
+}  // namespace gradcomp::service
