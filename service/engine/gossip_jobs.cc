@@ -1,9 +1,12 @@
 #include "service/engine/gossip_jobs.h"
 
+#include <algorithm>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "service/gossip/topology.h"
 
@@ -14,8 +17,24 @@ struct GossipJobs::Job {
   absl::Mutex mu;                          // held through the spec check
   std::string spec ABSL_GUARDED_BY(mu);    // DescribeGossipSpec, once checked
   std::unique_ptr<GossipNode> node ABSL_GUARDED_BY(mu);
-  int64_t checks ABSL_GUARDED_BY(mu) = 0;  // the check's rendezvous step
+  // By rank, until the node is built: the spec that rank sent when it named
+  // this rank's (empty: none yet). A check that fails keeps them, because a
+  // rank that has passed sends no more; the next check asks only the others.
+  std::vector<std::string> agreed ABSL_GUARDED_BY(mu);
 };
+
+namespace {
+
+// The rendezvous key of the check between ranks `a` and `b`: the same on
+// both, and one per pair, so that each rank's message is collected alone
+// and a check that fails on one rank uses up none of the others'.
+RoundKey SpecCheckKey(absl::string_view job, int a, int b) {
+  std::string pair =
+      absl::StrCat(kGossipSpecKey, ":", std::min(a, b), "-", std::max(a, b));
+  return {std::string(job), std::move(pair), 0, 0};
+}
+
+}  // namespace
 
 std::string DescribeGossipSpec(const GossipSpec& spec) {
   if (spec.choco_topk_fraction != 0) {
@@ -150,18 +169,65 @@ absl::StatusOr<GossipNode*> GossipJobs::Node(absl::string_view job,
     }
     return entry->node.get();
   }
-  GC_ASSIGN_OR_RETURN(
-      std::vector<codecs::Bytes> specs,
-      collective_->Allgather(
-          {std::string(job), std::string(kGossipSpecKey), entry->checks++, 0},
-          described));
+  // The check: this rank's spec goes to every rank that has not yet sent
+  // the same, each pair at its own key, all at once (one thread per pair,
+  // this one for the first), so that every wait names only a rank that is
+  // really missing. Not one allgather: its wait takes every rank's message
+  // at one key, and one that fails drops those it got, including those of
+  // ranks that have passed and will not send theirs again.
   const int me = collective_->rank();
-  for (size_t r = 0; r < specs.size(); ++r) {
-    if (specs[r] != described) {
+  const int world = collective_->world_size();
+  entry->agreed.resize(world);
+  std::vector<int> ask;
+  for (int r = 0; r < world; ++r) {
+    if (r != me && entry->agreed[r] != described) ask.push_back(r);
+  }
+  std::vector<absl::StatusOr<codecs::Bytes>> got(
+      ask.size(), absl::UnknownError("not asked"));
+  auto exchange = [&](size_t i) {
+    const int neighbour[] = {ask[i]};
+    absl::StatusOr<std::vector<codecs::Bytes>> one =
+        collective_->ExchangeWithNeighbours(SpecCheckKey(job, me, ask[i]),
+                                            neighbour, {described});
+    if (one.ok()) {
+      got[i] = std::move((*one)[0]);
+    } else {
+      got[i] = one.status();
+    }
+  };
+  {
+    std::vector<std::thread> threads;
+    for (size_t i = 1; i < ask.size(); ++i) threads.emplace_back(exchange, i);
+    if (!ask.empty()) exchange(0);
+    for (std::thread& t : threads) t.join();
+  }
+  std::vector<int> failed;
+  const absl::Status* first_failure = nullptr;
+  for (size_t i = 0; i < ask.size(); ++i) {
+    if (!got[i].ok()) {
+      failed.push_back(ask[i]);
+      if (first_failure == nullptr) first_failure = &got[i].status();
+    } else if (*got[i] == described) {
+      entry->agreed[ask[i]] = described;
+    }
+  }
+  for (size_t i = 0; i < ask.size(); ++i) {
+    if (got[i].ok() && *got[i] != described) {
       return absl::InvalidArgumentError(absl::StrCat(
           "job '", job, "': ranks disagree on the gossip spec: rank ", me,
-          " has ", described, ", rank ", r, " has ", specs[r]));
+          " has ", described, ", rank ", ask[i], " has ", *got[i]));
     }
+  }
+  if (first_failure != nullptr) {
+    return absl::Status(
+        first_failure->code(),
+        absl::StrCat("job '", job, "': the gossip spec check with rank",
+                     failed.size() > 1 ? "s " : " ",
+                     absl::StrJoin(failed, ", "),
+                     " failed (expected every rank to make a gossip request "
+                     "of the job; this rank's next request asks again only "
+                     "the ranks that have not agreed): ",
+                     first_failure->message()));
   }
   absl::StatusOr<Topology> topology =
       Topology::Parse(spec.topology, collective_->world_size());
@@ -186,6 +252,7 @@ absl::StatusOr<GossipNode*> GossipJobs::Node(absl::string_view job,
   entry->node =
       std::make_unique<GossipNode>(*std::move(topology), me, checked, seed_);
   entry->spec = described;
+  entry->agreed = {};
   return entry->node.get();
 }
 

@@ -1,9 +1,10 @@
 // The gossip reduce mode's per-job settings: which jobs gossip, on which
 // topology and with which PowerGossip options, and the GossipNode that runs
 // their rounds. A job's first gossip request on each rank meets the other
-// ranks (an allgather of the spec, key '#gossip-spec') so that a rank that
-// names another topology or rank is refused, naming both, before any tensor
-// is mixed; a job's mode and spec must then stay the same on this rank.
+// ranks (its spec exchanged with each of them, keys '#gossip-spec:<a>-<b>')
+// so that a rank that names another topology or rank is refused, naming
+// both, before any tensor is mixed; a job's mode and spec must then stay the
+// same on this rank.
 //
 //   GossipJobs jobs(&collective, seed);
 //   GC_ASSIGN_OR_RETURN(GossipNode* node, jobs.Node("job", spec));
@@ -26,8 +27,8 @@
 
 namespace gradcomp::service {
 
-// The rendezvous name of the spec check; '#' cannot appear in a client's
-// tensor names.
+// The spec check's rendezvous names start with this, then ":<a>-<b>" for
+// the pair of ranks a < b; '#' cannot appear in a client's tensor names.
 inline constexpr absl::string_view kGossipSpecKey = "#gossip-spec";
 
 enum class ReduceMode { kAverage, kGossip };
@@ -62,9 +63,14 @@ class GossipJobs {
   ~GossipJobs();
 
   // The node of gossip job `job`. The job's first call checks `spec` with
-  // every rank (the collective's errors and deadline apply; a failed check
-  // is tried again by the next call) and builds its topology for the
-  // collective's world size; later calls must name the same spec.
+  // every rank and builds its topology for the collective's world size;
+  // later calls must name the same spec. The check exchanges the spec with
+  // each other rank at once, one thread each (the collective's errors and
+  // deadline apply to each). A failed check is tried again by the next
+  // call, with only the ranks that have not yet sent this spec: a rank that
+  // has passed sends no more, so a rank that comes back later passes on the
+  // message that rank sent, which waits for it in the mailbox (as long as
+  // unclaimed messages are kept, MailboxOptions::unclaimed_ttl).
   // InvalidArgument when ranks or requests disagree, when the job reduces
   // in average mode on this rank, or when the topology does not fit.
   absl::StatusOr<GossipNode*> Node(absl::string_view job,

@@ -284,5 +284,70 @@ TEST_F(GossipJobsTest, AJobKeepsItsModeAndSpec) {
               HasSubstr("job 'other' reduces in average mode on this daemon"));
 }
 
+// A rank whose check gave up because another came later passes on the
+// message that rank sent when it came: the only one it sends, since it
+// passed on this rank's first message and checks no more. Every rank comes
+// alone, so the checks that fail find no message and the ones that pass
+// find them all (the in-process hub delivers as it sends): the deadline
+// only ends the failing ones.
+TEST(GossipJobsLateTest, ARankWhoseCheckGaveUpPassesOnOneThatPassed) {
+  InProcessGroup group(2, absl::Milliseconds(50));
+  GossipJobs rank0(&group.collective(0), 7);
+  GossipJobs rank1(&group.collective(1), 7);
+  const GossipSpec full{"full", 1};
+  absl::Status alone = rank0.Node("job", full).status();
+  EXPECT_EQ(alone.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(alone.message(),
+              HasSubstr("job 'job': the gossip spec check with rank 1 failed "
+                        "(expected every rank to make a gossip request of the "
+                        "job; "));
+  EXPECT_THAT(alone.message(), HasSubstr("no message from rank 1"));
+  absl::StatusOr<GossipNode*> on_time = rank1.Node("job", full);
+  ASSERT_TRUE(on_time.ok()) << on_time.status();
+  absl::StatusOr<GossipNode*> late = rank0.Node("job", full);
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ((*late)->topology().neighbours(0).size(), 1u);
+
+  // A late rank with another spec is still refused, naming both, by the
+  // rank that came later and by itself when it comes back.
+  const GossipSpec ring{"ring", 2};
+  EXPECT_EQ(rank0.Node("other", ring).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(rank1.Node("other", full).status().message(),
+              HasSubstr("job 'other': ranks disagree on the gossip spec: "
+                        "rank 1 has topology 'full', rank 1, 1 power step(s), "
+                        "diffusion 1, rank 0 has topology 'ring', rank 2"));
+  EXPECT_THAT(rank0.Node("other", ring).status().message(),
+              HasSubstr("job 'other': ranks disagree on the gossip spec: "
+                        "rank 0 has topology 'ring', rank 2, 1 power step(s), "
+                        "diffusion 1, rank 1 has topology 'full', rank 1"));
+}
+
+// Three ranks, each alone: a rank keeps what its failed checks did get. Rank
+// 1's first check gets rank 0's spec and gives up on rank 2's; rank 2 then
+// passes on both. Rank 1 comes back and needs only rank 2's spec, which
+// waits for it: had its failed check used up rank 0's (rank 0 has not passed
+// yet, but it would send it again) or a retry of it used up rank 2's (rank 2
+// will not), it would wait for them until a restart.
+TEST(GossipJobsLateTest, RanksThatComeOneByOneAllPass) {
+  InProcessGroup group(3, absl::Milliseconds(50));
+  std::vector<std::unique_ptr<GossipJobs>> jobs;
+  for (int r = 0; r < 3; ++r) {
+    jobs.push_back(std::make_unique<GossipJobs>(&group.collective(r), 7));
+  }
+  const GossipSpec ring{"ring", 1};
+  absl::Status alone = jobs[0]->Node("job", ring).status();
+  EXPECT_EQ(alone.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(alone.message(),
+              HasSubstr("the gossip spec check with ranks 1, 2 failed"));
+  EXPECT_EQ(jobs[1]->Node("job", ring).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  for (int r : {2, 1, 0}) {
+    absl::StatusOr<GossipNode*> node = jobs[r]->Node("job", ring);
+    ASSERT_TRUE(node.ok()) << "rank " << r << ": " << node.status();
+    EXPECT_EQ((*node)->topology().neighbours(r).size(), 2u);
+  }
+}
+
 }  // namespace
 }  // namespace gradcomp::service
