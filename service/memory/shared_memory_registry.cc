@@ -1,7 +1,9 @@
 #include "service/memory/shared_memory_registry.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <utility>
 
@@ -47,12 +49,28 @@ SharedMemorySlice::~SharedMemorySlice() {
   if (region_ != nullptr) region_->in_flight.fetch_sub(1);
 }
 
+namespace {
+
+// Half of the soft open-file limit, at least 64.
+size_t DefaultMaxRegions() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 ||
+      limit.rlim_cur == RLIM_INFINITY) {
+    return size_t{1} << 16;
+  }
+  return std::max<size_t>(64, static_cast<size_t>(limit.rlim_cur / 2));
+}
+
+}  // namespace
+
 SharedMemoryRegistry::SharedMemoryRegistry(const SharedMemoryOptions& options,
                                            Metrics* metrics)
     : metrics_(metrics),
       key_prefix_(options.key_prefix),
       owner_uids_(options.owner_uids),
-      device_region_opener_(options.device_region_opener) {
+      device_region_opener_(options.device_region_opener),
+      max_regions_(options.max_regions != 0 ? options.max_regions
+                                            : DefaultMaxRegions()) {
   if (options.reclaim_interval > absl::ZeroDuration()) {
     reclaimer_ = std::thread(
         [this, interval = options.reclaim_interval] { ReclaimLoop(interval); });
@@ -66,6 +84,15 @@ SharedMemoryRegistry::~SharedMemoryRegistry() {
 
 void SharedMemoryRegistry::ReclaimLoop(absl::Duration interval) {
   while (!stop_.WaitForNotificationWithTimeout(interval)) ReclaimAbandoned();
+}
+
+absl::Status SharedMemoryRegistry::FullError(absl::string_view name) const {
+  if (metrics_ != nullptr) metrics_->CountResourceExhausted("shm_regions");
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "shared-memory region '", name, "': ", max_regions_,
+      " regions are registered on this daemon, its bound (half its "
+      "open-file limit); expected regions reused, or unregistered once no "
+      "longer used"));
 }
 
 absl::Status SharedMemoryRegistry::CheckNewName(absl::string_view client,
@@ -87,12 +114,16 @@ absl::Status SharedMemoryRegistry::CheckNewName(absl::string_view client,
         "; region names are unique per daemon: unregister it first or "
         "choose another name (prefix it with your job and rank)"));
   }
+  // Checked again when the region is inserted; here, before its object is
+  // opened.
+  if (regions_.size() >= max_regions_) return FullError(name);
   return absl::OkStatus();
 }
 
 absl::Status SharedMemoryRegistry::Insert(
     std::shared_ptr<SharedMemoryRegion> region) {
   absl::MutexLock lock(&mu_);
+  if (regions_.size() >= max_regions_) return FullError(region->name);
   auto [it, inserted] = regions_.try_emplace(region->name, region);
   if (!inserted) {
     return absl::AlreadyExistsError(absl::StrCat(

@@ -72,6 +72,11 @@ struct SharedMemoryOptions {
   // Opens CUDA regions. A FailedPrecondition from it means "no usable CUDA
   // device": logged and counted once.
   DeviceRegionOpener device_region_opener = CudaIpcRegion::Open;
+  // The most regions registered at once. Each holds a file descriptor, so
+  // a client that registers without end would take the descriptors the
+  // daemon's connections need. 0: half of the process's open-file limit
+  // (RLIMIT_NOFILE), at least 64.
+  size_t max_regions = 0;
 };
 
 struct SharedMemoryRegionInfo {
@@ -205,7 +210,11 @@ class SharedMemoryRegistry {
   using Regions =
       absl::btree_map<std::string, std::shared_ptr<SharedMemoryRegion>>;
 
-  // InvalidArgument for an empty name, AlreadyExists for a name in use.
+  // ResourceExhausted for registering `name` when max_regions are
+  // registered (counted).
+  absl::Status FullError(absl::string_view name) const;
+  // InvalidArgument for an empty name, AlreadyExists for a name in use,
+  // ResourceExhausted when the registry is full.
   absl::Status CheckNewName(absl::string_view client,
                             absl::string_view name) const
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -231,6 +240,7 @@ class SharedMemoryRegistry {
   const std::vector<uid_t> owner_uids_;
   const DeviceRegionOpener device_region_opener_;
   mutable absl::Mutex mu_;
+  const size_t max_regions_;
   Regions regions_ ABSL_GUARDED_BY(mu_);
   absl::once_flag gpu_unavailable_once_;
   absl::Notification stop_;

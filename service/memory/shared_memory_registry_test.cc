@@ -179,6 +179,34 @@ TEST_F(SharedMemoryRegistryTest, UnknownRegionsAndBadRegistrations) {
   EXPECT_EQ(Metric("gradcomp_shm_regions"), 0);
 }
 
+// Each region holds a file descriptor: past the bound a registration is
+// refused (and counted) before its object is opened; an unregistered
+// region makes room again.
+TEST_F(SharedMemoryRegistryTest, RegistrationsPastTheBoundAreRefused) {
+  SharedMemoryOptions options = NoBackgroundReclaim();
+  options.max_regions = 2;
+  SharedMemoryRegistry registry(options, &metrics_);
+  std::vector<std::unique_ptr<ShmRegion>> regions;
+  for (int i = 0; i < 3; ++i) {
+    regions.push_back(NewRegion(64));
+    ASSERT_NE(regions.back(), nullptr);
+  }
+  ASSERT_TRUE(registry.RegisterSystem("c", "a", regions[0]->key(), 0, 64).ok());
+  ASSERT_TRUE(registry.RegisterSystem("c", "b", regions[1]->key(), 0, 64).ok());
+  const absl::Status full =
+      registry.RegisterSystem("c", "c", regions[2]->key(), 0, 64);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(full.message(),
+              HasSubstr("shared-memory region 'c': 2 regions are registered "
+                        "on this daemon, its bound"));
+  EXPECT_EQ(
+      MetricValue(*metrics_.collectable(), "gradcomp_resource_exhausted_total",
+                  {{"resource", "shm_regions"}}),
+      1);
+  ASSERT_TRUE(registry.Unregister("c", "a").ok());
+  EXPECT_TRUE(registry.RegisterSystem("c", "c", regions[2]->key(), 0, 64).ok());
+}
+
 TEST_F(SharedMemoryRegistryTest, AnObjectWithoutItsCreatorsLockIsRefused) {
   std::unique_ptr<ShmRegion> region = NewRegion(64);
   ASSERT_NE(region, nullptr);

@@ -70,7 +70,8 @@ class Metrics {
   // (encoded and decoded in GPU memory) or "cpu".
   void CountBackend(absl::string_view codec, absl::string_view backend);
   // A request refused by a limit (docs/daemon.md, "Limits"): `resource` is
-  // one of memory, stream_queue, jobs, job_tensors, job_state_bytes.
+  // one of memory, stream_queue, jobs, job_tensors, job_state_bytes,
+  // tensor_bytes, shm_regions.
   void CountResourceExhausted(absl::string_view resource);
   // The memory budget's bytes in use (requests and codec state) and total.
   void SetMemoryBudget(uint64_t in_use, uint64_t total);
