@@ -292,6 +292,11 @@ grpc::Status GradcompService::ReduceStream(
   auto send = [&outbox](const v1::ReduceStreamResponse& response) {
     outbox.Push(response);
   };
+  // A tensor sent alone hands its answer (its average, inline) over to the
+  // outbox without a copy.
+  auto send_own = [&outbox](v1::ReduceStreamResponse response) {
+    outbox.Push(std::move(response));
+  };
   // Queues one tensor's reduce; `done` gets its answer, on a worker or, when
   // the memory budget or the bounded queue refuses it, here (the stream
   // goes on). A queued tensor's inline bytes count against the budget while
@@ -347,7 +352,7 @@ grpc::Status GradcompService::ReduceStream(
     if (request.parts_size() > 0) {
       ScheduleParts(request, send, schedule);
     } else {
-      schedule(std::move(request), nullptr, send);
+      schedule(std::move(request), nullptr, send_own);
     }
     request = v1::ReduceRequest();
   }
