@@ -14,8 +14,9 @@ StreamOutbox::~StreamOutbox() { Close(); }
 void StreamOutbox::Push(v1::ReduceStreamResponse answer) {
   absl::MutexLock lock(&mu_);
   if (broken_) return;
-  unwritten_bytes_ += answer.ByteSizeLong();
-  queue_.push_back(std::move(answer));
+  const uint64_t bytes = answer.ByteSizeLong();
+  unwritten_bytes_ += bytes;
+  queue_.push_back({std::move(answer), bytes});
 }
 
 bool StreamOutbox::WaitForRoom() {
@@ -41,7 +42,7 @@ bool StreamOutbox::Close() {
 
 void StreamOutbox::WriteAll() {
   while (true) {
-    v1::ReduceStreamResponse answer;
+    Queued next;
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
@@ -50,13 +51,12 @@ void StreamOutbox::WriteAll() {
           },
           this));
       if (queue_.empty()) return;
-      answer = std::move(queue_.front());
+      next = std::move(queue_.front());
       queue_.pop_front();
     }
-    const uint64_t bytes = answer.ByteSizeLong();
-    const bool written = write_(answer);
+    const bool written = write_(next.answer);
     absl::MutexLock lock(&mu_);
-    unwritten_bytes_ -= bytes;
+    unwritten_bytes_ -= next.bytes;
     if (!written && !broken_) {
       // Nothing more reaches this client: what is queued goes now.
       broken_ = true;

@@ -60,7 +60,11 @@ class StreamOutbox {
   const WriteFn write_;
   const uint64_t max_unwritten_bytes_;
   absl::Mutex mu_;
-  std::deque<v1::ReduceStreamResponse> queue_ ABSL_GUARDED_BY(mu_);
+  struct Queued {
+    v1::ReduceStreamResponse answer;
+    uint64_t bytes = 0;  // its serialised size, counted in unwritten_bytes_
+  };
+  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
   uint64_t unwritten_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
