@@ -9,7 +9,10 @@
 namespace gradcomp::testing {
 
 // A TCP port that was free on 127.0.0.1 when asked (the kernel's choice for
-// port 0; another process may take it before the caller binds it).
+// port 0; another process may take it before the caller binds it), and that
+// no earlier call in this process returned. The kernel hands a released port
+// out again within a few hundred binds, so without that a peer port chosen
+// for a daemon not started yet could come back as another server's port.
 absl::StatusOr<int> FreePort();
 
 }  // namespace gradcomp::testing

@@ -57,12 +57,25 @@ def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:
         process.wait()
 
 
+# Every port free_port() has handed out in this process. The kernel hands
+# a released port out again soon enough (2 repeats in 200 binds here), and a
+# peer port chosen for a daemon that has not bound it yet must not become
+# another daemon's --listen port: that daemon would then answer its own
+# handshake, or another job's.
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (another process may take it;
-    Daemon retries with new ports if its start fails)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 right now and never returned before by
+    this process (another process may still take it; Daemon retries with
+    new ports if its start fails)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def start_peered(world: int, add_cleanup: Callable[..., None],

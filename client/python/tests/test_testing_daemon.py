@@ -1,12 +1,13 @@
-"""gradcomp.testing.Daemon's temporary directory: the log stays readable
-after stop(), and close() (or leaving the `with` block) removes the
-directory, log, unix socket and token file included.
+"""gradcomp.testing: Daemon's temporary directory (the log stays readable
+after stop(), and close() or leaving the `with` block removes the
+directory, log, unix socket and token file included), and free_port()
+never handing out a port twice.
 
 Needs the daemon: `bazel build //service:gradcompd` or $GRADCOMPD.
 """
 import unittest
 
-from gradcomp.testing import Daemon
+from gradcomp.testing import Daemon, free_port
 
 
 class DaemonDirectoryTest(unittest.TestCase):
@@ -38,6 +39,16 @@ class DaemonDirectoryTest(unittest.TestCase):
         with self.assertRaisesRegex(RuntimeError, "no_such_flag"):
             daemon.start()
         self.assertFalse(directory.exists())
+
+
+class FreePortTest(unittest.TestCase):
+
+    def test_no_port_is_handed_out_twice(self):
+        # The kernel gives a released port out again within a few hundred
+        # binds; a peer port chosen but not yet bound must not come back
+        # as another daemon's --listen port.
+        ports = [free_port() for _ in range(500)]
+        self.assertEqual(len(ports), len(set(ports)))
 
 
 if __name__ == "__main__":
