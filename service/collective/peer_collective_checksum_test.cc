@@ -70,6 +70,7 @@ TEST(PeerCollectiveChecksumTest, DamagedBytesFailTheStepOnTheReceivingRank) {
     id.version = "test";
     id.world_size = kWorld;
     id.rank = r;
+    id.instance = r + 1;
     auto transport = GrpcTransport::Create(
         options, [id] { return id; }, mailboxes[r].get(), metrics[r].get());
     ASSERT_TRUE(transport.ok()) << transport.status();

@@ -273,6 +273,25 @@ absl::Status ValidateConfig(const v1::DaemonConfig& config,
           absl::StrCat("peers[", i, "] is '", config.peers(i),
                        "', expected host:port (peers are other hosts)"));
     }
+    for (int j = 0; j < i; ++j) {
+      if (config.peers(j) == config.peers(i)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "peers[", j, "] and peers[", i, "] are both '", config.peers(i),
+            "', expected each rank's own peer address"));
+      }
+    }
+    // The same host:port twice would not fail to bind: gRPC servers share a
+    // port (SO_REUSEPORT), and peers dialling it would reach either server.
+    for (const auto& [name, address] :
+         {std::pair<const char*, const std::string&>{"listen", config.listen()},
+          {"metrics_listen", config.metrics_listen()}}) {
+      if (address == config.peers(i)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, " is '", address, "', the same as peers[", i,
+            "]; expected the client and metrics endpoints apart from every "
+            "rank's peer endpoint"));
+      }
+    }
   }
   const double rate = config.error_sample_rate();
   if (!(rate >= 0 && rate <= 1)) {

@@ -250,6 +250,24 @@ TEST(ConfigTest, InvalidFieldsAreNamed) {
        },
        "peers[1] is 'unix:/p.sock', expected host:port"},
       {[](FlagOverrides& f) {
+         f.world_size = 3;
+         f.peers = {{"h0:1", "h1:1", "h0:1"}};
+       },
+       "peers[0] and peers[2] are both 'h0:1', expected each rank's own peer "
+       "address"},
+      {[](FlagOverrides& f) {
+         f.world_size = 2;
+         f.listen = "127.0.0.1:7001";
+         f.peers = {{"127.0.0.1:7000", "127.0.0.1:7001"}};
+       },
+       "listen is '127.0.0.1:7001', the same as peers[1]"},
+      {[](FlagOverrides& f) {
+         f.world_size = 2;
+         f.metrics_listen = "127.0.0.1:7000";
+         f.peers = {{"127.0.0.1:7000", "127.0.0.1:7001"}};
+       },
+       "metrics_listen is '127.0.0.1:7000', the same as peers[0]"},
+      {[](FlagOverrides& f) {
          f.world_size = 2;
          f.peers = {{"h0:1",
                      "10.0.0.1:500\x86"

@@ -41,6 +41,19 @@ absl::Status CheckPeer(const PeerIdentity& local, const PeerIdentity& remote,
     return Mismatch(local, remote, a, "world_size", local.world_size,
                     remote.world_size, "the same --world_size on every rank");
   }
+  if (remote.instance == local.instance) {
+    const std::string dialled =
+        dialled_rank.has_value()
+            ? absl::StrCat(" (dialled as rank ", *dialled_rank,
+                           ", --peers entry ", *dialled_rank, ")")
+            : "";
+    return absl::FailedPreconditionError(absl::StrCat(
+        "peer handshake refused: rank ", local.rank, " reached itself at ", a,
+        dialled,
+        "; expected every --peers entry to be another rank's address, not one "
+        "this daemon listens on (is another rank's --peers entry the same as "
+        "this daemon's --listen?)"));
+  }
   if (remote.rank < 0 || remote.rank >= local.world_size ||
       remote.rank == local.rank) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -55,7 +55,9 @@ TEST(HandshakeTest, EachMismatchNamesBothSides) {
 }
 
 TEST(HandshakeTest, RanksMustBeDistinctInRangeAndWhereTheyWereDialled) {
-  absl::Status same = CheckPeer(Identity(1), Identity(1), std::nullopt, "h:1");
+  PeerIdentity other_one = Identity(1);
+  other_one.instance = 7;
+  absl::Status same = CheckPeer(Identity(1), other_one, std::nullopt, "h:1");
   EXPECT_EQ(same.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(same.message(),
               HasSubstr("says it is rank 1 and this daemon is rank 1 of 4"));
@@ -65,6 +67,19 @@ TEST(HandshakeTest, RanksMustBeDistinctInRangeAndWhereTheyWereDialled) {
   EXPECT_THAT(wrong.message(),
               HasSubstr("rank 0 dialled h2:1 as rank 2 (--peers entry 2) but "
                         "the daemon there is rank 3"));
+}
+
+// A --peers entry that is this daemon's own --listen address: the dialled
+// server answers with this process's instance, whatever rank it claims.
+TEST(HandshakeTest, ReachingItselfIsNamed) {
+  const absl::Status self = CheckPeer(Identity(1), Identity(1), 3, "h3:1");
+  EXPECT_EQ(self.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(self.message(),
+              HasSubstr("rank 1 reached itself at h3:1 (dialled as rank 3, "
+                        "--peers entry 3)"));
+  EXPECT_THAT(
+      CheckPeer(Identity(1), Identity(1), std::nullopt, "h:1").message(),
+      HasSubstr("rank 1 reached itself at h:1;"));
 }
 
 }  // namespace

@@ -518,6 +518,17 @@ class GrpcTransport::Impl final : public grpc::Service {
       if (status.ok()) {
         status = absl::UnavailableError(
             absl::StrCat(PeerName(to), " closed the stream in the handshake"));
+      } else if (status.code() == absl::StatusCode::kUnimplemented) {
+        // gRPC's answer for an unknown method carries no message.
+        const std::string answer =
+            status.message().empty()
+                ? "UNIMPLEMENTED"
+                : absl::StrCat("UNIMPLEMENTED: ", status.message());
+        status = absl::UnavailableError(absl::StrCat(
+            PeerName(to), " answers gRPC but serves no gradcompd peer stream (",
+            answer, "); expected --peers entry ", to,
+            " to be that rank's peer endpoint, not its client --listen "
+            "address or another service"));
       }
     } else {
       status =

@@ -9,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/free_port.h"
 #include "gmock/gmock.h"
+#include "gradcomp/v1/gradcomp.grpc.pb.h"
 #include "gradcomp/v1/peer.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -284,6 +285,30 @@ TEST(GrpcTransportTest, AnAbsentPeerIsNamedAtTheStartupDeadline) {
   EXPECT_THAT(status.message(),
               HasSubstr(absl::StrCat("rank 2 (", cluster.address(2), ")")));
   EXPECT_THAT(status.message(), HasSubstr("could not reach 1 of 2 peers"));
+}
+
+// A --peers entry that is some other gRPC server (a daemon's client
+// --listen, say): its UNIMPLEMENTED has no message, so the error says what
+// the address is.
+TEST(GrpcTransportTest, AServerWithoutThePeerStreamIsNamed) {
+  Cluster cluster(2);
+  v1::Gradcomp::Service client_api;  // every method UNIMPLEMENTED
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(cluster.address(1),
+                           grpc::InsecureServerCredentials());
+  builder.RegisterService(&client_api);
+  const std::unique_ptr<grpc::Server> other = builder.BuildAndStart();
+  ASSERT_NE(other, nullptr);
+  ASSERT_TRUE(cluster.Start(0).ok());
+  const absl::Status status =
+      cluster.transport(0).WaitForPeers(absl::Now() + absl::Seconds(3));
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(status.message(),
+              HasSubstr(absl::StrCat("rank 1 (", cluster.address(1),
+                                     ") answers gRPC but serves no gradcompd "
+                                     "peer stream (UNIMPLEMENTED")));
+  cluster.Stop(0);
+  other->Shutdown();
 }
 
 TEST(GrpcTransportTest, ARestartedPeerIsLostThenRejoins) {
