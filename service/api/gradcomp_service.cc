@@ -259,6 +259,15 @@ absl::StatusOr<v1::ReduceResponse> GradcompService::DoReduce(
       return Prefixed(Prefixed(written, "output_shm"), TensorLabel(request));
     }
   }
+  // A client that truncated its object while the engine used it: part of
+  // the input read as zeros, or part of the average was never written.
+  for (const auto& [slice, field] :
+       {std::pair{&input_slice, "input_shm"}, {&output_slice, "output_shm"}}) {
+    if (!slice->has_value()) continue;
+    if (absl::Status backed = (*slice)->CheckStillBacked(); !backed.ok()) {
+      return Prefixed(Prefixed(backed, field), TensorLabel(request));
+    }
+  }
   metrics_->SetStep(request.step());
   return ReduceResponseToProto(request, std::move(output));
 }

@@ -87,23 +87,34 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> MappedRegion::Map(
         absl::StrCat("cannot map ", byte_size, " bytes of shared memory '", key,
                      "' at offset ", offset, ": ", Errno(error)));
   }
+  absl::StatusOr<std::unique_ptr<TruncationGuard>> guard =
+      TruncationGuard::Guard(base, length);
+  if (!guard.ok()) {
+    munmap(base, length);
+    close(fd);
+    return guard.status();
+  }
   absl::Span<char> bytes(static_cast<char*>(base) + (offset - aligned),
                          static_cast<size_t>(byte_size));
-  return std::unique_ptr<MappedRegion>(
-      new MappedRegion(key, fd, base, length, bytes, offset + byte_size));
+  return std::unique_ptr<MappedRegion>(new MappedRegion(
+      key, fd, base, length, bytes, offset + byte_size, *std::move(guard)));
 }
 
 MappedRegion::MappedRegion(std::string key, int fd, void* map_base,
                            size_t map_length, absl::Span<char> bytes,
-                           uint64_t end)
+                           uint64_t end, std::unique_ptr<TruncationGuard> guard)
     : key_(std::move(key)),
       fd_(fd),
       map_base_(map_base),
       map_length_(map_length),
       bytes_(bytes),
-      end_(end) {}
+      end_(end),
+      guard_(std::move(guard)) {}
 
 MappedRegion::~MappedRegion() {
+  // Unguarded before unmapping: a later mapping at these addresses must not
+  // be found under this one's slot.
+  guard_.reset();
   munmap(map_base_, map_length_);
   close(fd_);
 }
@@ -130,6 +141,13 @@ absl::StatusOr<bool> MappedRegion::CreatorAlive() const {
 }
 
 absl::Status MappedRegion::CheckStillBacked() const {
+  if (guard_->faulted()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shared memory '", key_,
+        "' was truncated while the daemon was using it (what lay past its new "
+        "end read as zeros and was not written); unregister it and register "
+        "it again"));
+  }
   absl::StatusOr<uint64_t> size = ObjectSize(fd_, key_);
   if (!size.ok()) return size.status();
   if (*size < end_) {

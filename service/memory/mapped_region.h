@@ -7,6 +7,10 @@
 // drops that lock, which is how the daemon notices a client that went away
 // (CreatorAlive), even one killed with SIGKILL.
 //
+// The mapping is guarded against truncation (truncation_guard.h): a client
+// that shrinks the object while the daemon uses it costs its own request
+// and region, not the daemon.
+//
 //   GC_ASSIGN_OR_RETURN(std::unique_ptr<MappedRegion> region,
 //                       MappedRegion::Map("/gradcomp.job.123.ab12", 0, size));
 //   absl::Span<char> bytes = region->bytes();
@@ -22,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "service/memory/truncation_guard.h"
 
 namespace gradcomp::service {
 
@@ -54,13 +59,16 @@ class MappedRegion {
   absl::StatusOr<bool> CreatorAlive() const;
 
   // FailedPrecondition if the object was truncated below the mapped range
-  // since it was mapped: touching those pages would kill the daemon with
-  // SIGBUS, so a request must not use the region.
+  // since it was mapped (touching those pages would raise SIGBUS), or if
+  // an access already faulted that way: from then on part of the mapping
+  // reads zeros, so neither the request that used it nor any later one
+  // may trust it.
   absl::Status CheckStillBacked() const;
 
  private:
   MappedRegion(std::string key, int fd, void* map_base, size_t map_length,
-               absl::Span<char> bytes, uint64_t end);
+               absl::Span<char> bytes, uint64_t end,
+               std::unique_ptr<TruncationGuard> guard);
 
   const std::string key_;
   const int fd_;
@@ -68,6 +76,7 @@ class MappedRegion {
   const size_t map_length_;
   const absl::Span<char> bytes_;
   const uint64_t end_;  // offset + byte_size within the object
+  std::unique_ptr<TruncationGuard> guard_;  // reset before the munmap
 };
 
 }  // namespace gradcomp::service

@@ -107,5 +107,27 @@ TEST(MappedRegionTest, ATruncatedObjectIsNoLongerBacked) {
   EXPECT_THAT(status.message(), HasSubstr("truncated to 4096 bytes"));
 }
 
+// Shrunk after the check, while in use: the access reads zeros instead of
+// ending the process, and the region stays refused even once the object
+// has grown back (its mapping now holds zero pages, not the object).
+TEST(MappedRegionTest, TruncatedInUseReadsZerosAndStaysRefused) {
+  std::unique_ptr<ShmRegion> client = NewRegion(8192);
+  ASSERT_NE(client, nullptr);
+  std::memset(client->bytes().data(), 0x5a, 8192);
+  auto mapped = MappedRegion::Map(client->key(), 0, 8192);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  const int fd = shm_open(client->key().c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 0), 0);
+  const volatile char* bytes = (*mapped)->bytes().data();
+  EXPECT_EQ(bytes[5000], 0);
+  ASSERT_EQ(ftruncate(fd, 8192), 0);
+  close(fd);
+  absl::Status status = (*mapped)->CheckStillBacked();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(),
+              HasSubstr("was truncated while the daemon was using it"));
+}
+
 }  // namespace
 }  // namespace gradcomp::service

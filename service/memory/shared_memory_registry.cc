@@ -25,6 +25,11 @@ SharedMemorySlice::SharedMemorySlice(SharedMemorySlice&& other) noexcept
       bytes_(other.bytes_),
       offset_(other.offset_) {}
 
+absl::Status SharedMemorySlice::CheckStillBacked() const {
+  if (on_device()) return absl::OkStatus();
+  return region_->mapping->CheckStillBacked();
+}
+
 absl::Status SharedMemorySlice::CopyToHost(absl::Span<char> out) const {
   if (!on_device() || out.size() != bytes_.size()) {
     return absl::InternalError(absl::StrCat(

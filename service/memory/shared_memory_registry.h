@@ -135,6 +135,12 @@ class SharedMemorySlice {
     return on_device() ? region_->cuda->device_id() : -1;
   }
 
+  // A system slice: FailedPrecondition if its object was truncated below
+  // the region, now or while in use (then what lay past the new end read
+  // as zeros and writes there were lost: the request that used the slice
+  // must fail). Always OK for a CUDA slice.
+  absl::Status CheckStillBacked() const;
+
   // A CUDA slice's bytes to `out` (byte_size() bytes) / from `in`.
   absl::Status CopyToHost(absl::Span<char> out) const;
   absl::Status CopyFromHost(absl::Span<const char> in) const;

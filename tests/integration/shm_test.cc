@@ -1,18 +1,25 @@
 // The real gradcompd with client shared memory, driven by the C++ client and
 // its ShmRegion helper: off by default, a reduce that reads and writes the
 // region (no tensor bytes over gRPC), a bucket in one request with parts,
-// errors, status and unregister.
+// errors, status and unregister, and an object truncated mid-request.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdint>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "client/cpp/client.h"
 #include "client/cpp/shm_region.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/integration/cluster.h"
 #include "tests/integration/daemon_process.h"
 
 namespace gradcomp::testing {
@@ -182,6 +189,77 @@ TEST(ShmIntegrationTest, ReducesABucketAsOneRequestWithParts) {
           .status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
   EXPECT_THAT(refused.message(), HasSubstr("overlap"));
+}
+
+// A client that truncates its object while its request is in flight (here
+// after the daemon checked the object, while rank 0 waits for rank 1) costs
+// that request and that region, not the daemon: writing the average would
+// otherwise end rank 0 with SIGBUS, and every client of it with it.
+TEST(ShmIntegrationTest, TruncatedMidRequestFailsThatRequestAndRegionOnly) {
+  Cluster cluster(2, absl::Seconds(30), {"--allow_client_shm"});
+  ASSERT_TRUE(cluster.StartAll().ok());
+  auto owner = Client::Connect(cluster.daemon(0).target());
+  auto peer = Client::Connect(cluster.daemon(1).target());
+  ASSERT_TRUE(owner.ok() && peer.ok());
+  const size_t n = 1 << 16;
+  const uint64_t bytes = n * sizeof(float);
+  const std::vector<int64_t> shape = {static_cast<int64_t>(n)};
+  auto region = ShmRegion::Create(2 * bytes, "shm-test");
+  ASSERT_TRUE(region.ok()) << region.status();
+  for (float& value : (*region)->floats()) value = 1.0f;
+  ASSERT_TRUE(
+      (*owner)->RegisterShm("grads", (*region)->key(), 0, 2 * bytes).ok());
+  const ShmSlice in{"grads", 0, bytes}, out{"grads", bytes, bytes};
+
+  absl::StatusOr<v1::ReduceStats> cut = absl::UnknownError("not run");
+  std::thread request([&] {
+    cut = (*owner)->ReduceShm("job", "w", 0, v1::DTYPE_FLOAT32, shape, in, out);
+  });
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  bool held = false;
+  while (!held && absl::Now() < deadline) {
+    auto listed = (*owner)->ShmStatus("grads");
+    held = listed.ok() && listed->regions_size() == 1 &&
+           listed->regions(0).in_flight() > 0;
+    if (!held) absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(held) << "rank 0 never held the region";
+  const int fd = shm_open((*region)->key().c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 0), 0);
+
+  const std::vector<float> twos(n, 2.0f);
+  auto other = (*peer)->Reduce("job", "w", 0, twos, shape);
+  request.join();
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->values[n / 2], 1.5f);
+  EXPECT_EQ(cut.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(cut.status().message(),
+              HasSubstr("was truncated while the daemon was using it"));
+
+  // Rank 0 still serves: the region grown back stays refused (its mapping
+  // holds zero pages now), a new one works.
+  ASSERT_EQ(ftruncate(fd, 2 * bytes), 0);
+  close(fd);
+  EXPECT_EQ((*owner)
+                ->ReduceShm("job", "w", 1, v1::DTYPE_FLOAT32, shape, in, out)
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*owner)->UnregisterShm("grads").ok());
+  auto fresh = ShmRegion::Create(2 * bytes, "shm-test");
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  for (float& value : (*fresh)->floats()) value = 1.0f;
+  ASSERT_TRUE(
+      (*owner)->RegisterShm("grads", (*fresh)->key(), 0, 2 * bytes).ok());
+  std::thread again([&] {
+    cut = (*owner)->ReduceShm("job", "w", 1, v1::DTYPE_FLOAT32, shape, in, out);
+  });
+  other = (*peer)->Reduce("job", "w", 1, twos, shape);
+  again.join();
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ((*fresh)->floats()[n + 7], 1.5f);
 }
 
 }  // namespace

@@ -1,0 +1,127 @@
+#include "service/memory/truncation_guard.h"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace gradcomp::service {
+namespace {
+
+// One guarded range. `begin` is written last when a slot is taken and first
+// (to 0) when it is given back, so the handler never sees half a range.
+struct Slot {
+  std::atomic<uintptr_t> begin{0};
+  std::atomic<uintptr_t> end{0};
+  std::atomic<bool> faulted{false};
+};
+
+// Lock-free for the handler: it reads the atomics of slots [0, used) only.
+struct Table {
+  Slot slots[TruncationGuard::kCapacity];
+  std::atomic<int> used{0};  // one past the highest slot ever taken
+  absl::Mutex mu;            // taking and giving back slots
+  bool handler_installed ABSL_GUARDED_BY(mu) = false;
+};
+
+Table& table() {
+  static Table* const t = new Table();
+  return *t;
+}
+
+uintptr_t PageSize() {
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+// Async-signal context: atomics, mmap (a plain system call on Linux) and
+// sigaction only.
+void OnSigbus(int signal, siginfo_t* info, void*) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(info->si_addr);
+  Table& t = table();
+  const int used = t.used.load(std::memory_order_acquire);
+  for (int i = 0; info->si_code == BUS_ADRERR && i < used; ++i) {
+    Slot& slot = t.slots[i];
+    const uintptr_t begin = slot.begin.load(std::memory_order_acquire);
+    const uintptr_t end = slot.end.load(std::memory_order_acquire);
+    if (begin == 0 || address < begin || address >= end) continue;
+    // Truncation frees the object from its new end on, so every page of
+    // the mapping from the faulting one on is gone: replace them at once.
+    const uintptr_t page = address & ~(PageSize() - 1);
+    void* zeros =
+        mmap(reinterpret_cast<void*>(page), end - page, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (zeros == MAP_FAILED) break;
+    slot.faulted.store(true, std::memory_order_release);
+    return;
+  }
+  // Not a guarded mapping: the default action (the faulting access runs
+  // again and ends the process, or, for a sent signal, it ends it now).
+  struct sigaction fallback;
+  std::memset(&fallback, 0, sizeof(fallback));
+  fallback.sa_handler = SIG_DFL;
+  sigemptyset(&fallback.sa_mask);
+  sigaction(signal, &fallback, nullptr);
+  if (info->si_code <= 0) raise(signal);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TruncationGuard>> TruncationGuard::Guard(
+    void* base, size_t length) {
+  Table& t = table();
+  absl::MutexLock lock(&t.mu);
+  if (!t.handler_installed) {
+    struct sigaction action;
+    std::memset(&action, 0, sizeof(action));
+    action.sa_sigaction = OnSigbus;
+    action.sa_flags = SA_SIGINFO;
+    sigemptyset(&action.sa_mask);
+    if (sigaction(SIGBUS, &action, nullptr) != 0) {
+      return absl::InternalError(
+          absl::StrCat("sigaction(SIGBUS): ", std::strerror(errno)));
+    }
+    t.handler_installed = true;
+  }
+  const int used = t.used.load(std::memory_order_relaxed);
+  int slot = 0;
+  while (slot < used &&
+         t.slots[slot].begin.load(std::memory_order_relaxed) != 0) {
+    ++slot;
+  }
+  if (slot == kCapacity) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(kCapacity,
+                     " shared-memory mappings are in use, the most the daemon "
+                     "guards against truncation; unregister some"));
+  }
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(base);
+  const uintptr_t end = (begin + length + PageSize() - 1) & ~(PageSize() - 1);
+  Slot& s = t.slots[slot];
+  s.faulted.store(false, std::memory_order_relaxed);
+  s.end.store(end, std::memory_order_relaxed);
+  s.begin.store(begin, std::memory_order_release);
+  if (slot == used) t.used.store(used + 1, std::memory_order_release);
+  return std::unique_ptr<TruncationGuard>(new TruncationGuard(slot));
+}
+
+TruncationGuard::~TruncationGuard() {
+  Table& t = table();
+  absl::MutexLock lock(&t.mu);
+  t.slots[slot_].begin.store(0, std::memory_order_release);
+}
+
+bool TruncationGuard::faulted() const {
+  return table().slots[slot_].faulted.load(std::memory_order_acquire);
+}
+
+}  // namespace gradcomp::service
