@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -809,6 +810,18 @@ absl::StatusOr<ReduceOutput> Engine::GossipReduce(const ReduceInput& in,
       node->topology().neighbours(collective_->rank());
   for (size_t e = 0; e < neighbours.size(); ++e) {
     metrics_->AddGossipBytes(neighbours[e].rank, gossip.bytes_to_neighbour[e]);
+  }
+  for (const EdgeResync& edge : gossip.resynced) {
+    metrics_->CountGossipEdgeResync(edge.neighbour);
+    std::fprintf(stderr,
+                 "gradcompd: gossip of job '%s' tensor '%s' step %lld: the "
+                 "edge with rank %d was out of step (this end at power step "
+                 "%llu, the neighbour at %llu); both ends start it again from "
+                 "fresh factors\n",
+                 in.job.c_str(), in.tensor.c_str(),
+                 static_cast<long long>(in.step), edge.neighbour,
+                 static_cast<unsigned long long>(edge.this_end),
+                 static_cast<unsigned long long>(edge.neighbour_end));
   }
   return out;
 }

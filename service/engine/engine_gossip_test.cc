@@ -218,6 +218,42 @@ TEST_F(EngineGossipTest, ChocoKeepsTheMeanSendsTopKAndResumesFromItsState) {
   }
 }
 
+// Rank 2 goes back to an older state of its job (an older checkpoint):
+// its PowerGossip edges are behind its neighbours'. The next round starts
+// those two edges again at both ends: it succeeds on every rank, keeps the
+// network sum, and both ends of each edge count it once.
+TEST_F(EngineGossipTest, AnEdgeOutOfStepIsStartedAgainAndCounted) {
+  const GossipSpec spec{"ring", 2, 1, 1.0};
+  std::vector<std::vector<float>> xs;
+  for (int r = 0; r < kWorld; ++r) xs.push_back(Random(8 * 6, 20 + r));
+  Rounds(xs, {8, 6}, spec, 0, 1);
+  absl::StatusOr<std::string> older = engines_[2]->ExportState("job");
+  ASSERT_TRUE(older.ok()) << older.status();
+  Rounds(xs, {8, 6}, spec, 1, 2);
+  ASSERT_TRUE(engines_[2]->ImportState("job", *older).ok());
+  std::vector<double> sum(48, 0.0);
+  for (const auto& x : xs) {
+    for (size_t i = 0; i < x.size(); ++i) sum[i] += x[i];
+  }
+  Rounds(xs, {8, 6}, spec, 3, 3);
+  for (size_t i = 0; i < 48; ++i) {
+    double s = 0;
+    for (const auto& x : xs) s += x[i];
+    EXPECT_NEAR(s, sum[i], 1e-5) << "index " << i;
+  }
+  auto resyncs = [&](int r, int peer) {
+    return MetricValue(*metrics_[r]->collectable(),
+                       "gradcomp_gossip_edge_resyncs_total",
+                       {{"peer", std::to_string(peer)}});
+  };
+  EXPECT_EQ(resyncs(1, 2), 1);
+  EXPECT_EQ(resyncs(3, 2), 1);
+  EXPECT_EQ(resyncs(2, 1), 1);
+  EXPECT_EQ(resyncs(2, 3), 1);
+  EXPECT_EQ(resyncs(0, 1), 0);
+  EXPECT_EQ(resyncs(0, 3), 0);
+}
+
 TEST_F(EngineGossipTest, EqualInputsComeBackUnchanged) {
   const std::vector<float> same = Random(5 * 7, 3);
   std::vector<std::vector<float>> xs(kWorld, same);

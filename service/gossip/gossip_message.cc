@@ -54,35 +54,19 @@ void WriteHeader(const GossipMessageHeader& header, uint64_t count,
 absl::Status CheckHeader(absl::string_view bytes,
                          const GossipMessageHeader& expected,
                          size_t entry_bytes) {
-  if (bytes.size() < kGossipHeaderBytes) {
+  GC_ASSIGN_OR_RETURN(const GossipMessageHeader came, ReadGossipHeader(bytes));
+  const uint64_t kind = static_cast<uint64_t>(came.kind);
+  const uint64_t count = came.count;
+  if (came.power_step != expected.power_step) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "gossip message of ", bytes.size(), " bytes is shorter than its ",
-        kGossipHeaderBytes, "-byte header"));
-  }
-  const char* p = bytes.data();
-  if (Load(p, 4) != kMagic || Load(p + 4, 1) != kVersion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("not a gossip message of version ", kVersion, " (magic ",
-                     Load(p, 4), ", version ", Load(p + 4, 1), ")"));
-  }
-  if (Load(p + 6, 2) != 0 || Load(p + 12, 4) != 0) {
-    return absl::InvalidArgumentError(
-        "gossip message has non-zero reserved bytes");
-  }
-  const uint64_t kind = Load(p + 5, 1);
-  const uint64_t rank = Load(p + 8, 4);
-  const uint64_t step = Load(p + 16, 8);
-  const uint64_t count = Load(p + 24, 8);
-  if (step != expected.power_step) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "neighbour is at power step ", step, " of this edge, this end at ",
-        expected.power_step,
+        "neighbour is at power step ", came.power_step,
+        " of this edge, this end at ", expected.power_step,
         "; both ends must run the same steps (was one restarted without its "
         "gossip state?)"));
   }
-  if (kind != static_cast<uint64_t>(expected.kind) || rank != expected.rank) {
+  if (came.kind != expected.kind || came.rank != expected.rank) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "neighbour sent a ", KindName(kind), " message of rank ", rank,
+        "neighbour sent a ", KindName(kind), " message of rank ", came.rank,
         ", expected ", KindName(static_cast<uint64_t>(expected.kind)),
         " of rank ", expected.rank,
         "; expected the same gossip options on "
@@ -101,6 +85,30 @@ absl::Status CheckHeader(absl::string_view bytes,
 }
 
 }  // namespace
+
+absl::StatusOr<GossipMessageHeader> ReadGossipHeader(absl::string_view bytes) {
+  if (bytes.size() < kGossipHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gossip message of ", bytes.size(), " bytes is shorter than its ",
+        kGossipHeaderBytes, "-byte header"));
+  }
+  const char* p = bytes.data();
+  if (Load(p, 4) != kMagic || Load(p + 4, 1) != kVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a gossip message of version ", kVersion, " (magic ",
+                     Load(p, 4), ", version ", Load(p + 4, 1), ")"));
+  }
+  if (Load(p + 6, 2) != 0 || Load(p + 12, 4) != 0) {
+    return absl::InvalidArgumentError(
+        "gossip message has non-zero reserved bytes");
+  }
+  GossipMessageHeader header;
+  header.kind = static_cast<GossipKind>(Load(p + 5, 1));
+  header.rank = static_cast<uint32_t>(Load(p + 8, 4));
+  header.power_step = Load(p + 16, 8);
+  header.count = Load(p + 24, 8);
+  return header;
+}
 
 void WriteGossipMessage(const GossipMessageHeader& header,
                         absl::Span<const float> values, codecs::Bytes* out) {

@@ -1,8 +1,10 @@
 // The bytes one rank sends a neighbour in one gossip step, and their
 // checked parsing: a receiver refuses a message whose kind, rank, power
 // step or length differ from what its own end of the edge expects, so two
-// ends that drifted apart (a restarted daemon, another policy) fail loudly
-// instead of mixing unrelated numbers. Little-endian:
+// ends that drifted apart (another policy or shape) fail loudly instead of
+// mixing unrelated numbers. (PowerGossip reads the header first and starts
+// an edge whose ends ran different power steps again; power_gossip.h.)
+// Little-endian:
 //
 //   offset  size  field
 //        0     4  magic "GOSP"
@@ -28,6 +30,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "codecs/tensor.h"
@@ -52,6 +55,11 @@ struct GossipMessageHeader {
 
 void WriteGossipMessage(const GossipMessageHeader& header,
                         absl::Span<const float> values, codecs::Bytes* out);
+
+// The header of `bytes` as sent, after checking its length, magic, version
+// and reserved bytes only (`kind` may be a value no GossipKind names):
+// what a receiver reads to tell an edge out of step from a bad message.
+absl::StatusOr<GossipMessageHeader> ReadGossipHeader(absl::string_view bytes);
 
 // Checks `bytes` completely against `expected` and copies its values into
 // `out` (expected.count values). InvalidArgument saying what came and what

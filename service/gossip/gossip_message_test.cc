@@ -21,6 +21,27 @@ TEST(GossipMessageTest, RoundTrips) {
   EXPECT_EQ(out, values);
 }
 
+TEST(GossipMessageTest, TheHeaderReadsAloneAndOnlyIfWellFormed) {
+  codecs::Bytes bytes;
+  WriteGossipMessage({GossipKind::kRight, 3, 9, 2}, {1.0f, 2.0f}, &bytes);
+  absl::StatusOr<GossipMessageHeader> header = ReadGossipHeader(bytes);
+  ASSERT_TRUE(header.ok()) << header.status();
+  EXPECT_EQ(header->kind, GossipKind::kRight);
+  EXPECT_EQ(header->rank, 3u);
+  EXPECT_EQ(header->power_step, 9u);
+  EXPECT_EQ(header->count, 2u);
+  EXPECT_THAT(ReadGossipHeader(bytes.substr(0, 31)).status().message(),
+              HasSubstr("shorter than its 32-byte header"));
+  codecs::Bytes foreign = bytes;
+  foreign[0] = 'X';
+  EXPECT_THAT(ReadGossipHeader(foreign).status().message(),
+              HasSubstr("not a gossip message"));
+  codecs::Bytes reserved = bytes;
+  reserved[13] = 1;
+  EXPECT_THAT(ReadGossipHeader(reserved).status().message(),
+              HasSubstr("non-zero reserved bytes"));
+}
+
 TEST(GossipMessageTest, RefusesWhatTheOtherEndDoesNotExpect) {
   const std::vector<float> values = {1, 2, 3, 4};
   codecs::Bytes bytes;

@@ -66,6 +66,17 @@ absl::StatusOr<std::vector<codecs::Bytes>> Exchange(
 
 // A neighbour's message that could not be read, named as Exchange names
 // the step.
+// A low-rank message of this edge's rank r that ran a different number of
+// power steps (or is at the other factor) than `mine`: the edge's ends are
+// out of step, not sending unrelated tensors.
+bool OutOfStep(const GossipMessageHeader& came,
+               const GossipMessageHeader& mine) {
+  const bool low_rank =
+      came.kind == GossipKind::kLeft || came.kind == GossipKind::kRight;
+  return low_rank && came.rank == mine.rank &&
+         (came.power_step != mine.power_step || came.kind != mine.kind);
+}
+
 absl::Status BadMessage(const RoundKey& key, int from,
                         const absl::Status& why) {
   return absl::InvalidArgumentError(
@@ -478,6 +489,28 @@ absl::StatusOr<GossipStats> GossipNode::RoundOn(TensorGossip& tensor,
     for (size_t e = 0; e < neighbours.size(); ++e) {
       const int j = neighbours[e].rank;
       const bool lo = rank_ < j;
+      if (low_rank) {
+        const absl::StatusOr<GossipMessageHeader> came =
+            ReadGossipHeader((*got)[e]);
+        if (came.ok() && OutOfStep(*came, headers[e])) {
+          // The neighbour sees the same from this end's message: both draw
+          // the same fresh q and count the same steps from here.
+          const uint64_t steps =
+              std::max(came->power_step, headers[e].power_step);
+          TensorGossip::Edge& edge = t->edges[e];
+          edge.factors.power_steps = steps;
+          edge.factors.p.clear();
+          codecs::FillGaussian(
+              EdgeStream(seed_, key.tensor, "#gossip-resync",
+                         std::min(rank_, j), std::max(rank_, j),
+                         static_cast<int64_t>(steps)),
+              0, absl::MakeSpan(edge.factors.q));
+          edge.next_uses_q = true;
+          stats.resynced.push_back(
+              {j, headers[e].power_step, came->power_step});
+          continue;
+        }
+      }
       theirs.resize(headers[e].count);
       absl::Status read =
           ReadGossipMessage((*got)[e], headers[e], absl::MakeSpan(theirs));

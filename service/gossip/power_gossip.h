@@ -112,11 +112,23 @@ struct EdgeFactors {
   std::vector<float> q;      // cols x r, row-major
 };
 
+// An edge whose ends had run different numbers of PowerGossip power steps
+// (a round that failed at one end only, or a daemon restarted without its
+// state). Both ends see it in the same power step, from each other's
+// message, and start the edge again from the same fresh factors, at
+// max(this_end, neighbour_end) steps; the edge adds nothing in that step.
+struct EdgeResync {
+  int neighbour = 0;
+  uint64_t this_end = 0;       // the power step this end sent
+  uint64_t neighbour_end = 0;  // the power step the neighbour sent
+};
+
 struct GossipStats {
   // Message bytes this rank sent to each neighbour in the round (indexed
   // like Topology::neighbours(rank)).
   std::vector<uint64_t> bytes_to_neighbour;
   uint64_t bytes_sent = 0;
+  std::vector<EdgeResync> resynced;  // edges started again this round
 };
 
 class GossipNode {

@@ -180,6 +180,14 @@ Metrics::Metrics(const codecs::StateStore* state, absl::string_view version)
                        .Name("gradcomp_gossip_bytes_total")
                        .Help("Gossip message bytes sent, by neighbour rank.")
                        .Register(*registry_);
+  gossip_edge_resyncs_ =
+      &prometheus::BuildCounter()
+           .Name("gradcomp_gossip_edge_resyncs_total")
+           .Help(
+               "PowerGossip edges started again from fresh factors because "
+               "their two ends had run different power steps, by neighbour "
+               "rank.")
+           .Register(*registry_);
   consensus_distance_ =
       &prometheus::BuildGauge()
            .Name("gradcomp_gossip_consensus_distance")
@@ -299,6 +307,10 @@ void Metrics::SetMemoryBudget(uint64_t in_use, uint64_t total) {
 void Metrics::AddGossipBytes(int peer, uint64_t bytes) {
   gossip_bytes_->Add({{"peer", std::to_string(peer)}})
       .Increment(static_cast<double>(bytes));
+}
+
+void Metrics::CountGossipEdgeResync(int peer) {
+  gossip_edge_resyncs_->Add({{"peer", std::to_string(peer)}}).Increment();
 }
 
 void Metrics::SetConsensusDistance(absl::string_view job, double distance) {

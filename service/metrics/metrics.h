@@ -76,8 +76,11 @@ class Metrics {
   // The memory budget's bytes in use (requests and codec state) and total.
   void SetMemoryBudget(uint64_t in_use, uint64_t total);
   // Gossip mode (docs/gossip.md): message bytes sent to neighbour rank
-  // `peer`, and the consensus distance a client of `job` reported.
+  // `peer`, a PowerGossip edge with `peer` started again because its ends
+  // were out of step, and the consensus distance a client of `job`
+  // reported.
   void AddGossipBytes(int peer, uint64_t bytes);
+  void CountGossipEdgeResync(int peer);
   void SetConsensusDistance(absl::string_view job, double distance);
 
   std::shared_ptr<prometheus::Collectable> collectable() const {
@@ -115,6 +118,7 @@ class Metrics {
   prometheus::Gauge* memory_in_use_;
   prometheus::Gauge* memory_budget_;
   prometheus::Family<prometheus::Counter>* gossip_bytes_;
+  prometheus::Family<prometheus::Counter>* gossip_edge_resyncs_;
   prometheus::Family<prometheus::Gauge>* consensus_distance_;
   std::array<prometheus::Histogram*, 4> stages_;
 
