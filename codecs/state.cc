@@ -306,8 +306,17 @@ absl::StatusOr<Bytes> StateStore::Export(absl::string_view job) const {
   return w.Take();
 }
 
-absl::Status StateStore::Import(absl::string_view job, absl::string_view blob) {
+absl::Status StateStore::Import(absl::string_view job, absl::string_view blob,
+                                const ImportAdmission& admit) {
   GC_ASSIGN_OR_RETURN(std::vector<ImportedTensor> tensors, ParseBlob(blob));
+  if (admit != nullptr) {
+    std::vector<ImportedSize> sizes;
+    sizes.reserve(tensors.size());
+    for (const ImportedTensor& tensor : tensors) {
+      sizes.push_back({tensor.name, tensor.state.ByteSize()});
+    }
+    GC_RETURN_IF_ERROR(admit(sizes));
+  }
   for (ImportedTensor& tensor : tensors) {
     std::shared_ptr<Entry> entry;
     {

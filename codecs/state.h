@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -94,11 +95,24 @@ class StateStore {
   // Bytes held by every tensor's state.
   size_t ByteSize() const;
 
+  // One tensor of a blob that Import is about to restore: its name and the
+  // bytes its state will hold.
+  struct ImportedSize {
+    std::string tensor;
+    size_t bytes = 0;
+  };
+  // Sees an import's tensors once the blob is valid and before anything
+  // changes; an error refuses the import (the daemon's quotas and budget).
+  using ImportAdmission =
+      std::function<absl::Status(const std::vector<ImportedSize>&)>;
+
   // Serialises every tensor state of `job` (a self-describing, versioned
   // binary format) and restores it; Import replaces the job's tensors that
-  // the blob names and validates the blob completely before touching any.
+  // the blob names and validates the blob completely, and asks `admit`
+  // when given, before touching any.
   absl::StatusOr<Bytes> Export(absl::string_view job) const;
-  absl::Status Import(absl::string_view job, absl::string_view blob);
+  absl::Status Import(absl::string_view job, absl::string_view blob,
+                      const ImportAdmission& admit = nullptr);
 
  private:
   static std::shared_ptr<Entry> NewEntry(absl::Span<const int64_t> shape,

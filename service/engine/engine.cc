@@ -290,7 +290,17 @@ absl::StatusOr<std::string> Engine::ExportState(absl::string_view job) const {
 
 absl::Status Engine::ImportState(absl::string_view job,
                                  absl::string_view blob) {
-  return store_->Import(job, blob);
+  // Imported state counts as a reduce's would, against the job's quotas and
+  // the memory budget, checked before any of it replaces what is there.
+  const std::string what =
+      absl::StrCat("the state imported into job '", job, "'");
+  return store_->Import(
+      job, blob,
+      [&](const std::vector<codecs::StateStore::ImportedSize>& sizes) {
+        return quotas_.AdmitImport(job, sizes, [&](int64_t delta) {
+          return budget_.AddStateIfRoom(delta, what);
+        });
+      });
 }
 
 bool Engine::SampleError() {

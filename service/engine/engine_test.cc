@@ -556,5 +556,59 @@ TEST_F(EngineTest, StateExportAndImportRoundTrip) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Imported state counts against the memory budget and the job's quotas as
+// the reduces that made it would have: too large an import is refused
+// whole, before it replaces anything.
+TEST_F(EngineTest, ImportedStateCountsAgainstTheBudgetAndQuotas) {
+  const std::string data = FloatBytes(Ramp(4096));
+  ReduceInput in = Matrix(data);
+  in.codec = CodecSpec{"topk", {{"ratio", "0.01"}}};
+  ASSERT_TRUE(engine_->Reduce(in).ok());
+  auto blob = engine_->ExportState("job");
+  ASSERT_TRUE(blob.ok()) << blob.status();
+  const uint64_t state = store_.ByteSize();
+  ASSERT_GT(state, 0u);
+
+  auto fresh = [&](EngineOptions options, codecs::StateStore* store,
+                   Metrics* metrics) {
+    auto engine = Engine::Create(options, codecs::BuiltinCodecs(), store,
+                                 &collective_, metrics, Policy());
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    return std::move(*engine);
+  };
+  codecs::StateStore small_store;
+  Metrics small_metrics(&small_store, "test");
+  EngineOptions small;
+  small.memory_budget_bytes = state - 1;
+  auto tight = fresh(small, &small_store, &small_metrics);
+  absl::Status refused = tight->ImportState("job", *blob);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.message(),
+              HasSubstr("memory budget: the state imported into job 'job'"));
+  EXPECT_EQ(small_store.ByteSize(), 0u);
+
+  codecs::StateStore quota_store;
+  Metrics quota_metrics(&quota_store, "test");
+  EngineOptions quota;
+  quota.quotas.max_state_bytes_per_job = state - 1;
+  auto capped = fresh(quota, &quota_store, &quota_metrics);
+  EXPECT_THAT(capped->ImportState("job", *blob).message(),
+              HasSubstr("max_state_bytes_per_job"));
+  EXPECT_EQ(quota_store.ByteSize(), 0u);
+
+  codecs::StateStore roomy_store;
+  Metrics roomy_metrics(&roomy_store, "test");
+  auto roomy = fresh(EngineOptions(), &roomy_store, &roomy_metrics);
+  ASSERT_TRUE(roomy->ImportState("job", *blob).ok());
+  EXPECT_EQ(MetricValue(*roomy_metrics.collectable(),
+                        "gradcomp_memory_budget_in_use_bytes"),
+            static_cast<double>(state));
+  // Imported again over itself: no change.
+  ASSERT_TRUE(roomy->ImportState("job", *blob).ok());
+  EXPECT_EQ(MetricValue(*roomy_metrics.collectable(),
+                        "gradcomp_memory_budget_in_use_bytes"),
+            static_cast<double>(state));
+}
+
 }  // namespace
 }  // namespace gradcomp::service

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace gradcomp::service {
 
@@ -86,6 +87,53 @@ int64_t JobQuotas::RecordState(absl::string_view job, absl::string_view tensor,
   t->second = bytes;
   it->second.state_bytes = it->second.state_bytes + delta;
   return delta;
+}
+
+absl::Status JobQuotas::AdmitImport(
+    absl::string_view job,
+    const std::vector<codecs::StateStore::ImportedSize>& sizes,
+    const std::function<absl::Status(int64_t)>& reserve) {
+  absl::MutexLock lock(&mu_);
+  static const Job kNone;
+  auto it = jobs_.find(job);
+  const Job& known = it == jobs_.end() ? kNone : it->second;
+  uint64_t tensors = known.state_by_tensor.size();
+  int64_t delta = 0;
+  for (const auto& [tensor, bytes] : sizes) {
+    auto had = known.state_by_tensor.find(tensor);
+    if (had == known.state_by_tensor.end()) {
+      ++tensors;
+      delta += static_cast<int64_t>(bytes);
+    } else {
+      delta += static_cast<int64_t>(bytes) - static_cast<int64_t>(had->second);
+    }
+  }
+  if (tensors > options_.max_tensors_per_job) {
+    return Refuse("job_tensors",
+                  absl::StrCat("importing state into job '", job, "' of ",
+                               sizes.size(), " tensors would give it ", tensors,
+                               " tensors on this daemon, over its quota "
+                               "(max_tensors_per_job ",
+                               options_.max_tensors_per_job, ")"));
+  }
+  const uint64_t state_bytes = known.state_bytes + delta;
+  if (options_.max_state_bytes_per_job > 0 && delta > 0 &&
+      state_bytes > options_.max_state_bytes_per_job) {
+    return Refuse("job_state_bytes",
+                  absl::StrCat("importing state into job '", job,
+                               "' would make it hold ", state_bytes,
+                               " bytes of codec state, over its quota "
+                               "(max_state_bytes_per_job ",
+                               options_.max_state_bytes_per_job, ")"));
+  }
+  GC_RETURN_IF_ERROR(reserve(delta));
+  if (it == jobs_.end()) it = jobs_.try_emplace(job).first;
+  Job& entry = it->second;
+  for (const auto& [tensor, bytes] : sizes) {
+    entry.state_by_tensor[tensor] = bytes;
+  }
+  entry.state_bytes = state_bytes;
+  return absl::OkStatus();
 }
 
 uint64_t JobQuotas::active_jobs() const {

@@ -13,7 +13,9 @@
 #define GRADCOMP_SERVICE_ENGINE_JOB_QUOTAS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -21,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "codecs/state.h"
 #include "service/metrics/metrics.h"
 
 namespace gradcomp::service {
@@ -74,6 +77,18 @@ class JobQuotas {
   // the change since the last record, for MemoryBudget::AddState.
   int64_t RecordState(absl::string_view job, absl::string_view tensor,
                       uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // An import of codec state into `job` that makes `sizes`' tensors hold
+  // those bytes: ResourceExhausted, changing nothing, when the job would
+  // then have more tensors than its quota or, with a state quota, more
+  // state bytes, or when `reserve` refuses the change in bytes (the memory
+  // budget's AddStateIfRoom; called with this object's lock held). Else
+  // records them, as RecordState does.
+  absl::Status AdmitImport(
+      absl::string_view job,
+      const std::vector<codecs::StateStore::ImportedSize>& sizes,
+      const std::function<absl::Status(int64_t)>& reserve)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   uint64_t active_jobs() const ABSL_LOCKS_EXCLUDED(mu_);
 

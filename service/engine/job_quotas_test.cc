@@ -81,5 +81,47 @@ TEST(JobQuotasTest, StateQuotaStopsNewTensorsAndRecordsDeltas) {
   EXPECT_EQ(quotas.RecordState("unknown", "a", 10), 0);
 }
 
+// An import counts like the reduces that would have made its state: over a
+// quota, or refused by the budget's reserve, it changes nothing.
+TEST(JobQuotasTest, AnImportIsAdmittedAgainstBothQuotasAndTheReserve) {
+  Metrics metrics(nullptr, "test");
+  JobQuotaOptions options;
+  options.max_tensors_per_job = 3;
+  options.max_state_bytes_per_job = 1000;
+  JobQuotas quotas(options, &metrics);
+  ASSERT_TRUE(quotas.Admit("job", "a").ok());
+  EXPECT_EQ(quotas.RecordState("job", "a", 600), 600);
+  int64_t reserved = 0;
+  auto reserve = [&](int64_t delta) {
+    reserved += delta;
+    return absl::OkStatus();
+  };
+
+  absl::Status many =
+      quotas.AdmitImport("job", {{"b", 1}, {"c", 1}, {"d", 1}}, reserve);
+  EXPECT_EQ(many.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(many.message(), HasSubstr("would give it 4 tensors"));
+  absl::Status big =
+      quotas.AdmitImport("job", {{"a", 300}, {"b", 800}}, reserve);
+  EXPECT_EQ(big.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(big.message(), HasSubstr("would make it hold 1100 bytes"));
+  absl::Status no_room = quotas.AdmitImport("job", {{"b", 100}}, [](int64_t) {
+    return absl::ResourceExhaustedError("no room");
+  });
+  EXPECT_EQ(no_room.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(reserved, 0);
+
+  // Replacing a's 600 bytes by 300 and adding b's 500: 200 more.
+  ASSERT_TRUE(
+      quotas.AdmitImport("job", {{"a", 300}, {"b", 500}}, reserve).ok());
+  EXPECT_EQ(reserved, 200);
+  EXPECT_EQ(quotas.RecordState("job", "b", 400), -100);
+  EXPECT_EQ(Refusals(metrics, "job_tensors"), 1);
+  EXPECT_EQ(Refusals(metrics, "job_state_bytes"), 1);
+  // An import into a job this daemon has not seen.
+  ASSERT_TRUE(quotas.AdmitImport("new", {{"x", 64}}, reserve).ok());
+  EXPECT_EQ(reserved, 264);
+}
+
 }  // namespace
 }  // namespace gradcomp::service

@@ -129,6 +129,28 @@ void MemoryBudget::AddState(int64_t delta) {
   PublishLocked();
 }
 
+absl::Status MemoryBudget::AddStateIfRoom(int64_t delta,
+                                          absl::string_view what) {
+  if (delta <= 0) {
+    AddState(delta);
+    return absl::OkStatus();
+  }
+  const uint64_t bytes = static_cast<uint64_t>(delta);
+  absl::MutexLock lock(&mu_);
+  const uint64_t used = reserved_ + state_;
+  if (used <= total_ && bytes <= total_ - used) {
+    state_ += bytes;
+    PublishLocked();
+    return absl::OkStatus();
+  }
+  if (metrics_ != nullptr) metrics_->CountResourceExhausted(kResource);
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "memory budget: ", what, " needs ", bytes, " more bytes, but ", used,
+      " of the budget's ", total_, " bytes are in use (", state_,
+      " by codec state); expected a smaller import, or a larger "
+      "--memory_budget_bytes"));
+}
+
 uint64_t MemoryBudget::in_use() const {
   absl::MutexLock lock(&mu_);
   return reserved_ + state_;

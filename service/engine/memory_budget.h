@@ -74,6 +74,11 @@ class MemoryBudget {
   // it counts against the budget at once, without waiting, since it is
   // already allocated; requests then find that much less room.
   void AddState(int64_t delta) ABSL_LOCKS_EXCLUDED(mu_);
+  // AddState for state not allocated yet (an import): a growth that does
+  // not fit in the budget now is ResourceExhausted for `what`, adding
+  // nothing.
+  absl::Status AddStateIfRoom(int64_t delta, absl::string_view what)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   uint64_t total() const { return total_; }
   // Reserved by requests plus held by codec state.

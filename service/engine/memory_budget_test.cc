@@ -142,5 +142,20 @@ TEST(MemoryBudgetTest, DefaultIsHalfOfAvailableMemory) {
   EXPECT_LE(budget, physical / 2);
 }
 
+TEST(MemoryBudgetTest, StateAddedIfRoomIsRefusedWholeWhenItDoesNotFit) {
+  MemoryBudget budget(1000, nullptr);
+  budget.AddState(600);
+  absl::Status refused = budget.AddStateIfRoom(401, "an import");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.message(),
+              HasSubstr("an import needs 401 more bytes, but 600 of the "
+                        "budget's 1000 bytes are in use"));
+  EXPECT_EQ(budget.state_bytes(), 600u);
+  EXPECT_TRUE(budget.AddStateIfRoom(400, "an import").ok());
+  EXPECT_EQ(budget.in_use(), 1000u);
+  EXPECT_TRUE(budget.AddStateIfRoom(-300, "a smaller import").ok());
+  EXPECT_EQ(budget.state_bytes(), 700u);
+}
+
 }  // namespace
 }  // namespace gradcomp::service
