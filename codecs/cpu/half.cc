@@ -3,14 +3,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <thread>
-#include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #include <immintrin.h>
 #define GC_HALF_X86 1
 #endif
+
+#include "codecs/cpu/parallel.h"
 
 namespace gradcomp::codecs {
 namespace {
@@ -35,32 +35,18 @@ uint16_t Load16(const char* p) {
 
 void Store16(char* p, uint16_t v) { std::memcpy(p, &v, sizeof(v)); }
 
-// Below this many elements a thread costs more than it saves; above it the
-// conversion is bound by memory bandwidth, which one core does not saturate.
-constexpr size_t kParallelThreshold = size_t{1} << 20;
-// Chunks start on a multiple of this so every thread runs whole SIMD blocks.
-constexpr size_t kChunkAlign = 64;
-
-// Runs fn(begin, end) over [0, n), on several threads when n is large.
+// Runs fn(begin, end) over [0, n) in parts on the kept threads of
+// codecs::ParallelFor when n is large (2^20 elements a part: below that a
+// thread costs more than it saves; above it the conversion is bound by
+// memory bandwidth, which one core does not saturate). Parts start on a
+// multiple of 64 elements, so every part runs whole SIMD blocks.
 template <typename Fn>
-void ParallelFor(size_t n, const Fn& fn) {
-  const size_t hw = std::max(1u, std::thread::hardware_concurrency());
-  const size_t threads =
-      std::min<size_t>({hw, size_t{16}, n / kParallelThreshold});
-  if (threads <= 1) {
-    fn(size_t{0}, n);
-    return;
-  }
-  size_t chunk = (n + threads - 1) / threads;
-  chunk = (chunk + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
-  std::vector<std::thread> workers;
-  workers.reserve(threads - 1);
-  for (size_t begin = chunk; begin < n; begin += chunk) {
-    const size_t end = std::min(n, begin + chunk);
-    workers.emplace_back([&fn, begin, end] { fn(begin, end); });
-  }
-  fn(size_t{0}, std::min(n, chunk));
-  for (std::thread& t : workers) t.join();
+void InParts(size_t n, const Fn& fn) {
+  ParallelOptions options;
+  options.min_per_part = size_t{1} << 20;
+  options.align = 64;
+  ParallelFor(n, options,
+              [&fn](size_t begin, size_t end, int) { fn(begin, end); });
 }
 
 // ---- Portable loops (also the tails of the SIMD loops). ----
@@ -309,7 +295,7 @@ float Bf16BitsToFloat(uint16_t b) {
 void FloatToHalf(absl::Span<const float> in, float scale, void* out) {
   const auto kernel = GC_PICK(FloatToHalf);
   char* bytes = static_cast<char*>(out);
-  ParallelFor(in.size(), [&](size_t begin, size_t end) {
+  InParts(in.size(), [&](size_t begin, size_t end) {
     kernel(in.data() + begin, end - begin, scale, bytes + 2 * begin);
   });
 }
@@ -317,7 +303,7 @@ void FloatToHalf(absl::Span<const float> in, float scale, void* out) {
 void FloatToBf16(absl::Span<const float> in, float scale, void* out) {
   const auto kernel = GC_PICK(FloatToBf16);
   char* bytes = static_cast<char*>(out);
-  ParallelFor(in.size(), [&](size_t begin, size_t end) {
+  InParts(in.size(), [&](size_t begin, size_t end) {
     kernel(in.data() + begin, end - begin, scale, bytes + 2 * begin);
   });
 }
@@ -325,7 +311,7 @@ void FloatToBf16(absl::Span<const float> in, float scale, void* out) {
 void ScaleFloat(absl::Span<const float> in, float scale, void* out) {
   const auto kernel = GC_PICK(ScaleFloat);
   char* bytes = static_cast<char*>(out);
-  ParallelFor(in.size(), [&](size_t begin, size_t end) {
+  InParts(in.size(), [&](size_t begin, size_t end) {
     kernel(in.data() + begin, end - begin, scale, bytes + 4 * begin);
   });
 }
@@ -333,7 +319,7 @@ void ScaleFloat(absl::Span<const float> in, float scale, void* out) {
 void HalfToFloat(const void* in, absl::Span<float> out) {
   const auto kernel = GC_PICK(HalfToFloat);
   const char* bytes = static_cast<const char*>(in);
-  ParallelFor(out.size(), [&](size_t begin, size_t end) {
+  InParts(out.size(), [&](size_t begin, size_t end) {
     kernel(bytes + 2 * begin, end - begin, out.data() + begin);
   });
 }
@@ -341,7 +327,7 @@ void HalfToFloat(const void* in, absl::Span<float> out) {
 void Bf16ToFloat(const void* in, absl::Span<float> out) {
   const auto kernel = GC_PICK(Bf16ToFloat);
   const char* bytes = static_cast<const char*>(in);
-  ParallelFor(out.size(), [&](size_t begin, size_t end) {
+  InParts(out.size(), [&](size_t begin, size_t end) {
     kernel(bytes + 2 * begin, end - begin, out.data() + begin);
   });
 }
@@ -349,7 +335,7 @@ void Bf16ToFloat(const void* in, absl::Span<float> out) {
 void AddHalf(const void* in, float alpha, absl::Span<float> acc) {
   const auto kernel = GC_PICK(AddHalf);
   const char* bytes = static_cast<const char*>(in);
-  ParallelFor(acc.size(), [&](size_t begin, size_t end) {
+  InParts(acc.size(), [&](size_t begin, size_t end) {
     kernel(bytes + 2 * begin, end - begin, alpha, acc.data() + begin);
   });
 }
@@ -357,7 +343,7 @@ void AddHalf(const void* in, float alpha, absl::Span<float> acc) {
 void AddBf16(const void* in, float alpha, absl::Span<float> acc) {
   const auto kernel = GC_PICK(AddBf16);
   const char* bytes = static_cast<const char*>(in);
-  ParallelFor(acc.size(), [&](size_t begin, size_t end) {
+  InParts(acc.size(), [&](size_t begin, size_t end) {
     kernel(bytes + 2 * begin, end - begin, alpha, acc.data() + begin);
   });
 }
@@ -365,7 +351,7 @@ void AddBf16(const void* in, float alpha, absl::Span<float> acc) {
 void AddFloat(const void* in, float alpha, absl::Span<float> acc) {
   const auto kernel = GC_PICK(AddFloat);
   const char* bytes = static_cast<const char*>(in);
-  ParallelFor(acc.size(), [&](size_t begin, size_t end) {
+  InParts(acc.size(), [&](size_t begin, size_t end) {
     kernel(bytes + 4 * begin, end - begin, alpha, acc.data() + begin);
   });
 }

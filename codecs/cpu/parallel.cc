@@ -8,6 +8,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "base/start_thread.h"
 
 namespace gradcomp::codecs {
 namespace {
@@ -87,9 +88,14 @@ class PartRunner {
     int part;
   };
 
+  // As many of `threads` as the system gives: callers run the parts no
+  // thread takes, so fewer (even none) only costs speed.
   explicit PartRunner(int threads) {
     for (int t = 0; t < threads; ++t) {
-      std::thread([this] { Loop(); }).detach();
+      absl::StatusOr<std::thread> started =
+          StartThread([this] { Loop(); }, "ParallelFor");
+      if (!started.ok()) break;
+      started->detach();
     }
   }
 

@@ -291,11 +291,16 @@ grpc::Status GradcompService::ReduceStream(
   // reads, and the outbox's writer writes what the workers queue there
   // (stream_outbox.h), so that a client that stops reading cannot hold the
   // workers every client shares.
-  StreamOutbox outbox(
+  absl::StatusOr<std::unique_ptr<StreamOutbox>> started = StreamOutbox::Start(
       [stream](const v1::ReduceStreamResponse& answer) {
         return stream->Write(answer);
       },
       kMaxUnwrittenAnswerBytes);
+  if (!started.ok()) {
+    metrics_->CountResourceExhausted("threads");
+    return ToGrpcStatus(started.status());
+  }
+  StreamOutbox& outbox = **started;
   absl::Mutex mu;
   int pending = 0;
   auto send = [&outbox](const v1::ReduceStreamResponse& response) {

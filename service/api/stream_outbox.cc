@@ -2,12 +2,24 @@
 
 #include <utility>
 
+#include "base/start_thread.h"
+#include "base/status_macros.h"
+
 namespace gradcomp::service {
 
-StreamOutbox::StreamOutbox(WriteFn write, uint64_t max_unwritten_bytes)
-    : write_(std::move(write)), max_unwritten_bytes_(max_unwritten_bytes) {
-  writer_ = std::thread([this] { WriteAll(); });
+absl::StatusOr<std::unique_ptr<StreamOutbox>> StreamOutbox::Start(
+    WriteFn write, uint64_t max_unwritten_bytes) {
+  std::unique_ptr<StreamOutbox> outbox(
+      new StreamOutbox(std::move(write), max_unwritten_bytes));
+  StreamOutbox* self = outbox.get();
+  GC_ASSIGN_OR_RETURN(outbox->writer_,
+                      StartThread([self] { self->WriteAll(); },
+                                  "the writer of a ReduceStream"));
+  return outbox;
 }
+
+StreamOutbox::StreamOutbox(WriteFn write, uint64_t max_unwritten_bytes)
+    : write_(std::move(write)), max_unwritten_bytes_(max_unwritten_bytes) {}
 
 StreamOutbox::~StreamOutbox() { Close(); }
 

@@ -9,19 +9,23 @@
 // read its answers stops being served, not the others, and the answers
 // waiting for it stay bounded.
 //
-//   StreamOutbox outbox([&](const auto& a) { return stream->Write(a); },
-//                       kMaxUnwrittenBytes);
-//   while (outbox.WaitForRoom() && stream->Read(&request)) ... Push(answer);
-//   const bool delivered = outbox.Close();
+//   GC_ASSIGN_OR_RETURN(std::unique_ptr<StreamOutbox> outbox,
+//                       StreamOutbox::Start(
+//                           [&](const auto& a) { return stream->Write(a); },
+//                           kMaxUnwrittenBytes));
+//   while (outbox->WaitForRoom() && stream->Read(&request)) ... Push(answer);
+//   const bool delivered = outbox->Close();
 #ifndef GRADCOMP_SERVICE_API_STREAM_OUTBOX_H_
 #define GRADCOMP_SERVICE_API_STREAM_OUTBOX_H_
 
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "gradcomp/v1/gradcomp.pb.h"
 
@@ -33,9 +37,11 @@ class StreamOutbox {
   // client went away or cancelled).
   using WriteFn = std::function<bool(const v1::ReduceStreamResponse&)>;
 
-  // Starts the writer. WaitForRoom waits while more than
-  // `max_unwritten_bytes` of answers are queued.
-  StreamOutbox(WriteFn write, uint64_t max_unwritten_bytes);
+  // An outbox with its writer running. WaitForRoom waits while more than
+  // `max_unwritten_bytes` of answers are queued. ResourceExhausted when no
+  // thread can be started (the stream should be refused).
+  static absl::StatusOr<std::unique_ptr<StreamOutbox>> Start(
+      WriteFn write, uint64_t max_unwritten_bytes);
   StreamOutbox(const StreamOutbox&) = delete;
   StreamOutbox& operator=(const StreamOutbox&) = delete;
   // Close()s.
@@ -55,6 +61,7 @@ class StreamOutbox {
   bool Close() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  StreamOutbox(WriteFn write, uint64_t max_unwritten_bytes);
   void WriteAll() ABSL_LOCKS_EXCLUDED(mu_);
 
   const WriteFn write_;

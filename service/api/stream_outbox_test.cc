@@ -20,14 +20,16 @@ v1::ReduceStreamResponse Answer(int id, size_t bytes = 0) {
 
 TEST(StreamOutboxTest, WritesEveryAnswerInOrderBeforeClosing) {
   std::vector<int> written;
-  StreamOutbox outbox(
+  auto started = StreamOutbox::Start(
       [&](const v1::ReduceStreamResponse& a) {
         written.push_back(a.request_id());
         return true;
       },
       1 << 20);
-  for (int i = 0; i < 100; ++i) outbox.Push(Answer(i));
-  EXPECT_TRUE(outbox.Close());
+  ASSERT_TRUE(started.ok()) << started.status();
+  StreamOutbox* outbox = started->get();
+  for (int i = 0; i < 100; ++i) outbox->Push(Answer(i));
+  EXPECT_TRUE(outbox->Close());
   ASSERT_EQ(written.size(), 100u);
   for (int i = 0; i < 100; ++i) EXPECT_EQ(written[i], i);
 }
@@ -37,39 +39,43 @@ TEST(StreamOutboxTest, WritesEveryAnswerInOrderBeforeClosing) {
 // and goes on when the client takes them.
 TEST(StreamOutboxTest, PushNeverWaitsForTheClientAndTheReaderDoes) {
   absl::Notification client_reads;
-  StreamOutbox outbox(
+  auto started = StreamOutbox::Start(
       [&](const v1::ReduceStreamResponse&) {
         client_reads.WaitForNotification();
         return true;
       },
       /*max_unwritten_bytes=*/1000);
-  for (int i = 0; i < 10; ++i) outbox.Push(Answer(i, 500));  // returns
+  ASSERT_TRUE(started.ok()) << started.status();
+  StreamOutbox* outbox = started->get();
+  for (int i = 0; i < 10; ++i) outbox->Push(Answer(i, 500));  // returns
   absl::Notification room;
   std::thread reader([&] {
-    EXPECT_TRUE(outbox.WaitForRoom());
+    EXPECT_TRUE(outbox->WaitForRoom());
     room.Notify();
   });
   EXPECT_FALSE(room.HasBeenNotified());
   client_reads.Notify();
   reader.join();
   EXPECT_TRUE(room.HasBeenNotified());
-  EXPECT_TRUE(outbox.Close());
+  EXPECT_TRUE(outbox->Close());
 }
 
 // A broken stream: the rest is dropped, the reader is told to stop, and
 // Close says the answers did not all arrive.
 TEST(StreamOutboxTest, ABrokenStreamDropsTheRestAndStopsTheReader) {
   int writes = 0;
-  StreamOutbox outbox(
+  auto started = StreamOutbox::Start(
       [&](const v1::ReduceStreamResponse&) {
         ++writes;
         return false;
       },
       /*max_unwritten_bytes=*/0);
-  outbox.Push(Answer(0, 100));
-  EXPECT_FALSE(outbox.WaitForRoom());
-  outbox.Push(Answer(1, 100));
-  EXPECT_FALSE(outbox.Close());
+  ASSERT_TRUE(started.ok()) << started.status();
+  StreamOutbox* outbox = started->get();
+  outbox->Push(Answer(0, 100));
+  EXPECT_FALSE(outbox->WaitForRoom());
+  outbox->Push(Answer(1, 100));
+  EXPECT_FALSE(outbox->Close());
   EXPECT_EQ(writes, 1);
 }
 

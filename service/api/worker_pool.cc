@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "base/start_thread.h"
+
 namespace gradcomp::service {
 
 WorkerPool::WorkerPool(int max_threads, size_t max_queued)
@@ -23,7 +25,16 @@ bool WorkerPool::TrySchedule(std::function<void()> work) {
   queue_.push_back(std::move(work));
   if (queue_.size() > idle_ &&
       threads_.size() < static_cast<size_t>(max_threads_)) {
-    threads_.emplace_back([this] { Loop(); });
+    absl::StatusOr<std::thread> started =
+        StartThread([this] { Loop(); }, "a worker");
+    if (started.ok()) {
+      threads_.push_back(*std::move(started));
+    } else if (threads_.empty()) {
+      // Nobody would ever run it.
+      queue_.pop_back();
+      return false;
+    }
+    // Else the running threads take it when they come free.
   }
   return true;
 }

@@ -35,7 +35,8 @@ class WorkerPool {
 
   // Queues `work`, starting a thread for it when none is idle and fewer
   // than `max_threads` run; or returns false (and drops it) when
-  // `max_queued` closures are already waiting for a thread.
+  // `max_queued` closures are already waiting for a thread, or when no
+  // thread runs and none can be started (the system's thread limit).
   bool TrySchedule(std::function<void()> work) ABSL_LOCKS_EXCLUDED(mu_);
 
   size_t max_queued() const { return max_queued_; }

@@ -1,6 +1,10 @@
 #include "service/api/worker_pool.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <fstream>
 
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
@@ -86,6 +90,29 @@ TEST(WorkerPoolTest, StartsThreadsOnDemandUpToTheMaximum) {
   release.Notify();
   while (ran.load() < 4) absl::SleepFor(absl::Milliseconds(1));
   EXPECT_EQ(pool.threads(), 3);
+}
+
+// No thread can be started (address space capped at what the process
+// holds, less than a thread's stack): the closure is refused, and the
+// process goes on, instead of std::thread's exception ending it.
+TEST(WorkerPoolTest, NoThreadToStartRefusesTheClosure) {
+  // A fresh process: a forked one would reuse the stacks glibc keeps from
+  // the threads of earlier tests, without asking for memory.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        WorkerPool pool(4, 100);
+        long pages = 0;
+        std::ifstream("/proc/self/statm") >> pages;
+        rlimit limit;
+        getrlimit(RLIMIT_AS, &limit);
+        limit.rlim_cur =
+            static_cast<rlim_t>(pages) * sysconf(_SC_PAGESIZE) + (1 << 20);
+        if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(3);
+        const bool scheduled = pool.TrySchedule([] {});
+        _exit(scheduled ? 4 : 0);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

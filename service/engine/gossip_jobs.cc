@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/start_thread.h"
 #include "base/status_macros.h"
 #include "service/gossip/topology.h"
 
@@ -196,8 +197,18 @@ absl::StatusOr<GossipNode*> GossipJobs::Node(absl::string_view job,
     }
   };
   {
+    // All pairs at once; a pair whose thread cannot be started fails with
+    // that reason, like one whose neighbour did not answer.
     std::vector<std::thread> threads;
-    for (size_t i = 1; i < ask.size(); ++i) threads.emplace_back(exchange, i);
+    for (size_t i = 1; i < ask.size(); ++i) {
+      absl::StatusOr<std::thread> started =
+          StartThread([&exchange, i] { exchange(i); }, "a gossip spec check");
+      if (started.ok()) {
+        threads.push_back(*std::move(started));
+      } else {
+        got[i] = started.status();
+      }
+    }
     if (!ask.empty()) exchange(0);
     for (std::thread& t : threads) t.join();
   }

@@ -11,6 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "base/crc32c.h"
+#include "base/start_thread.h"
+#include "base/status_macros.h"
 #include "codecs/wire.h"
 #include "gradcomp/v1/peer.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -557,6 +559,17 @@ class GrpcTransport::Impl final : public grpc::Service {
       ABSL_LOCKS_EXCLUDED(mu_) {
     Peer& peer = peers_[to];
     bool broken = false;
+    // Without a thread to start, the stream ends and Dial tries again.
+    GC_ASSIGN_OR_RETURN(std::thread reader,
+                        StartThread(
+                            [this, stream, &broken] {
+                              grpc::ByteBuffer ignored;
+                              while (stream->Read(&ignored)) {
+                              }
+                              absl::MutexLock lock(&mu_);
+                              broken = true;
+                            },
+                            "the reader of a peer stream"));
     {
       absl::MutexLock lock(&mu_);
       peer.outgoing_up = true;
@@ -566,13 +579,6 @@ class GrpcTransport::Impl final : public grpc::Service {
     }
     std::fprintf(stderr, "gradcompd: rank %d -> %s: connected\n", rank(),
                  PeerName(to).c_str());
-    std::thread reader([this, stream, &broken] {
-      grpc::ByteBuffer ignored;
-      while (stream->Read(&ignored)) {
-      }
-      absl::MutexLock lock(&mu_);
-      broken = true;
-    });
     absl::Status status;
     while (status.ok()) {
       Queued next;
