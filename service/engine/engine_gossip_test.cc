@@ -266,7 +266,8 @@ TEST_F(EngineGossipTest, ExportsTheReportedConsensusDistance) {
   reported_distance_ = 0.25;
   Rounds(xs, {6}, {"ring"}, 0, 1);
   EXPECT_EQ(MetricValue(*metrics_[0]->collectable(),
-                        "gradcomp_gossip_consensus_distance", {{"job", "job"}}),
+                        "gradcomp_gossip_consensus_distance",
+                        {{"gradcomp_job", "job"}}),
             0.25);
 }
 

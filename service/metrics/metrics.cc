@@ -314,7 +314,7 @@ void Metrics::CountGossipEdgeResync(int peer) {
 }
 
 void Metrics::SetConsensusDistance(absl::string_view job, double distance) {
-  consensus_distance_->Add({{"job", std::string(job)}}).Set(distance);
+  consensus_distance_->Add({{"gradcomp_job", std::string(job)}}).Set(distance);
 }
 
 }  // namespace gradcomp::service

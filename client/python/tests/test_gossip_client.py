@@ -246,7 +246,7 @@ class GossipRingTest(unittest.TestCase):
             consensus_distance=0.125))
         families = metrics.scrape(self.daemons[0].metrics_url)
         self.assertEqual(metrics.total(families, "gradcomp_gossip_consensus_distance",
-                                       job="reported"), 0.125)
+                                       gradcomp_job="reported"), 0.125)
 
 
 if __name__ == "__main__":
