@@ -280,8 +280,10 @@ absl::Status ValidateConfig(const v1::DaemonConfig& config,
             "', expected each rank's own peer address"));
       }
     }
-    // The same host:port twice would not fail to bind: gRPC servers share a
-    // port (SO_REUSEPORT), and peers dialling it would reach either server.
+    // One host:port for two servers: the second bind fails with a bare
+    // "address in use", or, where the entry is another rank's, this daemon
+    // takes that rank's port and the other rank is the one that cannot
+    // start. Said here, it names the cause.
     for (const auto& [name, address] :
          {std::pair<const char*, const std::string&>{"listen", config.listen()},
           {"metrics_listen", config.metrics_listen()}}) {
