@@ -150,6 +150,10 @@ ABSL_FLAG(uint64_t, max_state_bytes_per_job, 0,
 ABSL_FLAG(uint64_t, max_queued_requests, 4096,
           "ReduceStream tensors that may wait for a worker, over all streams; "
           "beyond it a tensor is answered RESOURCE_EXHAUSTED.");
+ABSL_FLAG(uint64_t, max_rpc_threads, 1024,
+          "Threads gRPC may use to serve client calls (one waits for new "
+          "calls; each ReduceStream holds one); a call beyond them is "
+          "refused at once with RESOURCE_EXHAUSTED. At least 2.");
 ABSL_FLAG(bool, check_config, false,
           "Validate the config and policy, print the effective config as "
           "JSON, and exit 0 (valid) or 1 (invalid) without serving.");
@@ -232,6 +236,8 @@ FlagOverrides GivenFlags(const std::set<std::string>& named) {
       IfNamed(named, FLAGS_max_state_bytes_per_job, "max_state_bytes_per_job");
   flags.max_queued_requests =
       IfNamed(named, FLAGS_max_queued_requests, "max_queued_requests");
+  flags.max_rpc_threads =
+      IfNamed(named, FLAGS_max_rpc_threads, "max_rpc_threads");
   flags.peer_tls_cert = IfNamed(named, FLAGS_peer_tls_cert, "peer_tls_cert");
   flags.peer_tls_key = IfNamed(named, FLAGS_peer_tls_key, "peer_tls_key");
   flags.peer_tls_ca = IfNamed(named, FLAGS_peer_tls_ca, "peer_tls_ca");
@@ -421,7 +427,8 @@ absl::Status Run(const std::set<std::string>& named_flags) {
       std::unique_ptr<grpc::Server> server,
       StartGrpcServer(config->listen(), &guarded, &port, &metrics,
                       MaxReceiveBytes(config->max_tensor_bytes()),
-                      absl::GetFlag(FLAGS_health_listen)));
+                      absl::GetFlag(FLAGS_health_listen),
+                      static_cast<int>(config->max_rpc_threads())));
   GC_RETURN_IF_ERROR(SetSocketMode(config->listen(), socket_mode));
   std::fprintf(stderr,
                "gradcompd %s: serving gRPC on %s, %s; rank %u of "

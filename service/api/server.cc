@@ -5,13 +5,15 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "service/api/request_counter.h"
 
 namespace gradcomp::service {
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
     const std::string& listen, grpc::Service* service, int* port,
-    Metrics* metrics, int max_receive_bytes, const std::string& health_listen) {
+    Metrics* metrics, int max_receive_bytes, const std::string& health_listen,
+    int max_threads) {
   // Both are process-wide switches read when a server is built.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -30,6 +32,9 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
   // gRPC sets SO_REUSEPORT by default, which lets a second daemon bind the
   // same port and silently share its traffic; a taken port must fail.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  grpc::ResourceQuota threads("gradcompd client API");
+  threads.SetMaxThreads(max_threads);
+  builder.SetResourceQuota(threads);
   if (metrics != nullptr) {
     builder.experimental().SetInterceptorCreators(
         RequestCounterInterceptors(metrics));

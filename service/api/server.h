@@ -26,11 +26,15 @@ namespace gradcomp::service {
 // A non-empty `health_listen` (host:port) is a second address of the same
 // server, for kubelet gRPC probes beside a unix-socket `listen`; who may
 // call the client API through it is the service's to decide
-// (authenticated_service.h).
+// (authenticated_service.h). gRPC serves calls on at most `max_threads`
+// threads, one of which waits for new calls: a call beyond them is refused
+// at once with RESOURCE_EXHAUSTED ("Server Threadpool Exhausted") rather
+// than the daemon starting threads without end (each ReduceStream holds
+// one for its life).
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
     const std::string& listen, grpc::Service* service, int* port = nullptr,
     Metrics* metrics = nullptr, int max_receive_bytes = INT_MAX,
-    const std::string& health_listen = "");
+    const std::string& health_listen = "", int max_threads = 1024);
 
 }  // namespace gradcomp::service
 

@@ -3,9 +3,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gradcomp/v1/gradcomp.grpc.pb.h"
 #include "gtest/gtest.h"
@@ -84,6 +89,64 @@ TEST(ServerTest, UnixSocket) {
   (*server)->Shutdown();
   unlink(path.c_str());
   rmdir(dir);
+}
+
+// Each ReduceStream holds a thread while it runs: here until released.
+class HoldingService : public gradcomp::v1::Gradcomp::Service {
+ public:
+  grpc::Status ReduceStream(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<gradcomp::v1::ReduceStreamResponse,
+                               gradcomp::v1::ReduceRequest>* stream) override {
+    gradcomp::v1::ReduceRequest request;
+    stream->Read(&request);
+    ++holding;
+    release.WaitForNotification();
+    return grpc::Status::OK;
+  }
+  std::atomic<int> holding{0};
+  absl::Notification release;
+};
+
+// With 3 threads (one waits for calls), two streams are served and a third
+// is refused at once, not queued behind them or given a thread of its own.
+TEST(ServerTest, CallsBeyondTheThreadBoundAreRefusedAtOnce) {
+  HoldingService service;
+  int port = 0;
+  auto server = StartGrpcServer("127.0.0.1:0", &service, &port, nullptr,
+                                INT_MAX, "", /*max_threads=*/3);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = gradcomp::v1::Gradcomp::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  using Stream =
+      grpc::ClientReaderWriter<gradcomp::v1::ReduceRequest,
+                               gradcomp::v1::ReduceStreamResponse>;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<Stream>> streams;
+  auto open = [&] {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    contexts.back()->set_deadline(std::chrono::system_clock::now() +
+                                  std::chrono::seconds(60));
+    streams.push_back(stub->ReduceStream(contexts.back().get()));
+    streams.back()->Write(gradcomp::v1::ReduceRequest());
+    return streams.back().get();
+  };
+  open();
+  open();
+  while (service.holding < 2) absl::SleepFor(absl::Milliseconds(5));
+  Stream* third = open();
+  const grpc::Status refused = third->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("Threadpool Exhausted"));
+  EXPECT_EQ(service.holding, 2);
+
+  service.release.Notify();
+  EXPECT_TRUE(streams[0]->Finish().ok());
+  EXPECT_TRUE(streams[1]->Finish().ok());
+  Stream* later = open();  // threads came free
+  later->WritesDone();
+  EXPECT_TRUE(later->Finish().ok());
+  (*server)->Shutdown();
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "service/config/config.h"
 
+#include <climits>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -28,6 +29,7 @@ constexpr uint64_t kDefaultMaxTensorBytes = uint64_t{4} << 30;
 constexpr double kDefaultErrorSampleRate = 0.1;
 // ReduceStream tensors waiting for a worker (GradcompService's default).
 constexpr uint64_t kDefaultMaxQueuedRequests = 4096;
+constexpr uint64_t kDefaultMaxRpcThreads = 1024;
 // sockaddr_un.sun_path holds 108 bytes on Linux, the terminating NUL included.
 constexpr size_t kMaxUnixPathBytes = 107;
 
@@ -128,6 +130,13 @@ absl::Status ValidateLimits(const v1::DaemonConfig& config) {
       {"max_tensors_per_job", config.max_tensors_per_job()},
       {"max_queued_requests", config.max_queued_requests()},
   };
+  if (config.max_rpc_threads() < 2 || config.max_rpc_threads() > INT_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_rpc_threads is ", config.max_rpc_threads(),
+        ", expected at least 2 (one thread waits for calls, the others serve "
+        "them) and at most ",
+        INT_MAX));
+  }
   for (const auto& [name, value] : positive) {
     if (value == 0) {
       return absl::InvalidArgumentError(
@@ -158,6 +167,7 @@ v1::DaemonConfig DefaultConfig() {
   config.set_max_tensors_per_job(engine.quotas.max_tensors_per_job);
   config.set_max_state_bytes_per_job(engine.quotas.max_state_bytes_per_job);
   config.set_max_queued_requests(kDefaultMaxQueuedRequests);
+  config.set_max_rpc_threads(kDefaultMaxRpcThreads);
   return config;
 }
 
@@ -217,6 +227,9 @@ void ApplyFlags(const FlagOverrides& flags, v1::DaemonConfig* config) {
   }
   if (flags.max_queued_requests) {
     config->set_max_queued_requests(*flags.max_queued_requests);
+  }
+  if (flags.max_rpc_threads) {
+    config->set_max_rpc_threads(*flags.max_rpc_threads);
   }
   if (flags.peer_tls_cert) {
     config->mutable_peer_tls()->set_cert_file(*flags.peer_tls_cert);

@@ -53,6 +53,7 @@ struct FlagOverrides {
   std::optional<uint64_t> max_tensors_per_job;
   std::optional<uint64_t> max_state_bytes_per_job;
   std::optional<uint64_t> max_queued_requests;
+  std::optional<uint64_t> max_rpc_threads;
 };
 
 // Every field at its default: the listen addresses above, world size 1,

@@ -328,6 +328,7 @@ TEST(ConfigTest, LimitsHaveDefaultsFileFieldsFlagsAndChecks) {
   EXPECT_EQ(defaults->max_tensors_per_job(), 65536u);
   EXPECT_EQ(defaults->max_state_bytes_per_job(), 0u);
   EXPECT_EQ(defaults->max_queued_requests(), 4096u);
+  EXPECT_EQ(defaults->max_rpc_threads(), 1024u);
 
   const std::string path = WriteFile("limits.json", R"({
     "memory_budget_bytes": "1048576", "memory_wait_seconds": 0,
@@ -335,6 +336,7 @@ TEST(ConfigTest, LimitsHaveDefaultsFileFieldsFlagsAndChecks) {
   FlagOverrides flags;
   flags.max_tensors_per_job = 3;
   flags.max_queued_requests = 5;
+  flags.max_rpc_threads = 8;
   flags.max_tensor_bytes = 1024;
   auto config = LoadConfig(path, flags, codecs::BuiltinCodecs());
   ASSERT_TRUE(config.ok()) << config.status();
@@ -346,11 +348,17 @@ TEST(ConfigTest, LimitsHaveDefaultsFileFieldsFlagsAndChecks) {
   EXPECT_EQ(options.quotas.max_state_bytes_per_job, 4096u);
   EXPECT_EQ(options.max_tensor_bytes, 1024u);
   EXPECT_EQ(config->max_queued_requests(), 5u);
+  EXPECT_EQ(config->max_rpc_threads(), 8u);
 
   flags.max_queued_requests = 0;
   EXPECT_THAT(
       LoadConfig(path, flags, codecs::BuiltinCodecs()).status().message(),
       HasSubstr("max_queued_requests is 0, expected a positive number"));
+  flags.max_queued_requests = 5;
+  flags.max_rpc_threads = 1;
+  EXPECT_THAT(
+      LoadConfig(path, flags, codecs::BuiltinCodecs()).status().message(),
+      HasSubstr("max_rpc_threads is 1, expected at least 2"));
   FlagOverrides negative;
   negative.memory_wait_seconds = -1;
   EXPECT_THAT(
