@@ -118,9 +118,8 @@ TEST(ServerTest, CallsBeyondTheThreadBoundAreRefusedAtOnce) {
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = gradcomp::v1::Gradcomp::NewStub(grpc::CreateChannel(
       "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
-  using Stream =
-      grpc::ClientReaderWriter<gradcomp::v1::ReduceRequest,
-                               gradcomp::v1::ReduceStreamResponse>;
+  using Stream = grpc::ClientReaderWriter<gradcomp::v1::ReduceRequest,
+                                          gradcomp::v1::ReduceStreamResponse>;
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
   std::vector<std::unique_ptr<Stream>> streams;
   auto open = [&] {
