@@ -51,9 +51,11 @@ def list_namespaces() -> list[str]:
 
 
 def cleanup_prefix(prefix: str) -> None:
-    """Kills the processes in, and deletes, every namespace named prefix*."""
+    """Kills the processes in, and deletes, every namespace a ShapedNetwork
+    with this prefix creates (prefix + "sw", prefix + "h<i>"); not every
+    prefix*, which would take gce1234sw of a concurrent run for gce123."""
     for ns in list_namespaces():
-        if ns.startswith(prefix):
+        if re.fullmatch(re.escape(prefix) + r"(sw|h[0-9]+)", ns):
             _kill_namespace_pids(ns)
             subprocess.run(["ip", "netns", "del", ns], check=False)
 
