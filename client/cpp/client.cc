@@ -9,8 +9,10 @@
 #include <random>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "base/status_macros.h"
 
 namespace gradcomp::client {
@@ -34,7 +36,23 @@ v1::SharedMemorySlice SliceProto(const ShmSlice& slice) {
   return proto;
 }
 
-// A float32 result of `n` values (the size ReduceInline checked).
+// "float16" for DTYPE_FLOAT16: how a message names a dtype.
+std::string DTypeLabel(v1::DType dtype) {
+  std::string label = v1::DType_Name(dtype);
+  if (label.empty()) return absl::StrCat("dtype ", static_cast<int>(dtype));
+  absl::string_view name = label;
+  absl::ConsumePrefix(&name, "DTYPE_");
+  return absl::AsciiStrToLower(name);
+}
+
+// The request a part's answer names: the part's index, which the daemon
+// puts in the error's request_id or in the result's.
+uint64_t PartAnswerId(const v1::ReduceStreamResponse& part) {
+  return part.error_code() != 0 ? part.request_id()
+                                : part.result().request_id();
+}
+
+// A float32 result of `n` values (the dtype and size ReduceInline checked).
 Float32ReduceResult ToFloat32(ReduceResult raw, size_t n) {
   Float32ReduceResult result;
   result.values.resize(n);
@@ -184,6 +202,13 @@ absl::StatusOr<ReduceResult> Client::ReduceInline(v1::ReduceRequest request) {
                      target_, " returned ", response.data().size(),
                      " bytes for a ", input_bytes, "-byte input"));
   }
+  // Callers (ToFloat32 among them) read the result as the input's dtype.
+  if (response.dtype() != request.dtype()) {
+    return absl::InternalError(
+        absl::StrCat("Reduce of '", request.tensor(), "': gradcompd at ",
+                     target_, " answered ", DTypeLabel(response.dtype()),
+                     " for a ", DTypeLabel(request.dtype()), " request"));
+  }
   ReduceResult result;
   result.dtype = response.dtype();
   result.data = std::move(*response.mutable_data());
@@ -307,7 +332,8 @@ Client::ReduceShmBucket(const std::string& job, int64_t step, v1::DType dtype,
   if (codec) *request.mutable_codec() = *codec;
   if (batch) *request.mutable_batch() = *batch;
 
-  // One request, one answer: written, closed, then read.
+  // One request, one answer: written, closed, then read to the end, as
+  // Finish waits while any answer is left unread.
   const std::unique_ptr<grpc::ClientContext> context = NewContext();
   std::unique_ptr<
       grpc::ClientReaderWriter<v1::ReduceRequest, v1::ReduceStreamResponse>>
@@ -315,14 +341,23 @@ Client::ReduceShmBucket(const std::string& job, int64_t step, v1::DType dtype,
   stream->Write(request);
   stream->WritesDone();
   v1::ReduceStreamResponse answer;
-  const bool answered = stream->Read(&answer);
+  int answers = 0;
+  for (v1::ReduceStreamResponse next; stream->Read(&next);) {
+    if (++answers == 1) answer = std::move(next);
+  }
   GC_RETURN_IF_ERROR(FromGrpcStatus(stream->Finish(), "ReduceStream", target_));
-  if (!answered) {
+  if (answers == 0) {
     return absl::InternalError(absl::StrCat("ReduceStream to gradcompd at ",
                                             target_,
                                             ": the stream ended without "
                                             "an answer to the request with ",
                                             parts.size(), " parts"));
+  }
+  if (answers > 1) {
+    return absl::InternalError(
+        absl::StrCat("ReduceStream to gradcompd at ", target_, ": ", answers,
+                     " answers to the one request with ", parts.size(),
+                     " parts, expected 1"));
   }
   GC_RETURN_IF_ERROR(AnswerStatus(answer, target_));
   if (answer.part_results_size() != static_cast<int>(parts.size())) {
@@ -333,7 +368,14 @@ Client::ReduceShmBucket(const std::string& job, int64_t step, v1::DType dtype,
   }
   std::vector<absl::StatusOr<v1::ReduceStats>> results;
   results.reserve(parts.size());
-  for (v1::ReduceStreamResponse& part : *answer.mutable_part_results()) {
+  for (int i = 0; i < answer.part_results_size(); ++i) {
+    v1::ReduceStreamResponse& part = *answer.mutable_part_results(i);
+    if (PartAnswerId(part) != static_cast<uint64_t>(i)) {
+      return absl::InternalError(absl::StrCat(
+          "ReduceStream to gradcompd at ", target_, ": part result ", i,
+          " answers request_id ", PartAnswerId(part), ", expected ", i,
+          " (part '", parts[i].tensor, "')"));
+    }
     absl::Status status = AnswerStatus(part, target_);
     if (status.ok()) {
       results.push_back(std::move(*part.mutable_result()->mutable_stats()));

@@ -82,6 +82,9 @@ absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view rpc,
 // Bytes per element of `dtype`; 0 for DTYPE_UNSPECIFIED or unknown values.
 size_t DTypeSize(v1::DType dtype);
 
+// Thread-safe: a Client is read-only after Connect and gRPC stubs may be
+// called from any thread, so one Client may serve every thread of a trainer
+// at once (a batch's members, below, must be reduced concurrently).
 class Client {
  public:
   // `target` is "host:port" or "unix:/path". Connecting is lazy: an absent
@@ -104,6 +107,10 @@ class Client {
 
   // Reduces raw little-endian bytes of `dtype` (float16/bfloat16/float32/
   // float64). The length must be numel(shape) * DTypeSize(dtype).
+  // The daemon, not the client, checks the length, shape, dtype, job and
+  // tensor names (here and in every Reduce below): it refuses them with
+  // InvalidArgument, naming what it expected. A reply that does not match
+  // the request (its dtype or size) is Internal.
   absl::StatusOr<ReduceResult> ReduceBytes(
       const std::string& job, const std::string& tensor, int64_t step,
       v1::DType dtype, std::string data, absl::Span<const int64_t> shape,
@@ -113,8 +120,8 @@ class Client {
   // Gossip mode (docs/gossip.md): returns `values` mixed with the job's
   // neighbouring workers' on `gossip`'s topology instead of the average.
   // Every worker of the job must name the same spec. `consensus_distance`
-  // > 0 is exported as gradcomp_gossip_consensus_distance{job}. An empty
-  // topology, or a negative or non-finite diffusion or distance, is an
+  // > 0 is exported as gradcomp_gossip_consensus_distance{gradcomp_job}. An
+  // empty topology, or a negative or non-finite diffusion or distance, is an
   // InvalidArgument before anything is sent.
   absl::StatusOr<Float32ReduceResult> Gossip(
       const std::string& job, const std::string& tensor, int64_t step,
@@ -147,7 +154,9 @@ class Client {
   // same dtype, codec and batch. The result holds each part's stats or its
   // own error, in the parts' order: a part fails alone. A request the daemon
   // refuses whole (parts that overlap or leave the slices, a bad batch,
-  // more than 128 parts) is the returned status.
+  // more than 128 parts) is the returned status. A reply that cannot answer
+  // this request (more than one message, part results whose request_id is
+  // not their index) is Internal.
   absl::StatusOr<std::vector<absl::StatusOr<v1::ReduceStats>>> ReduceShmBucket(
       const std::string& job, int64_t step, v1::DType dtype,
       absl::Span<const ShmPart> parts, const ShmSlice& input,

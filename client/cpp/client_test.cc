@@ -6,7 +6,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -77,7 +79,8 @@ TEST(ClientTest, AbsentDaemonIsUnavailable) {
 
 // A Gradcomp server that records the Reduce requests it gets and answers
 // each with its input doubled, so a test sees both what the client sent and
-// that the answer came back.
+// that the answer came back. Tests may make it answer wrongly: in another
+// dtype, or with scripted ReduceStream messages.
 class RecordingServer final : public v1::Gradcomp::Service {
  public:
   RecordingServer() {
@@ -94,19 +97,50 @@ class RecordingServer final : public v1::Gradcomp::Service {
     absl::MutexLock lock(&mu_);
     return requests_;
   }
+  // Reduce answers in `dtype` instead of the request's.
+  void AnswerReduceIn(v1::DType dtype) {
+    absl::MutexLock lock(&mu_);
+    answer_dtype_ = dtype;
+  }
+  // ReduceStream sends these messages for every request it reads.
+  void AnswerStreamWith(std::vector<v1::ReduceStreamResponse> answers) {
+    absl::MutexLock lock(&mu_);
+    stream_answers_ = std::move(answers);
+  }
 
   grpc::Status Reduce(grpc::ServerContext*, const v1::ReduceRequest* request,
                       v1::ReduceResponse* response) override {
+    v1::DType dtype = request->dtype();
     {
       absl::MutexLock lock(&mu_);
       requests_.push_back(*request);
+      if (answer_dtype_) dtype = *answer_dtype_;
     }
     std::vector<float> values(request->data().size() / sizeof(float));
     std::memcpy(values.data(), request->data().data(), request->data().size());
     for (float& v : values) v *= 2;
-    response->set_dtype(request->dtype());
+    response->set_dtype(dtype);
     response->set_data(values.data(), values.size() * sizeof(float));
     response->mutable_stats()->set_codec("gossip");
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ReduceStream(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<v1::ReduceStreamResponse, v1::ReduceRequest>*
+          stream) override {
+    v1::ReduceRequest request;
+    while (stream->Read(&request)) {
+      std::vector<v1::ReduceStreamResponse> answers;
+      {
+        absl::MutexLock lock(&mu_);
+        requests_.push_back(request);
+        answers = stream_answers_;
+      }
+      for (const v1::ReduceStreamResponse& answer : answers) {
+        stream->Write(answer);
+      }
+    }
     return grpc::Status::OK;
   }
 
@@ -115,6 +149,8 @@ class RecordingServer final : public v1::Gradcomp::Service {
   std::unique_ptr<grpc::Server> server_;
   absl::Mutex mu_;
   std::vector<v1::ReduceRequest> requests_ ABSL_GUARDED_BY(mu_);
+  std::optional<v1::DType> answer_dtype_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::ReduceStreamResponse> stream_answers_ ABSL_GUARDED_BY(mu_);
 };
 
 v1::GossipSpec TorusSpec() {
@@ -199,6 +235,110 @@ TEST(ClientGossipTest, BadSpecsAreRefusedBeforeAnythingIsSent) {
     EXPECT_THAT(status.message(), HasSubstr("Gossip of 'w': " + c.message));
   }
   EXPECT_TRUE(server.requests().empty());
+}
+
+// The daemon answers in the request's dtype; a reply in another would be
+// read as the wrong type.
+TEST(ClientReduceTest, AReplyInAnotherDTypeIsInternal) {
+  RecordingServer server;
+  server.AnswerReduceIn(v1::DTYPE_FLOAT16);
+  auto client = Client::Connect(server.target());
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::vector<float> values = {1, 2};
+  const std::vector<int64_t> shape = {2};
+  absl::Status status =
+      (*client)->Reduce("job", "w", 0, values, shape).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_THAT(status.message(),
+              HasSubstr("answered float16 for a float32 request"));
+}
+
+// A part's answer to a two-part bucket: a result, or (error_code set) an
+// error, numbered `id`.
+v1::ReduceStreamResponse PartAnswer(uint64_t id, int error_code = 0) {
+  v1::ReduceStreamResponse part;
+  if (error_code != 0) {
+    part.set_error_code(error_code);
+    part.set_error_message("bad part");
+    part.set_request_id(id);
+  } else {
+    part.mutable_result()->set_request_id(id);
+    part.mutable_result()->mutable_stats()->set_codec("topk");
+  }
+  return part;
+}
+
+v1::ReduceStreamResponse BucketAnswer(
+    std::vector<v1::ReduceStreamResponse> parts) {
+  v1::ReduceStreamResponse answer;
+  for (v1::ReduceStreamResponse& part : parts) {
+    *answer.add_part_results() = std::move(part);
+  }
+  return answer;
+}
+
+absl::StatusOr<std::vector<absl::StatusOr<v1::ReduceStats>>> ReduceTwoParts(
+    Client& client) {
+  const std::vector<ShmPart> parts = {{"a", {4}, 0}, {"b", {4}, 16}};
+  return client.ReduceShmBucket("job", 3, v1::DTYPE_FLOAT32, parts,
+                                {"r", 0, 32}, {"r", 32, 32});
+}
+
+TEST(ClientReduceShmBucketTest, ReturnsEachPartsResultOrError) {
+  RecordingServer server;
+  server.AnswerStreamWith({BucketAnswer(
+      {PartAnswer(0), PartAnswer(1, grpc::StatusCode::INVALID_ARGUMENT)})});
+  auto client = Client::Connect(server.target());
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto results = ReduceTwoParts(**client);
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), 2u);
+  ASSERT_TRUE((*results)[0].ok()) << (*results)[0].status();
+  EXPECT_EQ((*results)[0]->codec(), "topk");
+  EXPECT_EQ((*results)[1].status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_EQ(server.requests().size(), 1u);
+  EXPECT_EQ(server.requests()[0].parts_size(), 2);
+}
+
+// More than one answer to the one request: the client reads them all and
+// says so at once, rather than waiting in Finish for the deadline.
+TEST(ClientReduceShmBucketTest, MoreThanOneAnswerIsInternalNotADeadline) {
+  RecordingServer server;
+  const v1::ReduceStreamResponse answer =
+      BucketAnswer({PartAnswer(0), PartAnswer(1)});
+  server.AnswerStreamWith({answer, answer, answer});
+  ClientOptions options;
+  options.rpc_timeout = absl::Seconds(5);
+  auto client = Client::Connect(server.target(), options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::Status status = ReduceTwoParts(**client).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_THAT(status.message(),
+              HasSubstr("3 answers to the one request with 2 parts, "
+                        "expected 1"));
+}
+
+// Part results travel in the parts' order, each numbered by its index;
+// one numbered otherwise belongs to another part.
+TEST(ClientReduceShmBucketTest, APartResultWithAnotherIndexIsInternal) {
+  RecordingServer server;
+  server.AnswerStreamWith({BucketAnswer(
+      {PartAnswer(1), PartAnswer(0, grpc::StatusCode::INVALID_ARGUMENT)})});
+  auto client = Client::Connect(server.target());
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::Status status = ReduceTwoParts(**client).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_THAT(status.message(),
+              HasSubstr("part result 0 answers request_id 1, expected 0 "
+                        "(part 'a')"));
+
+  // The same for an error answer, which carries its index outside a result.
+  server.AnswerStreamWith({BucketAnswer(
+      {PartAnswer(0), PartAnswer(7, grpc::StatusCode::INVALID_ARGUMENT)})});
+  status = ReduceTwoParts(**client).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_THAT(status.message(),
+              HasSubstr("part result 1 answers request_id 7, expected 1"));
 }
 
 }  // namespace

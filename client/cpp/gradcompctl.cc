@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -138,7 +139,17 @@ absl::Status RunReduce(Client& client, const CtlArgs& args) {
     input.shape = *args.shape;
     GC_ASSIGN_OR_RETURN(input.data, ReadFileBytes(args.input));
     GC_ASSIGN_OR_RETURN(const int64_t numel, NumElements(input.shape));
-    const uint64_t expected = numel * NpyItemSize(input.dtype);
+    const uint64_t itemsize = NpyItemSize(input.dtype);
+    // numel * itemsize can wrap around (--shape=2^62 of <f4 "needs" 0
+    // bytes), and a wrapped size would let a wrong file through.
+    if (static_cast<uint64_t>(numel) >
+        std::numeric_limits<uint64_t>::max() / itemsize) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--shape=", absl::StrJoin(input.shape, ","), " of ",
+                       NpyDescr(input.dtype), " has ", numel, " elements of ",
+                       itemsize, " bytes: their size does not fit in 64 bits"));
+    }
+    const uint64_t expected = static_cast<uint64_t>(numel) * itemsize;
     if (input.data.size() != expected) {
       return absl::InvalidArgumentError(
           absl::StrCat(args.input, " is ", input.data.size(),

@@ -4,10 +4,12 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <utility>
 
@@ -23,6 +25,37 @@ absl::Status ErrnoError(absl::string_view what, const std::string& key) {
                                           "': ", std::strerror(errno)));
 }
 
+// Where shm_open(3) puts objects on Linux.
+constexpr char kShmDir[] = "/dev/shm";
+
+// Takes the object's pages now. ftruncate alone reserves nothing on tmpfs:
+// pages are taken on first write, and a write that finds /dev/shm full
+// raises SIGBUS. A full /dev/shm is a ResourceExhausted that says how much
+// room it has, as that is what the caller must raise (docker run
+// --shm-size, a larger memory emptyDir).
+absl::Status ReservePages(int fd, uint64_t byte_size, const std::string& key) {
+  // posix_fallocate returns its error; it does not set errno.
+  const int error = posix_fallocate(fd, 0, static_cast<off_t>(byte_size));
+  if (error == 0) return absl::OkStatus();
+  if (error != ENOSPC) {
+    return absl::InternalError(absl::StrCat("posix_fallocate of ", byte_size,
+                                            " bytes of shared memory '", key,
+                                            "': ", std::strerror(error)));
+  }
+  std::string room;
+  struct statvfs fs;
+  if (statvfs(kShmDir, &fs) == 0) {
+    room = absl::StrCat(" (", kShmDir, " has ",
+                        uint64_t{fs.f_bavail} * fs.f_frsize, " bytes free of ",
+                        uint64_t{fs.f_blocks} * fs.f_frsize, ")");
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat("shared memory '", key, "': no room for ", byte_size,
+                   " bytes in ", kShmDir, room,
+                   "; give it more (e.g. docker run --shm-size) or use a "
+                   "smaller region"));
+}
+
 bool IsKeyChar(char c) {
   return absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.';
 }
@@ -31,9 +64,13 @@ bool IsKeyChar(char c) {
 
 absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(
     uint64_t byte_size, absl::string_view tag) {
-  if (byte_size == 0) {
+  // ftruncate and mmap take the size as an off_t: a larger one would come
+  // back as an EINVAL that does not say which argument was wrong.
+  constexpr uint64_t kMaxSize = std::numeric_limits<off_t>::max();
+  if (byte_size == 0 || byte_size > kMaxSize) {
     return absl::InvalidArgumentError(
-        "shared-memory region of 0 bytes, expected a positive size");
+        absl::StrCat("shared-memory region of ", byte_size,
+                     " bytes, expected a positive size of at most ", kMaxSize));
   }
   if (tag.empty() || tag.size() > 128 ||
       !std::all_of(tag.begin(), tag.end(), IsKeyChar)) {
@@ -51,9 +88,10 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(
   void* base = MAP_FAILED;
   if (ftruncate(fd, static_cast<off_t>(byte_size)) != 0) {
     status = ErrnoError("ftruncate", key);
-  } else if (flock(fd, LOCK_SH) != 0) {
-    status = ErrnoError("flock", key);
-  } else {
+  }
+  if (status.ok()) status = ReservePages(fd, byte_size, key);
+  if (status.ok() && flock(fd, LOCK_SH) != 0) status = ErrnoError("flock", key);
+  if (status.ok()) {
     base = mmap(nullptr, byte_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) status = ErrnoError("mmap", key);
   }
@@ -67,11 +105,13 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(
 }
 
 ShmRegion::ShmRegion(std::string key, int fd, absl::Span<char> bytes)
-    : key_(std::move(key)), fd_(fd), bytes_(bytes) {}
+    : key_(std::move(key)), creator_(getpid()), fd_(fd), bytes_(bytes) {}
 
 ShmRegion::~ShmRegion() {
   munmap(bytes_.data(), bytes_.size());
-  shm_unlink(key_.c_str());
+  // A forked child's copy must not take the name from under its parent,
+  // which still uses (and has registered) the region.
+  if (getpid() == creator_) shm_unlink(key_.c_str());
   close(fd_);  // drops the flock: gradcompd may reclaim the registration
 }
 

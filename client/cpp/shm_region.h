@@ -8,9 +8,12 @@
 //   GC_ASSIGN_OR_RETURN(std::unique_ptr<ShmRegion> region,
 //                       ShmRegion::Create(2 * n * sizeof(float), "job1"));
 //   absl::Span<float> grads = region->floats();  // the client's view
-//   GC_RETURN_IF_ERROR(client->RegisterShm("job1.rank0", *region));
+//   GC_RETURN_IF_ERROR(client->RegisterShm("job1.rank0", region->key(), 0,
+//                                          region->byte_size()));
 #ifndef GRADCOMP_CLIENT_CPP_SHM_REGION_H_
 #define GRADCOMP_CLIENT_CPP_SHM_REGION_H_
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <memory>
@@ -27,14 +30,19 @@ class ShmRegion {
   // Creates and maps a new zero-filled object of `byte_size` bytes named
   // "/gradcomp.<tag>.<pid>.<random>", so that jobs and pods sharing
   // /dev/shm never pick the same key. `tag` (e.g. the job) may hold
-  // letters, digits, '-', '_' and '.'.
+  // letters, digits, '-', '_' and '.'. The object's pages are reserved
+  // here: a /dev/shm too small for it (Docker's default is 64 MiB) is a
+  // ResourceExhausted now rather than a SIGBUS on the first write. A size
+  // of 0 or above the largest off_t is an InvalidArgument.
   static absl::StatusOr<std::unique_ptr<ShmRegion>> Create(
       uint64_t byte_size, absl::string_view tag = "region");
 
   ShmRegion(const ShmRegion&) = delete;
   ShmRegion& operator=(const ShmRegion&) = delete;
-  // Unmaps the region and unlinks its object; a daemon that still has it
-  // mapped keeps its pages until it unmaps them.
+  // Unmaps the region and, in the process that created it, unlinks its
+  // object; a daemon that still has it mapped keeps its pages until it
+  // unmaps them. A forked child that destroys its inherited copy unmaps and
+  // closes only its own: the name and the parent's flock stay.
   ~ShmRegion();
 
   const std::string& key() const { return key_; }
@@ -50,6 +58,7 @@ class ShmRegion {
   ShmRegion(std::string key, int fd, absl::Span<char> bytes);
 
   const std::string key_;
+  const pid_t creator_;  // the only process that unlinks key_
   const int fd_;
   const absl::Span<char> bytes_;
 };

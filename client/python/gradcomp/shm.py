@@ -23,6 +23,7 @@ one memory emptyDir mounted at /dev/shm in both containers).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fcntl
 import math
 import mmap
@@ -53,12 +54,39 @@ class ShmTensor:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
+def _reserve_pages(fd: int, byte_size: int, key: str) -> None:
+    """Takes the object's pages now. ftruncate alone reserves nothing on
+    tmpfs: pages are taken on first write, and a write that finds /dev/shm
+    full kills the process with SIGBUS. A full /dev/shm is an OSError
+    (ENOSPC) here instead, saying how much room it has."""
+    try:
+        os.posix_fallocate(fd, 0, byte_size)
+    except OSError as error:
+        if error.errno != errno.ENOSPC:
+            raise OSError(error.errno, f"posix_fallocate of {byte_size} bytes "
+                          f"of shared memory {key}: {error.strerror}") from None
+        room = ""
+        try:
+            fs = os.statvfs(_SHM_DIR)
+            room = (f" ({_SHM_DIR} has {fs.f_bavail * fs.f_frsize} bytes free "
+                    f"of {fs.f_blocks * fs.f_frsize})")
+        except OSError:
+            pass
+        raise OSError(errno.ENOSPC, f"shared memory {key}: no room for "
+                      f"{byte_size} bytes in {_SHM_DIR}{room}; give it more "
+                      f"(e.g. docker run --shm-size) or use a smaller "
+                      f"region") from None
+
+
 class ShmRegion:
     """A new POSIX shared-memory object, mapped read-write.
 
     Its key is "/gradcomp.<tag>.<pid>.<random>", so jobs and pods sharing
-    /dev/shm never collide. release() (or leaving the `with` block) unmaps
-    it and unlinks the object; drop the numpy views from array() first.
+    /dev/shm never collide. Its pages are reserved at once: a /dev/shm
+    without room for them (Docker's default is 64 MiB) raises OSError
+    (ENOSPC) here, not SIGBUS on the first write. release() (or leaving
+    the `with` block) unmaps it and unlinks the object; drop the numpy
+    views from array() first.
     Only the creating process unlinks it: a forked child that releases or
     drops its copy unmaps and closes only its own, and the flock stays
     while the parent holds its descriptor.
@@ -79,6 +107,7 @@ class ShmRegion:
                            os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(self._fd, byte_size)
+            _reserve_pages(self._fd, byte_size, self.key)
             fcntl.flock(self._fd, fcntl.LOCK_SH)
             self._map: mmap.mmap | None = mmap.mmap(self._fd, byte_size)
         except BaseException:

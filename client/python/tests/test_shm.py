@@ -3,6 +3,7 @@ and real gradcompd processes (world size 1 and 2) started here.
 
 Needs the daemon binary: `bazel build //service:gradcompd`, or $GRADCOMPD.
 """
+import errno
 import fcntl
 import os
 import signal
@@ -110,6 +111,30 @@ class ShmRegionTest(unittest.TestCase):
         # The region's fd is closed, and its shared flock with it.
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
         region.release()  # already released
+
+    def test_pages_are_reserved_at_creation(self):
+        # ftruncate alone leaves a tmpfs object with no blocks, to be taken
+        # (or, with /dev/shm full, SIGBUS) on first write.
+        with ShmRegion(1 << 20, tag="py-test") as region:
+            st = os.stat("/dev/shm" + region.key)
+            self.assertGreaterEqual(st.st_blocks * 512, 1 << 20)
+
+    def test_a_region_larger_than_dev_shm_is_enospc(self):
+        fs = os.statvfs("/dev/shm")
+        limit = fs.f_blocks * fs.f_frsize
+        size = 1 << 45  # 32 TiB: tmpfs refuses it at once, taking nothing
+        if limit == 0 or limit >= size:
+            self.skipTest(f"/dev/shm has no size limit below {size} bytes")
+        tag = f"py-test-enospc-{os.getpid()}"
+        with self.assertRaises(OSError) as error:
+            ShmRegion(size, tag=tag)
+        self.assertEqual(error.exception.errno, errno.ENOSPC)
+        self.assertIn(f"no room for {size} bytes in /dev/shm (", str(error.exception))
+        self.assertIn(f"/gradcomp.{tag}.", str(error.exception))
+        self.assertIn("bytes free of", str(error.exception))
+        leftovers = [name for name in os.listdir("/dev/shm")
+                     if name.startswith(f"gradcomp.{tag}.")]
+        self.assertEqual(leftovers, [])
 
     def test_bad_sizes_and_tags(self):
         with self.assertRaises(ValueError):
