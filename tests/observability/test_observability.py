@@ -80,14 +80,24 @@ def _missing_tools() -> str | None:
 def dashboard_queries() -> list[tuple[str, str]]:
     """(panel title, PromQL) of every target of every panel, with Grafana's
     variables replaced by what a user sees with "All" selected."""
+    return [(title, expr) for title, expr, _ in dashboard_targets()]
+
+
+def dashboard_targets() -> list[tuple[str, str, str]]:
+    """dashboard_queries() with each target's legend format."""
     board = json.loads(DASHBOARD.read_text())
-    queries = []
+    targets = []
     for panel in board["panels"]:
         for target in panel["targets"]:
             expr = (target["expr"].replace("$__rate_interval", "20s")
                     .replace('"$instance"', '".*"'))
-            queries.append((panel["title"], expr))
-    return queries
+            targets.append((panel["title"], expr, target.get("legendFormat", "")))
+    return targets
+
+
+def legend_labels(legend: str) -> set[str]:
+    """The labels a Grafana legend format names: {{codec}} -> codec."""
+    return set(re.findall(r"\{\{\s*(\w+)\s*\}\}", legend))
 
 
 def alert_rules(text: str) -> dict[str, str]:
@@ -302,6 +312,17 @@ class DashboardAndAlertsTest(unittest.TestCase):
             self.fail(f"dashboard queries without data: {self.empty}; "
                       f"workload errors: {self.worker_errors}")
         self.assertEqual(self.worker_errors, [])
+        # Each series carries the labels its legend names: a `by (...)` that
+        # drops one, or a misspelt label, would draw every line alike.
+        unlabelled = []
+        for title, expr, legend in dashboard_targets():
+            needed = legend_labels(legend)
+            for series in self.prometheus.query(expr):
+                absent = sorted(n for n in needed if not series["metric"].get(n))
+                if absent:
+                    unlabelled.append((title, legend, absent, series["metric"]))
+                    break
+        self.assertEqual(unlabelled, [], "series without the labels their legend names")
 
         # Alerts: each phase provokes some; each must fire, and its
         # expression return data, while the phase lasts.
