@@ -53,7 +53,9 @@ CodecInfo SignInfo(SignCodec::Variant variant) {
       info.name = "signsgd";
       info.id = CodecId::kSignSgd;
       info.majority_vote = true;
-      info.shardable = true;
+      // Not shardable: an owner's re-encode of its slice's vote, {-s, 0, +s}
+      // (a tie is 0 when W is even), in one bit per value would send ties
+      // as +s and scale the rest by the share of non-ties.
       break;
     case SignCodec::Variant::kEfSign:
       info.name = "efsign";

@@ -144,8 +144,6 @@ TEST(ShardableCodecTest, OnlyShardableGatherCodecsAndAutoByWorldAndSize) {
   const uint64_t big = kAutoMinNumel;
   EXPECT_NE(ShardableCodec(Aggregation::kSharded, *topk, 2, 100), nullptr);
   EXPECT_NE(ShardableCodec(Aggregation::kSharded, *qsgd, 4, 4), nullptr);
-  EXPECT_NE(ShardableCodec(Aggregation::kSharded, *Make("signsgd"), 4, 9),
-            nullptr);
   EXPECT_NE(ShardableCodec(Aggregation::kSharded, *Make("efsign"), 4, 9),
             nullptr);
   // A momentum correction would run twice (at the owner too).
@@ -298,8 +296,24 @@ TEST(ShardedReduceTest, TopKLosesNothingOutsideTheWorkerAndOwnerResiduals) {
   EXPECT_GT(owner_mass, 1e-3 * scale) << "sharded equals allgather";
 }
 
-// Sign codecs vote at the owner: with W = 3 (no ties) every output sign is
-// the majority of the three inputs' signs.
+// signSGD's vote is ternary (a tie of an even W is 0), which its one-bit
+// payload cannot carry back from an owner: it is never sharded. efsign,
+// which averages decodes, is.
+TEST(ShardedReduceTest, SignSgdIsNeverShardedEfSignIs) {
+  auto signsgd = Make("signsgd");
+  auto efsign = Make("efsign");
+  for (int w : {3, 4, 8}) {
+    EXPECT_EQ(ShardableCodec(Aggregation::kSharded, *signsgd, w, 1 << 22),
+              nullptr)
+        << w;
+    EXPECT_NE(ShardableCodec(Aggregation::kSharded, *efsign, w, 1 << 22),
+              nullptr)
+        << w;
+  }
+}
+
+// A sign codec that votes, sharded (the owner's path, called directly):
+// with W = 3 (no ties) every output sign is the majority of the inputs'.
 TEST(ShardedReduceTest, SignSgdOutputsTheMajorityVote) {
   constexpr int kW = 3;
   constexpr size_t kN = 5000;
