@@ -18,9 +18,15 @@
 // the mean of the workers' s and v in {-1, 0, +1}: an optimizer applying
 // lr * output moves each coordinate by about the size of an average gradient
 // coordinate, so a learning rate tuned for dense SGD stays in range (signSGD's
-// own unit step is output / s_bar), and a zero gradient gives a zero average.
+// own unit step is output / s_bar), and a tensor whose gradient is zero
+// everywhere gives a zero average (s = 0).
 // Signs: x >= 0 (and NaN) counts as +1 (bitpack.h). Ties, possible with an even
 // number of workers, give v = 0: no rank's vote breaks them, so all agree.
+// One bit has no room for 0: a coordinate that is exactly 0 on every worker
+// (an unused embedding row, a dead unit) while others are not votes +1 and
+// moves by +s_bar every step. signsgd and signum (no error feedback) drift
+// such coordinates; efsign's residual takes the push back. For sparse
+// gradients use efsign, or another codec.
 // Payload (after the wire header, little-endian): no parameter block; body =
 // f32 s, then SignBytes(n) bytes of packed signs (bitpack.h). efsign with
 // d > 0: parameters are 8 bytes, [0..3] uint32 d, [4..7] zero; the body is
