@@ -41,8 +41,12 @@ struct TopKOptions {
   double sample = 0.01;  // fraction of v sampled for the threshold, (0, 1]
   float momentum = 0.9f;
   bool nesterov = false;
-  bool masking = true;   // momentum factor masking
-  double clip_norm = 0;  // local L2 clipping of g; 0 = off
+  bool masking = true;  // momentum factor masking
+  // Local L2 clipping of g before it is accumulated, to this norm per
+  // tensor; 0 = off. An absolute threshold: the DGC paper scales a global
+  // threshold by N^(-1/2) for each of N workers, so to follow it give
+  // threshold / sqrt(W).
+  double clip_norm = 0;
   // Warm-up: steps [s*i, s*(i+1)) use density max(ratio, {0.25, 0.0625,
   // 0.0156, 0.004}[i]) for i < 4, then `ratio`. 0 = off (the default: the
   // paper counts epochs, which only the trainer knows; set s to the steps of
