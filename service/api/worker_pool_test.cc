@@ -82,7 +82,9 @@ TEST(WorkerPoolTest, StartsThreadsOnDemandUpToTheMaximum) {
         release.WaitForNotification();
       }
     }));
-    if (i == 0) EXPECT_EQ(pool.threads(), 1);
+    if (i == 0) {
+      EXPECT_EQ(pool.threads(), 1);
+    }
   }
   started.Wait();
   EXPECT_EQ(pool.threads(), 3);
