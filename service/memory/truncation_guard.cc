@@ -31,6 +31,9 @@ struct Table {
   std::atomic<int> used{0};  // one past the highest slot ever taken
   absl::Mutex mu;            // taking and giving back slots
   bool handler_installed ABSL_GUARDED_BY(mu) = false;
+  // The SIGBUS action before ours (a sanitizer's or libFuzzer's, say),
+  // written once before our handler is installed, then only read.
+  struct sigaction previous;
 };
 
 Table& table() {
@@ -45,7 +48,7 @@ uintptr_t PageSize() {
 
 // Async-signal context: atomics, mmap (a plain system call on Linux) and
 // sigaction only.
-void OnSigbus(int signal, siginfo_t* info, void*) {
+void OnSigbus(int signal, siginfo_t* info, void* context) {
   const uintptr_t address = reinterpret_cast<uintptr_t>(info->si_addr);
   Table& t = table();
   const int used = t.used.load(std::memory_order_acquire);
@@ -64,8 +67,19 @@ void OnSigbus(int signal, siginfo_t* info, void*) {
     slot.faulted.store(true, std::memory_order_release);
     return;
   }
-  // Not a guarded mapping: the default action (the faulting access runs
-  // again and ends the process, or, for a sent signal, it ends it now).
+  // Not a guarded mapping: what was there before us handles it.
+  const struct sigaction& previous = t.previous;
+  if ((previous.sa_flags & SA_SIGINFO) != 0 &&
+      previous.sa_sigaction != nullptr) {
+    previous.sa_sigaction(signal, info, context);
+    return;
+  }
+  if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN) {
+    previous.sa_handler(signal);
+    return;
+  }
+  // The default action (ignoring a fault would only repeat it): the faulting
+  // access runs again and ends the process, or a sent signal ends it now.
   struct sigaction fallback;
   std::memset(&fallback, 0, sizeof(fallback));
   fallback.sa_handler = SIG_DFL;
@@ -86,7 +100,7 @@ absl::StatusOr<std::unique_ptr<TruncationGuard>> TruncationGuard::Guard(
     action.sa_sigaction = OnSigbus;
     action.sa_flags = SA_SIGINFO;
     sigemptyset(&action.sa_mask);
-    if (sigaction(SIGBUS, &action, nullptr) != 0) {
+    if (sigaction(SIGBUS, &action, &t.previous) != 0) {
       return absl::InternalError(
           absl::StrCat("sigaction(SIGBUS): ", std::strerror(errno)));
     }

@@ -75,6 +75,29 @@ TEST(TruncationGuardTest, AFaultOutsideEveryGuardStillEndsTheProcess) {
       ::testing::KilledBySignal(SIGBUS), "");
 }
 
+// A handler that was there first (a sanitizer's, libFuzzer's) still gets
+// the faults outside every guard.
+TEST(TruncationGuardTest, AFaultOutsideEveryGuardGoesToTheHandlerBefore) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // a process without ours
+  EXPECT_EXIT(
+      {
+        struct sigaction first;
+        std::memset(&first, 0, sizeof(first));
+        first.sa_sigaction = +[](int, siginfo_t*, void*) { _exit(7); };
+        first.sa_flags = SA_SIGINFO;
+        sigemptyset(&first.sa_mask);
+        sigaction(SIGBUS, &first, nullptr);
+        SharedFile guarded;
+        auto guard = TruncationGuard::Guard(const_cast<char*>(guarded.bytes()),
+                                            3 * kPage);
+        SharedFile unguarded;
+        unguarded.TruncateTo(0);
+        (void)unguarded.bytes()[kPage];
+        _exit(0);
+      },
+      ::testing::ExitedWithCode(7), "");
+}
+
 TEST(TruncationGuardTest, AGuardGivenBackNoLongerCatches) {
   EXPECT_EXIT(
       {
