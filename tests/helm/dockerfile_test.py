@@ -35,6 +35,7 @@ NOT_IN_IMAGE = {
     "iproute2": "network-namespace tests",
     "python3-torch": "the trainer's image brings PyTorch; the client does not need it",
     "python3-matplotlib": "benchmark plots",
+    "python3-scipy": "the convergence table's statistics",
     "dataset-fashion-mnist": "the convergence example",
     "prometheus": "observability tests",
     "openssl": "TLS tests make their certificates with it; the daemon reads PEM files",
