@@ -80,8 +80,8 @@ ABSL_FLAG(bool, allow_unauthenticated_tcp, false,
           "Serve TCP clients beyond loopback without a token (only where "
           "something else guards the port).");
 ABSL_FLAG(std::string, health_listen, "",
-          "Extra host:port of the client API server for kubelet gRPC health "
-          "probes; client API calls through it follow the TCP rules.");
+          "host:port of a second gRPC server that answers grpc.health.v1 "
+          "only, for kubelet gRPC probes beside a unix-socket --listen.");
 ABSL_FLAG(std::string, shm_prefix, gradcomp::service::kDefaultShmPrefix,
           "Shared-memory objects a client may register must be named with "
           "this prefix (the gradcomp helpers use /gradcomp.).");
@@ -427,8 +427,19 @@ absl::Status Run(const std::set<std::string>& named_flags) {
       std::unique_ptr<grpc::Server> server,
       StartGrpcServer(config->listen(), &guarded, &port, &metrics,
                       MaxReceiveBytes(config->max_tensor_bytes()),
-                      absl::GetFlag(FLAGS_health_listen),
                       static_cast<int>(config->max_rpc_threads())));
+  std::unique_ptr<grpc::Server> health;
+  if (const std::string probes = absl::GetFlag(FLAGS_health_listen);
+      !probes.empty()) {
+    GC_ASSIGN_OR_RETURN(health, StartHealthServer(probes));
+  }
+  // Both servers' health says the same.
+  auto set_serving = [&server, &health](bool serving) {
+    server->GetHealthCheckService()->SetServingStatus(serving);
+    if (health != nullptr) {
+      health->GetHealthCheckService()->SetServingStatus(serving);
+    }
+  };
   GC_RETURN_IF_ERROR(SetSocketMode(config->listen(), socket_mode));
   std::fprintf(stderr,
                "gradcompd %s: serving gRPC on %s, %s; rank %u of "
@@ -443,14 +454,14 @@ absl::Status Run(const std::set<std::string>& named_flags) {
   absl::Status peers_status;
   std::thread peers_wait;
   if (transport != nullptr) {
-    server->GetHealthCheckService()->SetServingStatus(false);
+    set_serving(false);
     peers_wait = std::thread([&] {
       peers_status = transport->WaitForPeers(
           absl::Now() + absl::GetFlag(FLAGS_peer_startup_timeout));
       if (peers_status.ok()) {
         std::fprintf(stderr, "gradcompd: rank %d: all %d peers connected\n",
                      rank, world_size - 1);
-        server->GetHealthCheckService()->SetServingStatus(true);
+        set_serving(true);
       } else {
         kill(getpid(), SIGTERM);
       }
@@ -471,8 +482,10 @@ absl::Status Run(const std::set<std::string>& named_flags) {
   // Health turns NOT_SERVING first so that probes stop routing here, then
   // in-flight calls get a few seconds to finish.
   server->GetHealthCheckService()->Shutdown();
+  if (health != nullptr) health->GetHealthCheckService()->Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   server->Wait();
+  if (health != nullptr) health->Shutdown(std::chrono::system_clock::now());
   return absl::OkStatus();
 }
 

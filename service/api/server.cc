@@ -12,8 +12,7 @@ namespace gradcomp::service {
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
     const std::string& listen, grpc::Service* service, int* port,
-    Metrics* metrics, int max_receive_bytes, const std::string& health_listen,
-    int max_threads) {
+    Metrics* metrics, int max_receive_bytes, int max_threads) {
   // Both are process-wide switches read when a server is built.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -22,9 +21,6 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
   int bound_port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(),
                            &bound_port);
-  if (!health_listen.empty()) {
-    builder.AddListeningPort(health_listen, grpc::InsecureServerCredentials());
-  }
   builder.RegisterService(service);
   // gRPC's ceiling is INT_MAX bytes per message (2 GiB - 1).
   builder.SetMaxReceiveMessageSize(max_receive_bytes);
@@ -42,10 +38,32 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
     return absl::UnavailableError(absl::StrCat(
-        "cannot serve gRPC on '", listen, "'",
-        health_listen.empty() ? "" : absl::StrCat(" and '", health_listen, "'"),
-        ": the address is invalid or already in use (expected a free "
+        "cannot serve gRPC on '", listen,
+        "': the address is invalid or already in use (expected a free "
         "host:port or unix:/path)"));
+  }
+  if (port != nullptr) *port = bound_port;
+  return server;
+}
+
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealthServer(
+    const std::string& listen, int* port) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(),
+                           &bound_port);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Probes are small and few.
+  grpc::ResourceQuota threads("gradcompd health");
+  threads.SetMaxThreads(4);
+  builder.SetResourceQuota(threads);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot serve gRPC health on '", listen,
+        "': the address is invalid or already in use (expected a free "
+        "host:port)"));
   }
   if (port != nullptr) *port = bound_port;
   return server;

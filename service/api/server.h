@@ -23,10 +23,8 @@ namespace gradcomp::service {
 // bind. With `metrics`, every call is counted in gradcomp_requests_total.
 // A received message over `max_receive_bytes` is refused by gRPC with
 // RESOURCE_EXHAUSTED from its length prefix, before it is buffered.
-// A non-empty `health_listen` (host:port) is a second address of the same
-// server, for kubelet gRPC probes beside a unix-socket `listen`; who may
-// call the client API through it is the service's to decide
-// (authenticated_service.h). gRPC serves calls on at most `max_threads`
+// Health probes on another address have a server of their own
+// (StartHealthServer). gRPC serves calls on at most `max_threads`
 // threads, one of which waits for new calls: a call beyond them is refused
 // at once with RESOURCE_EXHAUSTED ("Server Threadpool Exhausted") rather
 // than the daemon starting threads without end (each ReduceStream holds
@@ -34,7 +32,15 @@ namespace gradcomp::service {
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
     const std::string& listen, grpc::Service* service, int* port = nullptr,
     Metrics* metrics = nullptr, int max_receive_bytes = INT_MAX,
-    const std::string& health_listen = "", int max_threads = 1024);
+    int max_threads = 1024);
+
+// A server on `listen` (host:port) that answers grpc.health.v1 only, for
+// kubelet gRPC probes, which reach the pod IP and cannot use a unix socket.
+// Nothing else is served there: not the client API, whose loopback rule a
+// proxy in the pod (a service mesh's sidecar connects from 127.0.0.6)
+// would otherwise pass. Its status is set apart from the API server's.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealthServer(
+    const std::string& listen, int* port = nullptr);
 
 }  // namespace gradcomp::service
 

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gradcomp/v1/gradcomp.grpc.pb.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 
 namespace gradcomp::service {
@@ -114,7 +116,7 @@ TEST(ServerTest, CallsBeyondTheThreadBoundAreRefusedAtOnce) {
   HoldingService service;
   int port = 0;
   auto server = StartGrpcServer("127.0.0.1:0", &service, &port, nullptr,
-                                INT_MAX, "", /*max_threads=*/3);
+                                INT_MAX, /*max_threads=*/3);
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = gradcomp::v1::Gradcomp::NewStub(grpc::CreateChannel(
       "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
@@ -146,6 +148,35 @@ TEST(ServerTest, CallsBeyondTheThreadBoundAreRefusedAtOnce) {
   later->WritesDone();
   EXPECT_TRUE(later->Finish().ok());
   (*server)->Shutdown();
+}
+
+// The probe address answers health and nothing else: a client API call
+// there is UNIMPLEMENTED, whoever makes it.
+TEST(ServerTest, TheHealthServerServesHealthOnly) {
+  int port = 0;
+  auto health = StartHealthServer("127.0.0.1:0", &port);
+  ASSERT_TRUE(health.ok()) << health.status();
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                     grpc::InsecureChannelCredentials());
+  grpc::GenericStub generic(channel);
+  auto call = [&](const std::string& method) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    grpc::ByteBuffer request(nullptr, 0), response;
+    std::promise<grpc::Status> done;
+    generic.UnaryCall(
+        &context, method, grpc::StubOptions(), &request, &response,
+        [&done](grpc::Status s) { done.set_value(std::move(s)); });
+    return done.get_future().get();
+  };
+  EXPECT_TRUE(call("/grpc.health.v1.Health/Check").ok());
+  (*health)->GetHealthCheckService()->SetServingStatus(false);
+  EXPECT_EQ(call("/grpc.health.v1.Health/Check").error_code(),
+            grpc::StatusCode::OK);  // answered; the body says NOT_SERVING
+  EXPECT_EQ(call("/gradcomp.v1.Gradcomp/GetInfo").error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+  (*health)->Shutdown();
 }
 
 }  // namespace

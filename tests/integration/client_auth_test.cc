@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/free_port.h"
 #include "client/cpp/client.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -123,6 +124,22 @@ TEST(ClientAuthTest, HealthIsOpenWithoutAToken) {
   ASSERT_NE(daemon, nullptr);
   const grpc::Status health = HealthCheck(daemon->target());
   EXPECT_TRUE(health.ok()) << health.error_message();
+}
+
+// --health_listen is for probes: health answers there, and the client API
+// does not, even from loopback (a mesh's sidecar proxies the pod IP's
+// traffic from 127.0.0.6, which the loopback rule would let through).
+TEST(ClientAuthTest, TheHealthAddressServesHealthOnly) {
+  const int port = FreePort().value();
+  const std::string probes = absl::StrCat("127.0.0.1:", port);
+  std::unique_ptr<DaemonProcess> daemon =
+      StartDaemon({absl::StrCat("--health_listen=", probes)});
+  ASSERT_NE(daemon, nullptr);
+  const grpc::Status health = HealthCheck(probes);
+  EXPECT_TRUE(health.ok()) << health.error_message();
+  EXPECT_EQ(GetInfoWithToken(probes, "").code(),
+            absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(GetInfoWithToken(daemon->target(), "").ok());
 }
 
 TEST(ClientAuthTest, UnixSocketIsServedWithoutATokenAndHasItsMode) {
