@@ -104,6 +104,12 @@ checksum/gradcomp-config: {{ include "gradcomp.config" . | sha256sum }}
 {{- end -}}
 
 {{- define "gradcomp.container" -}}
+{{- /* Three servers, three ports: one port twice would pass every check
+     and fail at start with "address in use". */}}
+{{- $ports := list (int .Values.ports.api) (int .Values.ports.peer) (int .Values.ports.metrics) }}
+{{- if ne (len (uniq $ports)) 3 }}
+{{- fail (printf "ports.api (%d), ports.peer (%d) and ports.metrics (%d) must differ: each is a server of its own" (int .Values.ports.api) (int .Values.ports.peer) (int .Values.ports.metrics)) }}
+{{- end }}
 - name: gradcompd
   image: {{ include "gradcomp.image" . }}
   imagePullPolicy: {{ .Values.image.pullPolicy }}
@@ -164,8 +170,13 @@ checksum/gradcomp-config: {{ include "gradcomp.config" . | sha256sum }}
   resources:
     {{- toYaml . | nindent 4 }}
   {{- end }}
+  # The sidecar's own uid and gid: in a pod of yours whose securityContext
+  # runs as root (common in GPU images) it would inherit uid 0, which the
+  # kubelet refuses beside runAsNonRoot.
   securityContext:
     runAsNonRoot: true
+    runAsUser: {{ int (default 65532 .Values.podSecurityContext.runAsUser) }}
+    runAsGroup: {{ int (default 65532 .Values.podSecurityContext.runAsGroup) }}
     readOnlyRootFilesystem: true
     allowPrivilegeEscalation: false
     capabilities:
