@@ -35,7 +35,8 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
     int max_threads = 1024);
 
 // A server on `listen` (host:port) that answers grpc.health.v1 only, for
-// kubelet gRPC probes, which reach the pod IP and cannot use a unix socket.
+// kubelet gRPC probes, which reach the pod IP and cannot use a unix socket
+// (and server reflection, a process-wide plugin, which lists just that).
 // Nothing else is served there: not the client API, whose loopback rule a
 // proxy in the pod (a service mesh's sidecar connects from 127.0.0.6)
 // would otherwise pass. Its status is set apart from the API server's.

@@ -61,18 +61,20 @@ TEST(TruncationGuardTest, PastTheNewEndReadsZerosAndFaultIsReported) {
   EXPECT_EQ(file.bytes()[kPage - 1], 0x5a);  // before the fault: untouched
 }
 
+// With one mapping guarded, reads past the end of another, truncated one;
+// exits 0 only if that fault was taken for the guarded mapping's.
+void FaultOutsideTheGuard() {
+  SharedFile guarded;
+  auto guard =
+      TruncationGuard::Guard(const_cast<char*>(guarded.bytes()), 3 * kPage);
+  SharedFile unguarded;
+  unguarded.TruncateTo(0);
+  (void)unguarded.bytes()[kPage];
+  _exit(0);
+}
+
 TEST(TruncationGuardTest, AFaultOutsideEveryGuardStillEndsTheProcess) {
-  EXPECT_EXIT(
-      {
-        SharedFile guarded;
-        auto guard = TruncationGuard::Guard(const_cast<char*>(guarded.bytes()),
-                                            3 * kPage);
-        SharedFile unguarded;
-        unguarded.TruncateTo(0);
-        (void)unguarded.bytes()[kPage];
-        _exit(0);
-      },
-      ::testing::KilledBySignal(SIGBUS), "");
+  EXPECT_EXIT(FaultOutsideTheGuard(), ::testing::KilledBySignal(SIGBUS), "");
 }
 
 // A handler that was there first (a sanitizer's, libFuzzer's) still gets
@@ -87,13 +89,7 @@ TEST(TruncationGuardTest, AFaultOutsideEveryGuardGoesToTheHandlerBefore) {
         first.sa_flags = SA_SIGINFO;
         sigemptyset(&first.sa_mask);
         sigaction(SIGBUS, &first, nullptr);
-        SharedFile guarded;
-        auto guard = TruncationGuard::Guard(const_cast<char*>(guarded.bytes()),
-                                            3 * kPage);
-        SharedFile unguarded;
-        unguarded.TruncateTo(0);
-        (void)unguarded.bytes()[kPage];
-        _exit(0);
+        FaultOutsideTheGuard();
       },
       ::testing::ExitedWithCode(7), "");
 }
