@@ -258,6 +258,19 @@ class ChartTest(unittest.TestCase):
                                 or "execution error" in result.stderr, result.stderr)
                 self.assertIn(expect, result.stderr)
 
+    def test_a_long_release_name_still_names_a_statefulset_kubernetes_takes(self):
+        # 44 characters: "<release>-gradcomp" is 53, one more than a
+        # StatefulSet's pods can carry in their revision label.
+        release = "r" * 44
+        result = self.helm.run("template", release, str(CHART), "--namespace", NAMESPACE)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        objects, errors = validate(result.stdout, self.tmp.name)
+        self.assertEqual(errors, [])
+        statefulset = find(objects, "StatefulSet")
+        self.assertLessEqual(len(statefulset["metadata"]["name"]), 52)
+        config = json.loads(find(objects, "ConfigMap", "-config")["data"]["daemon.json"])
+        self.assertTrue(config["peers"][0].startswith(statefulset["metadata"]["name"] + "-0."))
+
     def test_chart_versions(self):
         chart = (CHART / "Chart.yaml").read_text()
         version = re.search(r'kVersion\[\] = "([^"]+)"',

@@ -20,9 +20,11 @@ has gradcomp as a dependency (docs/operations.md, "Your own pods").
 {{- end -}}
 {{- end -}}
 
-{{/* The StatefulSet whose pods are the ranks: its pods are <workload>-<ordinal>. */}}
+{{/* The StatefulSet whose pods are the ranks: its pods are <workload>-<ordinal>.
+     At most 52 characters: the controller labels each pod with the name
+     plus an 11-character revision hash, and a label value has at most 63. */}}
 {{- define "gradcomp.workload" -}}
-{{- default (include "gradcomp.fullname" .) .Values.workload.name -}}
+{{- default (include "gradcomp.fullname" . | trunc 52 | trimSuffix "-") .Values.workload.name -}}
 {{- end -}}
 
 {{- define "gradcomp.serviceName" -}}
