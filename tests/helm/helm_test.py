@@ -226,6 +226,11 @@ class ChartTest(unittest.TestCase):
             env = {e["name"]: e.get("value") for e in c.get("env", [])}
             if "GRADCOMP_TARGET" in env:
                 self.assertEqual(env["GRADCOMP_TARGET"], "unix:/run/gradcomp/gradcomp.sock")
+                # The demo scrapes the sidecar's metrics port, whatever it is.
+                (metrics_port,) = [p["containerPort"] for p in container["ports"]
+                                   if p["name"] == "metrics"]
+                self.assertEqual(env["GRADCOMP_METRICS_URL"],
+                                 f"http://127.0.0.1:{metrics_port}/metrics")
 
         # Every rank's arguments pass --check_config; the last rank is the
         # one a wrong world size would refuse.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import sys
 import time
 
@@ -134,8 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default=None,
                         help="gradcompd address, unix:/path or host:port (default: "
                              "$GRADCOMP_TARGET, else the daemon's default socket)")
-    parser.add_argument("--metrics_url", default="http://127.0.0.1:9464/metrics",
-                        help="the daemon's Prometheus endpoint")
+    parser.add_argument("--metrics_url",
+                        default=os.environ.get("GRADCOMP_METRICS_URL",
+                                               "http://127.0.0.1:9464/metrics"),
+                        help="the daemon's Prometheus endpoint (default: "
+                             "$GRADCOMP_METRICS_URL, which the Helm chart's "
+                             "example trainer sets, else the daemon's default)")
     parser.add_argument("--seed", type=int, default=0, help="gradient model seed")
     args = parser.parse_args(argv)
     return 0 if run(args.target, args.metrics_url, args.seed) else 1
