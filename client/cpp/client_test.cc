@@ -102,6 +102,11 @@ class RecordingServer final : public v1::Gradcomp::Service {
     absl::MutexLock lock(&mu_);
     answer_dtype_ = dtype;
   }
+  // Reduce answers with `bytes` more (or fewer) than the request held.
+  void AnswerReduceWithExtraBytes(int bytes) {
+    absl::MutexLock lock(&mu_);
+    extra_bytes_ = bytes;
+  }
   // ReduceStream sends these messages for every request it reads.
   void AnswerStreamWith(std::vector<v1::ReduceStreamResponse> answers) {
     absl::MutexLock lock(&mu_);
@@ -111,16 +116,21 @@ class RecordingServer final : public v1::Gradcomp::Service {
   grpc::Status Reduce(grpc::ServerContext*, const v1::ReduceRequest* request,
                       v1::ReduceResponse* response) override {
     v1::DType dtype = request->dtype();
+    int extra_bytes = 0;
     {
       absl::MutexLock lock(&mu_);
       requests_.push_back(*request);
       if (answer_dtype_) dtype = *answer_dtype_;
+      extra_bytes = extra_bytes_;
     }
     std::vector<float> values(request->data().size() / sizeof(float));
     std::memcpy(values.data(), request->data().data(), request->data().size());
     for (float& v : values) v *= 2;
     response->set_dtype(dtype);
-    response->set_data(values.data(), values.size() * sizeof(float));
+    std::string data(reinterpret_cast<const char*>(values.data()),
+                     values.size() * sizeof(float));
+    data.resize(data.size() + extra_bytes);
+    response->set_data(data);
     response->mutable_stats()->set_codec("gossip");
     return grpc::Status::OK;
   }
@@ -150,6 +160,7 @@ class RecordingServer final : public v1::Gradcomp::Service {
   absl::Mutex mu_;
   std::vector<v1::ReduceRequest> requests_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::DType> answer_dtype_ ABSL_GUARDED_BY(mu_);
+  int extra_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<v1::ReduceStreamResponse> stream_answers_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -253,6 +264,19 @@ TEST(ClientReduceTest, AReplyInAnotherDTypeIsInternal) {
               HasSubstr("answered float16 for a float32 request"));
 }
 
+TEST(ClientReduceTest, AReplyOfAnotherSizeIsInternal) {
+  RecordingServer server;
+  server.AnswerReduceWithExtraBytes(-4);
+  auto client = Client::Connect(server.target());
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::vector<float> values = {1, 2, 3};
+  const std::vector<int64_t> shape = {3};
+  absl::Status status =
+      (*client)->Reduce("job", "w", 0, values, shape).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_THAT(status.message(), HasSubstr("returned 8 bytes for a 12-byte"));
+}
+
 // A part's answer to a two-part bucket: a result, or (error_code set) an
 // error, numbered `id`.
 v1::ReduceStreamResponse PartAnswer(uint64_t id, int error_code = 0) {
@@ -316,6 +340,22 @@ TEST(ClientReduceShmBucketTest, MoreThanOneAnswerIsInternalNotADeadline) {
   EXPECT_THAT(status.message(),
               HasSubstr("3 answers to the one request with 2 parts, "
                         "expected 1"));
+}
+
+// A stream that ends without an answer, and an answer with another number
+// of part results than parts: both Internal, naming what was missing.
+TEST(ClientReduceShmBucketTest, NoAnswerOrTheWrongNumberOfPartsIsInternal) {
+  RecordingServer server;
+  auto client = Client::Connect(server.target());
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::Status none = ReduceTwoParts(**client).status();
+  EXPECT_EQ(none.code(), absl::StatusCode::kInternal) << none;
+  EXPECT_THAT(none.message(), HasSubstr("ended without an answer"));
+
+  server.AnswerStreamWith({BucketAnswer({PartAnswer(0)})});
+  absl::Status short_answer = ReduceTwoParts(**client).status();
+  EXPECT_EQ(short_answer.code(), absl::StatusCode::kInternal) << short_answer;
+  EXPECT_THAT(short_answer.message(), HasSubstr("1 part results for 2 parts"));
 }
 
 // Part results travel in the parts' order, each numbered by its index;
