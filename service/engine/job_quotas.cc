@@ -94,9 +94,8 @@ absl::Status JobQuotas::AdmitImport(
     const std::vector<codecs::StateStore::ImportedSize>& sizes,
     const std::function<absl::Status(int64_t)>& reserve) {
   absl::MutexLock lock(&mu_);
-  static const Job kNone;
-  auto it = jobs_.find(job);
-  const Job& known = it == jobs_.end() ? kNone : it->second;
+  auto it = jobs_.try_emplace(job).first;  // kept once seen, as in Admit
+  const Job& known = it->second;
   uint64_t tensors = known.state_by_tensor.size();
   int64_t delta = 0;
   for (const auto& [tensor, bytes] : sizes) {
@@ -127,7 +126,6 @@ absl::Status JobQuotas::AdmitImport(
                                options_.max_state_bytes_per_job, ")"));
   }
   GC_RETURN_IF_ERROR(reserve(delta));
-  if (it == jobs_.end()) it = jobs_.try_emplace(job).first;
   Job& entry = it->second;
   for (const auto& [tensor, bytes] : sizes) {
     entry.state_by_tensor[tensor] = bytes;

@@ -64,8 +64,6 @@ absl::StatusOr<std::vector<codecs::Bytes>> Exchange(
   return got;
 }
 
-// A neighbour's message that could not be read, named as Exchange names
-// the step.
 // A low-rank message of this edge's rank r that ran a different number of
 // power steps (or is at the other factor) than `mine`: the edge's ends are
 // out of step, not sending unrelated tensors.
@@ -77,6 +75,8 @@ bool OutOfStep(const GossipMessageHeader& came,
          (came.power_step != mine.power_step || came.kind != mine.kind);
 }
 
+// A neighbour's message that could not be read, named as Exchange names
+// the step.
 absl::Status BadMessage(const RoundKey& key, int from,
                         const absl::Status& why) {
   return absl::InvalidArgumentError(
