@@ -8,11 +8,12 @@
 
 namespace gradcomp::testing {
 
-// A TCP port that was free on 127.0.0.1 when asked (the kernel's choice for
-// port 0; another process may take it before the caller binds it), and that
-// no earlier call in this process returned. The kernel hands a released port
-// out again within a few hundred binds, so without that a peer port chosen
-// for a daemon not started yet could come back as another server's port.
+// A TCP port that was free on 127.0.0.1 when asked (another process may take
+// it before the caller binds it), and that no earlier call in this process
+// returned. It is a random one below the kernel's ephemeral range when there
+// is room, since the kernel hands out its own ports (port-0 servers, the
+// source ports of connections) from that range and hands a released one out
+// again within a few hundred binds; else the kernel's choice.
 absl::StatusOr<int> FreePort();
 
 }  // namespace gradcomp::testing

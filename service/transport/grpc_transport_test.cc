@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/free_port.h"
@@ -318,6 +319,17 @@ TEST(GrpcTransportTest, ARestartedPeerIsLostThenRejoins) {
   ASSERT_TRUE(cluster.transport(0).WaitForPeers(Soon()).ok());
   cluster.Stop(1);
   EXPECT_THAT(cluster.inbox(0).WaitLost(1).message(), HasSubstr("rank 1"));
+  // Rank 1's stream to rank 0 is gone; rank 0's to rank 1 may not be known
+  // gone yet, and a message written into it now would be lost with it (a
+  // dying TCP connection takes the write). Wait until rank 0 says its own
+  // stream is down, so that the message below is queued.
+  const absl::Time give_up = Soon();
+  while (absl::StrContains(
+      cluster.transport(0).WaitForPeers(absl::Now()).message(),
+      "has not dialled this daemon back")) {
+    ASSERT_LT(absl::Now(), give_up) << "rank 0 never saw its stream end";
+    absl::SleepFor(absl::Milliseconds(10));
+  }
   // Queued while rank 1 is away, delivered when it is back.
   const MessageKey key{"job", "w", 1, 0, Phase::kGather};
   ASSERT_TRUE(cluster.transport(0).Send(1, key, Data("hello"), Soon()).ok());

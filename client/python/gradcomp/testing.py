@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import random
 import socket
 import subprocess
 import tempfile
@@ -63,19 +64,44 @@ def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:
 # another daemon's --listen port: that daemon would then answer its own
 # handshake, or another job's.
 _handed_out: set[int] = set()
+_random = random.SystemRandom()
+
+
+def _below_ephemeral_range() -> tuple[int, int] | None:
+    """Up to 12000 ports just below the kernel's ephemeral range, or None.
+    bind(0) and the source ports of outgoing connections come from that
+    range, so a port picked below it is not given to another test's port-0
+    server, nor to some connection, before our daemon binds it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    start = max(1024, low - 12000)
+    return (start, low - 1) if low - start >= 1000 else None
+
+
+_PRIVATE_PORTS = _below_ephemeral_range()
 
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now and never returned before by
-    this process (another process may still take it; Daemon retries with
-    new ports if its start fails)."""
-    while True:
+    this process: a random one below the kernel's ephemeral range when
+    there is room, else the kernel's choice (another process may still take
+    it; Daemon retries with new ports if its start fails)."""
+    for attempt in range(1000):
+        candidate = (_random.randint(*_PRIVATE_PORTS)
+                     if _PRIVATE_PORTS and attempt < 500 else 0)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
             port = s.getsockname()[1]
         if port not in _handed_out:
             _handed_out.add(port)
             return port
+    raise RuntimeError("no free TCP port on 127.0.0.1")
 
 
 def start_peered(world: int, add_cleanup: Callable[..., None],
