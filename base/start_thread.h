@@ -4,8 +4,7 @@
 // decides what to refuse, instead of the daemon ending in std::terminate.
 //
 //   GC_ASSIGN_OR_RETURN(std::thread writer,
-//                       StartThread([this] { WriteAll(); }, "a stream
-//                       writer"));
+//                       StartThread([this] { WriteAll(); }, "a writer"));
 #ifndef GRADCOMP_BASE_START_THREAD_H_
 #define GRADCOMP_BASE_START_THREAD_H_
 

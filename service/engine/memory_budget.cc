@@ -81,8 +81,7 @@ absl::Status MemoryBudget::Acquire(uint64_t bytes, absl::string_view what,
                                    absl::Duration wait) {
   absl::MutexLock lock(&mu_);
   auto fits = [this, bytes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const uint64_t used = reserved_ + state_;
-    return used <= total_ && bytes <= total_ - used;
+    return FitsLocked(bytes);
   };
   // A request larger than the whole budget would wait for nothing.
   const bool can_ever_fit = bytes <= total_;
@@ -113,6 +112,11 @@ absl::Status MemoryBudget::Acquire(uint64_t bytes, absl::string_view what,
       "--memory_budget_bytes"));
 }
 
+bool MemoryBudget::FitsLocked(uint64_t bytes) const {
+  const uint64_t used = reserved_ + state_;
+  return used <= total_ && bytes <= total_ - used;
+}
+
 void MemoryBudget::Give(uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   reserved_ -= std::min(bytes, reserved_);
@@ -137,18 +141,18 @@ absl::Status MemoryBudget::AddStateIfRoom(int64_t delta,
   }
   const uint64_t bytes = static_cast<uint64_t>(delta);
   absl::MutexLock lock(&mu_);
-  const uint64_t used = reserved_ + state_;
-  if (used <= total_ && bytes <= total_ - used) {
+  if (FitsLocked(bytes)) {
     state_ += bytes;
     PublishLocked();
     return absl::OkStatus();
   }
   if (metrics_ != nullptr) metrics_->CountResourceExhausted(kResource);
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "memory budget: ", what, " needs ", bytes, " more bytes, but ", used,
-      " of the budget's ", total_, " bytes are in use (", state_,
-      " by codec state); expected a smaller import, or a larger "
-      "--memory_budget_bytes"));
+  return absl::ResourceExhaustedError(
+      absl::StrCat("memory budget: ", what, " needs ", bytes,
+                   " more bytes, but ", reserved_ + state_, " of the budget's ",
+                   total_, " bytes are in use (", state_,
+                   " by codec state); expected a smaller import, or a larger "
+                   "--memory_budget_bytes"));
 }
 
 uint64_t MemoryBudget::in_use() const {

@@ -92,6 +92,8 @@ class MemoryBudget {
   absl::Status Acquire(uint64_t bytes, absl::string_view what,
                        absl::Duration wait) ABSL_LOCKS_EXCLUDED(mu_);
   void Give(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // `bytes` more fit beside what is reserved and held now.
+  bool FitsLocked(uint64_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t total_;
