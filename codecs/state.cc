@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
@@ -270,6 +271,14 @@ size_t StateStore::ByteSize() const {
     bytes += entry->bytes.load(std::memory_order_relaxed);
   }
   return bytes;
+}
+
+size_t StateStore::EraseJob(absl::string_view job) {
+  const std::string prefix = Key(job, "");
+  absl::MutexLock lock(&mu_);
+  return absl::erase_if(entries_, [&prefix](const auto& entry) {
+    return absl::StartsWith(entry.first, prefix);
+  });
 }
 
 absl::StatusOr<Bytes> StateStore::Export(absl::string_view job) const {

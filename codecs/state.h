@@ -114,6 +114,11 @@ class StateStore {
   absl::Status Import(absl::string_view job, absl::string_view blob,
                       const ImportAdmission& admit = nullptr);
 
+  // Forgets every tensor state of `job` and returns how many entries it
+  // held. A Locked held on one of them stays valid; its state is dropped
+  // when it is released. The caller makes sure nothing still uses the job.
+  size_t EraseJob(absl::string_view job);
+
  private:
   static std::shared_ptr<Entry> NewEntry(absl::Span<const int64_t> shape,
                                          int dtype);

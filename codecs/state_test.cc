@@ -61,6 +61,30 @@ TEST(StateStoreTest, ByteSizeDoesNotWaitForLockedTensors) {
   EXPECT_EQ(store.ByteSize(), 16u);
 }
 
+TEST(StateStoreTest, EraseJobForgetsThatJobOnly) {
+  StateStore store;
+  store.Acquire("job", "w", kShape, 1)->Buffer("x", 2)[0] = 1.0f;
+  store.Acquire("job", "v", kShape, 1)->Buffer("x", 2);
+  // A job whose name starts with the other's is another job.
+  store.Acquire("job2", "w", kShape, 1)->Buffer("x", 2)[0] = 2.0f;
+  EXPECT_EQ(store.EraseJob("job"), 2u);
+  EXPECT_EQ(store.ByteSize(), 8u);
+  EXPECT_FALSE(store.Acquire("job", "w", kShape, 1)->Find("x").has_value());
+  EXPECT_EQ(store.Acquire("job2", "w", kShape, 1)->Buffer("x", 2)[0], 2.0f);
+  EXPECT_EQ(store.EraseJob("absent"), 0u);
+}
+
+// A tensor still locked when its job is erased keeps a valid state until
+// it is released, and the store no longer counts it.
+TEST(StateStoreTest, EraseJobLeavesAHeldLockValid) {
+  StateStore store;
+  StateStore::Locked held = store.Acquire("job", "w", kShape, 1);
+  EXPECT_EQ(store.EraseJob("job"), 1u);
+  held->Buffer("x", 2)[1] = 3.0f;
+  EXPECT_EQ(held->Buffer("x", 2)[1], 3.0f);
+  EXPECT_EQ(store.ByteSize(), 0u);
+}
+
 TEST(StateStoreTest, ShapeOrDtypeChangeResetsAndCounts) {
   StateStore store;
   store.Acquire("job", "w", kShape, 1)->Buffer("x", 2)[0] = 1.0f;

@@ -99,4 +99,10 @@ grpc::Status AuthenticatedService::ImportState(
   return Forward(&Service::ImportState, context, request, response);
 }
 
+grpc::Status AuthenticatedService::ReleaseJob(
+    grpc::ServerContext* context, const v1::ReleaseJobRequest* request,
+    v1::ReleaseJobResponse* response) {
+  return Forward(&Service::ReleaseJob, context, request, response);
+}
+
 }  // namespace gradcomp::service

@@ -66,6 +66,9 @@ class AuthenticatedService final : public ::gradcomp::v1::Gradcomp::Service {
   grpc::Status ImportState(grpc::ServerContext* context,
                            const v1::ImportStateRequest* request,
                            v1::ImportStateResponse* response) override;
+  grpc::Status ReleaseJob(grpc::ServerContext* context,
+                          const v1::ReleaseJobRequest* request,
+                          v1::ReleaseJobResponse* response) override;
 
  private:
   grpc::Status Check(const grpc::ServerContext& context) const;

@@ -550,4 +550,14 @@ grpc::Status GradcompService::ImportState(
   return ToGrpcStatus(engine_->ImportState(request->job(), request->state()));
 }
 
+grpc::Status GradcompService::ReleaseJob(grpc::ServerContext* /*context*/,
+                                         const v1::ReleaseJobRequest* request,
+                                         v1::ReleaseJobResponse* response) {
+  absl::StatusOr<ReleasedJob> released = engine_->ReleaseJob(request->job());
+  if (!released.ok()) return ToGrpcStatus(released.status());
+  response->set_tensors(released->tensors);
+  response->set_state_bytes(released->state_bytes);
+  return grpc::Status::OK;
+}
+
 }  // namespace gradcomp::service

@@ -92,6 +92,9 @@ class GradcompService final : public v1::Gradcomp::Service {
   grpc::Status ImportState(grpc::ServerContext* context,
                            const v1::ImportStateRequest* request,
                            v1::ImportStateResponse* response) override;
+  grpc::Status ReleaseJob(grpc::ServerContext* context,
+                          const v1::ReleaseJobRequest* request,
+                          v1::ReleaseJobResponse* response) override;
 
  private:
   // One Reduce in core terms for `client` (ClientId of the call); the

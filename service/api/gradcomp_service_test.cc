@@ -401,6 +401,32 @@ TEST_F(GradcompServiceTest, ExportAndImportStateRoundTrip) {
       grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+TEST_F(GradcompServiceTest, ReleaseJobSaysWhatItFreed) {
+  v1::ReduceRequest request = Request("w", {64, 64}, Ramp(4096));
+  request.mutable_codec()->set_name("topk");
+  (*request.mutable_codec()->mutable_params())["ratio"] = "0.01";
+  v1::ReduceResponse response;
+  ASSERT_TRUE(Reduce(request, &response).ok());
+  const double state = Metric("gradcomp_memory_budget_in_use_bytes", {});
+  ASSERT_GT(state, 0);
+
+  v1::ReleaseJobRequest release;
+  release.set_job("job");
+  v1::ReleaseJobResponse released;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub_->ReleaseJob(&context, release, &released).ok());
+  }
+  EXPECT_EQ(released.tensors(), 1u);
+  EXPECT_EQ(static_cast<double>(released.state_bytes()), state);
+  EXPECT_EQ(Metric("gradcomp_memory_budget_in_use_bytes", {}), 0);
+
+  release.set_job(std::string("job\0w", 5));
+  grpc::ClientContext context;
+  EXPECT_EQ(stub_->ReleaseJob(&context, release, &released).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 TEST_F(GradcompServiceTest, SharedMemoryIsOffByDefault) {
   {
     grpc::ClientContext context;

@@ -65,6 +65,11 @@ class Collective {
         "tensor '" + key.tensor +
         "': this collective has no neighbour exchange (gossip)");
   }
+
+  // `job` is over on this rank (Engine::ReleaseJob): what the collective
+  // keeps per job (rendezvous steps, early messages) may go. Nothing by
+  // default, for collectives that keep nothing per job.
+  virtual void ForgetJob(const std::string& /*job*/) {}
 };
 
 }  // namespace gradcomp::service

@@ -38,6 +38,7 @@ class CountingCollective : public Collective {
       std::vector<codecs::Bytes> parts) override {
     return inner_->ExchangeWithNeighbours(key, neighbours, std::move(parts));
   }
+  void ForgetJob(const std::string& job) override { inner_->ForgetJob(job); }
 
   int runs() const { return runs_.load(std::memory_order_relaxed); }
   void Reset() { runs_.store(0, std::memory_order_relaxed); }

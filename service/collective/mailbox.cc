@@ -180,6 +180,18 @@ void Mailbox::OnPeerLost(int rank, const absl::Status& why) {
   }
 }
 
+void Mailbox::ForgetJob(const std::string& job) {
+  absl::MutexLock lock(&mu_);
+  absl::erase_if(current_step_, [&job](const auto& entry) {
+    return entry.first.first == job;
+  });
+  for (auto it = slots_.begin(); it != slots_.end();) {
+    auto next = std::next(it);
+    if (it->first.job == job && !it->second.claimed) EraseLocked(it);
+    it = next;
+  }
+}
+
 void Mailbox::BeginStep(const std::string& job, const std::string& tensor,
                         int64_t step) {
   absl::MutexLock lock(&mu_);

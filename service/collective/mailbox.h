@@ -58,6 +58,12 @@ class Mailbox : public Receiver {
   void BeginStep(const std::string& job, const std::string& tensor,
                  int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // `job` is over on this rank: its tensors' steps are forgotten (a new run
+  // under the same name may start again from step 0 without its peers'
+  // first messages being taken as stale) and its unclaimed messages are
+  // freed. A Collect that waits on one of its keys is left alone.
+  void ForgetJob(const std::string& job) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Waits until a message for `key` has come from every rank in `from`, and
   // returns them indexed by rank (world_size entries; empty for ranks not in
   // `from`). DeadlineExceeded when `deadline` passes, Unavailable when a

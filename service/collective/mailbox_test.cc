@@ -239,6 +239,36 @@ TEST(MailboxTest, ALaterLocalStepFreesAndRefusesOlderSteps) {
   EXPECT_TRUE(mailbox.Collect(Key(0), {1}, absl::InfiniteFuture(), Name).ok());
 }
 
+// A released job's steps are forgotten: its next run may start again at
+// step 0 even when a peer's first message comes before this rank's call.
+// Its early messages are freed; other jobs' and a waiting Collect's stay.
+TEST(MailboxTest, ForgetJobForgetsItsStepsAndFreesItsMessages) {
+  PeerMetrics metrics(0, 2);
+  Mailbox mailbox(2, {}, &metrics);
+  mailbox.BeginStep("job", "w", 7);
+  mailbox.OnMessage(1, Key(8), "left over");
+  mailbox.OnMessage(1, MessageKey{"job2", "w", 8, 0, Phase::kGather}, "kept");
+  std::thread waiter([&] {
+    auto got = mailbox.Collect(Key(9), {1}, absl::InfiniteFuture(), Name);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ((*got)[1], "done");
+  });
+  while (MetricValue(*metrics.collectable(), "gradcomp_peer_waiting",
+                     {{"peer", "1"}}) != 1) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  mailbox.ForgetJob("job");
+  EXPECT_EQ(mailbox.unclaimed_bytes(), 4u);
+  mailbox.OnMessage(1, Key(0), "new run");  // before: stale, dropped
+  EXPECT_EQ(mailbox.unclaimed_bytes(), 4u + 7u);
+  mailbox.OnMessage(1, Key(9), "done");
+  waiter.join();
+  mailbox.BeginStep("job", "w", 0);
+  auto got = mailbox.Collect(Key(0), {1}, absl::InfiniteFuture(), Name);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)[1], "new run");
+}
+
 TEST(MailboxTest, EarlyMessagesOverTheCapFailTheirCollective) {
   MailboxOptions options;
   options.max_unclaimed_bytes = 8;

@@ -414,4 +414,8 @@ PeerCollective::ExchangeWithNeighbours(const RoundKey& key,
 }
 // --- end gossip.
 
+void PeerCollective::ForgetJob(const std::string& job) {
+  mailbox_->ForgetJob(job);
+}
+
 }  // namespace gradcomp::service

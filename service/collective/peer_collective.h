@@ -52,6 +52,8 @@ class PeerCollective : public Collective {
       std::vector<codecs::Bytes> parts) override;
   // --- end gossip.
 
+  void ForgetJob(const std::string& job) override;
+
  private:
   absl::StatusOr<std::vector<codecs::Bytes>> AllgatherPhase(
       const MessageKey& key, codecs::Bytes payload, absl::Time deadline);

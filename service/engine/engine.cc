@@ -164,7 +164,18 @@ class ResultFloats {
 };
 
 // The request's names and step, as every reduce checks them first.
+// The state store keys tensors by job + '\0' + tensor, so a job name with a
+// NUL could reach into another job's state.
+absl::Status CheckJobName(absl::string_view job) {
+  if (absl::StrContains(job, '\0')) {
+    return absl::InvalidArgumentError(
+        "job name holds a NUL character, expected a printable name");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckNames(const ReduceInput& in) {
+  GC_RETURN_IF_ERROR(CheckJobName(in.job));
   if (in.tensor.empty()) {
     return absl::InvalidArgumentError(
         "tensor name is empty, expected a name that is the same on every "
@@ -251,6 +262,7 @@ absl::StatusOr<std::string> Engine::SetPolicy(Policy policy) {
 absl::StatusOr<std::string> Engine::DeclareTensors(
     absl::string_view job, int64_t generation,
     absl::Span<const TensorDecl> decls) {
+  GC_RETURN_IF_ERROR(CheckJobName(job));
   if (generation < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("generation is ", generation, ", expected >= 0"));
@@ -285,6 +297,7 @@ absl::StatusOr<std::string> Engine::DeclareTensors(
 }
 
 absl::StatusOr<std::string> Engine::ExportState(absl::string_view job) const {
+  GC_RETURN_IF_ERROR(CheckJobName(job));
   return store_->Export(job);
 }
 
@@ -292,15 +305,36 @@ absl::Status Engine::ImportState(absl::string_view job,
                                  absl::string_view blob) {
   // Imported state counts as a reduce's would, against the job's quotas and
   // the memory budget, checked before any of it replaces what is there.
+  GC_RETURN_IF_ERROR(CheckJobName(job));
+  // The admission's ticket marks the job busy until the state is written,
+  // so that ReleaseJob cannot erase the job between the two.
   const std::string what =
       absl::StrCat("the state imported into job '", job, "'");
+  std::optional<JobQuotas::Ticket> ticket;
   return store_->Import(
       job, blob,
       [&](const std::vector<codecs::StateStore::ImportedSize>& sizes) {
-        return quotas_.AdmitImport(job, sizes, [&](int64_t delta) {
-          return budget_.AddStateIfRoom(delta, what);
-        });
+        GC_ASSIGN_OR_RETURN(JobQuotas::Ticket admitted,
+                            quotas_.AdmitImport(job, sizes, [&](int64_t delta) {
+                              return budget_.AddStateIfRoom(delta, what);
+                            }));
+        ticket.emplace(std::move(admitted));
+        return absl::OkStatus();
       });
+}
+
+absl::StatusOr<ReleasedJob> Engine::ReleaseJob(absl::string_view job) {
+  GC_RETURN_IF_ERROR(CheckJobName(job));
+  GC_ASSIGN_OR_RETURN(const JobQuotas::Released released,
+                      quotas_.Release(job, [&] {
+                        store_->EraseJob(job);
+                        gossip_.Erase(job);
+                      }));
+  budget_.AddState(-static_cast<int64_t>(released.state_bytes));
+  declared_.Erase(job);
+  collective_->ForgetJob(std::string(job));
+  metrics_->CountJobReleased(job);
+  return ReleasedJob{released.tensors, released.state_bytes};
 }
 
 bool Engine::SampleError() {

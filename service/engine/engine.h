@@ -128,6 +128,12 @@ struct ReduceStats {
   uint64_t nonfinite_values = 0;
 };
 
+// What ReleaseJob freed.
+struct ReleasedJob {
+  uint64_t tensors = 0;      // tensor names the job had reduced or imported
+  uint64_t state_bytes = 0;  // codec state bytes, given back to the budget
+};
+
 struct ReduceOutput {
   std::string data;  // the average, in the request's dtype; empty when
                      // ReduceInput::output received it
@@ -172,6 +178,14 @@ class Engine {
 
   absl::StatusOr<std::string> ExportState(absl::string_view job) const;
   absl::Status ImportState(absl::string_view job, absl::string_view blob);
+
+  // Frees everything this daemon holds for `job`: its codec state (and so
+  // its memory budget and quotas), its tensor list, its gossip mode and
+  // edges, its rendezvous steps and its per-job metric series. A reduce of
+  // the job after this starts afresh, as on a new daemon. Only this rank's
+  // daemon forgets the job; each worker releases its own. FailedPrecondition
+  // while a reduce or an import of the job is in flight here.
+  absl::StatusOr<ReleasedJob> ReleaseJob(absl::string_view job);
 
   int rank() const { return collective_->rank(); }
   int world_size() const { return collective_->world_size(); }

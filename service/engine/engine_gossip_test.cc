@@ -271,6 +271,42 @@ TEST_F(EngineGossipTest, ExportsTheReportedConsensusDistance) {
             0.25);
 }
 
+// Once every rank has released a gossip job, the same name runs again
+// from step 0 on another topology as on new daemons: the edges' factors,
+// the checked spec, the rendezvous steps and the reported distance are gone.
+TEST_F(EngineGossipTest, AReleasedJobRunsAgainAsOnNewDaemons) {
+  const GossipSpec ring{"ring", 1};
+  const GossipSpec full{"full", 2};
+  std::vector<std::vector<float>> xs;
+  for (int r = 0; r < kWorld; ++r) xs.push_back(Random(8 * 6, 20 + r));
+  const std::vector<std::vector<float>> start = xs;
+  reported_distance_ = 0.5;
+  Rounds(xs, {8, 6}, ring, 0, 3);
+  reported_distance_ = 0;
+  for (int r = 0; r < kWorld; ++r) {
+    absl::StatusOr<ReleasedJob> released = engines_[r]->ReleaseJob("job");
+    ASSERT_TRUE(released.ok()) << released.status();
+    EXPECT_EQ(released->tensors, 1u);
+    EXPECT_GT(released->state_bytes, 0u);
+    EXPECT_EQ(stores_[r]->ByteSize(), 0u);
+    EXPECT_EQ(MetricValue(*metrics_[r]->collectable(),
+                          "gradcomp_gossip_consensus_distance",
+                          {{"gradcomp_job", "job"}}),
+              0);
+  }
+
+  std::vector<std::vector<float>> again = start;
+  Rounds(again, {8, 6}, full, 0, 2);
+  Restart();
+  std::vector<std::vector<float>> fresh = start;
+  Rounds(fresh, {8, 6}, full, 0, 2);
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(0, std::memcmp(again[r].data(), fresh[r].data(),
+                             again[r].size() * sizeof(float)))
+        << "rank " << r;
+  }
+}
+
 TEST_F(EngineGossipTest, RefusesMixedModesBatchesAndBadDistances) {
   std::vector<std::vector<float>> xs;
   for (int r = 0; r < kWorld; ++r) xs.push_back(Random(6, r));

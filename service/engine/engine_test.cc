@@ -610,5 +610,71 @@ TEST_F(EngineTest, ImportedStateCountsAgainstTheBudgetAndQuotas) {
             static_cast<double>(state));
 }
 
+// ReleaseJob frees a job's codec state (back to the memory budget) and its
+// declared list, leaves other jobs alone, and the job's next reduce starts
+// afresh: it returns what a new daemon's first reduce returns.
+TEST_F(EngineTest, ReleaseJobFreesItsStateAndItsNextReduceStartsAfresh) {
+  const std::string data = FloatBytes(Ramp(4096));
+  ReduceInput in = Matrix(data);
+  in.codec = CodecSpec{"topk", {{"ratio", "0.01"}}};
+  absl::StatusOr<ReduceOutput> first = engine_->Reduce(in);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const uint64_t state = store_.ByteSize();
+  ASSERT_GT(state, 0u);
+  ReduceInput other = in;
+  other.job = "job2";
+  ASSERT_TRUE(engine_->Reduce(other).ok());
+  ASSERT_TRUE(engine_
+                  ->DeclareTensors("job", 0,
+                                   {{"fc1.weight", DType::kFloat32, {64, 64}}})
+                  .ok());
+  ASSERT_EQ(Metric("gradcomp_memory_budget_in_use_bytes"), 2.0 * state);
+
+  absl::StatusOr<ReleasedJob> released = engine_->ReleaseJob("job");
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_EQ(released->tensors, 1u);
+  EXPECT_EQ(released->state_bytes, state);
+  EXPECT_EQ(store_.ByteSize(), state);  // job2's
+  EXPECT_EQ(Metric("gradcomp_memory_budget_in_use_bytes"), 1.0 * state);
+  EXPECT_EQ(Metric("gradcomp_jobs_released_total"), 1);
+  EXPECT_EQ(engine_->ExportState("job").value(),
+            engine_->ExportState("never-seen").value());
+
+  // Its first step again, with no residual left: as the first time.
+  absl::StatusOr<ReduceOutput> again = engine_->Reduce(in);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->data, first->data);
+  // The declared list went too: another tensor name is accepted.
+  ReduceInput undeclared = Matrix(data);
+  undeclared.tensor = "fc2.weight";
+  EXPECT_TRUE(engine_->Reduce(undeclared).ok());
+
+  absl::StatusOr<ReleasedJob> unknown = engine_->ReleaseJob("never-seen");
+  ASSERT_TRUE(unknown.ok()) << unknown.status();
+  EXPECT_EQ(unknown->tensors, 0u);
+  EXPECT_EQ(unknown->state_bytes, 0u);
+}
+
+// The state store keys a tensor by job + NUL + tensor: a job name holding
+// a NUL would reach into another job's state, so every call refuses it.
+TEST_F(EngineTest, JobNamesWithANulAreRefused) {
+  const std::string data = FloatBytes(Ramp(4096));
+  ReduceInput in = Matrix(data);
+  in.codec = CodecSpec{"topk", {{"ratio", "0.01"}}};
+  ASSERT_TRUE(engine_->Reduce(in).ok());
+  const std::string nul_job("job\0fc1", 7);
+  in.job = nul_job;
+  EXPECT_THAT(engine_->Reduce(in).status().message(), HasSubstr("NUL"));
+  EXPECT_EQ(engine_->ExportState(nul_job).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->ImportState(nul_job, "").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->ReleaseJob(nul_job).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->DeclareTensors(nul_job, 0, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_GT(store_.ByteSize(), 0u);
+}
+
 }  // namespace
 }  // namespace gradcomp::service

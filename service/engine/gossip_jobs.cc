@@ -140,6 +140,11 @@ absl::Status GossipJobs::CheckAverage(absl::string_view job) {
   return absl::OkStatus();
 }
 
+void GossipJobs::Erase(absl::string_view job) {
+  absl::MutexLock lock(&mu_);
+  jobs_.erase(job);
+}
+
 absl::StatusOr<GossipNode*> GossipJobs::Node(absl::string_view job,
                                              const GossipSpec& spec) {
   GC_ASSIGN_OR_RETURN(const GossipOptions options, GossipOptionsFromSpec(spec));

@@ -81,6 +81,10 @@ class GossipJobs {
   // gossips on this rank.
   absl::Status CheckAverage(absl::string_view job) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Forgets `job`'s mode, spec and node: its next request starts it again,
+  // spec check included. No round of the job may be running.
+  void Erase(absl::string_view job) ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct Job;
 

@@ -66,8 +66,12 @@ absl::StatusOr<JobQuotas::Ticket> JobQuotas::Admit(absl::string_view job,
   if (it == jobs_.end()) it = jobs_.try_emplace(job).first;
   Job& entry = it->second;
   entry.state_by_tensor.try_emplace(tensor, 0);
-  if (entry.in_flight++ == 0) ++active_jobs_;
-  return Ticket(this, &entry);
+  return EnterLocked(&entry);
+}
+
+JobQuotas::Ticket JobQuotas::EnterLocked(Job* job) {
+  if (job->in_flight++ == 0) ++active_jobs_;
+  return Ticket(this, job);
 }
 
 void JobQuotas::Leave(Job* job) {
@@ -89,7 +93,7 @@ int64_t JobQuotas::RecordState(absl::string_view job, absl::string_view tensor,
   return delta;
 }
 
-absl::Status JobQuotas::AdmitImport(
+absl::StatusOr<JobQuotas::Ticket> JobQuotas::AdmitImport(
     absl::string_view job,
     const std::vector<codecs::StateStore::ImportedSize>& sizes,
     const std::function<absl::Status(int64_t)>& reserve) {
@@ -131,7 +135,26 @@ absl::Status JobQuotas::AdmitImport(
     entry.state_by_tensor[tensor] = bytes;
   }
   entry.state_bytes = state_bytes;
-  return absl::OkStatus();
+  return EnterLocked(&entry);
+}
+
+absl::StatusOr<JobQuotas::Released> JobQuotas::Release(
+    absl::string_view job, const std::function<void()>& erase) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job);
+  if (it != jobs_.end() && it->second.in_flight > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job, "' has ", it->second.in_flight,
+        " reduce(s) or import(s) in flight on this daemon; expected a job "
+        "that has finished its steps (release it after the last reduce "
+        "returns)"));
+  }
+  erase();
+  if (it == jobs_.end()) return Released();
+  const Released released{it->second.state_by_tensor.size(),
+                          it->second.state_bytes};
+  jobs_.erase(it);
+  return released;
 }
 
 uint64_t JobQuotas::active_jobs() const {

@@ -82,17 +82,34 @@ class JobQuotas {
   // those bytes: ResourceExhausted, changing nothing, when the job would
   // then have more tensors than its quota or, with a state quota, more
   // state bytes, or when `reserve` refuses the change in bytes (the memory
-  // budget's AddStateIfRoom; called with this object's lock held). Else
-  // records them, as RecordState does.
-  absl::Status AdmitImport(
+  // budget's AddStateIfRoom; called with this object's lock held).
+  // Else records them, as RecordState does, and returns a Ticket that marks
+  // the job busy until the import has written them (Release waits for it).
+  absl::StatusOr<Ticket> AdmitImport(
       absl::string_view job,
       const std::vector<codecs::StateStore::ImportedSize>& sizes,
       const std::function<absl::Status(int64_t)>& reserve)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // What a released job held, as recorded here.
+  struct Released {
+    uint64_t tensors = 0;
+    uint64_t state_bytes = 0;  // for the caller to give back to the budget
+  };
+  // Forgets `job`. FailedPrecondition, changing nothing, while it has a
+  // reduce or an import in flight. Else calls `erase` (the caller frees the
+  // job's state) with this object's lock held, so that no reduce of the
+  // job is admitted before its state is gone, and returns what the job held
+  // (zeros for a job never seen).
+  absl::StatusOr<Released> Release(absl::string_view job,
+                                   const std::function<void()>& erase)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   uint64_t active_jobs() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // One more reduce or import of `job` is in flight.
+  Ticket EnterLocked(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Leave(Job* job) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Refuse(absl::string_view resource, std::string message);
 
@@ -100,7 +117,7 @@ class JobQuotas {
   Metrics* const metrics_;
   mutable absl::Mutex mu_;
   // Node map: a Ticket points at its Job. Jobs are kept once seen, as their
-  // codec state is.
+  // codec state is, until they are released.
   absl::node_hash_map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   uint64_t active_jobs_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -98,16 +98,20 @@ TEST(JobQuotasTest, AnImportIsAdmittedAgainstBothQuotasAndTheReserve) {
   };
 
   absl::Status many =
-      quotas.AdmitImport("job", {{"b", 1}, {"c", 1}, {"d", 1}}, reserve);
+      quotas.AdmitImport("job", {{"b", 1}, {"c", 1}, {"d", 1}}, reserve)
+          .status();
   EXPECT_EQ(many.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(many.message(), HasSubstr("would give it 4 tensors"));
   absl::Status big =
-      quotas.AdmitImport("job", {{"a", 300}, {"b", 800}}, reserve);
+      quotas.AdmitImport("job", {{"a", 300}, {"b", 800}}, reserve).status();
   EXPECT_EQ(big.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(big.message(), HasSubstr("would make it hold 1100 bytes"));
-  absl::Status no_room = quotas.AdmitImport("job", {{"b", 100}}, [](int64_t) {
-    return absl::ResourceExhaustedError("no room");
-  });
+  absl::Status no_room =
+      quotas
+          .AdmitImport(
+              "job", {{"b", 100}},
+              [](int64_t) { return absl::ResourceExhaustedError("no room"); })
+          .status();
   EXPECT_EQ(no_room.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(reserved, 0);
 
@@ -121,6 +125,53 @@ TEST(JobQuotasTest, AnImportIsAdmittedAgainstBothQuotasAndTheReserve) {
   // An import into a job this daemon has not seen.
   ASSERT_TRUE(quotas.AdmitImport("new", {{"x", 64}}, reserve).ok());
   EXPECT_EQ(reserved, 264);
+}
+
+// Release forgets a job's tensors and bytes (a new tensor is admitted again
+// under a tensor quota the job had filled) and erases its state under the
+// lock; a job with a reduce or an import in flight is refused unchanged.
+TEST(JobQuotasTest, ReleaseForgetsAnIdleJobAndRefusesABusyOne) {
+  Metrics metrics(nullptr, "test");
+  JobQuotaOptions options;
+  options.max_tensors_per_job = 2;
+  JobQuotas quotas(options, &metrics);
+  ASSERT_TRUE(quotas.Admit("job", "a").ok());
+  ASSERT_TRUE(quotas.Admit("job", "b").ok());
+  EXPECT_EQ(quotas.RecordState("job", "a", 100), 100);
+  EXPECT_EQ(quotas.RecordState("job", "b", 20), 20);
+  EXPECT_FALSE(quotas.Admit("job", "c").ok());
+  int erased = 0;
+  auto erase = [&] { ++erased; };
+
+  {
+    absl::StatusOr<JobQuotas::Ticket> busy = quotas.Admit("job", "a");
+    ASSERT_TRUE(busy.ok());
+    absl::StatusOr<JobQuotas::Released> refused = quotas.Release("job", erase);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(refused.status().message(), HasSubstr("1 reduce(s)"));
+  }
+  {
+    absl::StatusOr<JobQuotas::Ticket> importing = quotas.AdmitImport(
+        "job", {{"a", 100}}, [](int64_t) { return absl::OkStatus(); });
+    ASSERT_TRUE(importing.ok());
+    EXPECT_FALSE(quotas.Release("job", erase).ok());
+    EXPECT_EQ(quotas.active_jobs(), 1u);
+  }
+  EXPECT_EQ(erased, 0);
+
+  absl::StatusOr<JobQuotas::Released> released = quotas.Release("job", erase);
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_EQ(released->tensors, 2u);
+  EXPECT_EQ(released->state_bytes, 120u);
+  EXPECT_EQ(erased, 1);
+  EXPECT_EQ(quotas.active_jobs(), 0u);
+  ASSERT_TRUE(quotas.Admit("job", "c").ok());
+  EXPECT_EQ(quotas.RecordState("job", "c", 8), 8);
+
+  absl::StatusOr<JobQuotas::Released> unknown = quotas.Release("other", erase);
+  ASSERT_TRUE(unknown.ok());
+  EXPECT_EQ(unknown->tensors, 0u);
+  EXPECT_EQ(erased, 2);
 }
 
 }  // namespace

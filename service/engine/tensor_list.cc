@@ -158,6 +158,11 @@ void DeclaredTensors::Set(absl::string_view job, TensorList list) {
   lists_.insert_or_assign(std::string(job), std::move(list));
 }
 
+void DeclaredTensors::Erase(absl::string_view job) {
+  absl::MutexLock lock(&mu_);
+  lists_.erase(job);
+}
+
 absl::Status DeclaredTensors::Check(absl::string_view job,
                                     absl::string_view name, DType dtype,
                                     absl::Span<const int64_t> shape) const {

@@ -74,6 +74,8 @@ class DeclaredTensors {
   // Replaces the job's list (a client may declare again, e.g. after a
   // restart with a different model).
   void Set(absl::string_view job, TensorList list) ABSL_LOCKS_EXCLUDED(mu_);
+  // The job has no list any more.
+  void Erase(absl::string_view job) ABSL_LOCKS_EXCLUDED(mu_);
 
   // OK for a job without a list. For a declared job: InvalidArgument when
   // `name` is not declared or its dtype or shape differ from the

@@ -195,6 +195,14 @@ Metrics::Metrics(const codecs::StateStore* state, absl::string_view version)
                "The consensus distance a gossip job's client last reported, "
                "by job.")
            .Register(*registry_);
+  jobs_released_ =
+      &prometheus::BuildCounter()
+           .Name("gradcomp_jobs_released_total")
+           .Help(
+               "Jobs whose codec state and bookkeeping a client released "
+               "(ReleaseJob).")
+           .Register(*registry_)
+           .Add({});
   resource_exhausted_ =
       &prometheus::BuildCounter()
            .Name("gradcomp_resource_exhausted_total")
@@ -315,6 +323,14 @@ void Metrics::CountGossipEdgeResync(int peer) {
 
 void Metrics::SetConsensusDistance(absl::string_view job, double distance) {
   consensus_distance_->Add({{"gradcomp_job", std::string(job)}}).Set(distance);
+}
+
+void Metrics::CountJobReleased(absl::string_view job) {
+  jobs_released_->Increment();
+  const prometheus::Labels labels = {{"gradcomp_job", std::string(job)}};
+  if (consensus_distance_->Has(labels)) {
+    consensus_distance_->Remove(&consensus_distance_->Add(labels));
+  }
 }
 
 }  // namespace gradcomp::service

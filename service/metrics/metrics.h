@@ -82,6 +82,9 @@ class Metrics {
   void AddGossipBytes(int peer, uint64_t bytes);
   void CountGossipEdgeResync(int peer);
   void SetConsensusDistance(absl::string_view job, double distance);
+  // `job` was released (Engine::ReleaseJob): counted, and its per-job
+  // series (the consensus distance) removed.
+  void CountJobReleased(absl::string_view job);
 
   std::shared_ptr<prometheus::Collectable> collectable() const {
     return collector_;
@@ -120,6 +123,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* gossip_bytes_;
   prometheus::Family<prometheus::Counter>* gossip_edge_resyncs_;
   prometheus::Family<prometheus::Gauge>* consensus_distance_;
+  prometheus::Counter* jobs_released_;
   std::array<prometheus::Histogram*, 4> stages_;
 
   absl::Mutex mu_;
