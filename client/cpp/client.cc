@@ -421,4 +421,15 @@ absl::StatusOr<v1::DeclareTensorsResponse> Client::DeclareTensors(
   return response;
 }
 
+absl::StatusOr<v1::ReleaseJobResponse> Client::ReleaseJob(
+    const std::string& job) {
+  v1::ReleaseJobRequest request;
+  request.set_job(job);
+  v1::ReleaseJobResponse response;
+  GC_RETURN_IF_ERROR(
+      FromGrpcStatus(stub_->ReleaseJob(NewContext().get(), request, &response),
+                     "ReleaseJob", target_));
+  return response;
+}
+
 }  // namespace gradcomp::client

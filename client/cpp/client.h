@@ -174,6 +174,11 @@ class Client {
   absl::StatusOr<v1::DeclareTensorsResponse> DeclareTensors(
       const v1::DeclareTensorsRequest& request);
 
+  // Ends `job` on this daemon once its last reduce here has returned
+  // (gradcomp.proto ReleaseJob): its codec state, tensor list and gossip
+  // state are freed; a later reduce of the job starts afresh.
+  absl::StatusOr<v1::ReleaseJobResponse> ReleaseJob(const std::string& job);
+
   const std::string& target() const { return target_; }
   const std::string& client_id() const { return options_.client_id; }
 

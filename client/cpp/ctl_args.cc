@@ -19,7 +19,7 @@ struct CommandName {
 constexpr CommandName kCommands[] = {
     {"help", CtlCommand::kHelp},     {"info", CtlCommand::kInfo},
     {"policy", CtlCommand::kPolicy}, {"reduce", CtlCommand::kReduce},
-    {"bench", CtlCommand::kBench},
+    {"bench", CtlCommand::kBench},   {"release", CtlCommand::kRelease},
 };
 
 absl::string_view NameOf(CtlCommand command) {
@@ -111,7 +111,7 @@ const std::vector<FlagSpec>& Flags() {
          }
          return absl::OkStatus();
        }},
-      {"job", {C::kReduce, C::kBench}, StoreString(&CtlArgs::job)},
+      {"job", {C::kReduce, C::kBench, C::kRelease}, StoreString(&CtlArgs::job)},
       {"codec",
        {C::kReduce, C::kBench},
        [](absl::string_view v, CtlArgs& a) {
@@ -268,13 +268,14 @@ absl::StatusOr<CtlArgs> ParseCtlArgs(const std::vector<std::string>& args,
     if (!known) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown command '", arg,
-                       "'; expected info, policy, reduce or bench"));
+                       "'; expected info, policy, reduce, bench or release"));
     }
     have_command = true;
   }
   if (!have_command) {
     return absl::InvalidArgumentError(
-        "missing command; expected info, policy, reduce or bench (see --help)");
+        "missing command; expected info, policy, reduce, bench or release (see "
+        "--help)");
   }
   for (const auto& [name, value] : flags) {
     const FlagSpec* flag = FindFlag(name);
@@ -322,6 +323,10 @@ commands:
               --numel=N       elements (required)
               --iters=K       reduces (default 20)
               --codec=NAME, --param=K=V, --job=NAME, --seed=S
+  release   end a job on this daemon once its last step is done here: free
+            its codec state, tensor list and gossip state, and print what
+            was freed (run it against every worker's daemon)
+              --job=NAME      job (default "default")
 )";
 }
 

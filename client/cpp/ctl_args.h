@@ -22,7 +22,7 @@
 
 namespace gradcomp::client {
 
-enum class CtlCommand { kHelp, kInfo, kPolicy, kReduce, kBench };
+enum class CtlCommand { kHelp, kInfo, kPolicy, kReduce, kBench, kRelease };
 
 struct CtlArgs {
   CtlCommand command = CtlCommand::kHelp;

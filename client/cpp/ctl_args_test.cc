@@ -137,6 +137,15 @@ TEST(CtlArgsTest, PolicySet) {
   EXPECT_EQ(args->policy_file, "p.textproto");
 }
 
+TEST(CtlArgsTest, ReleaseTakesAJob) {
+  absl::StatusOr<CtlArgs> args = Parse({"release", "--job=run-42"});
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_EQ(args->command, CtlCommand::kRelease);
+  EXPECT_EQ(args->job, "run-42");
+  EXPECT_THAT(ErrorOf({"release", "--codec=topk"}),
+              HasSubstr("command 'release' does not take --codec"));
+}
+
 TEST(CtlArgsTest, RejectsUnknownAndMisplacedFlagsAndCommands) {
   EXPECT_THAT(ErrorOf({}), HasSubstr("missing command"));
   EXPECT_THAT(ErrorOf({"frobnicate"}),

@@ -250,6 +250,14 @@ absl::Status RunBench(Client& client, const CtlArgs& args) {
   return absl::OkStatus();
 }
 
+absl::Status RunRelease(Client& client, const CtlArgs& args) {
+  GC_ASSIGN_OR_RETURN(v1::ReleaseJobResponse released,
+                      client.ReleaseJob(args.job));
+  absl::PrintF("released job '%s': %d tensors, %d bytes of codec state\n",
+               args.job, released.tensors(), released.state_bytes());
+  return absl::OkStatus();
+}
+
 absl::Status Run(const CtlArgs& args) {
   ClientOptions options;
   options.rpc_timeout = args.timeout;
@@ -264,6 +272,8 @@ absl::Status Run(const CtlArgs& args) {
       return RunReduce(*client, args);
     case CtlCommand::kBench:
       return RunBench(*client, args);
+    case CtlCommand::kRelease:
+      return RunRelease(*client, args);
     case CtlCommand::kHelp:
       break;
   }

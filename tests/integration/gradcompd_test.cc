@@ -504,6 +504,39 @@ TEST_F(GradcompdTest, GradcompctlReducesAnNpyFile) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
 }
 
+// A job's codec state is freed by the C++ client's ReleaseJob and by
+// `gradcompctl release`, each saying what it freed.
+TEST_F(GradcompdTest, ReleaseJobFreesTheJobsState) {
+  const std::vector<float> x = Gradient(64 * 64, 11);
+  const std::vector<int64_t> shape = {64, 64};
+  for (const char* job : {"released-by-client", "released-by-ctl"}) {
+    ASSERT_TRUE(
+        client_
+            ->Reduce(job, "w", 0, x, shape, Codec("topk", {{"ratio", "0.01"}}))
+            .ok());
+  }
+  absl::StatusOr<v1::ReleaseJobResponse> released =
+      client_->ReleaseJob("released-by-client");
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_EQ(released->tensors(), 1u);
+  EXPECT_GT(released->state_bytes(), 0u);
+
+  const std::string ctl = absl::StrCat(std::getenv("TEST_SRCDIR"),
+                                       "/gradcomp/client/cpp/gradcompctl");
+  const std::string out = absl::StrCat(std::getenv("TEST_TMPDIR"), "/rel.txt");
+  const std::string command =
+      absl::StrCat(ctl, " --target=", daemon_->target(),
+                   " release --job=released-by-ctl > ", out, " 2>&1");
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  std::ifstream printed(out);
+  std::stringstream text;
+  text << printed.rdbuf();
+  EXPECT_THAT(text.str(),
+              HasSubstr(absl::StrCat("released job 'released-by-ctl': 1 "
+                                     "tensors, ",
+                                     released->state_bytes(), " bytes")));
+}
+
 // `gradcompctl info` shows the effective configuration: the config with the
 // flags merged in, the flag-only settings and the policy in force.
 TEST(GradcompctlInfoTest, ShowsTheEffectiveConfigAndPolicy) {

@@ -49,6 +49,13 @@ _CHANNEL_OPTIONS = [
 
 
 @dataclasses.dataclass(frozen=True)
+class ReleasedJob:
+    """What Client.release_job freed on the daemon."""
+    tensors: int      # tensor names the job had there
+    state_bytes: int  # codec state bytes, given back to the memory budget
+
+
+@dataclasses.dataclass(frozen=True)
 class ReduceStats:
     """What one Reduce cost and how accurate it was (see ReduceStats in the proto)."""
     codec: str
@@ -629,6 +636,15 @@ class Client:
         """Restores codec state exported by export_state; a bad blob raises
         GradcompError INVALID_ARGUMENT and imports nothing."""
         self._call("ImportState", gradcomp_pb2.ImportStateRequest(job=job, state=state))
+
+    def release_job(self, job: str = "default") -> ReleasedJob:
+        """Ends `job` on this daemon: frees its codec state, declared tensor
+        list, gossip mode and rendezvous steps. Call it on every worker after
+        the job's last reduce (export_state first to keep the state); a later
+        reduce of `job` starts afresh. FAILED_PRECONDITION while a reduce of
+        the job is in flight on the daemon."""
+        response = self._call("ReleaseJob", gradcomp_pb2.ReleaseJobRequest(job=job))
+        return ReleasedJob(tensors=response.tensors, state_bytes=response.state_bytes)
 
     # Shared memory (gradcomp.shm; the daemon needs --allow_client_shm).
 
