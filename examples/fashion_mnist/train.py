@@ -410,6 +410,9 @@ def _train(rank: int, spec: RunSpec, daemon: _LocalDaemon | None) -> RunResult:
     later = (sent - sent_before[0]) / max(steps - sent_before[1], 1)
     if spec.comm == "gradcomp":
         transport = state.transport
+        # Training is over: end the job on this worker's daemon (its codec
+        # state is freed; a daemon that outlives the run needs this).
+        state.release_job()
         state.close()
     # The first steps pay for lazy set-up (buckets, connections): leave them out.
     measured = step_times[min(10, len(step_times) - 1):]

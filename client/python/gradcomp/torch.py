@@ -60,7 +60,7 @@ import grpc
 import numpy as np
 import torch
 
-from gradcomp.client import Client, Gossip
+from gradcomp.client import Client, Gossip, ReleasedJob
 from gradcomp.errors import GradcompError
 from gradcomp.shm import ShmRegion, ShmTensor
 
@@ -459,6 +459,14 @@ class HookState:
         """
         return {"job": self.job, "step": self.step,
                 "daemon_state": self.client.export_state(self.job)}
+
+    def release_job(self) -> ReleasedJob:
+        """Ends this job on the daemon once training is over: frees its
+        codec state, tensor list and gossip state there. Call it on every
+        worker after the last step (and after any state_dict()); a reduce
+        of the job after it starts afresh. Before close(), which closes the
+        client."""
+        return self.client.release_job(self.job)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores what state_dict() saved into this job's daemon."""

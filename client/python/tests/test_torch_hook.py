@@ -3,7 +3,8 @@
 - A checkpoint (model, optimizer and HookState.state_dict()) restored into
   a fresh daemon gives exactly the next step of uninterrupted training, for
   stateful codecs (top-k residuals and momenta, PowerSGD warm start and
-  error feedback); dropping the daemon's state changes that step.
+  error feedback); dropping the daemon's state changes that step, and
+  release_job() drops it as a new daemon would.
 - With a local daemon that allows it, the hook picks shared memory, and its
   steps equal inline bytes' steps exactly.
 - With batch_gather, W = 2 and two peered daemons, a bucket's top-k weights
@@ -98,6 +99,14 @@ def _resume_scenario(rank: int, codec_name: str, params: dict, out: str) -> None
         _train_steps(ddp, optimizer, 6, 1)
         results["uninterrupted"] = copy.deepcopy(model.state_dict())
         results["codecs"] = {name: stats for name, stats in state.last_codecs.items()}
+        released = state.release_job()
+        results["released"] = (released.tensors, released.state_bytes)
+        state.close()
+        # The same daemon after the release: as a new one.
+        model, ddp, optimizer, state = fresh(daemon, checkpoint)
+        state.step = checkpoint["hook"]["step"]
+        _train_steps(ddp, optimizer, 6, 1)
+        results["after_release"] = copy.deepcopy(model.state_dict())
         state.close()
     with Daemon() as daemon:  # a new daemon: nothing of the old one is left
         model, ddp, optimizer, state = fresh(daemon, checkpoint)
@@ -292,6 +301,15 @@ class HookCheckpointTest(unittest.TestCase):
                 for name, value in results["uninterrupted"].items()),
             f"{codec}: the step without the daemon's state equals the "
             f"uninterrupted one, so this test could not tell a lost state")
+        # release_job left the daemon as a new one: its step is the one
+        # without the daemon's state, bit for bit.
+        tensors, state_bytes = results["released"]
+        self.assertEqual(tensors, 4)
+        self.assertGreater(state_bytes, 0)
+        for name, value in results["without_daemon_state"].items():
+            self.assertTrue(torch.equal(results["after_release"][name], value),
+                            f"{codec}: {name} after release_job differs from a new "
+                            f"daemon's step")
 
     def test_topk_resumes_residuals_and_momenta(self):
         self._check("topk", {"ratio": 0.05})

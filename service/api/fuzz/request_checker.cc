@@ -175,6 +175,22 @@ int RequestChecker::Check(const uint8_t* data, size_t size) {
       }
       return first_error;
     }
+    case FuzzedRpc::kReleaseJob: {
+      v1::ReleaseJobRequest request;
+      if (!request.ParseFromArray(bytes, static_cast<int>(n))) return -1;
+      grpc::ServerContext context;
+      v1::ReleaseJobResponse response;
+      const grpc::Status status =
+          service->ReleaseJob(&context, &request, &response);
+      if (status.ok()) {
+        absl::StatusOr<std::string> left = engine_->ExportState(request.job());
+        absl::StatusOr<std::string> none = codecs::StateStore().Export("");
+        if (!left.ok() || !none.ok() || *left != *none) {
+          Fail("a released job still exports state");
+        }
+      }
+      return static_cast<int>(status.error_code());
+    }
     case FuzzedRpc::kCount:
       break;
   }

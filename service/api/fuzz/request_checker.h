@@ -35,7 +35,9 @@ enum class FuzzedRpc : uint8_t {
   // A ReduceRequest with parts: SplitParts, then each part's Reduce, as
   // ReduceStream serves it.
   kReduceParts = 6,
-  kCount = 7,
+  // ReleaseJob; once it succeeds, the job exports no state.
+  kReleaseJob = 7,
+  kCount = 8,
 };
 
 // The region every fuzzed Reduce may name as its input_shm/output_shm.
