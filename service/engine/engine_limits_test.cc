@@ -4,6 +4,7 @@
 // the same tensor names keep separate codec state.
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -225,6 +226,26 @@ TEST_F(EngineLimitsTest, TensorQuotaRefusesNewNamesOfThatJobOnly) {
   EXPECT_EQ(Exhausted("job_tensors"), 1);
   EXPECT_TRUE(engine_->Reduce(Square(data, 16, "a", "w")).ok());
   EXPECT_TRUE(engine_->Reduce(Square(data, 16, "b", "v")).ok());
+}
+
+// A new tensor refused after admission (NaN under a compressing codec)
+// holds no state, so it does not keep a slot of the job's tensor quota.
+TEST_F(EngineLimitsTest, ATensorRefusedAfterAdmissionTakesNoQuotaSlot) {
+  EngineOptions options;
+  options.quotas.max_tensors_per_job = 1;
+  Build(options);
+  std::vector<float> bad(16 * 16, 1.0f);
+  bad[3] = std::numeric_limits<float>::quiet_NaN();
+  const std::string nan_data(reinterpret_cast<const char*>(bad.data()),
+                             bad.size() * sizeof(float));
+  ReduceInput refused = Square(nan_data, 16, "a", "bad");
+  refused.codec = CodecSpec{"topk", {{"ratio", "0.1"}}};
+  EXPECT_EQ(engine_->Reduce(refused).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::string data = Floats(16 * 16, 1);
+  absl::StatusOr<ReduceOutput> good =
+      engine_->Reduce(Square(data, 16, "a", "w"));
+  EXPECT_TRUE(good.ok()) << good.status();
 }
 
 // Two jobs reduce the same tensor name at the same steps with different

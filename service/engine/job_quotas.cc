@@ -9,10 +9,11 @@ namespace gradcomp::service {
 
 JobQuotas::Ticket::Ticket(Ticket&& other) noexcept
     : quotas_(std::exchange(other.quotas_, nullptr)),
-      job_(std::exchange(other.job_, nullptr)) {}
+      job_(std::exchange(other.job_, nullptr)),
+      new_tensor_(std::move(other.new_tensor_)) {}
 
 JobQuotas::Ticket::~Ticket() {
-  if (quotas_ != nullptr) quotas_->Leave(job_);
+  if (quotas_ != nullptr) quotas_->Leave(job_, new_tensor_);
 }
 
 JobQuotas::JobQuotas(JobQuotaOptions options, Metrics* metrics)
@@ -39,14 +40,13 @@ absl::StatusOr<JobQuotas::Ticket> JobQuotas::Admit(absl::string_view job,
                      "); expected fewer jobs per daemon, or retry later"));
   }
   const bool new_tensor =
-      it == jobs_.end() || !it->second.state_by_tensor.contains(tensor);
+      it == jobs_.end() || !it->second.tensors.contains(tensor);
   if (new_tensor && it != jobs_.end()) {
     const Job& known = it->second;
-    if (known.state_by_tensor.size() >= options_.max_tensors_per_job) {
+    if (known.tensors.size() >= options_.max_tensors_per_job) {
       return Refuse(
           "job_tensors",
-          absl::StrCat("job '", job, "' already has ",
-                       known.state_by_tensor.size(),
+          absl::StrCat("job '", job, "' already has ", known.tensors.size(),
                        " tensors on this daemon, its quota "
                        "(max_tensors_per_job ",
                        options_.max_tensors_per_job, "); tensor '", tensor,
@@ -65,17 +65,22 @@ absl::StatusOr<JobQuotas::Ticket> JobQuotas::Admit(absl::string_view job,
   }
   if (it == jobs_.end()) it = jobs_.try_emplace(job).first;
   Job& entry = it->second;
-  entry.state_by_tensor.try_emplace(tensor, 0);
-  return EnterLocked(&entry);
+  if (!new_tensor) return EnterLocked(&entry);
+  entry.tensors.try_emplace(tensor);
+  return EnterLocked(&entry, std::string(tensor));
 }
 
-JobQuotas::Ticket JobQuotas::EnterLocked(Job* job) {
+JobQuotas::Ticket JobQuotas::EnterLocked(Job* job, std::string new_tensor) {
   if (job->in_flight++ == 0) ++active_jobs_;
-  return Ticket(this, job);
+  return Ticket(this, job, std::move(new_tensor));
 }
 
-void JobQuotas::Leave(Job* job) {
+void JobQuotas::Leave(Job* job, const std::string& new_tensor) {
   absl::MutexLock lock(&mu_);
+  if (!new_tensor.empty()) {
+    auto t = job->tensors.find(new_tensor);
+    if (t != job->tensors.end() && !t->second.recorded) job->tensors.erase(t);
+  }
   if (--job->in_flight == 0) --active_jobs_;
 }
 
@@ -84,11 +89,13 @@ int64_t JobQuotas::RecordState(absl::string_view job, absl::string_view tensor,
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job);
   if (it == jobs_.end()) return 0;
-  auto t = it->second.state_by_tensor.find(tensor);
-  if (t == it->second.state_by_tensor.end()) return 0;
+  // Present unless the ticket that added it gave it back while this
+  // reduce, admitted when it was there, still ran.
+  Tensor& t = it->second.tensors[tensor];
   const int64_t delta =
-      static_cast<int64_t>(bytes) - static_cast<int64_t>(t->second);
-  t->second = bytes;
+      static_cast<int64_t>(bytes) - static_cast<int64_t>(t.state_bytes);
+  t.state_bytes = bytes;
+  t.recorded = true;
   it->second.state_bytes = it->second.state_bytes + delta;
   return delta;
 }
@@ -100,15 +107,16 @@ absl::StatusOr<JobQuotas::Ticket> JobQuotas::AdmitImport(
   absl::MutexLock lock(&mu_);
   auto it = jobs_.try_emplace(job).first;  // kept once seen, as in Admit
   const Job& known = it->second;
-  uint64_t tensors = known.state_by_tensor.size();
+  uint64_t tensors = known.tensors.size();
   int64_t delta = 0;
   for (const auto& [tensor, bytes] : sizes) {
-    auto had = known.state_by_tensor.find(tensor);
-    if (had == known.state_by_tensor.end()) {
+    auto had = known.tensors.find(tensor);
+    if (had == known.tensors.end()) {
       ++tensors;
       delta += static_cast<int64_t>(bytes);
     } else {
-      delta += static_cast<int64_t>(bytes) - static_cast<int64_t>(had->second);
+      delta += static_cast<int64_t>(bytes) -
+               static_cast<int64_t>(had->second.state_bytes);
     }
   }
   if (tensors > options_.max_tensors_per_job) {
@@ -132,7 +140,7 @@ absl::StatusOr<JobQuotas::Ticket> JobQuotas::AdmitImport(
   GC_RETURN_IF_ERROR(reserve(delta));
   Job& entry = it->second;
   for (const auto& [tensor, bytes] : sizes) {
-    entry.state_by_tensor[tensor] = bytes;
+    entry.tensors[tensor] = Tensor{bytes, /*recorded=*/true};
   }
   entry.state_bytes = state_bytes;
   return EnterLocked(&entry);
@@ -151,8 +159,7 @@ absl::StatusOr<JobQuotas::Released> JobQuotas::Release(
   }
   erase();
   if (it == jobs_.end()) return Released();
-  const Released released{it->second.state_by_tensor.size(),
-                          it->second.state_bytes};
+  const Released released{it->second.tensors.size(), it->second.state_bytes};
   jobs_.erase(it);
   return released;
 }

@@ -41,10 +41,17 @@ struct JobQuotaOptions {
 
 class JobQuotas {
  private:
+  struct Tensor {
+    uint64_t state_bytes = 0;
+    // Set once a reduce recorded its state (or an import brought it): a
+    // tensor new to the job whose first reduces all failed before that
+    // gives its slot back.
+    bool recorded = false;
+  };
   struct Job {
     uint64_t in_flight = 0;
     uint64_t state_bytes = 0;
-    absl::flat_hash_map<std::string, uint64_t> state_by_tensor;
+    absl::flat_hash_map<std::string, Tensor> tensors;
   };
 
  public:
@@ -58,10 +65,13 @@ class JobQuotas {
 
    private:
     friend class JobQuotas;
-    Ticket(JobQuotas* quotas, Job* job) : quotas_(quotas), job_(job) {}
+    Ticket(JobQuotas* quotas, Job* job, std::string new_tensor)
+        : quotas_(quotas), job_(job), new_tensor_(std::move(new_tensor)) {}
 
     JobQuotas* quotas_;
     Job* job_;
+    // The tensor this ticket's Admit added to the job (empty: none).
+    std::string new_tensor_;
   };
 
   // `metrics` (may be null) counts refusals; it must outlive the quotas.
@@ -69,12 +79,15 @@ class JobQuotas {
 
   // Admits one reduce of (job, tensor), or ResourceExhausted when it would
   // make one job too many reduce at once, or `tensor` is new to a job that
-  // has reached its tensor or state quota.
+  // has reached its tensor or state quota. A new tensor takes a slot of the
+  // job's tensor quota, which it gives back when the ticket ends unless a
+  // reduce of it has recorded its state by then.
   absl::StatusOr<Ticket> Admit(absl::string_view job, absl::string_view tensor)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The codec state of an admitted (job, tensor) now holds `bytes`; returns
-  // the change since the last record, for MemoryBudget::AddState.
+  // The codec state of an admitted (job, tensor) now holds `bytes` (a
+  // ticket of the job must be alive); returns the change since the last
+  // record, for MemoryBudget::AddState.
   int64_t RecordState(absl::string_view job, absl::string_view tensor,
                       uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -109,8 +122,9 @@ class JobQuotas {
 
  private:
   // One more reduce or import of `job` is in flight.
-  Ticket EnterLocked(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Leave(Job* job) ABSL_LOCKS_EXCLUDED(mu_);
+  Ticket EnterLocked(Job* job, std::string new_tensor = "")
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Leave(Job* job, const std::string& new_tensor) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Refuse(absl::string_view resource, std::string message);
 
   const JobQuotaOptions options_;

@@ -48,8 +48,11 @@ TEST(JobQuotasTest, TensorsPerJobAreCappedButKnownTensorsGoOn) {
   JobQuotaOptions options;
   options.max_tensors_per_job = 2;
   JobQuotas quotas(options, &metrics);
+  // Each reduce records its tensor's state (0 bytes: a stateless codec).
   ASSERT_TRUE(quotas.Admit("job", "a").ok());
+  quotas.RecordState("job", "a", 0);
   ASSERT_TRUE(quotas.Admit("job", "b").ok());
+  quotas.RecordState("job", "b", 0);
   auto third = quotas.Admit("job", "c");
   ASSERT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(third.status().message(),
@@ -125,6 +128,28 @@ TEST(JobQuotasTest, AnImportIsAdmittedAgainstBothQuotasAndTheReserve) {
   // An import into a job this daemon has not seen.
   ASSERT_TRUE(quotas.AdmitImport("new", {{"x", 64}}, reserve).ok());
   EXPECT_EQ(reserved, 264);
+}
+
+// A new tensor whose reduce fails before recording its state gives its
+// slot back; one recorded keeps it. A reduce admitted while another held
+// the new slot records its state even if that one gave the slot back.
+TEST(JobQuotasTest, ANewTensorThatRecordedNothingGivesItsSlotBack) {
+  Metrics metrics(nullptr, "test");
+  JobQuotaOptions options;
+  options.max_tensors_per_job = 1;
+  JobQuotas quotas(options, &metrics);
+  { ASSERT_TRUE(quotas.Admit("job", "failed").ok()); }
+  {
+    absl::StatusOr<JobQuotas::Ticket> first = quotas.Admit("job", "a");
+    ASSERT_TRUE(first.ok()) << first.status();
+    absl::StatusOr<JobQuotas::Ticket> second = quotas.Admit("job", "a");
+    ASSERT_TRUE(second.ok()) << second.status();
+    { JobQuotas::Ticket gone = *std::move(first); }  // failed: gives back
+    EXPECT_EQ(quotas.RecordState("job", "a", 100), 100);
+  }
+  EXPECT_EQ(quotas.Admit("job", "b").status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(quotas.RecordState("job", "a", 40), -60);
 }
 
 // Release forgets a job's tensors and bytes (a new tensor is admitted again
