@@ -163,7 +163,6 @@ class ResultFloats {
   absl::Span<float> values_;
 };
 
-// The request's names and step, as every reduce checks them first.
 // The state store keys tensors by job + '\0' + tensor, so a job name with a
 // NUL could reach into another job's state.
 absl::Status CheckJobName(absl::string_view job) {
@@ -174,6 +173,7 @@ absl::Status CheckJobName(absl::string_view job) {
   return absl::OkStatus();
 }
 
+// The request's names and step, as every reduce checks them first.
 absl::Status CheckNames(const ReduceInput& in) {
   GC_RETURN_IF_ERROR(CheckJobName(in.job));
   if (in.tensor.empty()) {
@@ -303,11 +303,11 @@ absl::StatusOr<std::string> Engine::ExportState(absl::string_view job) const {
 
 absl::Status Engine::ImportState(absl::string_view job,
                                  absl::string_view blob) {
-  // Imported state counts as a reduce's would, against the job's quotas and
-  // the memory budget, checked before any of it replaces what is there.
   GC_RETURN_IF_ERROR(CheckJobName(job));
-  // The admission's ticket marks the job busy until the state is written,
-  // so that ReleaseJob cannot erase the job between the two.
+  // Imported state counts as a reduce's would, against the job's quotas and
+  // the memory budget, checked before any of it replaces what is there. The
+  // admission's ticket marks the job busy until the state is written, so
+  // that ReleaseJob cannot erase the job between the two.
   const std::string what =
       absl::StrCat("the state imported into job '", job, "'");
   std::optional<JobQuotas::Ticket> ticket;
