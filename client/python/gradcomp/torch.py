@@ -469,7 +469,11 @@ class HookState:
         return self.client.release_job(self.job)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restores what state_dict() saved into this job's daemon."""
+        """Restores what state_dict() saved into this job's daemon.
+
+        Into a daemon that has served this job since (a trainer restarted
+        beside its running sidecar), call release_job() first on every
+        worker, before wrapping the model in DDP: docs/peers.md says why."""
         if state["job"] != self.job:
             raise ValueError(f"checkpoint holds job '{state['job']}', this hook "
                              f"reduces job '{self.job}'")
