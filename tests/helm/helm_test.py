@@ -5,11 +5,12 @@ For the default values and every file in tests/helm/values/: `helm lint
 Kubernetes (and Prometheus Operator) schemas of kubernetes-models, and the
 rendered daemon config run through `gradcompd --check_config` with the
 container's own arguments. Every file in tests/helm/bad/ must be refused by
-values.schema.json with the message its `# expect:` line names. The default
-render (world size 4) is started as 4 real daemons on loopback and a reduce
-runs across them (LoopbackClusterTest), and tests/helm/parent-chart adds the
-sidecar to a user's own StatefulSet with the named template
-(ParentChartTest).
+values.schema.json with the message its `# expect:` line names. Every
+limit in config.limits must reach the daemon's effective config, and none
+be rendered by default. The default render (world size 4) is started as 4
+real daemons on loopback and a reduce runs across them
+(LoopbackClusterTest), and tests/helm/parent-chart adds the sidecar to a
+user's own StatefulSet with the named template (ParentChartTest).
 
 Run by tools/test through tests/helm/run; needs tools/setup's helm and
 node packages (.out/) and bazel-bin/service/gradcompd (or $GRADCOMPD).
@@ -155,6 +156,12 @@ def mounted(container: dict, volumes: list[dict], objects: list[dict], root: pat
                 (local / key).write_text(text)
         paths[mount["mountPath"]] = str(local)
     return paths
+
+
+def limit_fields() -> dict[str, str]:
+    """DaemonConfig's limits, its fields from 30 on (config.proto): JSON name -> field name."""
+    from gradcomp.v1.config_pb2 import DaemonConfig
+    return {f.json_name: f.name for f in DaemonConfig.DESCRIPTOR.fields if f.number >= 30}
 
 
 def check_config(args: list[str]) -> subprocess.CompletedProcess:
@@ -308,6 +315,40 @@ class ChartTest(unittest.TestCase):
             self.assertIn(f"--peer_tls_{flag}=/etc/gradcomp/tls/{key}", args)
         default = sidecar(find(self.render("default"), "StatefulSet")["spec"]["template"]["spec"])
         self.assertFalse([a for a in default["args"] if a.startswith("--peer_tls")], default["args"])
+
+    def test_limits_reach_the_daemon(self):
+        limits = {"memoryBudgetBytes": 3 << 30, "memoryWaitSeconds": 2.5, "maxConcurrentJobs": 4,
+                  "maxTensorsPerJob": 1000, "maxStateBytesPerJob": 1 << 30,
+                  "maxQueuedRequests": 512, "maxRpcThreads": 64}
+        fields = limit_fields()
+        self.assertEqual(sorted(limits), sorted(fields), "set every limit")
+        values = pathlib.Path(self.tmp.name) / "limits.yaml"  # JSON is YAML
+        values.write_text(json.dumps({"config": {"limits": limits}}))
+        lint = self.helm.run("lint", "--strict", str(CHART), "-f", str(values))
+        self.assertEqual(lint.returncode, 0, lint.stdout + lint.stderr)
+        result = self.helm.template(values)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        objects, errors = validate(result.stdout, self.tmp.name)
+        self.assertEqual(errors, [])
+        config = json.loads(find(objects, "ConfigMap", "-config")["data"]["daemon.json"])
+        # Protobuf JSON: 64-bit integers as strings, the double as a number.
+        expected = {k: v if isinstance(v, float) else str(v) for k, v in limits.items()}
+        self.assertEqual({k: config.get(k) for k in limits}, expected)
+
+        # The daemon, started with the sidecar's arguments, runs with them.
+        pod = find(objects, "StatefulSet")["spec"]["template"]
+        container = sidecar(pod["spec"])
+        with tempfile.TemporaryDirectory() as root:
+            mounts = mounted(container, pod["spec"]["volumes"], objects, pathlib.Path(root))
+            env = pod_env(container, 0, pod["metadata"]["labels"])
+            result = check_config([rewrite_paths(expand(a, env), mounts) for a in container["args"]])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        effective = json.loads(result.stdout)
+        self.assertEqual({k: effective[fields[k]] for k in limits}, expected)
+
+    def test_default_limits_are_left_to_the_daemon(self):
+        config = json.loads(find(self.render("default"), "ConfigMap", "-config")["data"]["daemon.json"])
+        self.assertEqual([k for k in limit_fields() if k in config], [], "a limit of 0 is rendered")
 
     def test_large_values_render_monitoring_and_every_peer(self):
         objects = self.render("large")

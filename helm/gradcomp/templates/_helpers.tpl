@@ -90,6 +90,17 @@ app.kubernetes.io/component: worker
 {{- if .Values.config.allowClientShm -}}
 {{- $_ := set $config "allowClientShm" true -}}
 {{- end -}}
+{{- /* Limits: a 0 is left out, so the daemon keeps its default. */ -}}
+{{- $limits := .Values.config.limits -}}
+{{- range $key := list "memoryBudgetBytes" "maxConcurrentJobs" "maxTensorsPerJob" "maxStateBytesPerJob" "maxQueuedRequests" "maxRpcThreads" -}}
+{{- with get $limits $key -}}
+{{- $_ := set $config $key (int64 . | toString) -}}
+{{- end -}}
+{{- end -}}
+{{- /* memory_wait_seconds is an optional double: a 0 written out would mean no wait, not the default. */ -}}
+{{- with $limits.memoryWaitSeconds -}}
+{{- $_ := set $config "memoryWaitSeconds" (float64 .) -}}
+{{- end -}}
 {{- toPrettyJson $config -}}
 {{- end -}}
 
