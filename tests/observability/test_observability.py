@@ -123,6 +123,20 @@ def alert_rules(text: str) -> dict[str, str]:
     return rules
 
 
+def alert_annotation_labels(text: str) -> dict[str, set[str]]:
+    """{alert name: the labels its annotations name as {{ $labels.x }} that
+    its own `labels:` block does not set}: what the expression's series must
+    carry, or the alert reads "<no value>"."""
+    needed: dict[str, set[str]] = {}
+    for block in re.split(r"\n\s*- alert: ", text)[1:]:
+        name = block.split(None, 1)[0]
+        own = set()
+        if m := re.search(r"\n(\s+)labels:\n((?:\1\s+\w+: .*\n)+)", block):
+            own = set(re.findall(r"(\w+):", m.group(2)))
+        needed[name] = set(re.findall(r"\$labels\.(\w+)", block)) - own
+    return needed
+
+
 class Prometheus:
     """A real Prometheus server on a free loopback port, its data in `dir`."""
 
@@ -327,14 +341,21 @@ class DashboardAndAlertsTest(unittest.TestCase):
         # Alerts: each phase provokes some; each must fire, and its
         # expression return data, while the phase lasts.
         rules = alert_rules(RULES.read_text())
+        annotation_labels = alert_annotation_labels(RULES.read_text())
+        self.assertEqual(set(annotation_labels), set(rules))
         fired: set[str] = set()
 
         def expect_firing(names: set[str], timeout: float) -> None:
             self.prometheus.wait(f"{sorted(names)} firing",
                                  lambda: names <= self.prometheus.firing(), timeout)
             for name in names:
-                self.assertTrue(self.prometheus.query(rules[name]),
-                                f"alert {name}: `{rules[name]}` returned no data")
+                series = self.prometheus.query(rules[name])
+                self.assertTrue(series, f"alert {name}: `{rules[name]}` returned no data")
+                # Its annotations' {{ $labels.x }} each find a value.
+                for one in series:
+                    absent = sorted(annotation_labels[name] - set(one["metric"]))
+                    self.assertEqual(absent, [], f"alert {name}: its annotations name "
+                                     f"labels its series {one['metric']} lack")
             fired.update(names)
 
         # The running workload: a failing request a step, 2-bit QSGD, mostly
