@@ -72,7 +72,12 @@ absl::StatusOr<JobQuotas::Ticket> JobQuotas::Admit(absl::string_view job,
 
 JobQuotas::Ticket JobQuotas::EnterLocked(Job* job, std::string new_tensor) {
   if (job->in_flight++ == 0) ++active_jobs_;
+  PublishLocked();
   return Ticket(this, job, std::move(new_tensor));
+}
+
+void JobQuotas::PublishLocked() {
+  if (metrics_ != nullptr) metrics_->SetJobs(jobs_.size(), active_jobs_);
 }
 
 void JobQuotas::Leave(Job* job, const std::string& new_tensor) {
@@ -82,6 +87,7 @@ void JobQuotas::Leave(Job* job, const std::string& new_tensor) {
     if (t != job->tensors.end() && !t->second.recorded) job->tensors.erase(t);
   }
   if (--job->in_flight == 0) --active_jobs_;
+  PublishLocked();
 }
 
 int64_t JobQuotas::RecordState(absl::string_view job, absl::string_view tensor,
@@ -161,6 +167,7 @@ absl::StatusOr<JobQuotas::Released> JobQuotas::Release(
   if (it == jobs_.end()) return Released();
   const Released released{it->second.tensors.size(), it->second.state_bytes};
   jobs_.erase(it);
+  PublishLocked();
   return released;
 }
 

@@ -125,6 +125,8 @@ class JobQuotas {
   Ticket EnterLocked(Job* job, std::string new_tensor = "")
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Leave(Job* job, const std::string& new_tensor) ABSL_LOCKS_EXCLUDED(mu_);
+  // The job counts, to the metrics.
+  void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Refuse(absl::string_view resource, std::string message);
 
   const JobQuotaOptions options_;

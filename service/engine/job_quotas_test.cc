@@ -171,6 +171,7 @@ TEST(JobQuotasTest, ReleaseForgetsAnIdleJobAndRefusesABusyOne) {
   {
     absl::StatusOr<JobQuotas::Ticket> busy = quotas.Admit("job", "a");
     ASSERT_TRUE(busy.ok());
+    EXPECT_EQ(MetricValue(*metrics.collectable(), "gradcomp_jobs_active"), 1);
     absl::StatusOr<JobQuotas::Released> refused = quotas.Release("job", erase);
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_THAT(refused.status().message(), HasSubstr("1 reduce(s)"));
@@ -184,8 +185,11 @@ TEST(JobQuotasTest, ReleaseForgetsAnIdleJobAndRefusesABusyOne) {
   }
   EXPECT_EQ(erased, 0);
 
+  EXPECT_EQ(MetricValue(*metrics.collectable(), "gradcomp_jobs_held"), 1);
+  EXPECT_EQ(MetricValue(*metrics.collectable(), "gradcomp_jobs_active"), 0);
   absl::StatusOr<JobQuotas::Released> released = quotas.Release("job", erase);
   ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_EQ(MetricValue(*metrics.collectable(), "gradcomp_jobs_held"), 0);
   EXPECT_EQ(released->tensors, 2u);
   EXPECT_EQ(released->state_bytes, 120u);
   EXPECT_EQ(erased, 1);

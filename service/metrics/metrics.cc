@@ -223,6 +223,22 @@ Metrics::Metrics(const codecs::StateStore* state, absl::string_view version)
                         .Help("The memory budget (--memory_budget_bytes).")
                         .Register(*registry_)
                         .Add({});
+  jobs_held_ =
+      &prometheus::BuildGauge()
+           .Name("gradcomp_jobs_held")
+           .Help(
+               "Jobs this daemon keeps codec state and bookkeeping for, until "
+               "a client releases them (ReleaseJob).")
+           .Register(*registry_)
+           .Add({});
+  jobs_active_ =
+      &prometheus::BuildGauge()
+           .Name("gradcomp_jobs_active")
+           .Help(
+               "Jobs with a reduce or import in flight (--max_concurrent_jobs "
+               "bounds them).")
+           .Register(*registry_)
+           .Add({});
 }
 
 void Metrics::CountReduce(absl::string_view codec, absl::StatusCode code) {
@@ -323,6 +339,11 @@ void Metrics::CountGossipEdgeResync(int peer) {
 
 void Metrics::SetConsensusDistance(absl::string_view job, double distance) {
   consensus_distance_->Add({{"gradcomp_job", std::string(job)}}).Set(distance);
+}
+
+void Metrics::SetJobs(uint64_t held, uint64_t active) {
+  jobs_held_->Set(static_cast<double>(held));
+  jobs_active_->Set(static_cast<double>(active));
 }
 
 void Metrics::CountJobReleased(absl::string_view job) {

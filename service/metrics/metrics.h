@@ -75,6 +75,9 @@ class Metrics {
   void CountResourceExhausted(absl::string_view resource);
   // The memory budget's bytes in use (requests and codec state) and total.
   void SetMemoryBudget(uint64_t in_use, uint64_t total);
+  // Jobs this daemon keeps state for (until they are released), and those
+  // with a reduce in flight.
+  void SetJobs(uint64_t held, uint64_t active);
   // Gossip mode (docs/gossip.md): message bytes sent to neighbour rank
   // `peer`, a PowerGossip edge with `peer` started again because its ends
   // were out of step, and the consensus distance a client of `job`
@@ -120,6 +123,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* resource_exhausted_;
   prometheus::Gauge* memory_in_use_;
   prometheus::Gauge* memory_budget_;
+  prometheus::Gauge* jobs_held_;
+  prometheus::Gauge* jobs_active_;
   prometheus::Family<prometheus::Counter>* gossip_bytes_;
   prometheus::Family<prometheus::Counter>* gossip_edge_resyncs_;
   prometheus::Family<prometheus::Gauge>* consensus_distance_;

@@ -44,6 +44,9 @@ class ReleaseJobTest(unittest.TestCase):
             self._step("run", step)
         held = [_in_use(d) for d in self.daemons]
         self.assertTrue(all(bytes_ > 0 for bytes_ in held), held)
+        for daemon in self.daemons:
+            samples = metrics.scrape(daemon.metrics_url)
+            self.assertEqual(metrics.total(samples, "gradcomp_jobs_held"), 1)
 
         for client, daemon, before in zip(self.clients, self.daemons, held):
             released = client.release_job("run")
@@ -52,6 +55,7 @@ class ReleaseJobTest(unittest.TestCase):
             self.assertEqual(_in_use(daemon), 0)
             samples = metrics.scrape(daemon.metrics_url)
             self.assertEqual(metrics.total(samples, "gradcomp_jobs_released_total"), 1)
+            self.assertEqual(metrics.total(samples, "gradcomp_jobs_held"), 0)
 
         # Step 0 again, after step 3: neither rank takes the other's first
         # message for a stale one, and no residual is left to add.
