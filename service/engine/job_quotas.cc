@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 
@@ -111,7 +112,11 @@ absl::StatusOr<JobQuotas::Ticket> JobQuotas::AdmitImport(
     const std::vector<codecs::StateStore::ImportedSize>& sizes,
     const std::function<absl::Status(int64_t)>& reserve) {
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.try_emplace(job).first;  // kept once seen, as in Admit
+  const auto [it, created] = jobs_.try_emplace(job);
+  // A refused import into a job this daemon did not know leaves none.
+  absl::Cleanup forget = [&, it = it, created = created] {
+    if (created) jobs_.erase(it);
+  };
   const Job& known = it->second;
   uint64_t tensors = known.tensors.size();
   int64_t delta = 0;
@@ -144,6 +149,7 @@ absl::StatusOr<JobQuotas::Ticket> JobQuotas::AdmitImport(
                                options_.max_state_bytes_per_job, ")"));
   }
   GC_RETURN_IF_ERROR(reserve(delta));
+  std::move(forget).Cancel();
   Job& entry = it->second;
   for (const auto& [tensor, bytes] : sizes) {
     entry.tensors[tensor] = Tensor{bytes, /*recorded=*/true};

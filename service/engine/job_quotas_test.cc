@@ -125,6 +125,16 @@ TEST(JobQuotasTest, AnImportIsAdmittedAgainstBothQuotasAndTheReserve) {
   EXPECT_EQ(quotas.RecordState("job", "b", 400), -100);
   EXPECT_EQ(Refusals(metrics, "job_tensors"), 1);
   EXPECT_EQ(Refusals(metrics, "job_state_bytes"), 1);
+  // A refused import into a job this daemon has not seen leaves no job.
+  EXPECT_EQ(MetricValue(*metrics.collectable(), "gradcomp_jobs_held"), 1);
+  EXPECT_FALSE(
+      quotas
+          .AdmitImport(
+              "refused", {{"x", 64}},
+              [](int64_t) { return absl::ResourceExhaustedError("no room"); })
+          .ok());
+  ASSERT_TRUE(quotas.Admit("job", "a").ok());  // publishes the count
+  EXPECT_EQ(MetricValue(*metrics.collectable(), "gradcomp_jobs_held"), 1);
   // An import into a job this daemon has not seen.
   ASSERT_TRUE(quotas.AdmitImport("new", {{"x", 64}}, reserve).ok());
   EXPECT_EQ(reserved, 264);
