@@ -421,6 +421,26 @@ absl::StatusOr<v1::DeclareTensorsResponse> Client::DeclareTensors(
   return response;
 }
 
+absl::StatusOr<std::string> Client::ExportState(const std::string& job) {
+  v1::ExportStateRequest request;
+  request.set_job(job);
+  v1::ExportStateResponse response;
+  GC_RETURN_IF_ERROR(
+      FromGrpcStatus(stub_->ExportState(NewContext().get(), request, &response),
+                     "ExportState", target_));
+  return std::move(*response.mutable_state());
+}
+
+absl::Status Client::ImportState(const std::string& job, std::string state) {
+  v1::ImportStateRequest request;
+  request.set_job(job);
+  request.set_state(std::move(state));
+  v1::ImportStateResponse response;
+  return FromGrpcStatus(
+      stub_->ImportState(NewContext().get(), request, &response), "ImportState",
+      target_);
+}
+
 absl::StatusOr<v1::ReleaseJobResponse> Client::ReleaseJob(
     const std::string& job) {
   v1::ReleaseJobRequest request;

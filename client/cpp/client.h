@@ -174,6 +174,12 @@ class Client {
   absl::StatusOr<v1::DeclareTensorsResponse> DeclareTensors(
       const v1::DeclareTensorsRequest& request);
 
+  // The daemon's codec state of `job` (residuals, momenta, warm starts) as
+  // an opaque blob for a checkpoint, and its restore; a bad blob is
+  // InvalidArgument and imports nothing.
+  absl::StatusOr<std::string> ExportState(const std::string& job);
+  absl::Status ImportState(const std::string& job, std::string state);
+
   // Ends `job` on this daemon once its last reduce here has returned
   // (gradcomp.proto ReleaseJob): its codec state, tensor list and gossip
   // state are freed; a later reduce of the job starts afresh.

@@ -504,6 +504,33 @@ TEST_F(GradcompdTest, GradcompctlReducesAnNpyFile) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
 }
 
+// The C++ client's checkpoint of a job's codec state: imported into another
+// job, it makes that job's next step equal the first job's.
+TEST_F(GradcompdTest, ExportedStateContinuesInAnotherJob) {
+  const std::vector<float> x = Gradient(64 * 64, 12);
+  const std::vector<int64_t> shape = {64, 64};
+  const v1::CodecSpec topk = Codec("topk", {{"ratio", "0.01"}});
+  ASSERT_TRUE(client_->Reduce("exported", "w", 0, x, shape, topk).ok());
+  absl::StatusOr<std::string> state = client_->ExportState("exported");
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_TRUE(client_->ImportState("imported", *state).ok());
+  absl::StatusOr<Float32ReduceResult> here =
+      client_->Reduce("exported", "w", 1, x, shape, topk);
+  absl::StatusOr<Float32ReduceResult> there =
+      client_->Reduce("imported", "w", 1, x, shape, topk);
+  ASSERT_TRUE(here.ok() && there.ok());
+  EXPECT_EQ(here->values, there->values);
+  // A fresh job's step 1 differs: the state made the difference.
+  absl::StatusOr<Float32ReduceResult> fresh =
+      client_->Reduce("fresh", "w", 1, x, shape, topk);
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_NE(fresh->values, here->values);
+
+  const absl::Status bad = client_->ImportState("imported", "not a state");
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_THAT(bad.message(), HasSubstr("ImportState"));
+}
+
 // A job's codec state is freed by the C++ client's ReleaseJob and by
 // `gradcompctl release`, each saying what it freed.
 TEST_F(GradcompdTest, ReleaseJobFreesTheJobsState) {
