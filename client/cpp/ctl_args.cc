@@ -17,9 +17,14 @@ struct CommandName {
   CtlCommand command;
 };
 constexpr CommandName kCommands[] = {
-    {"help", CtlCommand::kHelp},     {"info", CtlCommand::kInfo},
-    {"policy", CtlCommand::kPolicy}, {"reduce", CtlCommand::kReduce},
-    {"bench", CtlCommand::kBench},   {"release", CtlCommand::kRelease},
+    {"help", CtlCommand::kHelp},
+    {"info", CtlCommand::kInfo},
+    {"policy", CtlCommand::kPolicy},
+    {"reduce", CtlCommand::kReduce},
+    {"bench", CtlCommand::kBench},
+    {"export-state", CtlCommand::kExportState},
+    {"import-state", CtlCommand::kImportState},
+    {"release", CtlCommand::kRelease},
 };
 
 absl::string_view NameOf(CtlCommand command) {
@@ -111,7 +116,9 @@ const std::vector<FlagSpec>& Flags() {
          }
          return absl::OkStatus();
        }},
-      {"job", {C::kReduce, C::kBench, C::kRelease}, StoreString(&CtlArgs::job)},
+      {"job",
+       {C::kReduce, C::kBench, C::kExportState, C::kImportState, C::kRelease},
+       StoreString(&CtlArgs::job)},
       {"codec",
        {C::kReduce, C::kBench},
        [](absl::string_view v, CtlArgs& a) {
@@ -139,8 +146,8 @@ const std::vector<FlagSpec>& Flags() {
          return absl::OkStatus();
        }},
       {"set", {C::kPolicy}, StoreString(&CtlArgs::policy_file)},
-      {"input", {C::kReduce}, StoreString(&CtlArgs::input)},
-      {"output", {C::kReduce}, StoreString(&CtlArgs::output)},
+      {"input", {C::kReduce, C::kImportState}, StoreString(&CtlArgs::input)},
+      {"output", {C::kReduce, C::kExportState}, StoreString(&CtlArgs::output)},
       {"tensor", {C::kReduce}, StoreString(&CtlArgs::tensor)},
       {"step", {C::kReduce}, StoreInt("step", &CtlArgs::step, 0)},
       {"shape",
@@ -219,6 +226,16 @@ absl::Status Validate(const CtlArgs& args) {
         return absl::InvalidArgumentError("bench needs --numel=N");
       }
       return absl::OkStatus();
+    case CtlCommand::kExportState:
+      if (args.output.empty()) {
+        return absl::InvalidArgumentError("export-state needs --output=FILE");
+      }
+      return absl::OkStatus();
+    case CtlCommand::kImportState:
+      if (args.input.empty()) {
+        return absl::InvalidArgumentError("import-state needs --input=FILE");
+      }
+      return absl::OkStatus();
     default:
       return absl::OkStatus();
   }
@@ -268,13 +285,15 @@ absl::StatusOr<CtlArgs> ParseCtlArgs(const std::vector<std::string>& args,
     if (!known) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown command '", arg,
-                       "'; expected info, policy, reduce, bench or release"));
+                       "'; expected info, policy, reduce, bench, export-state, "
+                       "import-state or release"));
     }
     have_command = true;
   }
   if (!have_command) {
     return absl::InvalidArgumentError(
-        "missing command; expected info, policy, reduce, bench or release (see "
+        "missing command; expected info, policy, reduce, bench, export-state, "
+        "import-state or release (see "
         "--help)");
   }
   for (const auto& [name, value] : flags) {
@@ -323,6 +342,13 @@ commands:
               --numel=N       elements (required)
               --iters=K       reduces (default 20)
               --codec=NAME, --param=K=V, --job=NAME, --seed=S
+  export-state  write a job's codec state (residuals, momenta, warm starts)
+            to a file, for a checkpoint
+              --job=NAME      job (default "default")
+              --output=FILE   where the state goes (required)
+  import-state  restore a job's codec state from export-state's file
+              --job=NAME      job (default "default")
+              --input=FILE    the file (required)
   release   end a job on this daemon once its last step is done here: free
             its codec state, tensor list and gossip state, and print what
             was freed (run it against every worker's daemon)

@@ -22,7 +22,16 @@
 
 namespace gradcomp::client {
 
-enum class CtlCommand { kHelp, kInfo, kPolicy, kReduce, kBench, kRelease };
+enum class CtlCommand {
+  kHelp,
+  kInfo,
+  kPolicy,
+  kReduce,
+  kBench,
+  kExportState,
+  kImportState,
+  kRelease,
+};
 
 struct CtlArgs {
   CtlCommand command = CtlCommand::kHelp;
@@ -35,9 +44,10 @@ struct CtlArgs {
   // policy
   std::string policy_file;  // --set: a gradcomp.v1.Policy in text or JSON
 
-  // reduce
-  std::string input;   // .npy, or raw little-endian bytes with --shape
-  std::string output;  // .npy; empty: not written
+  // reduce: .npy, or raw little-endian bytes with --shape; export-state and
+  // import-state: the state blob
+  std::string input;
+  std::string output;  // reduce: .npy; empty: not written
   std::string tensor;
   int64_t step = 0;
   std::optional<std::vector<int64_t>> shape;  // for raw input

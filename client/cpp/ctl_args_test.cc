@@ -137,6 +137,22 @@ TEST(CtlArgsTest, PolicySet) {
   EXPECT_EQ(args->policy_file, "p.textproto");
 }
 
+TEST(CtlArgsTest, StateExportAndImportNeedTheirFile) {
+  absl::StatusOr<CtlArgs> out =
+      Parse({"export-state", "--job=run", "--output=s.bin"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->command, CtlCommand::kExportState);
+  EXPECT_EQ(out->output, "s.bin");
+  absl::StatusOr<CtlArgs> in = Parse({"import-state", "--input", "s.bin"});
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_EQ(in->command, CtlCommand::kImportState);
+  EXPECT_EQ(in->input, "s.bin");
+  EXPECT_THAT(ErrorOf({"export-state"}), HasSubstr("needs --output=FILE"));
+  EXPECT_THAT(ErrorOf({"import-state"}), HasSubstr("needs --input=FILE"));
+  EXPECT_THAT(ErrorOf({"export-state", "--input=s.bin", "--output=t"}),
+              HasSubstr("command 'export-state' does not take --input"));
+}
+
 TEST(CtlArgsTest, ReleaseTakesAJob) {
   absl::StatusOr<CtlArgs> args = Parse({"release", "--job=run-42"});
   ASSERT_TRUE(args.ok()) << args.status();

@@ -250,6 +250,22 @@ absl::Status RunBench(Client& client, const CtlArgs& args) {
   return absl::OkStatus();
 }
 
+absl::Status RunExportState(Client& client, const CtlArgs& args) {
+  GC_ASSIGN_OR_RETURN(const std::string state, client.ExportState(args.job));
+  GC_RETURN_IF_ERROR(WriteFileBytes(args.output, state));
+  absl::PrintF("exported job '%s': %d bytes of state to %s\n", args.job,
+               state.size(), args.output);
+  return absl::OkStatus();
+}
+
+absl::Status RunImportState(Client& client, const CtlArgs& args) {
+  GC_ASSIGN_OR_RETURN(std::string state, ReadFileBytes(args.input));
+  const size_t bytes = state.size();
+  GC_RETURN_IF_ERROR(client.ImportState(args.job, std::move(state)));
+  absl::PrintF("imported %d bytes of state into job '%s'\n", bytes, args.job);
+  return absl::OkStatus();
+}
+
 absl::Status RunRelease(Client& client, const CtlArgs& args) {
   GC_ASSIGN_OR_RETURN(v1::ReleaseJobResponse released,
                       client.ReleaseJob(args.job));
@@ -272,6 +288,10 @@ absl::Status Run(const CtlArgs& args) {
       return RunReduce(*client, args);
     case CtlCommand::kBench:
       return RunBench(*client, args);
+    case CtlCommand::kExportState:
+      return RunExportState(*client, args);
+    case CtlCommand::kImportState:
+      return RunImportState(*client, args);
     case CtlCommand::kRelease:
       return RunRelease(*client, args);
     case CtlCommand::kHelp:

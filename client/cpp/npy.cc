@@ -331,6 +331,10 @@ absl::StatusOr<NpyArray> ReadNpyFile(const std::string& path) {
 
 absl::Status WriteNpyFile(const std::string& path, const NpyArray& array) {
   GC_ASSIGN_OR_RETURN(const std::string bytes, SerializeNpy(array));
+  return WriteFileBytes(path, bytes);
+}
+
+absl::Status WriteFileBytes(const std::string& path, absl::string_view bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) {
     return absl::PermissionDeniedError(

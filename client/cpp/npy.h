@@ -48,6 +48,8 @@ absl::StatusOr<std::string> SerializeNpy(const NpyArray& array);
 
 // The whole contents of a file: NotFound if it cannot be opened.
 absl::StatusOr<std::string> ReadFileBytes(const std::string& path);
+// Creates or replaces `path` with `bytes`.
+absl::Status WriteFileBytes(const std::string& path, absl::string_view bytes);
 
 absl::StatusOr<NpyArray> ReadNpyFile(const std::string& path);
 absl::Status WriteNpyFile(const std::string& path, const NpyArray& array);

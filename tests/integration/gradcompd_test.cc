@@ -529,6 +529,22 @@ TEST_F(GradcompdTest, ExportedStateContinuesInAnotherJob) {
   const absl::Status bad = client_->ImportState("imported", "not a state");
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
   EXPECT_THAT(bad.message(), HasSubstr("ImportState"));
+
+  // The same through gradcompctl, by way of a file.
+  const std::string ctl = absl::StrCat(std::getenv("TEST_SRCDIR"),
+                                       "/gradcomp/client/cpp/gradcompctl");
+  const std::string file =
+      absl::StrCat(std::getenv("TEST_TMPDIR"), "/state.bin");
+  const std::string round_trip =
+      absl::StrCat(ctl, " --target=", daemon_->target(),
+                   " export-state --job=exported --output=", file, " && ", ctl,
+                   " --target=", daemon_->target(),
+                   " import-state --job=by-ctl --input=", file);
+  ASSERT_EQ(std::system(round_trip.c_str()), 0) << round_trip;
+  absl::StatusOr<std::string> copied = client_->ExportState("by-ctl");
+  absl::StatusOr<std::string> original = client_->ExportState("exported");
+  ASSERT_TRUE(copied.ok() && original.ok());
+  EXPECT_EQ(*copied, *original);
 }
 
 // A job's codec state is freed by the C++ client's ReleaseJob and by
