@@ -325,16 +325,15 @@ absl::Status Engine::ImportState(absl::string_view job,
 
 absl::StatusOr<ReleasedJob> Engine::ReleaseJob(absl::string_view job) {
   GC_RETURN_IF_ERROR(CheckJobName(job));
-  GC_ASSIGN_OR_RETURN(const JobQuotas::Released released,
-                      quotas_.Release(job, [&] {
-                        store_->EraseJob(job);
-                        gossip_.Erase(job);
-                      }));
+  GC_ASSIGN_OR_RETURN(const ReleasedJob released, quotas_.Release(job, [&] {
+    store_->EraseJob(job);
+    gossip_.Erase(job);
+  }));
   budget_.AddState(-static_cast<int64_t>(released.state_bytes));
   declared_.Erase(job);
   collective_->ForgetJob(std::string(job));
   metrics_->CountJobReleased(job);
-  return ReleasedJob{released.tensors, released.state_bytes};
+  return released;
 }
 
 bool Engine::SampleError() {

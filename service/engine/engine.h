@@ -128,12 +128,6 @@ struct ReduceStats {
   uint64_t nonfinite_values = 0;
 };
 
-// What ReleaseJob freed.
-struct ReleasedJob {
-  uint64_t tensors = 0;      // tensor names the job had reduced or imported
-  uint64_t state_bytes = 0;  // codec state bytes, given back to the budget
-};
-
 struct ReduceOutput {
   std::string data;  // the average, in the request's dtype; empty when
                      // ReduceInput::output received it

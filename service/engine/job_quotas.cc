@@ -158,7 +158,7 @@ absl::StatusOr<JobQuotas::Ticket> JobQuotas::AdmitImport(
   return EnterLocked(&entry);
 }
 
-absl::StatusOr<JobQuotas::Released> JobQuotas::Release(
+absl::StatusOr<ReleasedJob> JobQuotas::Release(
     absl::string_view job, const std::function<void()>& erase) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job);
@@ -170,8 +170,8 @@ absl::StatusOr<JobQuotas::Released> JobQuotas::Release(
         "returns)"));
   }
   erase();
-  if (it == jobs_.end()) return Released();
-  const Released released{it->second.tensors.size(), it->second.state_bytes};
+  if (it == jobs_.end()) return ReleasedJob();
+  const ReleasedJob released{it->second.tensors.size(), it->second.state_bytes};
   jobs_.erase(it);
   PublishLocked();
   return released;

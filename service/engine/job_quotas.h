@@ -39,6 +39,12 @@ struct JobQuotaOptions {
   uint64_t max_state_bytes_per_job = 0;
 };
 
+// What a released job held (JobQuotas::Release, Engine::ReleaseJob).
+struct ReleasedJob {
+  uint64_t tensors = 0;      // tensor names the job had reduced or imported
+  uint64_t state_bytes = 0;  // codec state bytes, to give back to the budget
+};
+
 class JobQuotas {
  private:
   struct Tensor {
@@ -104,18 +110,13 @@ class JobQuotas {
       const std::function<absl::Status(int64_t)>& reserve)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // What a released job held, as recorded here.
-  struct Released {
-    uint64_t tensors = 0;
-    uint64_t state_bytes = 0;  // for the caller to give back to the budget
-  };
   // Forgets `job`. FailedPrecondition, changing nothing, while it has a
   // reduce or an import in flight. Else calls `erase` (the caller frees the
   // job's state) with this object's lock held, so that no reduce of the
   // job is admitted before its state is gone, and returns what the job held
   // (zeros for a job never seen).
-  absl::StatusOr<Released> Release(absl::string_view job,
-                                   const std::function<void()>& erase)
+  absl::StatusOr<ReleasedJob> Release(absl::string_view job,
+                                      const std::function<void()>& erase)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   uint64_t active_jobs() const ABSL_LOCKS_EXCLUDED(mu_);

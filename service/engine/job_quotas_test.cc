@@ -182,7 +182,7 @@ TEST(JobQuotasTest, ReleaseForgetsAnIdleJobAndRefusesABusyOne) {
     absl::StatusOr<JobQuotas::Ticket> busy = quotas.Admit("job", "a");
     ASSERT_TRUE(busy.ok());
     EXPECT_EQ(MetricValue(*metrics.collectable(), "gradcomp_jobs_active"), 1);
-    absl::StatusOr<JobQuotas::Released> refused = quotas.Release("job", erase);
+    absl::StatusOr<ReleasedJob> refused = quotas.Release("job", erase);
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_THAT(refused.status().message(), HasSubstr("1 reduce(s)"));
   }
@@ -197,7 +197,7 @@ TEST(JobQuotasTest, ReleaseForgetsAnIdleJobAndRefusesABusyOne) {
 
   EXPECT_EQ(MetricValue(*metrics.collectable(), "gradcomp_jobs_held"), 1);
   EXPECT_EQ(MetricValue(*metrics.collectable(), "gradcomp_jobs_active"), 0);
-  absl::StatusOr<JobQuotas::Released> released = quotas.Release("job", erase);
+  absl::StatusOr<ReleasedJob> released = quotas.Release("job", erase);
   ASSERT_TRUE(released.ok()) << released.status();
   EXPECT_EQ(MetricValue(*metrics.collectable(), "gradcomp_jobs_held"), 0);
   EXPECT_EQ(released->tensors, 2u);
@@ -207,7 +207,7 @@ TEST(JobQuotasTest, ReleaseForgetsAnIdleJobAndRefusesABusyOne) {
   ASSERT_TRUE(quotas.Admit("job", "c").ok());
   EXPECT_EQ(quotas.RecordState("job", "c", 8), 8);
 
-  absl::StatusOr<JobQuotas::Released> unknown = quotas.Release("other", erase);
+  absl::StatusOr<ReleasedJob> unknown = quotas.Release("other", erase);
   ASSERT_TRUE(unknown.ok());
   EXPECT_EQ(unknown->tensors, 0u);
   EXPECT_EQ(erased, 2);
