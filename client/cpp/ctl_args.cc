@@ -1,6 +1,8 @@
 #include "client/cpp/ctl_args.h"
 
 #include <functional>
+#include <iterator>
+#include <string>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -16,6 +18,7 @@ struct CommandName {
   absl::string_view name;
   CtlCommand command;
 };
+// Help first: errors list the others.
 constexpr CommandName kCommands[] = {
     {"help", CtlCommand::kHelp},
     {"info", CtlCommand::kInfo},
@@ -32,6 +35,20 @@ absl::string_view NameOf(CtlCommand command) {
     if (c.command == command) return c.name;
   }
   return "?";
+}
+
+// "info, policy, ... or release": the commands an error offers (not help).
+std::string ExpectedCommands() {
+  std::string list;
+  constexpr size_t kLast = std::size(kCommands) - 1;
+  for (size_t i = 1; i <= kLast; ++i) {
+    absl::StrAppend(&list,
+                    i == 1       ? ""
+                    : i == kLast ? " or "
+                                 : ", ",
+                    kCommands[i].name);
+  }
+  return list;
 }
 
 absl::Status FlagError(absl::string_view flag, absl::string_view value,
@@ -283,18 +300,14 @@ absl::StatusOr<CtlArgs> ParseCtlArgs(const std::vector<std::string>& args,
       }
     }
     if (!known) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown command '", arg,
-                       "'; expected info, policy, reduce, bench, export-state, "
-                       "import-state or release"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown command '", arg, "'; expected ", ExpectedCommands()));
     }
     have_command = true;
   }
   if (!have_command) {
-    return absl::InvalidArgumentError(
-        "missing command; expected info, policy, reduce, bench, export-state, "
-        "import-state or release (see "
-        "--help)");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "missing command; expected ", ExpectedCommands(), " (see --help)"));
   }
   for (const auto& [name, value] : flags) {
     const FlagSpec* flag = FindFlag(name);

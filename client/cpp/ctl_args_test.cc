@@ -164,8 +164,11 @@ TEST(CtlArgsTest, ReleaseTakesAJob) {
 
 TEST(CtlArgsTest, RejectsUnknownAndMisplacedFlagsAndCommands) {
   EXPECT_THAT(ErrorOf({}), HasSubstr("missing command"));
-  EXPECT_THAT(ErrorOf({"frobnicate"}),
-              HasSubstr("unknown command 'frobnicate'"));
+  EXPECT_THAT(
+      ErrorOf({"frobnicate"}),
+      HasSubstr("unknown command 'frobnicate'; expected info, policy, "
+                "reduce, bench, export-state, import-state or release"));
+  EXPECT_THAT(ErrorOf({}), HasSubstr("import-state or release (see --help)"));
   EXPECT_THAT(ErrorOf({"info", "extra"}),
               HasSubstr("unexpected argument 'extra'"));
   EXPECT_THAT(ErrorOf({"info", "--colour=red"}),

@@ -15,9 +15,8 @@ from gradcomp.testing import start_peered
 TOPK = {"codec": "topk", "params": {"ratio": 0.01}}
 
 
-def _in_use(daemon) -> float:
-    return metrics.total(metrics.scrape(daemon.metrics_url),
-                         "gradcomp_memory_budget_in_use_bytes")
+def _metric(daemon, name: str) -> float:
+    return metrics.total(metrics.scrape(daemon.metrics_url), name)
 
 
 class ReleaseJobTest(unittest.TestCase):
@@ -42,18 +41,17 @@ class ReleaseJobTest(unittest.TestCase):
         first = self._step("run", 0)
         for step in range(1, 4):
             self._step("run", step)
-        held = [_in_use(d) for d in self.daemons]
+        held = [_metric(d, "gradcomp_memory_budget_in_use_bytes") for d in self.daemons]
         self.assertTrue(all(bytes_ > 0 for bytes_ in held), held)
         for daemon in self.daemons:
-            samples = metrics.scrape(daemon.metrics_url)
-            self.assertEqual(metrics.total(samples, "gradcomp_jobs_held"), 1)
+            self.assertEqual(_metric(daemon, "gradcomp_jobs_held"), 1)
 
         for client, daemon, before in zip(self.clients, self.daemons, held):
             released = client.release_job("run")
             self.assertEqual(released.tensors, 1)
             self.assertEqual(released.state_bytes, before)
-            self.assertEqual(_in_use(daemon), 0)
             samples = metrics.scrape(daemon.metrics_url)
+            self.assertEqual(metrics.total(samples, "gradcomp_memory_budget_in_use_bytes"), 0)
             self.assertEqual(metrics.total(samples, "gradcomp_jobs_released_total"), 1)
             self.assertEqual(metrics.total(samples, "gradcomp_jobs_held"), 0)
 
