@@ -346,6 +346,24 @@ class ChartTest(unittest.TestCase):
         effective = json.loads(result.stdout)
         self.assertEqual({k: effective[fields[k]] for k in limits}, expected)
 
+    def test_a_memory_wait_of_zero_means_no_wait(self):
+        values = pathlib.Path(self.tmp.name) / "no-wait.yaml"
+        values.write_text(json.dumps({"config": {"limits": {"memoryWaitSeconds": 0}}}))
+        result = self.helm.template(values)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        objects, errors = validate(result.stdout, self.tmp.name)
+        self.assertEqual(errors, [])
+        config = json.loads(find(objects, "ConfigMap", "-config")["data"]["daemon.json"])
+        self.assertEqual(config.get("memoryWaitSeconds"), 0)
+        pod = find(objects, "StatefulSet")["spec"]["template"]
+        container = sidecar(pod["spec"])
+        with tempfile.TemporaryDirectory() as root:
+            mounts = mounted(container, pod["spec"]["volumes"], objects, pathlib.Path(root))
+            env = pod_env(container, 0, pod["metadata"]["labels"])
+            result = check_config([rewrite_paths(expand(a, env), mounts) for a in container["args"]])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(json.loads(result.stdout)["memory_wait_seconds"], 0)
+
     def test_default_limits_are_left_to_the_daemon(self):
         config = json.loads(find(self.render("default"), "ConfigMap", "-config")["data"]["daemon.json"])
         self.assertEqual([k for k in limit_fields() if k in config], [], "a limit of 0 is rendered")

@@ -97,9 +97,9 @@ app.kubernetes.io/component: worker
 {{- $_ := set $config $key (int64 . | toString) -}}
 {{- end -}}
 {{- end -}}
-{{- /* memory_wait_seconds is an optional double: a 0 written out would mean no wait, not the default. */ -}}
-{{- with $limits.memoryWaitSeconds -}}
-{{- $_ := set $config "memoryWaitSeconds" (float64 .) -}}
+{{- /* memory_wait_seconds: unset keeps the default, and a 0 written out means no wait. */ -}}
+{{- if not (kindIs "invalid" $limits.memoryWaitSeconds) -}}
+{{- $_ := set $config "memoryWaitSeconds" (float64 $limits.memoryWaitSeconds) -}}
 {{- end -}}
 {{- toPrettyJson $config -}}
 {{- end -}}
