@@ -35,6 +35,7 @@ namespace gradcomp::service {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string FloatBytes(const std::vector<float>& values) {
   std::string out(values.size() * sizeof(float), '\0');
@@ -712,7 +713,8 @@ TEST_F(GradcompShmTest, BadSlicesUnknownRegionsAndOtherClients) {
   const grpc::Status clash = Register("c2", "grads", other->key(), 0, 64);
   EXPECT_EQ(clash.error_code(), grpc::StatusCode::ALREADY_EXISTS);
   EXPECT_THAT(clash.error_message(),
-              HasSubstr("already registered by another client ('c1')"));
+              HasSubstr("already registered by another client;"));
+  EXPECT_THAT(clash.error_message(), Not(HasSubstr("'c1'")));
   v1::ReduceResponse response;
   EXPECT_EQ(
       Reduce("c2", ShmRequest("grads", n, 0, n * 4), &response).error_code(),

@@ -22,6 +22,7 @@ namespace gradcomp::service {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const std::string kZeroHandle(kCudaIpcHandleBytes, '\0');
 
@@ -116,7 +117,8 @@ TEST_F(CudaRegistryTest, RequestChecksComeBeforeTheGpuQuestion) {
   const absl::Status clash =
       registry_.RegisterCuda("c2", "grads", kZeroHandle, 0, 64, "");
   EXPECT_EQ(clash.code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_THAT(clash.message(), HasSubstr("another client ('c1')"));
+  EXPECT_THAT(clash.message(), HasSubstr("another client;"));
+  EXPECT_THAT(clash.message(), Not(HasSubstr("c1")));
   EXPECT_EQ(registry_.RegisterCuda("c1", "", kZeroHandle, 0, 64, "").code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(registry_.RegisterCuda("c1", "dev", "short", 0, 64, "").code(),

@@ -61,6 +61,10 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> MappedRegion::Map(
           "(is /dev/shm shared between the client and gradcompd?)"));
     }
     if (error == EACCES) return absl::PermissionDeniedError(message);
+    // Out of descriptors is a shortage to retry later, not a bad request.
+    if (error == EMFILE || error == ENFILE) {
+      return absl::ResourceExhaustedError(message);
+    }
     return absl::InvalidArgumentError(message);
   }
   absl::StatusOr<uint64_t> size = ObjectSize(fd, key);
@@ -138,6 +142,31 @@ absl::StatusOr<bool> MappedRegion::CreatorAlive() const {
   if (errno == EWOULDBLOCK) return true;
   return absl::InternalError(
       absl::StrCat("flock of shared memory '", key_, "': ", Errno(errno)));
+}
+
+absl::StatusOr<bool> MappedRegion::UnlinkName() const {
+  struct stat mapped;
+  if (fstat(fd_, &mapped) != 0) {
+    return absl::InternalError(
+        absl::StrCat("fstat of shared memory '", key_, "': ", Errno(errno)));
+  }
+  const int named = shm_open(key_.c_str(), O_RDONLY | O_CLOEXEC, 0);
+  if (named < 0) {
+    if (errno == ENOENT) return false;
+    return absl::InternalError(absl::StrCat("cannot open shared memory '", key_,
+                                            "' to unlink it: ", Errno(errno)));
+  }
+  struct stat now;
+  const bool same = fstat(named, &now) == 0 && now.st_dev == mapped.st_dev &&
+                    now.st_ino == mapped.st_ino;
+  close(named);
+  if (!same) return false;
+  if (shm_unlink(key_.c_str()) != 0) {
+    if (errno == ENOENT) return false;
+    return absl::InternalError(absl::StrCat("cannot unlink shared memory '",
+                                            key_, "': ", Errno(errno)));
+  }
+  return true;
 }
 
 absl::Status MappedRegion::CheckStillBacked() const {

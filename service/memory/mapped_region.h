@@ -58,6 +58,12 @@ class MappedRegion {
   // object: its creator is still there.
   absl::StatusOr<bool> CreatorAlive() const;
 
+  // Removes the object's name if it still names the object mapped here
+  // (same device and inode), so that the memory of a creator that died
+  // without unlinking goes back once the mapping does. True if it removed
+  // it; false if the name is gone or names another object now.
+  absl::StatusOr<bool> UnlinkName() const;
+
   // FailedPrecondition if the object was truncated below the mapped range
   // since it was mapped (touching those pages would raise SIGBUS), or if
   // an access already faulted that way: from then on part of the mapping

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -75,6 +76,49 @@ TEST(MappedRegionTest, UnknownAndMalformedKeys) {
               absl::StatusCode::kInvalidArgument);
   }
   EXPECT_TRUE(ValidateShmKey("/gradcomp.job.1.ab").ok());
+}
+
+TEST(MappedRegionTest, OutOfDescriptorsIsAShortageNotABadRequest) {
+  std::unique_ptr<ShmRegion> client = NewRegion(4096);
+  ASSERT_NE(client, nullptr);
+  rlimit saved;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit low = saved;
+  low.rlim_cur = 64;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<int> taken;
+  for (int fd; (fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) {
+    taken.push_back(fd);
+  }
+  const absl::Status status = MappedRegion::Map(client->key(), 0, 8).status();
+  for (int fd : taken) close(fd);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(status.message(), HasSubstr("Too many open files"));
+}
+
+TEST(MappedRegionTest, UnlinkNameRemovesOnlyTheObjectMapped) {
+  std::unique_ptr<ShmRegion> client = NewRegion(4096);
+  ASSERT_NE(client, nullptr);
+  const std::string key = client->key();
+  auto mapped = MappedRegion::Map(key, 0, 4096);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_EQ((*mapped)->UnlinkName().value_or(false), true);
+  EXPECT_LT(shm_open(key.c_str(), O_RDONLY, 0), 0);
+  // The mapping outlives the name.
+  (*mapped)->bytes()[7] = 'x';
+  EXPECT_EQ(client->bytes()[7], 'x');
+  EXPECT_EQ((*mapped)->UnlinkName().value_or(true), false);
+
+  // The name given to another object since is left alone.
+  const int other = shm_open(key.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(other, 0);
+  EXPECT_EQ((*mapped)->UnlinkName().value_or(true), false);
+  const int again = shm_open(key.c_str(), O_RDONLY, 0);
+  EXPECT_GE(again, 0);
+  if (again >= 0) close(again);
+  close(other);
+  shm_unlink(key.c_str());
 }
 
 TEST(MappedRegionTest, CreatorAliveFollowsTheCreatorsLock) {

@@ -113,9 +113,9 @@ absl::Status SharedMemoryRegistry::CheckNewName(absl::string_view client,
   if (auto it = regions_.find(name); it != regions_.end()) {
     return absl::AlreadyExistsError(absl::StrCat(
         "shared-memory region '", name, "' is already registered by ",
-        it->second->owner == client
-            ? "this client"
-            : absl::StrCat("another client ('", it->second->owner, "')"),
+        // Never the other client's id: ids are chosen by clients, and
+        // one read here could be sent to use the region.
+        it->second->owner == client ? "this client" : "another client",
         "; region names are unique per daemon: unregister it first or "
         "choose another name (prefix it with your job and rank)"));
   }
@@ -258,8 +258,9 @@ SharedMemoryRegistry::FindLocked(absl::string_view client,
   }
   if (it->second->owner != client) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "shared-memory region '", name, "' belongs to another client ('",
-        it->second->owner, "'); a client uses only the regions it registered"));
+        "shared-memory region '", name,
+        "' belongs to another client; a client uses only the regions it "
+        "registered"));
   }
   return it->second;
 }
@@ -372,17 +373,37 @@ int SharedMemoryRegistry::ReclaimAbandoned() {
   }
   if (abandoned.empty()) return 0;
   int reclaimed = 0;
-  absl::MutexLock lock(&mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& region : abandoned) {
+      auto it = regions_.find(region->name);
+      // A region re-registered under the same name meanwhile is not this
+      // one.
+      if (it != regions_.end() && it->second == region) {
+        regions_.erase(it);
+        ++reclaimed;
+      } else {
+        region.reset();
+      }
+    }
+    metrics_->CountSharedMemoryReclaimed(reclaimed);
+    PublishLocked();
+  }
+  // A creator that died without unlinking (SIGKILL, or Python's default
+  // SIGTERM, which runs no cleanup) left its object's name in /dev/shm,
+  // and with it the pages: nobody else would free them.
   for (const auto& region : abandoned) {
-    auto it = regions_.find(region->name);
-    // A region re-registered under the same name meanwhile is not this one.
-    if (it != regions_.end() && it->second == region) {
-      regions_.erase(it);
-      ++reclaimed;
+    if (region == nullptr) continue;
+    const MappedRegion* held =
+        region->mapping != nullptr ? region->mapping.get() : region->lock.get();
+    absl::StatusOr<bool> unlinked = held->UnlinkName();
+    if (!unlinked.ok()) {
+      std::fprintf(stderr,
+                   "gradcompd: reclaimed shared-memory region '%s': %s\n",
+                   region->name.c_str(),
+                   std::string(unlinked.status().message()).c_str());
     }
   }
-  metrics_->CountSharedMemoryReclaimed(reclaimed);
-  PublishLocked();
   return reclaimed;
 }
 
