@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status_macros.h"
@@ -35,12 +36,26 @@ constexpr char kClientIdKey[] = "gradcomp-client-id";
 
 // Who owns shared-memory regions: the id the client sends, else the
 // address of its connection (which changes if the channel reconnects).
+// Empty for a caller without an id on a unix socket, whose address is the
+// same "unix:" for every connection (UnidentifiedClient says what to do).
 std::string ClientId(const grpc::ServerContext& context) {
   const auto& metadata = context.client_metadata();
   if (auto it = metadata.find(kClientIdKey); it != metadata.end()) {
     return std::string(it->second.data(), it->second.size());
   }
-  return context.peer();
+  const std::string peer = context.peer();
+  if (absl::StartsWith(peer, "unix") && absl::EndsWith(peer, ":")) return "";
+  return peer;
+}
+
+// The refusal of shared memory to a caller ClientId cannot tell apart from
+// the others on its socket: its regions would be everyone's.
+absl::Status UnidentifiedClient() {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "shared memory over a unix socket needs the '", kClientIdKey,
+      "' metadata naming the client (the gradcomp Python and C++ clients "
+      "send it): without it every caller on the socket is the same client "
+      "and could use the others' regions"));
 }
 
 absl::Status Prefixed(const absl::Status& status, absl::string_view prefix) {
@@ -125,6 +140,7 @@ absl::StatusOr<SharedMemorySlice> GradcompService::AcquireSlice(
     return absl::FailedPreconditionError(
         absl::StrCat(field, ": ", kClientShmOff));
   }
+  if (client.empty()) return Prefixed(UnidentifiedClient(), field);
   absl::StatusOr<SharedMemorySlice> acquired =
       shm_->Acquire(client, slice.region(), slice.offset(), slice.byte_size());
   if (!acquired.ok()) return Prefixed(acquired.status(), field);
@@ -466,9 +482,11 @@ grpc::Status GradcompService::RegisterSystemSharedMemory(
   if (shm_ == nullptr) {
     return ToGrpcStatus(absl::FailedPreconditionError(kClientShmOff));
   }
-  return ToGrpcStatus(shm_->RegisterSystem(
-      ClientId(*context), request->name(), request->shm_key(),
-      request->offset(), request->byte_size()));
+  const std::string client = ClientId(*context);
+  if (client.empty()) return ToGrpcStatus(UnidentifiedClient());
+  return ToGrpcStatus(
+      shm_->RegisterSystem(client, request->name(), request->shm_key(),
+                           request->offset(), request->byte_size()));
 }
 
 grpc::Status GradcompService::RegisterCudaSharedMemory(
@@ -478,9 +496,11 @@ grpc::Status GradcompService::RegisterCudaSharedMemory(
   if (shm_ == nullptr) {
     return ToGrpcStatus(absl::FailedPreconditionError(kClientShmOff));
   }
+  const std::string client = ClientId(*context);
+  if (client.empty()) return ToGrpcStatus(UnidentifiedClient());
   return ToGrpcStatus(shm_->RegisterCuda(
-      ClientId(*context), request->name(), request->raw_handle(),
-      request->device_id(), request->byte_size(), request->lock_key()));
+      client, request->name(), request->raw_handle(), request->device_id(),
+      request->byte_size(), request->lock_key()));
 }
 
 grpc::Status GradcompService::UnregisterSharedMemory(
@@ -490,7 +510,9 @@ grpc::Status GradcompService::UnregisterSharedMemory(
   if (shm_ == nullptr) {
     return ToGrpcStatus(absl::FailedPreconditionError(kClientShmOff));
   }
-  return ToGrpcStatus(shm_->Unregister(ClientId(*context), request->name()));
+  const std::string client = ClientId(*context);
+  if (client.empty()) return ToGrpcStatus(UnidentifiedClient());
+  return ToGrpcStatus(shm_->Unregister(client, request->name()));
 }
 
 grpc::Status GradcompService::SharedMemoryStatus(
@@ -499,8 +521,10 @@ grpc::Status GradcompService::SharedMemoryStatus(
   if (shm_ == nullptr) {
     return ToGrpcStatus(absl::FailedPreconditionError(kClientShmOff));
   }
+  const std::string client = ClientId(*context);
+  if (client.empty()) return ToGrpcStatus(UnidentifiedClient());
   absl::StatusOr<std::vector<SharedMemoryRegionInfo>> regions =
-      shm_->Status(ClientId(*context), request->name());
+      shm_->Status(client, request->name());
   if (!regions.ok()) return ToGrpcStatus(regions.status());
   for (const SharedMemoryRegionInfo& info : *regions) {
     v1::SharedMemoryRegionStatus* region = response->add_regions();

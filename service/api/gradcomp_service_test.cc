@@ -2,6 +2,8 @@
 // the real engine and metrics behind it, and the generated client stub.
 #include "service/api/gradcomp_service.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -15,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/cpp/shm_region.h"
 #include "codecs/builtin.h"
@@ -797,6 +800,65 @@ TEST_F(GradcompShmTest, ClientsWithoutAnIdOwnRegionsByConnection) {
   ASSERT_TRUE(
       stub_->UnregisterSharedMemory(&again, unregister, &unregistered).ok());
   EXPECT_EQ(MetricValue(*metrics_.collectable(), "gradcomp_shm_regions"), 0);
+}
+
+// Over a unix socket every connection's peer address is "unix:": a caller
+// without an id is refused shared memory rather than sharing the regions
+// of every other such caller; with an id it is served as over TCP.
+TEST_F(GradcompShmTest, UnixCallersWithoutAnIdAreRefusedSharedMemory) {
+  collective_.Open();
+  GradcompService unix_service(engine_.get(), &metrics_, 2, DaemonSettings(),
+                               shm_.get());
+  // Not under TEST_TMPDIR: a socket's path holds at most 107 characters.
+  const std::string path =
+      absl::StrCat("/tmp/gradcomp-service-test.", getpid(), ".sock");
+  auto server = StartGrpcServer("unix:" + path, &unix_service, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<v1::Gradcomp::Stub> stub = v1::Gradcomp::NewStub(
+      grpc::CreateChannel("unix:" + path, grpc::InsecureChannelCredentials()));
+  std::unique_ptr<client::ShmRegion> region = NewRegion(64);
+  ASSERT_NE(region, nullptr);
+  v1::RegisterSystemSharedMemoryRequest request;
+  request.set_name("anon");
+  request.set_shm_key(region->key());
+  request.set_byte_size(64);
+  v1::RegisterSystemSharedMemoryResponse response;
+  grpc::ClientContext anonymous;
+  const grpc::Status refused =
+      stub->RegisterSystemSharedMemory(&anonymous, request, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("'gradcomp-client-id'"));
+  grpc::ClientContext listing;
+  v1::SharedMemoryStatusResponse listed;
+  EXPECT_EQ(stub->SharedMemoryStatus(&listing, v1::SharedMemoryStatusRequest(),
+                                     &listed)
+                .error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  grpc::ClientContext unregistering;
+  v1::UnregisterSharedMemoryResponse unregistered;
+  EXPECT_EQ(stub->UnregisterSharedMemory(&unregistering,
+                                         v1::UnregisterSharedMemoryRequest(),
+                                         &unregistered)
+                .error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  // A reduce into a slice, named by a registered region, is refused too.
+  ASSERT_TRUE(
+      stub->RegisterSystemSharedMemory(As("c1").get(), request, &response)
+          .ok());
+  v1::ReduceRequest reduce = ShmRequest("anon", 8, 0, 32);
+  grpc::ClientContext reducing;
+  v1::ReduceResponse reduced;
+  const grpc::Status slice = stub->Reduce(&reducing, reduce, &reduced);
+  EXPECT_EQ(slice.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(slice.error_message(),
+              HasSubstr("input_shm: shared memory over"));
+  EXPECT_TRUE(stub->Reduce(As("c1").get(), reduce, &reduced).ok());
+  EXPECT_TRUE(stub->UnregisterSharedMemory(As("c1").get(),
+                                           v1::UnregisterSharedMemoryRequest(),
+                                           &unregistered)
+                  .ok());
+  (*server)->Shutdown();
+  unlink(path.c_str());
 }
 
 // A request with parts: each part is reduced as a tensor of its own, and the
