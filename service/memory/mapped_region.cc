@@ -17,13 +17,19 @@ namespace {
 
 std::string Errno(int error) { return std::strerror(error); }
 
-absl::StatusOr<uint64_t> ObjectSize(int fd, const std::string& key) {
+absl::StatusOr<struct stat> Stat(int fd, const std::string& key) {
   struct stat st;
   if (fstat(fd, &st) != 0) {
     return absl::InternalError(
         absl::StrCat("fstat of shared memory '", key, "': ", Errno(errno)));
   }
-  return static_cast<uint64_t>(st.st_size);
+  return st;
+}
+
+absl::StatusOr<uint64_t> ObjectSize(int fd, const std::string& key) {
+  absl::StatusOr<struct stat> st = Stat(fd, key);
+  if (!st.ok()) return st.status();
+  return static_cast<uint64_t>(st->st_size);
 }
 
 }  // namespace
@@ -67,7 +73,9 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> MappedRegion::Map(
     }
     return absl::InvalidArgumentError(message);
   }
-  absl::StatusOr<uint64_t> size = ObjectSize(fd, key);
+  absl::StatusOr<struct stat> st = Stat(fd, key);
+  absl::StatusOr<uint64_t> size =
+      st.ok() ? absl::StatusOr<uint64_t>(st->st_size) : st.status();
   if (size.ok() && (offset > *size || byte_size > *size - offset)) {
     size = absl::InvalidArgumentError(absl::StrCat(
         "shared memory '", key, "' holds ", *size, " bytes; offset ", offset,
@@ -100,15 +108,19 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> MappedRegion::Map(
   }
   absl::Span<char> bytes(static_cast<char*>(base) + (offset - aligned),
                          static_cast<size_t>(byte_size));
-  return std::unique_ptr<MappedRegion>(new MappedRegion(
-      key, fd, base, length, bytes, offset + byte_size, *std::move(guard)));
+  return std::unique_ptr<MappedRegion>(
+      new MappedRegion(key, fd, st->st_dev, st->st_ino, base, length, bytes,
+                       offset + byte_size, *std::move(guard)));
 }
 
-MappedRegion::MappedRegion(std::string key, int fd, void* map_base,
-                           size_t map_length, absl::Span<char> bytes,
-                           uint64_t end, std::unique_ptr<TruncationGuard> guard)
+MappedRegion::MappedRegion(std::string key, int fd, dev_t device, ino_t inode,
+                           void* map_base, size_t map_length,
+                           absl::Span<char> bytes, uint64_t end,
+                           std::unique_ptr<TruncationGuard> guard)
     : key_(std::move(key)),
       fd_(fd),
+      device_(device),
+      inode_(inode),
       map_base_(map_base),
       map_length_(map_length),
       bytes_(bytes),
@@ -144,12 +156,12 @@ absl::StatusOr<bool> MappedRegion::CreatorAlive() const {
       absl::StrCat("flock of shared memory '", key_, "': ", Errno(errno)));
 }
 
+bool MappedRegion::Overlaps(const MappedRegion& other) const {
+  return device_ == other.device_ && inode_ == other.inode_ &&
+         offset() < other.end_ && other.offset() < end_;
+}
+
 absl::StatusOr<bool> MappedRegion::UnlinkName() const {
-  struct stat mapped;
-  if (fstat(fd_, &mapped) != 0) {
-    return absl::InternalError(
-        absl::StrCat("fstat of shared memory '", key_, "': ", Errno(errno)));
-  }
   const int named = shm_open(key_.c_str(), O_RDONLY | O_CLOEXEC, 0);
   if (named < 0) {
     if (errno == ENOENT) return false;
@@ -157,8 +169,8 @@ absl::StatusOr<bool> MappedRegion::UnlinkName() const {
                                             "' to unlink it: ", Errno(errno)));
   }
   struct stat now;
-  const bool same = fstat(named, &now) == 0 && now.st_dev == mapped.st_dev &&
-                    now.st_ino == mapped.st_ino;
+  const bool same =
+      fstat(named, &now) == 0 && now.st_dev == device_ && now.st_ino == inode_;
   close(named);
   if (!same) return false;
   if (shm_unlink(key_.c_str()) != 0) {

@@ -48,6 +48,12 @@ class MappedRegion {
 
   // The registered range [offset, offset + byte_size) of the object.
   absl::Span<char> bytes() const { return bytes_; }
+  uint64_t offset() const { return end_ - bytes_.size(); }
+
+  // True if `other` maps some of the same bytes of the same object (by
+  // device and inode, whatever names reach it): writing one changes the
+  // other.
+  bool Overlaps(const MappedRegion& other) const;
   const std::string& key() const { return key_; }
 
   // The uid that owns the object (fstat of the mapped descriptor, so the
@@ -72,12 +78,14 @@ class MappedRegion {
   absl::Status CheckStillBacked() const;
 
  private:
-  MappedRegion(std::string key, int fd, void* map_base, size_t map_length,
-               absl::Span<char> bytes, uint64_t end,
-               std::unique_ptr<TruncationGuard> guard);
+  MappedRegion(std::string key, int fd, dev_t device, ino_t inode,
+               void* map_base, size_t map_length, absl::Span<char> bytes,
+               uint64_t end, std::unique_ptr<TruncationGuard> guard);
 
   const std::string key_;
   const int fd_;
+  const dev_t device_;  // the object mapped, whatever its name names now
+  const ino_t inode_;
   void* const map_base_;
   const size_t map_length_;
   const absl::Span<char> bytes_;

@@ -129,6 +129,25 @@ absl::Status SharedMemoryRegistry::Insert(
     std::shared_ptr<SharedMemoryRegion> region) {
   absl::MutexLock lock(&mu_);
   if (regions_.size() >= max_regions_) return FullError(region->name);
+  if (region->mapping != nullptr) {
+    // Two names for the same bytes would defeat every check that tells
+    // slices apart by region name (an input and an output that overlap).
+    for (const auto& [name, other] : regions_) {
+      if (other->mapping == nullptr ||
+          !other->mapping->Overlaps(*region->mapping)) {
+        continue;
+      }
+      return absl::AlreadyExistsError(absl::StrCat(
+          "shm_key '", region->mapping->key(), "' offset ",
+          region->mapping->offset(), " + byte_size ",
+          region->mapping->bytes().size(), ": these bytes are already ",
+          other->owner == region->owner
+              ? absl::StrCat("registered as region '", name, "'")
+              : "registered by another client",
+          "; register each byte of an object once (one region per buffer, "
+          "or unregister the other first)"));
+    }
+  }
   auto [it, inserted] = regions_.try_emplace(region->name, region);
   if (!inserted) {
     return absl::AlreadyExistsError(absl::StrCat(

@@ -354,6 +354,31 @@ TEST_F(SharedMemoryRegistryTest, UnregisterRefusesWhileASliceIsInFlight) {
   EXPECT_TRUE(registry_.Status("c", "").value().empty());
 }
 
+// One object's bytes reach one region: a second name for them would let a
+// request's input and output overlap while their region names differ.
+TEST_F(SharedMemoryRegistryTest, BytesAlreadyRegisteredAreRefused) {
+  std::unique_ptr<ShmRegion> region = NewRegion(8192);
+  ASSERT_NE(region, nullptr);
+  ASSERT_TRUE(
+      registry_.RegisterSystem("c1", "low", region->key(), 0, 4096).ok());
+  const absl::Status alias =
+      registry_.RegisterSystem("c1", "alias", region->key(), 4000, 200);
+  EXPECT_EQ(alias.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(alias.message(), HasSubstr("already registered as region 'low'"));
+  const absl::Status theirs =
+      registry_.RegisterSystem("c2", "alias", region->key(), 0, 8192);
+  EXPECT_EQ(theirs.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(theirs.message(), HasSubstr("registered by another client;"));
+  EXPECT_THAT(theirs.message(), Not(HasSubstr("low")));
+  // The bytes after it are free, and so are its own once unregistered.
+  EXPECT_TRUE(
+      registry_.RegisterSystem("c1", "high", region->key(), 4096, 4096).ok());
+  ASSERT_TRUE(registry_.Unregister("c1", "low").ok());
+  EXPECT_TRUE(
+      registry_.RegisterSystem("c1", "alias", region->key(), 4000, 96).ok());
+  EXPECT_EQ(Metric("gradcomp_shm_regions"), 2);
+}
+
 // A real client process holds a region and is killed with SIGKILL: the
 // kernel drops its lock, and the registry reclaims the region and counts it.
 TEST_F(SharedMemoryRegistryTest, AKilledClientsRegionsAreReclaimed) {
