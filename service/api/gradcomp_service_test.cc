@@ -940,5 +940,49 @@ TEST_F(GradcompShmTest, ReduceStreamAnswersEachPartOfABucket) {
   EXPECT_TRUE(Unregister("c1", "grads").ok());
 }
 
+// A model's zero-element parameter in a bucket: its part is answered (with
+// nothing to write) beside the others instead of refusing the bucket.
+TEST_F(GradcompShmTest, AZeroElementPartIsAnsweredBesideTheOthers) {
+  collective_.Open();
+  const size_t n = 8;
+  std::unique_ptr<client::ShmRegion> region = NewRegion(2 * n * sizeof(float));
+  ASSERT_NE(region, nullptr);
+  const std::vector<float> g = Ramp(n);
+  std::copy(g.begin(), g.end(), region->floats().begin());
+  ASSERT_TRUE(
+      Register("c1", "grads", region->key(), 0, region->byte_size()).ok());
+  v1::ReduceRequest request = ShmRequest("grads", n, 0, n * sizeof(float));
+  request.clear_tensor();
+  request.clear_shape();
+  request.set_request_id(3);
+  v1::ReducePart* empty = request.add_parts();
+  empty->set_tensor("empty");
+  empty->add_shape(0);
+  empty->set_offset(0);
+  v1::ReducePart* full = request.add_parts();
+  full->set_tensor("full");
+  full->add_shape(static_cast<int64_t>(n));
+  full->set_offset(0);
+  auto context = As("c1");
+  auto stream = stub_->ReduceStream(context.get());
+  ASSERT_TRUE(stream->Write(request));
+  stream->WritesDone();
+  v1::ReduceStreamResponse answer;
+  ASSERT_TRUE(stream->Read(&answer));
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(answer.error_code(), 0) << answer.error_message();
+  ASSERT_EQ(answer.part_results_size(), 2) << answer.DebugString();
+  for (const v1::ReduceStreamResponse& part : answer.part_results()) {
+    EXPECT_EQ(part.error_code(), 0) << part.error_message();
+  }
+  EXPECT_EQ(answer.part_results(0).result().stats().raw_bytes(), 0u);
+  EXPECT_TRUE(answer.part_results(0).result().data().empty());
+  EXPECT_EQ(answer.part_results(1).result().stats().raw_bytes(),
+            n * sizeof(float));
+  const float* result = region->floats().data() + n;
+  EXPECT_TRUE(std::equal(g.begin(), g.end(), result));
+  EXPECT_TRUE(Unregister("c1", "grads").ok());
+}
+
 }  // namespace
 }  // namespace gradcomp::service

@@ -32,11 +32,15 @@ absl::StatusOr<uint64_t> PartBytes(const v1::ReducePart& part, size_t width,
                        part.shape(i), ", expected >= 0"));
     }
   }
+  // Before any product: [2^40, 0] holds nothing, however large 2^40 is.
+  if (std::find(part.shape().begin(), part.shape().end(), 0) !=
+      part.shape().end()) {
+    return 0;
+  }
   const uint64_t max_numel = limit / width;
   uint64_t numel = 1;
   for (int64_t dim : part.shape()) {
     const uint64_t d = static_cast<uint64_t>(dim);
-    if (d == 0) return 0;
     if (numel > max_numel / d) {
       return absl::InvalidArgumentError(
           absl::StrCat("shape ", shape, " needs more than the ", limit,
@@ -145,11 +149,19 @@ absl::StatusOr<SplitRequest> SplitParts(const v1::ReduceRequest& request) {
       return absl::InvalidArgumentError(absl::StrCat(
           label, " at offset ", part.offset(), ": ", bytes.status().message()));
     }
-    extents.push_back({part.offset(), *bytes, i});
     v1::ReduceRequest& one = split.parts.emplace_back(common);
     one.set_tensor(part.tensor());
     one.mutable_shape()->Assign(part.shape().begin(), part.shape().end());
     one.set_request_id(static_cast<uint64_t>(i));
+    if (*bytes == 0) {
+      // A zero-element tensor (of a model that has one) has no bytes to
+      // point at: it travels inline, and shares no bytes with any part.
+      one.clear_input_shm();
+      one.clear_output_shm();
+      one.set_data("");
+      continue;
+    }
+    extents.push_back({part.offset(), *bytes, i});
     *one.mutable_input_shm() =
         Narrowed(request.input_shm(), part.offset(), *bytes);
     *one.mutable_output_shm() =

@@ -166,6 +166,28 @@ TEST(SplitPartsTest, RefusesHugeShapesWithoutOverflow) {
   ExpectRefused(request, "dimension 0 is -1, expected >= 0");
 }
 
+// A zero-element part has no bytes: it goes inline, whatever its offset,
+// and however large its other dimensions.
+TEST(SplitPartsTest, AZeroElementPartGoesInline) {
+  v1::ReduceRequest request = Bucket();
+  v1::ReducePart* empty = request.add_parts();
+  empty->set_tensor("empty");
+  empty->add_shape(int64_t{1} << 40);
+  empty->add_shape(0);
+  empty->set_offset(24);  // where fc.bias starts: no overlap, it holds none
+  absl::StatusOr<SplitRequest> split = SplitParts(request);
+  ASSERT_TRUE(split.ok()) << split.status();
+  ASSERT_EQ(split->parts.size(), 3u);
+  const v1::ReduceRequest& part = split->parts[2];
+  EXPECT_EQ(part.tensor(), "empty");
+  EXPECT_FALSE(part.has_input_shm());
+  EXPECT_FALSE(part.has_output_shm());
+  EXPECT_TRUE(part.has_data());
+  EXPECT_TRUE(part.data().empty());
+  EXPECT_THAT(part.shape(), ::testing::ElementsAre(int64_t{1} << 40, 0));
+  EXPECT_EQ(split->parts[1].input_shm().byte_size(), 12u);
+}
+
 TEST(SplitPartsTest, RefusesOverlappingRepeatedOrUnnamedParts) {
   v1::ReduceRequest request = Bucket();
   request.mutable_parts(1)->set_offset(20);

@@ -45,9 +45,10 @@ absl::StatusOr<uint64_t> CheckedNumel(absl::Span<const int64_t> shape,
                        shape[i], ", expected >= 0"));
     }
   }
+  // Before any product: [2^40, 0] holds nothing, however large 2^40 is.
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
   for (int64_t dim : shape) {
     const uint64_t d = static_cast<uint64_t>(dim);
-    if (d == 0) return 0;
     if (numel > max_numel / d) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "shape ", ShapeString(shape), " holds more than ", max_numel,

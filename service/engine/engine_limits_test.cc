@@ -88,6 +88,12 @@ TEST_F(EngineLimitsTest, TensorOverMaxBytesFailsAndTheNextIsServed) {
   auto served = engine_->Reduce(Square(small, 32));
   ASSERT_TRUE(served.ok()) << served.status();
   EXPECT_EQ(served->data, small);
+  // A zero dimension after a huge one holds nothing: not over the limit.
+  ReduceInput empty = Square("", 0, "job", "empty");
+  empty.shape = {int64_t{1} << 40, 0};
+  auto nothing = engine_->Reduce(empty);
+  ASSERT_TRUE(nothing.ok()) << nothing.status();
+  EXPECT_TRUE(nothing->data.empty());
 }
 
 TEST_F(EngineLimitsTest, ReduceLargerThanTheBudgetFailsAtOnceWithFigures) {

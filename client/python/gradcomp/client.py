@@ -235,13 +235,16 @@ def _as_parts(template: gradcomp_pb2.ReduceRequest,
     None unless every input lies in one region, every output in one
     region, all of one dtype, each output at the same distance from its
     input, and the input and output spans of each request do not overlap
-    (the daemon's conditions). Built from the tensors directly, not from a
-    request per tensor: a client pays this on every step."""
-    if not tensors:
+    (the daemon's conditions). Zero-element tensors have no bytes, so no
+    place in the layout: they go as parts at offset 0, which the daemon
+    sends inline. Built from the tensors directly, not from a request per
+    tensor: a client pays this on every step."""
+    holding = [entry for entry in tensors if entry[1].byte_size > 0]
+    if not holding:
         return None
-    _, first_source, first_target = tensors[0]
+    _, first_source, first_target = holding[0]
     delta = first_target.offset - first_source.offset
-    for _, source, target in tensors:
+    for _, source, target in holding:
         if (source.region != first_source.region
                 or target.region != first_target.region
                 or source.dtype != first_source.dtype
@@ -258,8 +261,10 @@ def _as_parts(template: gradcomp_pb2.ReduceRequest,
         groups[-1].append(entry)
     chunks = []
     for index, group in enumerate(groups):
-        start = min(source.offset for _, source, _ in group)
-        end = max(source.offset + source.byte_size for _, source, _ in group)
+        spans = [(source.offset, source.offset + source.byte_size)
+                 for _, source, _ in group if source.byte_size > 0]
+        start = min((s for s, _ in spans), default=first_source.offset)
+        end = max((e for _, e in spans), default=start)
         # Every output is its input moved by `delta`, so the output span is
         # the input span moved by `delta`.
         if first_source.region == first_target.region and abs(delta) < end - start:
@@ -278,7 +283,7 @@ def _as_parts(template: gradcomp_pb2.ReduceRequest,
             chunk.batch.CopyFrom(batch)
         for name, source, _ in group:
             chunk.parts.add(tensor=name, shape=source.shape,
-                            offset=source.offset - start)
+                            offset=source.offset - start if source.byte_size else 0)
         chunks.append(chunk)
     return chunks
 
@@ -748,11 +753,15 @@ class Client:
         request = gradcomp_pb2.ReduceRequest(
             job=job, tensor=name, step=step,
             dtype=_shm_dtype(name, source, target), shape=source.shape,
-            request_id=request_id,
-            input_shm=gradcomp_pb2.SharedMemorySlice(
+            request_id=request_id)
+        if source.byte_size == 0:
+            # No bytes to point at (the daemon refuses an empty slice).
+            request.data = b""
+        else:
+            request.input_shm.CopyFrom(gradcomp_pb2.SharedMemorySlice(
                 region=source.region, offset=source.offset,
-                byte_size=source.byte_size),
-            output_shm=gradcomp_pb2.SharedMemorySlice(
+                byte_size=source.byte_size))
+            request.output_shm.CopyFrom(gradcomp_pb2.SharedMemorySlice(
                 region=target.region, offset=target.offset,
                 byte_size=target.byte_size))
         if spec is not None:

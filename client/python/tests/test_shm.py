@@ -246,6 +246,25 @@ class ShmDaemonTest(unittest.TestCase):
                                         offset=target.offset).copy()
                 for name, (_, target) in tensors.items()}
 
+    def test_a_zero_element_tensor_in_a_bucket(self):
+        # A model with a zero-sized parameter: its part is answered with the
+        # others (the daemon sends it inline), not a refused bucket.
+        self.client.register_shm("bucket", self.region)
+        tensors, grads = self._bucket([(16, 8), (0, 4), (5,)])
+        template = gradcomp_pb2.ReduceRequest(job="default", step=0,
+                                              dtype=gradcomp_pb2.DTYPE_FLOAT32)
+        (chunk,) = gradcomp.client._as_parts(
+            template, [(name, *pair) for name, pair in tensors.items()], {})
+        self.assertEqual([p.tensor for p in chunk.parts], ["t0", "t1", "t2"])
+        # With parts and without: a request per tensor sends it inline.
+        for step, parts in enumerate([True, False]):
+            stats = self.client.reduce_many_shm(tensors, step=step, parts=parts)
+            self.assertEqual(list(stats), ["t0", "t1", "t2"])
+            self.assertEqual(stats["t1"].raw_bytes, 0)
+            results = self._results(tensors)
+            for name, grad in grads.items():
+                np.testing.assert_array_equal(results[name], grad, err_msg=name)
+
     def test_a_bucket_goes_as_requests_with_parts(self):
         self.client.register_shm("bucket", self.region)
         # 300 tensors: three requests of at most 128 parts, and runs of two
