@@ -124,8 +124,7 @@ def start_peered(world: int, add_cleanup: Callable[..., None],
 def collectives(daemon: Daemon) -> float:
     """How many collectives `daemon` has run (its
     gradcomp_collective_duration_seconds histogram's count)."""
-    return metrics.total(metrics.scrape(daemon.metrics_url),
-                         "gradcomp_collective_duration_seconds_count")
+    return daemon.metric("gradcomp_collective_duration_seconds_count")
 
 
 class Daemon:
@@ -163,6 +162,11 @@ class Daemon:
     @property
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the daemon's `name` samples with these labels, scraped
+        now."""
+        return metrics.total(metrics.scrape(self.metrics_url), name, **labels)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

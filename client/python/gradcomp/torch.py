@@ -50,6 +50,7 @@ every rank, which would replace the workers' differing models.
 import concurrent.futures
 import contextlib
 import dataclasses
+import errno
 import functools
 import ipaddress
 import threading
@@ -665,8 +666,9 @@ class HookState:
             self._choose_transport()
         stats = {}
         batched = 0
-        if self._staging is not None:
-            name, region = self._staging.region(index, buffer.nbytes)
+        staged = self._staged_region(index, buffer.nbytes)
+        if staged is not None:
+            name, region = staged
             region.array(buffer.shape, buffer.dtype)[...] = buffer
             stats, batched = self._reduce_registered(
                 name, functools.partial(self._staging.renew, index),
@@ -685,6 +687,29 @@ class HookState:
                     average, stats[t.name] = results[t.name]
                     t.view(buffer)[...] = average  # the view writes through to the bucket
         self._record(stats, batched, last)
+
+    def _staged_region(self, index: int, nbytes: int) -> tuple[str, ShmRegion] | None:
+        """Bucket `index`'s shared-memory region, or None to send it inline:
+        when the transport is inline, or when it was chosen by itself
+        (shm=None) and /dev/shm has no room for the region (a container's
+        64 MiB default holds a bucket or two): the hook then goes inline
+        for good, with a warning, instead of failing every step."""
+        if self._staging is None:
+            return None
+        try:
+            return self._staging.region(index, nbytes)
+        except OSError as error:
+            if self._shm_wanted or error.errno != errno.ENOSPC:
+                raise
+            why = error.strerror
+        staging, self._staging = self._staging, None
+        self.transport, self.transport_reason = "inline", why
+        warnings.warn(f"gradcomp.torch: job '{self.job}' sends its buckets inline "
+                      f"from now on: {why} (give /dev/shm more room, e.g. docker "
+                      f"run --shm-size, or pass shm=False to choose inline)",
+                      RuntimeWarning, stacklevel=2)
+        staging.close()
+        return None
 
     def _record(self, stats: Mapping[str, Any], batched: int, last: bool) -> None:
         with self._lock:

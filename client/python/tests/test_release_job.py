@@ -15,9 +15,6 @@ from gradcomp.testing import start_peered
 TOPK = {"codec": "topk", "params": {"ratio": 0.01}}
 
 
-def _metric(daemon, name: str) -> float:
-    return metrics.total(metrics.scrape(daemon.metrics_url), name)
-
 
 class ReleaseJobTest(unittest.TestCase):
 
@@ -41,10 +38,10 @@ class ReleaseJobTest(unittest.TestCase):
         first = self._step("run", 0)
         for step in range(1, 4):
             self._step("run", step)
-        held = [_metric(d, "gradcomp_memory_budget_in_use_bytes") for d in self.daemons]
+        held = [d.metric("gradcomp_memory_budget_in_use_bytes") for d in self.daemons]
         self.assertTrue(all(bytes_ > 0 for bytes_ in held), held)
         for daemon in self.daemons:
-            self.assertEqual(_metric(daemon, "gradcomp_jobs_held"), 1)
+            self.assertEqual(daemon.metric("gradcomp_jobs_held"), 1)
 
         for client, daemon, before in zip(self.clients, self.daemons, held):
             released = client.release_job("run")

@@ -18,7 +18,6 @@ import grpc
 import numpy as np
 
 import gradcomp
-from gradcomp import metrics
 from gradcomp.shm import ShmRegion, ShmTensor
 from gradcomp.testing import Daemon, start_peered
 from gradcomp.v1 import gradcomp_pb2
@@ -27,9 +26,6 @@ from gradcomp.v1 import gradcomp_pb2
 def _gradient(shape, seed):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
-
-def _metric(daemon, name):
-    return metrics.total(metrics.scrape(daemon.metrics_url), name)
 
 
 class ShmRegionTest(unittest.TestCase):
@@ -399,7 +395,7 @@ class ShmDaemonTest(unittest.TestCase):
             self.assertEqual(other.shm_status(), {})
 
     def test_a_killed_client_is_reclaimed_and_counted(self):
-        before = _metric(self.daemon, "gradcomp_shm_regions_reclaimed_total")
+        before = self.daemon.metric("gradcomp_shm_regions_reclaimed_total")
         script = textwrap.dedent("""
             import sys, time
             import gradcomp
@@ -415,7 +411,7 @@ class ShmDaemonTest(unittest.TestCase):
         self.addCleanup(lambda: os.path.exists("/dev/shm" + key) and
                         os.unlink("/dev/shm" + key))
         self.assertTrue(key, "the child did not register its region")
-        self.assertEqual(_metric(self.daemon, "gradcomp_shm_regions"), 1)
+        self.assertEqual(self.daemon.metric("gradcomp_shm_regions"), 1)
         # SIGTERM, as torchrun stops workers: Python's default handling runs
         # no cleanup, so the object is left in /dev/shm for the daemon.
         child.send_signal(signal.SIGTERM)
@@ -424,12 +420,12 @@ class ShmDaemonTest(unittest.TestCase):
         # The daemon looks for abandoned regions every second; wait for the
         # outcome, with a deadline only against a hang.
         deadline = time.monotonic() + 30
-        while (_metric(self.daemon, "gradcomp_shm_regions_reclaimed_total") == before
+        while (self.daemon.metric("gradcomp_shm_regions_reclaimed_total") == before
                and time.monotonic() < deadline):
             time.sleep(0.1)
-        self.assertEqual(_metric(self.daemon, "gradcomp_shm_regions_reclaimed_total"),
+        self.assertEqual(self.daemon.metric("gradcomp_shm_regions_reclaimed_total"),
                          before + 1)
-        self.assertEqual(_metric(self.daemon, "gradcomp_shm_regions"), 0)
+        self.assertEqual(self.daemon.metric("gradcomp_shm_regions"), 0)
         # And the object the child left is unlinked (just after the count).
         while os.path.exists("/dev/shm" + key) and time.monotonic() < deadline:
             time.sleep(0.1)

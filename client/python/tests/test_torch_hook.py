@@ -24,9 +24,11 @@ dataset-fashion-mnist. Needs the daemon: `bazel build //service:gradcompd`
 or $GRADCOMPD.
 """
 import copy
+import errno
 import os
 import tempfile
 import unittest
+import warnings
 from unittest import mock
 
 try:
@@ -38,6 +40,7 @@ try:
 except ImportError:
     torch = None
 
+from gradcomp.shm import ShmRegion
 from gradcomp.testing import Daemon, collectives, free_port, start_peered
 from tests import example_trainer
 
@@ -123,10 +126,22 @@ def _resume_scenario(rank: int, codec_name: str, params: dict, out: str) -> None
     torch.save(results, out)
 
 
+class _FullShm(ShmRegion):
+    """A /dev/shm with room for the transport probe only: any larger region
+    fails as ShmRegion fails on a full /dev/shm (ENOSPC)."""
+
+    def __init__(self, byte_size: int, tag: str = "region"):
+        if byte_size > 64:
+            raise OSError(errno.ENOSPC, f"no room for {byte_size} bytes in /dev/shm")
+        super().__init__(byte_size, tag)
+
+
 def _shm_scenario(rank: int, out: str) -> None:
     """Runs in a spawned process: 5 steps with shared memory (auto-detected),
-    then the same 5 steps inline, each against a fresh daemon that allows
-    client shared memory; saves both models and the transports chosen."""
+    the same 5 steps inline, and the same 5 steps auto-detected with a
+    /dev/shm too small for a bucket, each against a fresh daemon that allows
+    client shared memory; saves the models, the transports chosen and the
+    warnings."""
     import gradcomp.torch as gtorch
 
     torch.set_num_threads(1)
@@ -134,8 +149,12 @@ def _shm_scenario(rank: int, out: str) -> None:
                       GLOO_SOCKET_IFNAME="lo")
     dist.init_process_group("gloo", rank=rank, world_size=1)
     results = {}
-    for label, shm in (("auto", None), ("inline", False)):
-        with Daemon(["--allow_client_shm"]) as daemon:
+    for label, shm in (("auto", None), ("inline", False), ("full", None)):
+        region = _FullShm if label == "full" else ShmRegion
+        with Daemon(["--allow_client_shm"]) as daemon, \
+                mock.patch.object(gtorch, "ShmRegion", region), \
+                warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
             model = _model()
             ddp = nn.parallel.DistributedDataParallel(model)
             state = gtorch.HookState(model, daemon.target, job="shm", shm=shm,
@@ -145,7 +164,9 @@ def _shm_scenario(rank: int, out: str) -> None:
             results[label] = {"model": copy.deepcopy(model.state_dict()),
                               "transport": state.transport,
                               "reason": state.transport_reason,
-                              "steps": state.stats.steps}
+                              "steps": state.stats.steps,
+                              "warnings": [str(w.message) for w in warned],
+                              "regions": daemon.metric("gradcomp_shm_regions")}
             state.close()
     torch.save(results, out)
 
@@ -373,6 +394,18 @@ class HookSharedMemoryTest(unittest.TestCase):
         for name, value in results["inline"]["model"].items():
             self.assertTrue(torch.equal(results["auto"]["model"][name], value),
                             f"{name} differs between shared memory and inline")
+        # No room in /dev/shm for a bucket: auto mode goes inline for good,
+        # says so once, and trains the same steps.
+        full = results["full"]
+        self.assertEqual(full["transport"], "inline")
+        self.assertIn("no room for", full["reason"])
+        self.assertEqual(full["steps"], 5)
+        self.assertEqual(len([w for w in full["warnings"] if "inline from now on" in w]), 1,
+                         full["warnings"])
+        self.assertEqual(full["regions"], 0)
+        for name, value in results["inline"]["model"].items():
+            self.assertTrue(torch.equal(full["model"][name], value),
+                            f"{name} differs between a full /dev/shm and inline")
 
 
 @unittest.skipIf(torch is None, "needs torch (Debian: python3-torch)")
