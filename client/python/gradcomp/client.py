@@ -13,11 +13,11 @@ gradcomp.GradcompError with the gRPC code and the daemon's message.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 import secrets
 import socket
+import threading
 from typing import Iterable, Mapping, Sequence
 
 import grpc
@@ -448,16 +448,24 @@ class Client:
         self._reduce_stream = self._channel.stream_stream(
             "/gradcomp.v1.Gradcomp/ReduceStream",
             response_deserializer=inline_wire.decode_stream_response)
-        # Made by the first CUDA registration (_cuda_lock_key).
+        # Made by the first CUDA registration (_cuda_lock_key), under the
+        # guard: two lock objects made by two threads, the first dropped,
+        # would let the daemon reclaim the regions registered on it.
         self._cuda_lock: ShmRegion | None = None
+        self._cuda_lock_guard = threading.Lock()
+        # Sent as "gradcomp-client-id" metadata with the shared-memory calls:
+        # the daemon's regions belong to it. Unique per Client object; made
+        # here, not on first use, so that threads sharing the client agree.
+        self.client_id = f"{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}"
 
     def close(self) -> None:
         """Closes the channel and releases the CUDA regions' liveness lock:
         the daemon drops this client's CUDA regions at its next scan."""
         self._channel.close()
-        if self._cuda_lock is not None:
-            self._cuda_lock.release()
-            self._cuda_lock = None
+        with self._cuda_lock_guard:
+            if self._cuda_lock is not None:
+                self._cuda_lock.release()
+                self._cuda_lock = None
 
     def __enter__(self) -> "Client":
         return self
@@ -653,12 +661,6 @@ class Client:
 
     # Shared memory (gradcomp.shm; the daemon needs --allow_client_shm).
 
-    @functools.cached_property
-    def client_id(self) -> str:
-        """Sent as "gradcomp-client-id" metadata with the shared-memory calls:
-        the daemon's regions belong to it. Unique per Client object."""
-        return f"{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}"
-
     def _shm_call(self, rpc: str, request: object) -> object:
         try:
             return getattr(self._stub, rpc)(
@@ -702,9 +704,10 @@ class Client:
         1-byte shm object whose shared flock it holds until close() (or the
         process dies), after which the daemon reclaims the regions. A child
         forked meanwhile inherits the lock and keeps them alive too."""
-        if self._cuda_lock is None:
-            self._cuda_lock = ShmRegion(1, tag="cuda-lock")
-        return self._cuda_lock.key
+        with self._cuda_lock_guard:
+            if self._cuda_lock is None:
+                self._cuda_lock = ShmRegion(1, tag="cuda-lock")
+            return self._cuda_lock.key
 
     def register_cuda_shm(self, name: str, raw_handle: bytes, device_id: int,
                           byte_size: int) -> None:
