@@ -44,6 +44,15 @@ average; docs/gossip.md ("Training through the hook") says why this way.
 To resume in gossip mode, load each worker's own model checkpoint AFTER
 wrapping the model in DDP: DDP's constructor copies rank 0's parameters to
 every rank, which would replace the workers' differing models.
+
+Mixed precision with a loss scaler (torch.cuda.amp.GradScaler, fp16):
+pass grad_scaler=True. The daemons refuse Inf/NaN for compressing codecs
+(they would poison the codec state), so an overflowing rank's bucket would
+fail. Instead the hook agrees with the other ranks on every bucket: a rank
+whose bucket holds Inf/NaN sends zeros, and every rank gets the bucket
+back as NaN, so that every rank's scaler skips the step and lowers its
+scale, as with DDP's own allreduce. One dense 1-element reduce per bucket
+carries the agreement, beside the bucket's.
 """
 # No `from __future__ import annotations`: DDP checks the hook's annotations
 # against dist.GradBucket and torch.futures.Future by value, not as strings.
@@ -84,6 +93,7 @@ class StepStats:
     raw_bytes: int = 0    # numel * 4 of those tensors: a dense fp32 exchange
     wire_bytes: int = 0   # compressed bytes this worker sent, all rounds
     batched: int = 0      # tensors reduced in a batch (same-shape or GATHER)
+    overflows: int = 0    # buckets returned non-finite for GradScaler (grad_scaler=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -395,6 +405,10 @@ class HookState:
       cuda_ipc: for CUDA buckets. True: CUDA IPC or an error; False: copy
         them to host memory; None: CUDA IPC if the daemon is on this host
         and has a usable GPU, else host memory with one warning.
+      grad_scaler: training with a loss scaler (GradScaler, fp16 autocast):
+        a bucket with Inf/NaN on any rank comes back NaN on every rank, and
+        the overflowing rank's codec state sees zeros (see the module
+        docstring). Not in gossip mode.
 
     In gossip mode, set `consensus_distance` (e.g. after an evaluation) to
     have every later request report it to the daemon, which exports it as
@@ -409,7 +423,11 @@ class HookState:
                  codecs: Mapping[str, Codec] | None = None, timeout: float = 120.0,
                  shm: bool | None = None, client: Client | None = None,
                  batch_same_shape: bool = False, gossip: Gossip | None = None,
-                 cuda_ipc: bool | None = None, batch_gather: bool = True):
+                 cuda_ipc: bool | None = None, batch_gather: bool = True,
+                 grad_scaler: bool = False):
+        if grad_scaler and gossip is not None:
+            raise ValueError("grad_scaler=True averages gradients; gossip mode mixes "
+                             "parameters and never sees the scaled gradients")
         module = getattr(model, "module", model)
         self.names = {id(p): name for name, p in module.named_parameters()}
         unknown = sorted(set(codecs or {}) - set(self.names.values()))
@@ -443,12 +461,20 @@ class HookState:
         # daemons match them by name and step, not by arrival order.
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="gradcomp-hook")
+        # grad_scaler: the overflow flags, one thread so that they too go
+        # out in bucket order, while the buckets travel.
+        self.grad_scaler = grad_scaler
+        self._flags = (concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="gradcomp-hook-flags")
+            if grad_scaler else None)
 
     def close(self) -> None:
         """Waits for the buckets in flight, unregisters the staging regions
         and closes the client: every step, even after one fails (a daemon
         gone); then raises the first error."""
         self._executor.shutdown(wait=True)
+        if self._flags is not None:
+            self._flags.shutdown(wait=True)
         stagings = [s for s in (self._staging, self._cuda_staging) if s is not None]
         _close_all([*(s.close for s in stagings), self.client.close])
 
@@ -741,10 +767,37 @@ class HookState:
                    ready: torch.cuda.Event | None) -> None:
         """The hook's work for one bucket, on its background thread."""
         with torch.no_grad(), self._device_stream(buffer, ready):
-            if self.gossip is None:
-                self._reduce_buffer(index, buffer, tensors, step, last)
-            else:
+            if self.gossip is not None:
                 self._mix(index, buffer, params, tensors, step, last)
+            elif self.grad_scaler:
+                self._reduce_scaled(index, buffer, tensors, step, last)
+            else:
+                self._reduce_buffer(index, buffer, tensors, step, last)
+
+    def _reduce_scaled(self, index: int, buffer: torch.Tensor, tensors: list[_Tensor],
+                       step: int, last: bool) -> None:
+        """_reduce_buffer for grad_scaler=True: the ranks agree, through a
+        dense 1-element reduce of their overflow flags beside the bucket's,
+        whether any rank's bucket holds Inf/NaN; if one does, it sends zeros
+        (its codec state never sees the overflow) and every rank's bucket
+        comes back NaN, for every rank's scaler to skip the step."""
+        overflow = not bool(torch.isfinite(buffer).all())
+        if overflow:
+            buffer.zero_()
+        flag = np.array([1.0 if overflow else 0.0], np.float32)
+        agreed = self._flags.submit(
+            self.client.reduce_many, [(f"gradcomp.overflow.bucket{index}", flag)],
+            step=step, job=self.job, codec="none")
+        try:
+            self._reduce_buffer(index, buffer, tensors, step, last)
+        except BaseException:
+            concurrent.futures.wait([agreed])  # the bucket's error is the one to tell
+            raise
+        average, _ = agreed.result()[f"gradcomp.overflow.bucket{index}"]
+        if average[0] > 0:
+            buffer.fill_(float("nan"))
+            with self._lock:
+                self.stats.overflows += 1
 
 
 def hook(state: HookState, bucket: torch.distributed.GradBucket

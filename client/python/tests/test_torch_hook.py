@@ -208,6 +208,44 @@ def _gather_batch_scenario(rank: int, port: int, targets: list, out: str) -> Non
 
 
 
+def _overflow_scenario(rank: int, port: int, targets: list, out: str) -> None:
+    """Runs in one of 2 spawned processes (a Gloo group of 2, each rank with
+    its own peered daemon): 6 steps of top-k with grad_scaler=True, where
+    rank 0's first-layer gradient overflows (Inf) at step 2 only. Each rank
+    skips the optimizer step when its averaged gradients are not finite, as
+    GradScaler does; saves the model, which steps were finite, and the
+    hook's overflow count."""
+    import gradcomp.torch as gtorch
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      GLOO_SOCKET_IFNAME="lo")
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    model = _model()
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.001)
+    state = gtorch.HookState(model, targets[rank], job="overflow", timeout=30,
+                             grad_scaler=True,
+                             codecs={"0.weight": gtorch.Codec("topk", {"ratio": 0.05})})
+    ddp.register_comm_hook(state, gtorch.hook)
+    current = {"step": 0}
+    model[0].weight.register_hook(
+        lambda g: g * float("inf") if rank == 0 and current["step"] == 2 else g)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    finite = []
+    for step in range(6):
+        current["step"] = step
+        x, y = _batch(100 * rank + step)
+        optimizer.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        finite.append(all(bool(torch.isfinite(p.grad).all()) for p in model.parameters()))
+        if finite[-1]:
+            optimizer.step()
+    torch.save({"model": copy.deepcopy(model.state_dict()), "finite": finite,
+                "overflows": state.stats.overflows, "steps": state.stats.steps}, out)
+    state.close()
+    dist.destroy_process_group()
+
+
 def _zeros(hook):
     """A broken reduce: whatever the hook computes, DDP gets zeros."""
     def broken(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -406,6 +444,39 @@ class HookSharedMemoryTest(unittest.TestCase):
         for name, value in results["inline"]["model"].items():
             self.assertTrue(torch.equal(full["model"][name], value),
                             f"{name} differs between a full /dev/shm and inline")
+
+
+@unittest.skipIf(torch is None, "needs torch (Debian: python3-torch)")
+class HookGradScalerTest(unittest.TestCase):
+    """grad_scaler=True under real DDP, W = 2: one rank's overflow makes the
+    step non-finite on both ranks (each skips it, as GradScaler does), the
+    top-k codec keeps working, and the ranks' models stay equal."""
+
+    def test_one_ranks_overflow_is_every_ranks_skipped_step(self):
+        daemons = start_peered(2, self.addCleanup)
+        with tempfile.TemporaryDirectory() as tmp:
+            outs = [os.path.join(tmp, f"rank{r}.pt") for r in range(2)]
+            port = free_port()
+            processes = [mp.get_context("spawn").Process(
+                target=_overflow_scenario,
+                args=(r, port, [d.target for d in daemons], outs[r]))
+                for r in range(2)]
+            for process in processes:
+                process.start()
+            for process in processes:
+                process.join(180)
+            self.assertEqual([p.exitcode for p in processes], [0, 0],
+                             "\n".join(d.log()[-2000:] for d in daemons))
+            results = [torch.load(out) for out in outs]
+        for r in range(2):
+            self.assertEqual(results[r]["finite"], [True, True, False, True, True, True])
+            self.assertEqual(results[r]["steps"], 6)
+            # Only the overflowing bucket (0.weight's) came back NaN.
+            self.assertEqual(results[r]["overflows"], 1)
+        for name, value in results[0]["model"].items():
+            self.assertTrue(torch.isfinite(value).all(), name)
+            self.assertTrue(torch.equal(results[1]["model"][name], value),
+                            f"{name} differs between the ranks")
 
 
 @unittest.skipIf(torch is None, "needs torch (Debian: python3-torch)")
