@@ -661,24 +661,32 @@ class HookState:
                            step: int) -> tuple[dict, int]:
         """_reduce_slices, and once more under the name renew() registers the
         same memory as if the daemon no longer knows `region` (it restarted
-        since): any other error, or that one again, propagates."""
+        since): any other error, or that one again, propagates. The retry
+        sends only the codec groups not yet reduced: the peers are done with
+        the others' step, and a second reduce of it would wait for them."""
+        stats: dict = {}
         try:
-            return self._reduce_slices(region, first, second, tensors, step)
+            return self._reduce_slices(region, first, second, tensors, step, stats)
         except GradcompError as error:
             if not _unknown_region(error, region):
                 raise
-        return self._reduce_slices(renew(), first, second, tensors, step)
+        return self._reduce_slices(renew(), first, second, tensors, step, stats)
 
     def _reduce_slices(self, region: str, first: int, second: int,
-                       tensors: list[_Tensor], step: int) -> tuple[dict, int]:
+                       tensors: list[_Tensor], step: int,
+                       stats: dict) -> tuple[dict, int]:
         """Reduces a buffer registered as `region`, bytes from `first`, into
-        its copy from `second`; ({name: ReduceStats}, tensors batched)."""
-        stats, batched = {}, 0
+        its copy from `second`, group by codec group, adding each group's
+        {name: ReduceStats} to `stats` as it completes and skipping the
+        groups already there; (stats, tensors batched)."""
+        batched = 0
         for codec, group in self._groups(tensors):
-            slices = {t.name: (t.slice(region, first), t.slice(region, second))
-                      for t in group}
             batches = self._batches(codec, group)
             batched += sum(map(len, batches.values()))
+            if all(t.name in stats for t in group):
+                continue
+            slices = {t.name: (t.slice(region, first), t.slice(region, second))
+                      for t in group}
             stats.update(self.client.reduce_many_shm(
                 slices, step=step, job=self.job, codec=codec and codec.name,
                 params=codec and codec.params, batches=batches,

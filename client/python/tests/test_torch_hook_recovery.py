@@ -5,6 +5,8 @@ shared memory.
 - A daemon restarted between two steps no longer knows the hook's
   shared-memory regions: the hook registers the bucket's region again and
   the step still gives the average (with one worker, the local gradient).
+- A restart between two codec groups of a bucket: the retry sends only
+  the group not yet reduced.
 - A region the daemon still does not know after that fails the bucket with
   the daemon's NOT_FOUND: one retry, not more.
 - close() after a restart, before any bucket, is no error: the new daemon
@@ -96,6 +98,38 @@ class DaemonRestartTest(GlooGroupOfOne):
                 self._step(1)
         self.assertEqual(register.call_count, 1)
         self.assertEqual(reduce.call_count, 2)
+
+    def test_a_restart_between_codec_groups_retries_only_the_rest(self):
+        import gradcomp.torch as gtorch
+        # Two codec groups in the bucket: the weight of the first layer with
+        # top-k, the other tensors left to the policy.
+        self.state.close()
+        self.state = gtorch.HookState(
+            self.model, self.daemon.target, job="groups", shm=True,
+            codecs={"0.weight": gtorch.Codec("topk", {"ratio": 0.5})})
+        ddp = nn.parallel.DistributedDataParallel(self.model)
+        ddp.register_comm_hook(self.state, gtorch.hook)
+        client = self.state.client
+        real = client.reduce_many_shm
+        sent = []
+
+        def reduce_then_restart(tensors, **kwargs):
+            sent.append(sorted(tensors))
+            result = real(tensors, **kwargs)
+            if len(sent) == 1:
+                self._restart()  # after the first group, before the second
+            return result
+
+        x, y = _batch(0)
+        with mock.patch.object(client, "reduce_many_shm", side_effect=reduce_then_restart):
+            F.cross_entropy(ddp(x), y).backward()
+        # The second group failed on the new daemon and went again under the
+        # new name; the first, done, was not sent twice.
+        self.assertEqual(len(sent), 3, sent)
+        self.assertEqual(sent[1], sent[2])
+        self.assertNotEqual(sent[0], sent[1])
+        self.assertEqual(self.state.stats.steps, 1)
+        self.assertEqual(self.state.stats.reduces, 4)
 
     def test_close_after_a_restart_is_no_error(self):
         self._step(0)
