@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -328,6 +329,7 @@ absl::StatusOr<BatchingCollective::Gathered> BatchingCollective::ExchangeGather(
   gathered.payloads.assign(members,
                            std::vector<codecs::Bytes>(result.payloads.size()));
   gathered.from.assign(members, 0);
+  gathered.without.resize(members);
   std::vector<std::optional<codecs::Bytes>> split(members);
   for (size_t r = 0; r < result.payloads.size(); ++r) {
     std::fill(split.begin(), split.end(), std::nullopt);
@@ -335,7 +337,10 @@ absl::StatusOr<BatchingCollective::Gathered> BatchingCollective::ExchangeGather(
         SplitGatherMessage(result.payloads[r], static_cast<int>(r), &split));
     result.payloads[r] = codecs::Bytes();
     for (size_t i = 0; i < members; ++i) {
-      if (!split[i].has_value()) continue;
+      if (!split[i].has_value()) {
+        gathered.without[i].push_back(static_cast<int>(r));
+        continue;
+      }
       gathered.payloads[i][r] = *std::move(split[i]);
       ++gathered.from[i];
     }
@@ -428,6 +433,7 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
         group.world_size = gathered->world_size;
         group.gathered = std::move(gathered->payloads);
         group.gathered_from = std::move(gathered->from);
+        group.gathered_without = std::move(gathered->without);
       }
       status = gathered.status();
     }
@@ -470,10 +476,12 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
   } else if (!group.gathered.empty()) {
     const int from = group.gathered_from[index];
     if (from != group.world_size) {
+      const std::vector<int>& without = group.gathered_without[index];
       result = absl::FailedPreconditionError(absl::StrCat(
           Prefix(batch, key), "tensor '", key.tensor, "' was gathered from ",
-          from, " of ", group.world_size,
-          " ranks; it left the batch on the others (an error there)"));
+          from, " of ", group.world_size, " ranks; it left the batch on ",
+          without.size() == 1 ? "rank " : "ranks ",
+          absl::StrJoin(without, ", "), " (an error there)"));
     } else if (group.gather[index]) {
       codecs::RoundResult own;
       own.world_size = group.world_size;
@@ -513,6 +521,23 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
     MaybeErase(key, batch, *step_batch);
   }
   return result;
+}
+
+void BatchingCollective::ForgetJob(const std::string& job) {
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = batches_.lower_bound(
+             StepKey{job, "", std::numeric_limits<int64_t>::min()});
+         it != batches_.end() && std::get<0>(it->first) == job;) {
+      // An open round has members in RunBatched, which hold the record.
+      if (it->second.rounds.empty()) {
+        it = batches_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  inner_->ForgetJob(job);
 }
 
 void BatchingCollective::Leave(const RoundKey& key, const BatchSpec& batch) {

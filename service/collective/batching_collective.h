@@ -111,6 +111,14 @@ class BatchingCollective : public Collective {
       const RoundKey& key, absl::Span<const int> neighbours,
       std::vector<codecs::Bytes> parts) override;
 
+  // `job` is over on this rank (Engine::ReleaseJob): its batch records go,
+  // so that a rerun of the job (from a checkpoint) that reaches the same
+  // step does not find the members that left the old run's batches there.
+  // A record with a member still waiting in RunBatched is left alone, as
+  // the mailbox leaves a waiting Collect. The inner collective forgets the
+  // job too.
+  void ForgetJob(const std::string& job) override ABSL_LOCKS_EXCLUDED(mu_);
+
   // Round `key.round` of member `key.tensor` of `batch` (a MakeBatchSpec
   // result) at `key.step`. Errors: DeadlineExceeded naming the members that
   // neither arrived nor left; InvalidArgument when a rank's batch message
@@ -151,10 +159,11 @@ class BatchingCollective : public Collective {
     int world_size = 0;
     size_t member_elements = 0;
     std::vector<float> sum;  // SUM: members' slices, then the presence sums
-    // GATHER: per member, every rank's payload in rank order, and how many
-    // ranks sent one.
+    // GATHER: per member, every rank's payload in rank order, how many
+    // ranks sent one and the ranks that left it out.
     std::vector<std::vector<codecs::Bytes>> gathered;
     std::vector<int> gathered_from;
+    std::vector<std::vector<int>> gathered_without;
   };
   struct Summed {
     int world_size = 0;
@@ -165,6 +174,7 @@ class BatchingCollective : public Collective {
     int world_size = 0;
     std::vector<std::vector<codecs::Bytes>> payloads;
     std::vector<int> from;
+    std::vector<std::vector<int>> without;  // per member: ranks without it
   };
   // One batch at one step on this rank.
   struct StepBatch {

@@ -1,5 +1,6 @@
 // A Collective decorator for tests that counts the Runs it forwards: how
-// many collectives a caller ran, without a metrics registry.
+// many collectives a caller ran, without a metrics registry; and keeps the
+// jobs it was told to forget.
 //
 //   CountingCollective counting(&group.collective(0));
 //   ... counting.runs() ...
@@ -7,9 +8,12 @@
 #define GRADCOMP_SERVICE_COLLECTIVE_COUNTING_COLLECTIVE_H_
 
 #include <atomic>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "service/collective/collective.h"
 
 namespace gradcomp::service {
@@ -38,14 +42,27 @@ class CountingCollective : public Collective {
       std::vector<codecs::Bytes> parts) override {
     return inner_->ExchangeWithNeighbours(key, neighbours, std::move(parts));
   }
-  void ForgetJob(const std::string& job) override { inner_->ForgetJob(job); }
+  void ForgetJob(const std::string& job) override {
+    {
+      absl::MutexLock lock(&mu_);
+      forgotten_.push_back(job);
+    }
+    inner_->ForgetJob(job);
+  }
 
   int runs() const { return runs_.load(std::memory_order_relaxed); }
   void Reset() { runs_.store(0, std::memory_order_relaxed); }
+  // The jobs passed to ForgetJob, in order.
+  std::vector<std::string> forgotten() const {
+    absl::MutexLock lock(&mu_);
+    return forgotten_;
+  }
 
  private:
   Collective* const inner_;
   std::atomic<int> runs_{0};
+  mutable absl::Mutex mu_;
+  std::vector<std::string> forgotten_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gradcomp::service

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <deque>
+#include <limits>
 #include <thread>
 #include <utility>
 
@@ -57,19 +58,42 @@ absl::Status FromGrpc(const grpc::Status& status) {
                       status.error_message());
 }
 
-grpc::ChannelArguments ChannelArgs() {
+int Milliseconds(absl::Duration d) {
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d),
+                                            std::numeric_limits<int>::max()));
+}
+
+// Keepalive on one end of the peer connections, the dialling (a channel) or
+// the listening one (the server): both ping, so that each side notices on
+// its own a peer that vanished without closing its socket (host down,
+// network split), within about keepalive_time + keepalive_timeout (~30 s by
+// default). The listener needs its own pings: the dialler's only tell the
+// dialler, and without them a vanished peer's incoming stream would stay
+// open for gRPC's server default of 2 h, counted live, so that the loss of
+// that peer's next stream would not be reported. The timeout is gRPC's
+// default, 20 s, not shorter: a ping's ack waits behind the data in flight
+// on the same connection and behind the peer's event loop, and a busy peer
+// on a loaded host must not have its stream closed mid-step (with 5 s that
+// happened under load; docs/peers.md). The collective deadline, not
+// keepalive, is what bounds a step.
+template <typename SetInt>
+void SetKeepalive(const GrpcTransportOptions& options, SetInt set) {
+  set(GRPC_ARG_KEEPALIVE_TIME_MS, Milliseconds(options.keepalive_time));
+  set(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Milliseconds(options.keepalive_timeout));
+  set(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Pings go on while a stream is idle (gRPC stops after 2 without data).
+  set(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // The other side's keepalive pings, at the same interval, must not be
+  // taken for abuse (the margin is for timer jitter).
+  set(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+      Milliseconds(options.keepalive_time / 2));
+}
+
+grpc::ChannelArguments ChannelArgs(const GrpcTransportOptions& options) {
   grpc::ChannelArguments args;
-  // A peer that vanishes without closing its socket (host down, network
-  // split) is noticed by keepalive pings within ~30 s. The timeout is gRPC's
-  // default, 20 s, not shorter: a ping's ack waits behind the data in flight
-  // on the same connection and behind the peer's event loop, and a busy peer
-  // on a loaded host must not have its stream closed mid-step (with 5 s
-  // that happened under load; docs/peers.md). The collective deadline, not
-  // keepalive, is what bounds a step.
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  SetKeepalive(options, [&args](const char* name, int value) {
+    args.SetInt(name, value);
+  });
   // Reconnect to a restarted peer quickly; gRPC's default starts at 1 s.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
@@ -127,10 +151,9 @@ class GrpcTransport::Impl final : public grpc::Service {
     grpc::ServerBuilder builder;
     builder.AddListeningPort(options_.listen, options_.credentials.server);
     builder.RegisterService(this);
-    // The dialers' keepalive pings must not be taken for abuse.
-    builder.AddChannelArgument(
-        GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
-    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    SetKeepalive(options_, [&builder](const char* name, int value) {
+      builder.AddChannelArgument(name, value);
+    });
     // As for the client API: a taken port must fail, not be shared.
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     server_ = builder.BuildAndStart();
@@ -291,10 +314,11 @@ class GrpcTransport::Impl final : public grpc::Service {
   // Counts off one ended stream from rank `from`; true if that rank is now
   // lost: no other stream from it is live, and the transport is not
   // stopping. While another stream is live (a restarted peer that dialled
-  // in before its old connection's end was noticed, ~30 s later by
-  // keepalive; or a redial after a break this side had not seen yet), the
-  // messages still to come from that rank arrive over it, and the steps
-  // waiting for them must not fail.
+  // in before its old connection's end was noticed, up to keepalive_time +
+  // keepalive_timeout later by this side's keepalive pings; or a redial
+  // after a break this side had not seen yet), the messages still to come
+  // from that rank arrive over it, and the steps waiting for them must not
+  // fail.
   bool EndIncoming(int from) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     const int live = --peers_[from].incoming;
@@ -385,6 +409,14 @@ class GrpcTransport::Impl final : public grpc::Service {
               total, " bytes had come (", received, " did)"));
         }
         const v1::MessageHeader& h = *frame->header;
+        // An unknown phase (a newer or broken peer) would match no
+        // collective's key, and the cast below would make it a Phase value
+        // the mailbox cannot name.
+        if (h.phase() < v1::PHASE_GATHER || h.phase() > v1::PHASE_NEIGHBOURS) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              PeerName(from), " sent a message for tensor '", h.tensor(),
+              "' with phase ", static_cast<int>(h.phase()), ", expected 1..6"));
+        }
         key = MessageKey{h.job(), h.tensor(), h.step(),
                          static_cast<int>(h.round()),
                          static_cast<Phase>(h.phase())};
@@ -456,8 +488,9 @@ class GrpcTransport::Impl final : public grpc::Service {
 
   // Keeps a stream to rank `to` open for as long as the transport runs.
   void Dial(int to) ABSL_LOCKS_EXCLUDED(mu_) {
-    auto channel = grpc::CreateCustomChannel(
-        options_.peers[to], options_.credentials.channel, ChannelArgs());
+    auto channel = grpc::CreateCustomChannel(options_.peers[to],
+                                             options_.credentials.channel,
+                                             ChannelArgs(options_));
     const grpc::internal::RpcMethod connect(
         kConnectMethod, grpc::internal::RpcMethod::BIDI_STREAMING, channel);
     absl::Duration backoff = options_.min_backoff;
@@ -692,6 +725,14 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(
   }
   if (options.chunk_bytes == 0) {
     return absl::InvalidArgumentError("chunk_bytes is 0, expected > 0");
+  }
+  if (options.keepalive_time < absl::Milliseconds(1) ||
+      options.keepalive_timeout < absl::Milliseconds(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "keepalive_time is ", absl::FormatDuration(options.keepalive_time),
+        " and keepalive_timeout ",
+        absl::FormatDuration(options.keepalive_timeout),
+        ", expected both at least 1ms (gRPC counts in milliseconds)"));
   }
   if (options.listen.empty()) options.listen = options.peers[options.rank];
   return std::unique_ptr<GrpcTransport>(

@@ -43,6 +43,14 @@ struct GrpcTransportOptions {
   uint64_t max_message_bytes = uint64_t{16} << 30;
   absl::Duration min_backoff = absl::Milliseconds(50);
   absl::Duration max_backoff = absl::Seconds(1);
+  // Keepalive pings on every peer connection, those this daemon dials and
+  // those it serves: a peer that vanishes without closing its socket (host
+  // down, network split) is noticed within about keepalive_time +
+  // keepalive_timeout on both sides. Every rank should use the same values:
+  // the listener takes pings more often than every keepalive_time / 2 for
+  // abuse (docs/peers.md says why the timeout is not shorter).
+  absl::Duration keepalive_time = absl::Seconds(10);
+  absl::Duration keepalive_timeout = absl::Seconds(20);
   // For tests of the checksums: called with each chunk's bytes after their
   // CRC-32C is taken and before they are written, so that a change it makes
   // reaches the peer as damage in transit would.

@@ -1,13 +1,25 @@
 #include "service/transport/grpc_transport.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/crc32c.h"
 #include "base/free_port.h"
 #include "gmock/gmock.h"
 #include "gradcomp/v1/gradcomp.grpc.pb.h"
@@ -69,6 +81,17 @@ class Inbox : public Receiver {
     mu_.Await(absl::Condition(&lost));
     return why_;
   }
+  // WaitLost, giving up (nullopt) after `timeout`.
+  std::optional<absl::Status> WaitLostFor(int rank, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto lost = [&]() {
+      return std::find(lost_.begin(), lost_.end(), rank) != lost_.end();
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&lost), timeout)) {
+      return std::nullopt;
+    }
+    return why_;
+  }
   // The ranks reported lost so far.
   std::vector<int> Lost() {
     absl::MutexLock lock(&mu_);
@@ -113,6 +136,12 @@ class Cluster {
     options.rank = rank;
     options.max_message_bytes = max_message_bytes;
     options.peers = addresses_;
+    options.listen = addresses_[rank];
+    for (const auto& [route, address] : routes_) {
+      if (route.first == rank) options.peers[route.second] = address;
+    }
+    options.keepalive_time = keepalive_time_;
+    options.keepalive_timeout = keepalive_timeout_;
     options.chunk_bytes = 64 << 10;
     options.tamper_for_test = tamper_;
     options.max_queued_bytes = max_queued_bytes_;
@@ -133,6 +162,18 @@ class Cluster {
   // Transports started after this queue at most `bytes` for each peer.
   void LimitQueues(uint64_t bytes) { max_queued_bytes_ = bytes; }
 
+  // Transports started after this ping their connections with these.
+  void Keepalive(absl::Duration time, absl::Duration timeout) {
+    keepalive_time_ = time;
+    keepalive_timeout_ = timeout;
+  }
+
+  // Rank `rank`, when started after this, dials rank `peer` at `address`
+  // (a relay) instead of where `peer` listens.
+  void Route(int rank, int peer, std::string address) {
+    routes_[{rank, peer}] = std::move(address);
+  }
+
   GrpcTransport& transport(int rank) { return *transports_[rank]; }
   Inbox& inbox(int rank) { return inboxes_[rank]; }
   PeerIdentity& identity(int rank) { return identities_[rank]; }
@@ -149,9 +190,114 @@ class Cluster {
   std::vector<PeerIdentity> identities_;
   decltype(GrpcTransportOptions::tamper_for_test) tamper_;
   uint64_t max_queued_bytes_ = GrpcTransportOptions().max_queued_bytes;
+  absl::Duration keepalive_time_ = GrpcTransportOptions().keepalive_time;
+  absl::Duration keepalive_timeout_ = GrpcTransportOptions().keepalive_timeout;
+  std::map<std::pair<int, int>, std::string> routes_;
   // Last: transports stop before what they deliver into goes away.
   std::vector<std::unique_ptr<GrpcTransport>> transports_;
 };
+
+// A TCP relay on 127.0.0.1 in front of a listener: it forwards bytes both
+// ways until frozen, then keeps every socket open and forwards nothing, as
+// a peer looks whose host lost power or fell behind a network split: no
+// FIN, no RST, only silence. Connections that come while frozen are
+// accepted and held the same way.
+class Relay {
+ public:
+  // Forwards to 127.0.0.1:`target_port`; check ok() before use.
+  explicit Relay(int target_port) : target_port_(target_port) {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr = Loopback(0);
+    socklen_t len = sizeof(addr);
+    if (listen_fd_ < 0 ||
+        bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) !=
+            0 ||
+        listen(listen_fd_, 16) != 0 ||
+        getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) !=
+            0) {
+      return;
+    }
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~Relay() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    for (int fd : open_) close(fd);
+    if (listen_fd_ >= 0) close(listen_fd_);
+  }
+
+  bool ok() const { return port_ != 0; }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  void Freeze() { frozen_ = true; }
+
+ private:
+  static sockaddr_in Loopback(int port) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    return addr;
+  }
+
+  void Run() {
+    std::map<int, int> other;  // a forwarded connection's fd -> its pair's
+    while (!stop_) {
+      const bool frozen = frozen_;
+      std::vector<pollfd> fds = {{listen_fd_, POLLIN, 0}};
+      if (!frozen) {
+        for (const auto& [fd, unused] : other) fds.push_back({fd, POLLIN, 0});
+      }
+      if (poll(fds.data(), fds.size(), 20) <= 0) continue;
+      if (fds[0].revents & POLLIN) {
+        const int client = accept(listen_fd_, nullptr, nullptr);
+        if (client >= 0) {
+          open_.push_back(client);
+          const int server = frozen ? -1 : socket(AF_INET, SOCK_STREAM, 0);
+          const sockaddr_in target = Loopback(target_port_);
+          if (server >= 0) {
+            open_.push_back(server);
+            if (connect(server, reinterpret_cast<const sockaddr*>(&target),
+                        sizeof(target)) == 0) {
+              other[client] = server;
+              other[server] = client;
+            }
+          }
+        }
+      }
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents == 0 || other.count(fds[i].fd) == 0) continue;
+        char buffer[64 << 10];
+        const ssize_t n = read(fds[i].fd, buffer, sizeof(buffer));
+        const int to = other[fds[i].fd];
+        bool written = n > 0;
+        for (ssize_t done = 0; written && done < n;) {
+          const ssize_t w = write(to, buffer + done, n - done);
+          written = w > 0;
+          done += w;
+        }
+        if (!written) {  // either side closed: close the other too
+          shutdown(to, SHUT_RDWR);
+          shutdown(fds[i].fd, SHUT_RDWR);
+          other.erase(to);
+          other.erase(fds[i].fd);
+        }
+      }
+    }
+  }
+
+  const int target_port_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::vector<int> open_;  // every socket, closed at the end
+  std::atomic<bool> frozen_{false};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+int Port(const std::string& address) {
+  return std::stoi(address.substr(address.rfind(':') + 1));
+}
 
 std::shared_ptr<const codecs::Bytes> Data(codecs::Bytes bytes) {
   return std::make_shared<const codecs::Bytes>(std::move(bytes));
@@ -343,6 +489,37 @@ TEST(GrpcTransportTest, ARestartedPeerIsLostThenRejoins) {
   EXPECT_EQ(cluster.inbox(0).WaitMessages(1)[0].data, "back");
 }
 
+// A peer that falls silent without closing its socket (its host lost
+// power, a network split): the listening side's own keepalive pings find
+// the incoming stream dead and report the peer lost. The dialler's pings
+// tell only the dialler; without the listener's, the stream would stay
+// open for gRPC's server default of 2 h, and a later loss of that peer's
+// next stream would not be reported. Keepalive is shortened to 1 s + 1 s;
+// the 30 s bound only keeps a failure from hanging the test.
+TEST(GrpcTransportTest, APeerThatFallsSilentIsLostOnTheListeningSide) {
+  Cluster cluster(2);
+  cluster.Keepalive(absl::Seconds(1), absl::Seconds(1));
+  Relay relay(Port(cluster.address(0)));
+  ASSERT_TRUE(relay.ok());
+  // Rank 0's stream from rank 1 goes through the relay; the one it dials to
+  // rank 1 does not.
+  cluster.Route(1, 0, relay.address());
+  ASSERT_TRUE(cluster.Start(0).ok());
+  ASSERT_TRUE(cluster.Start(1).ok());
+  ASSERT_TRUE(cluster.transport(0).WaitForPeers(Soon()).ok());
+  ASSERT_TRUE(cluster.transport(1).WaitForPeers(Soon()).ok());
+  const MessageKey key{"job", "w", 1, 0, Phase::kGather};
+  ASSERT_TRUE(cluster.transport(1).Send(0, key, Data("through"), Soon()).ok());
+  ASSERT_EQ(cluster.inbox(0).WaitMessages(1)[0].data, "through");
+
+  relay.Freeze();
+  const std::optional<absl::Status> why =
+      cluster.inbox(0).WaitLostFor(1, absl::Seconds(30));
+  ASSERT_TRUE(why.has_value())
+      << "rank 0 never noticed that rank 1's stream fell silent";
+  EXPECT_THAT(why->message(), HasSubstr("the stream from rank 1"));
+}
+
 // A Connect stream dialled by hand into a transport, as rank `id.rank`
 // would: for streams the transports would not open themselves.
 class HandDialledStream {
@@ -368,6 +545,7 @@ class HandDialledStream {
     v1::PeerFrame reply;
     return stream_->Write(hello) && stream_->Read(&reply) && reply.has_hello();
   }
+  bool Write(const v1::PeerFrame& frame) { return stream_->Write(frame); }
   // Closes the stream; returns once the listener is done with it (its
   // handler has returned the call's status).
   grpc::Status End() {
@@ -386,10 +564,10 @@ class HandDialledStream {
 };
 
 // Rank 1 restarted and dialled in again while rank 0 still held the stream
-// of its old instance (a half-open connection, noticed by keepalive only
-// ~30 s later). When that old stream ends, rank 1's messages still come
-// over the new one: steps waiting for them must not fail, so rank 1 is not
-// reported lost. When its last stream ends, it is.
+// of its old instance (a half-open connection, noticed by rank 0's
+// keepalive pings only ~30 s later). When that old stream ends, rank 1's
+// messages still come over the new one: steps waiting for them must not fail,
+// so rank 1 is not reported lost. When its last stream ends, it is.
 TEST(GrpcTransportTest, AnOldStreamEndingWhileANewOneIsLiveLosesNoPeer) {
   Cluster cluster(2);
   ASSERT_TRUE(cluster.Start(0).ok());
@@ -411,6 +589,32 @@ TEST(GrpcTransportTest, AnOldStreamEndingWhileANewOneIsLiveLosesNoPeer) {
   EXPECT_THAT(cluster.inbox(0).WaitLost(1).message(),
               HasSubstr(absl::StrCat("the stream from rank 1 (",
                                      cluster.address(1), ") ended")));
+}
+
+// A message header with a phase outside peer.proto's (a broken or newer
+// peer) ends the stream as a framing error naming the peer; nothing is
+// delivered under a Phase value no collective uses.
+TEST(GrpcTransportTest, AMessageOfAnUnknownPhaseEndsTheStream) {
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.Start(0).ok());
+  HandDialledStream stream(cluster.address(0));
+  ASSERT_TRUE(stream.Handshake(Cluster::Identity(1, 2)));
+  v1::PeerFrame frame;
+  v1::MessageHeader* header = frame.mutable_header();
+  header->set_job("job");
+  header->set_tensor("w");
+  header->set_phase(static_cast<v1::Phase>(9));
+  header->set_total_bytes(1);
+  frame.set_chunk("x");
+  frame.set_chunk_crc32c(Crc32c("x"));
+  ASSERT_TRUE(stream.Write(frame));
+  const grpc::Status status = stream.End();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("sent a message for tensor 'w' with phase 9, "
+                        "expected 1..6"));
+  EXPECT_THAT(cluster.inbox(0).WaitLost(1).message(), HasSubstr("phase 9"));
+  EXPECT_THAT(cluster.inbox(0).WaitMessages(0), IsEmpty());
 }
 
 // Nothing takes messages off the queue to a peer that is down, so once it
