@@ -421,21 +421,28 @@ class GrpcTransport::Impl final : public grpc::Service {
                          static_cast<int>(h.round()),
                          static_cast<Phase>(h.phase())};
         total = h.total_bytes();
-        // Limits: checked before any of it is buffered (docs/daemon.md).
-        if (total > options_.max_message_bytes) {
-          return absl::ResourceExhaustedError(absl::StrCat(
-              PeerName(from), " announced a message of ", total,
-              " bytes for tensor '", h.tensor(), "', over the ",
-              options_.max_message_bytes, "-byte limit on peer messages"));
-        }
         buffer.clear();
-        buffer.reserve(std::min<uint64_t>(total, uint64_t{256} << 20));
-        // A message of a large tensor's slice lands in fresh heap in the
-        // first steps: 2 MiB pages fault 512 times less often.
-        codecs::AdviseHugePages(buffer.data(), buffer.capacity());
         received = 0;
         damaged = absl::OkStatus();
         in_message = true;
+        // Limits: checked before any of it is buffered (docs/daemon.md). A
+        // message over the limit is read and dropped, as a damaged one is,
+        // and fails its collective here: ending the stream instead would
+        // have the sender write it again after every redial until its
+        // deadline, failing every other step on the way.
+        if (total > options_.max_message_bytes) {
+          damaged = absl::ResourceExhaustedError(absl::StrCat(
+              PeerName(from), " announced a message of ", total,
+              " bytes for job '", key.job, "' tensor '", key.tensor, "' step ",
+              key.step, ", over the ", options_.max_message_bytes,
+              "-byte limit on peer messages (gradcompd --max_tensor_bytes "
+              "sets it); the message was dropped"));
+        } else {
+          buffer.reserve(std::min<uint64_t>(total, uint64_t{256} << 20));
+          // A message of a large tensor's slice lands in fresh heap in the
+          // first steps: 2 MiB pages fault 512 times less often.
+          codecs::AdviseHugePages(buffer.data(), buffer.capacity());
+        }
       } else if (!in_message) {
         return absl::InvalidArgumentError(absl::StrCat(
             PeerName(from), " sent a chunk outside of any message"));

@@ -338,7 +338,12 @@ TEST(GrpcTransportTest, MessagesOfAnySizeArriveWholeInOrder) {
   EXPECT_EQ(cluster.Metric(2, "gradcomp_peers_up", {}), 2);
 }
 
-TEST(GrpcTransportTest, AMessageOverTheLimitEndsTheStreamUnbuffered) {
+// A message over the receiver's limit is dropped unbuffered and fails its
+// key there (RESOURCE_EXHAUSTED naming the sender and the tensor), once:
+// the stream stays up and carries the next message, and the sender does
+// not write the refused one again (ending the stream made it redial and
+// resend it until its deadline, failing every other step on the way).
+TEST(GrpcTransportTest, AMessageOverTheLimitIsDroppedAndTheStreamGoesOn) {
   Cluster cluster(2);
   ASSERT_TRUE(cluster.Start(0).ok());
   ASSERT_TRUE(cluster.Start(1, /*max_message_bytes=*/1 << 20).ok());
@@ -349,10 +354,21 @@ TEST(GrpcTransportTest, AMessageOverTheLimitEndsTheStreamUnbuffered) {
   ASSERT_TRUE(cluster.transport(0)
                   .Send(1, key, Data(std::string(2 << 20, 'x')), Soon())
                   .ok());
-  const absl::Status why = cluster.inbox(1).WaitLost(0);
-  EXPECT_THAT(why.message(),
-              HasSubstr("announced a message of 2097152 bytes for tensor "
-                        "'fc1.weight', over the 1048576-byte limit"));
+  const MessageKey next{"job", "fc2.weight", 0, 0, Phase::kGather};
+  ASSERT_TRUE(cluster.transport(0).Send(1, next, Data("small"), Soon()).ok());
+  const std::vector<Inbox::Message> got = cluster.inbox(1).WaitMessages(1);
+  EXPECT_EQ(got[0].key.tensor, "fc2.weight");
+  EXPECT_EQ(got[0].data, "small");
+  const auto [corrupt, code] = cluster.inbox(1).WaitCorrupt(1);
+  ASSERT_EQ(corrupt.size(), 1u);
+  EXPECT_EQ(code, absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(corrupt[0].key.tensor, "fc1.weight");
+  EXPECT_THAT(corrupt[0].data,
+              HasSubstr("announced a message of 2097152 bytes for job 'job' "
+                        "tensor 'fc1.weight' step 0, over the 1048576-byte "
+                        "limit"));
+  EXPECT_THAT(cluster.inbox(1).Lost(), IsEmpty());
+  EXPECT_EQ(cluster.Metric(1, "gradcomp_peers_up", {}), 1);
 }
 
 TEST(GrpcTransportTest, AMessageOfSeveralPartsArrivesAsTheirConcatenation) {
