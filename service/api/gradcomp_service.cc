@@ -36,15 +36,17 @@ constexpr char kClientIdKey[] = "gradcomp-client-id";
 
 // Who owns shared-memory regions: the id the client sends, else the
 // address of its connection (which changes if the channel reconnects).
-// Empty for a caller without an id on a unix socket, whose address is the
+// None for a caller without an id on a unix socket, whose address is the
 // same "unix:" for every connection (UnidentifiedClient says what to do).
-std::string ClientId(const grpc::ServerContext& context) {
+std::optional<std::string> ClientId(const grpc::ServerContext& context) {
   const auto& metadata = context.client_metadata();
   if (auto it = metadata.find(kClientIdKey); it != metadata.end()) {
     return std::string(it->second.data(), it->second.size());
   }
-  const std::string peer = context.peer();
-  if (absl::StartsWith(peer, "unix") && absl::EndsWith(peer, ":")) return "";
+  std::string peer = context.peer();
+  if (absl::StartsWith(peer, "unix") && absl::EndsWith(peer, ":")) {
+    return std::nullopt;
+  }
   return peer;
 }
 
@@ -134,15 +136,15 @@ GradcompService::GradcompService(Engine* engine, Metrics* metrics,
       stream_pool_(stream_workers, max_queued_requests) {}
 
 absl::StatusOr<SharedMemorySlice> GradcompService::AcquireSlice(
-    absl::string_view client, const v1::SharedMemorySlice& slice,
+    const ShmClient& client, const v1::SharedMemorySlice& slice,
     absl::string_view field) {
   if (shm_ == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat(field, ": ", kClientShmOff));
   }
-  if (client.empty()) return Prefixed(UnidentifiedClient(), field);
+  if (!client.has_value()) return Prefixed(UnidentifiedClient(), field);
   absl::StatusOr<SharedMemorySlice> acquired =
-      shm_->Acquire(client, slice.region(), slice.offset(), slice.byte_size());
+      shm_->Acquire(*client, slice.region(), slice.offset(), slice.byte_size());
   if (!acquired.ok()) return Prefixed(acquired.status(), field);
   return acquired;
 }
@@ -161,7 +163,7 @@ absl::StatusOr<absl::Span<char>> GradcompService::HostBytes(
 }
 
 absl::StatusOr<ReduceInput> GradcompService::ResolveInput(
-    const v1::ReduceRequest& request, absl::string_view client,
+    const v1::ReduceRequest& request, const ShmClient& client,
     std::shared_ptr<const BatchSpec> batch,
     std::optional<SharedMemorySlice>* input_slice,
     std::optional<SharedMemorySlice>* output_slice, HostStaging* staging) {
@@ -233,7 +235,7 @@ absl::StatusOr<MemoryBudget::Reservation> GradcompService::ReserveInline(
 }
 
 absl::StatusOr<v1::ReduceResponse> GradcompService::DoReduce(
-    const v1::ReduceRequest& request, absl::string_view client,
+    const v1::ReduceRequest& request, const ShmClient& client,
     MemoryBudget::Reservation* held, std::shared_ptr<const BatchSpec> batch) {
   if (request.parts_size() > 0) {
     // ReduceStream splits them (SplitParts); one answer cannot hold many.
@@ -302,7 +304,7 @@ grpc::Status GradcompService::ReduceStream(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::ReduceStreamResponse, v1::ReduceRequest>*
         stream) {
-  const std::string client = ClientId(*context);
+  const ShmClient client = ClientId(*context);
   // gRPC allows one Read and one Write at a time on a stream: this thread
   // reads, and the outbox's writer writes what the workers queue there
   // (stream_outbox.h), so that a client that stops reading cannot hold the
@@ -482,10 +484,10 @@ grpc::Status GradcompService::RegisterSystemSharedMemory(
   if (shm_ == nullptr) {
     return ToGrpcStatus(absl::FailedPreconditionError(kClientShmOff));
   }
-  const std::string client = ClientId(*context);
-  if (client.empty()) return ToGrpcStatus(UnidentifiedClient());
+  const ShmClient client = ClientId(*context);
+  if (!client.has_value()) return ToGrpcStatus(UnidentifiedClient());
   return ToGrpcStatus(
-      shm_->RegisterSystem(client, request->name(), request->shm_key(),
+      shm_->RegisterSystem(*client, request->name(), request->shm_key(),
                            request->offset(), request->byte_size()));
 }
 
@@ -496,10 +498,10 @@ grpc::Status GradcompService::RegisterCudaSharedMemory(
   if (shm_ == nullptr) {
     return ToGrpcStatus(absl::FailedPreconditionError(kClientShmOff));
   }
-  const std::string client = ClientId(*context);
-  if (client.empty()) return ToGrpcStatus(UnidentifiedClient());
+  const ShmClient client = ClientId(*context);
+  if (!client.has_value()) return ToGrpcStatus(UnidentifiedClient());
   return ToGrpcStatus(shm_->RegisterCuda(
-      client, request->name(), request->raw_handle(), request->device_id(),
+      *client, request->name(), request->raw_handle(), request->device_id(),
       request->byte_size(), request->lock_key()));
 }
 
@@ -510,9 +512,9 @@ grpc::Status GradcompService::UnregisterSharedMemory(
   if (shm_ == nullptr) {
     return ToGrpcStatus(absl::FailedPreconditionError(kClientShmOff));
   }
-  const std::string client = ClientId(*context);
-  if (client.empty()) return ToGrpcStatus(UnidentifiedClient());
-  return ToGrpcStatus(shm_->Unregister(client, request->name()));
+  const ShmClient client = ClientId(*context);
+  if (!client.has_value()) return ToGrpcStatus(UnidentifiedClient());
+  return ToGrpcStatus(shm_->Unregister(*client, request->name()));
 }
 
 grpc::Status GradcompService::SharedMemoryStatus(
@@ -521,10 +523,10 @@ grpc::Status GradcompService::SharedMemoryStatus(
   if (shm_ == nullptr) {
     return ToGrpcStatus(absl::FailedPreconditionError(kClientShmOff));
   }
-  const std::string client = ClientId(*context);
-  if (client.empty()) return ToGrpcStatus(UnidentifiedClient());
+  const ShmClient client = ClientId(*context);
+  if (!client.has_value()) return ToGrpcStatus(UnidentifiedClient());
   absl::StatusOr<std::vector<SharedMemoryRegionInfo>> regions =
-      shm_->Status(client, request->name());
+      shm_->Status(*client, request->name());
   if (!regions.ok()) return ToGrpcStatus(regions.status());
   for (const SharedMemoryRegionInfo& info : *regions) {
     v1::SharedMemoryRegionStatus* region = response->add_regions();

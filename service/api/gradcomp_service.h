@@ -97,12 +97,17 @@ class GradcompService final : public v1::Gradcomp::Service {
                           v1::ReleaseJobResponse* response) override;
 
  private:
+  // Who owns shared-memory regions (ClientId of a call); nullopt for a
+  // caller that cannot be told apart from others, which gets no shared
+  // memory.
+  using ShmClient = std::optional<std::string>;
+
   // One Reduce in core terms for `client` (ClientId of the call); the
   // status is what the client sees. `held` holds the request's inline
   // bytes in the memory budget; null: DoReduce reserves them itself.
   // `batch`: the batch of a request's parts (SplitRequest), for a part.
   absl::StatusOr<v1::ReduceResponse> DoReduce(
-      const v1::ReduceRequest& request, absl::string_view client,
+      const v1::ReduceRequest& request, const ShmClient& client,
       MemoryBudget::Reservation* held = nullptr,
       std::shared_ptr<const BatchSpec> batch = nullptr);
   // Queues one ReduceStream tensor's reduce (with its batch when it is a
@@ -142,7 +147,7 @@ class GradcompService final : public v1::Gradcomp::Service {
   // shared-memory slices acquired into `input_slice` / `output_slice`,
   // which the caller holds until the reduce returns.
   absl::StatusOr<ReduceInput> ResolveInput(
-      const v1::ReduceRequest& request, absl::string_view client,
+      const v1::ReduceRequest& request, const ShmClient& client,
       std::shared_ptr<const BatchSpec> batch,
       std::optional<SharedMemorySlice>* input_slice,
       std::optional<SharedMemorySlice>* output_slice, HostStaging* staging);
@@ -153,7 +158,7 @@ class GradcompService final : public v1::Gradcomp::Service {
                                              std::vector<char>* host,
                                              HostStaging* staging);
   absl::StatusOr<SharedMemorySlice> AcquireSlice(
-      absl::string_view client, const v1::SharedMemorySlice& slice,
+      const ShmClient& client, const v1::SharedMemorySlice& slice,
       absl::string_view field);
 
   Engine* const engine_;
