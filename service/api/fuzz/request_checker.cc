@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -162,9 +163,16 @@ int RequestChecker::Check(const uint8_t* data, size_t size) {
       int first_error = 0;
       // Each part alone (the unary call has no batch to share).
       for (const v1::ReduceRequest& part : split->parts) {
-        // A part never reaches past the slices the request named.
-        if (!Within(part.input_shm(), request.input_shm()) ||
-            !Within(part.output_shm(), request.output_shm())) {
+        // A part never reaches past the slices the request named; one
+        // without slices holds no bytes and goes inline, empty.
+        if (!part.has_input_shm() && !part.has_output_shm()) {
+          if (!part.has_data() || !part.data().empty() ||
+              std::find(part.shape().begin(), part.shape().end(), 0) ==
+                  part.shape().end()) {
+            Fail("SplitParts left a part with elements without its slices");
+          }
+        } else if (!Within(part.input_shm(), request.input_shm()) ||
+                   !Within(part.output_shm(), request.output_shm())) {
           Fail("SplitParts made a part outside the request's slices");
         }
         grpc::ServerContext context;
