@@ -23,6 +23,13 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 
 constexpr size_t kParamBytes = 16;
 constexpr size_t kChunk = 4096;
+// The largest |v_i[c]| a spectral payload may hold. v_i is a column of the
+// SVD's V, a unit vector, so each entry is at most 1 up to the SVD's
+// rounding (at most about 1.2e-6 over many shapes and inputs); the bound
+// leaves 800 times that. The magnitude travels in u_i sigma_i / p_i: with v
+// bounded, a term of the decode is no larger than the u value it comes
+// from, where two arbitrary finite values could multiply to Inf.
+constexpr float kMaxUnitEntry = 1.0f + 1.0f / 1024;
 
 bool AllFinite(absl::Span<const float> v) {
   bool finite = true;
@@ -135,6 +142,25 @@ absl::Status EncodeEntry(const TensorView& grad, const StepContext& ctx,
   return absl::OkStatus();
 }
 
+// Checks that every atom's v (the cols values after its rows values of u
+// sigma / p) has entries of at most kMaxUnitEntry in magnitude, as a unit
+// vector's are.
+absl::Status CheckUnitVectors(const std::vector<float>& body, uint32_t count,
+                              uint64_t rows, uint64_t cols) {
+  for (uint32_t k = 0; k < count; ++k) {
+    const float* v = body.data() + k * (rows + cols) + rows;
+    for (uint64_t c = 0; c < cols; ++c) {
+      if (!(std::fabs(v[c]) <= kMaxUnitEntry)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "atomo: atom %d has v[%d] = %g; expected a unit vector (entries "
+            "at most 1 in magnitude)",
+            k, c, v[c]));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DecodeSpectral(const ParsedPayload& parsed, uint32_t count,
                             uint64_t rows, float alpha, absl::Span<float> acc) {
   const uint64_t n = acc.size();
@@ -169,6 +195,7 @@ absl::Status DecodeSpectral(const ParsedPayload& parsed, uint32_t count,
     return absl::InvalidArgumentError(
         "atomo: expected finite atom values, got NaN or Inf");
   }
+  GC_RETURN_IF_ERROR(CheckUnitVectors(body, count, rows, cols));
   for (uint32_t k = 0; k < count; ++k) {
     const float* u = body.data() + k * (rows + cols);
     const float* v = u + rows;

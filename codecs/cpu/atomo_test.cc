@@ -272,5 +272,73 @@ TEST(AtomoCodecTest, RejectsNonFiniteGradients) {
   }
 }
 
+// A spectral payload of a rows x cols tensor holding `atoms` (each u sigma /
+// p, then v).
+Bytes SpectralPayload(uint64_t rows, uint64_t cols,
+                      const std::vector<std::vector<float>>& atoms) {
+  char params[16] = {1};
+  const uint32_t count = static_cast<uint32_t>(atoms.size());
+  std::memcpy(params + 4, &count, sizeof(count));
+  std::memcpy(params + 8, &rows, sizeof(rows));
+  std::string body;
+  for (const std::vector<float>& atom : atoms) {
+    body.append(reinterpret_cast<const char*>(atom.data()), 4 * atom.size());
+  }
+  WireHeader header;
+  header.codec = CodecId::kAtomo;
+  header.numel = rows * cols;
+  Bytes out;
+  WritePayload(header, absl::string_view(params, sizeof(params)), body, &out);
+  return out;
+}
+
+TEST(AtomoCodecTest, SpectralDecodeRejectsVectorsThatAreNotUnitSized) {
+  const auto codec = Make("spectral", "2");
+  // u = v = 1e30 is finite, and decodes to 1e60: Inf.
+  const Bytes huge =
+      SpectralPayload(2, 3, {{1e30f, 1e30f, 1e30f, 1e30f, 1e30f}});
+  // The magnitude belongs in u sigma / p; v's entries are at most 1.
+  const Bytes past_one =
+      SpectralPayload(2, 3, {{1, 1, 0.6f, 0.8f, 0}, {1, 1, 0, 0, 1.01f}});
+  for (const Bytes& payload : {huge, past_one}) {
+    std::vector<float> acc(6, 1.0f);
+    const absl::Status status =
+        codec->DecodeAdd(payload, 1.0f, absl::MakeSpan(acc));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_EQ(acc, std::vector<float>(6, 1.0f));
+  }
+  // Large u sigma / p with a unit v is a valid atom.
+  std::vector<float> acc(6, 0.0f);
+  ASSERT_TRUE(codec
+                  ->DecodeAdd(SpectralPayload(2, 3, {{1e30f, -2, 0, -1, 0}}),
+                              1.0f, absl::MakeSpan(acc))
+                  .ok());
+  EXPECT_EQ(acc, (std::vector<float>{0, -1e30f, 0, 0, 2, 0}));
+}
+
+TEST(AtomoCodecTest, EncodedSpectralPayloadsAlwaysDecode) {
+  // Shapes and inputs whose singular vectors have an entry at or near 1
+  // (one-hot, a spike, a dominant column), where the SVD's rounding could
+  // take it past 1.
+  const auto codec = Make("spectral", "1000");
+  const std::vector<std::vector<int64_t>> shapes = {
+      {1, 1}, {1, 9}, {9, 1}, {3, 50}, {50, 3}, {40, 400}, {120, 120}};
+  for (const std::vector<int64_t>& shape : shapes) {
+    const size_t n = static_cast<size_t>(shape[0] * shape[1]);
+    std::vector<float> normal = Normal(n, 21);
+    std::vector<float> one_hot(n, 0.0f);
+    one_hot[n / 3] = -3e20f;
+    std::vector<float> spike = normal;
+    spike[n / 2] = 1e6f;
+    std::vector<float> column = normal;
+    for (size_t i = 0; i < n; i += static_cast<size_t>(shape[1])) {
+      column[i] = 1e4f * normal[i];
+    }
+    for (const std::vector<float>& g : {normal, one_hot, spike, column}) {
+      RoundTrip(*codec, g, shape, 0);  // expects the decode to succeed
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gradcomp::codecs

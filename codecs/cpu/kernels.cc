@@ -1,5 +1,6 @@
 #include "codecs/cpu/kernels.h"
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -13,6 +14,15 @@ inline void AccumulateLanes(const float* x, size_t n, float lanes[kLanes]) {
   for (size_t i = 0; i < n; i += kLanes) {
     for (size_t j = 0; j < kLanes; ++j) lanes[j] += x[i + j] * x[i + j];
   }
+}
+
+// Sum of x[i]^2 in double, in index order: each square is exact (48
+// significant bits) and at most about 1.2e77, so no finite input overflows
+// it. The slow path of the fp32 sums, taken only where they overflow.
+double DoubleSumOfSquares(absl::Span<const float> x) {
+  double total = 0;
+  for (float v : x) total += static_cast<double>(v) * v;
+  return total;
 }
 
 }  // namespace
@@ -29,6 +39,9 @@ double SumOfSquares(absl::Span<const float> x) {
   for (size_t i = blocked; i < x.size(); ++i) {
     total += static_cast<double>(x[i]) * x[i];
   }
+  // Not finite: x holds NaN or Inf (the double sum is then too), or an fp32
+  // lane overflowed on finite values.
+  if (!std::isfinite(total)) return DoubleSumOfSquares(x);
   return total;
 }
 
@@ -40,6 +53,12 @@ float BucketSumOfSquares(absl::Span<const float> x) {
   for (size_t j = 0; j < kLanes; ++j) total += lanes[j];
   for (size_t i = laned; i < x.size(); ++i) total += x[i] * x[i];
   return total;
+}
+
+float BucketNorm(absl::Span<const float> x) {
+  const float norm = std::sqrt(BucketSumOfSquares(x));
+  if (std::isfinite(norm)) return norm;
+  return static_cast<float>(std::sqrt(DoubleSumOfSquares(x)));
 }
 
 PhiloxStream WorkerStream(const StepContext& ctx, uint32_t round) {

@@ -15,11 +15,22 @@ namespace gradcomp::codecs {
 // Sum of x[i]^2 in a fixed order: 8 fp32 lanes (lane j takes i = j mod 8),
 // each 256-element block's lanes folded into a double in lane order, the
 // tail added last. Fixed so that other backends can match it exactly.
+// A square of |x| above about 1.8e19 overflows an fp32 lane: where that
+// makes the sum non-finite though every x[i] is finite, it is taken again
+// in double (x[i]^2 exact, added in index order), which no finite input
+// overflows. So the sum is finite exactly when x is.
 double SumOfSquares(absl::Span<const float> x);
 
 // The same sum for a short bucket (at most a few thousand elements), all in
-// fp32: the 8 lanes, then the lanes added in order, then the tail.
+// fp32: the 8 lanes, then the lanes added in order, then the tail. Inf where
+// a square overflows fp32; BucketNorm is the norm that does not.
 float BucketSumOfSquares(absl::Span<const float> x);
+
+// The L2 norm of a bucket: sqrt(BucketSumOfSquares(x)) in fp32, or, where
+// that overflows though every x[i] is finite, the square root of the double
+// sum SumOfSquares falls back to, rounded to fp32. Not finite only when x
+// holds NaN or Inf or the norm itself exceeds FLT_MAX.
+float BucketNorm(absl::Span<const float> x);
 
 // A Philox stream private to this worker: keyed by (seed mixed with rank,
 // tensor, step, round). Stochastic rounding must be independent across

@@ -41,6 +41,46 @@ TEST(BucketSumOfSquaresTest, MatchesDoubleSumIncludingTail) {
   }
 }
 
+// 2e19^2 = 4e38 overflows an fp32 lane sum although 2e19 is finite.
+TEST(SumOfSquaresTest, FiniteForFiniteValuesWhoseSquaresOverflowFp32) {
+  std::vector<float> x = Normal(1024, 3);  // four whole fp32-laned blocks
+  x[300] = 2e19f;
+  const double sum = SumOfSquares(x);
+  ASSERT_TRUE(std::isfinite(sum));
+  EXPECT_NEAR(sum, Reference(x), 1e-12 * Reference(x));
+  x[301] = -3.4e38f;
+  EXPECT_NEAR(SumOfSquares(x), Reference(x), 1e-12 * Reference(x));
+}
+
+TEST(SumOfSquaresTest, NotFiniteForNanOrInf) {
+  std::vector<float> x = Normal(1024, 3);
+  x[5] = INFINITY;
+  EXPECT_EQ(SumOfSquares(x), INFINITY);
+  x[5] = NAN;
+  EXPECT_TRUE(std::isnan(SumOfSquares(x)));
+}
+
+TEST(BucketNormTest, IsTheSquareRootOfTheFp32SumWhereThatIsFinite) {
+  for (size_t n : {0u, 3u, 8u, 13u, 512u, 4099u}) {
+    const std::vector<float> x = Normal(n, 11);
+    EXPECT_EQ(BucketNorm(x), std::sqrt(BucketSumOfSquares(x))) << n;
+  }
+}
+
+TEST(BucketNormTest, FiniteForFiniteValuesWhoseSquaresOverflowFp32) {
+  std::vector<float> x = Normal(512, 5);
+  x[7] = -2e19f;
+  ASSERT_EQ(BucketSumOfSquares(x), INFINITY);
+  EXPECT_NEAR(BucketNorm(x), std::sqrt(Reference(x)), 1e-6 * 2e19);
+  // A norm above FLT_MAX has no fp32 value; NaN and Inf stay what they are.
+  const std::vector<float> huge(4, 3e38f);
+  EXPECT_EQ(BucketNorm(huge), INFINITY);
+  x[8] = NAN;
+  EXPECT_TRUE(std::isnan(BucketNorm(x)));
+  x[8] = -INFINITY;
+  EXPECT_EQ(BucketNorm(x), INFINITY);
+}
+
 TEST(WorkerStreamTest, SameContextSameStreamOtherRankOtherStream) {
   StepContext ctx;
   ctx.seed = 42;

@@ -62,4 +62,18 @@ void MomentumCorrection::Sent(absl::Span<const uint32_t> indices, bool masking,
   for (uint32_t i : indices) u[i] = 0;
 }
 
+MomentumCorrection::Reset MomentumCorrection::ResetNonFinite(
+    TensorState& state) const {
+  absl::Span<float> v = *state.Find(kVelocityBuffer);
+  absl::Span<float> u = *state.Find(kMomentumBuffer);
+  Reset reset;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (std::isfinite(v[i]) && std::isfinite(u[i])) continue;
+    if (reset.count++ == 0) reset.first = i;
+    v[i] = 0;
+    u[i] = 0;
+  }
+  return reset;
+}
+
 }  // namespace gradcomp::codecs

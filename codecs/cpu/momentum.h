@@ -9,6 +9,7 @@
 #ifndef GRADCOMP_CODECS_CPU_MOMENTUM_H_
 #define GRADCOMP_CODECS_CPU_MOMENTUM_H_
 
+#include <cstddef>
 #include <cstdint>
 
 #include "absl/types/span.h"
@@ -46,6 +47,16 @@ class MomentumCorrection {
   // momentum does not keep pushing a coordinate that was just applied.
   void Sent(absl::Span<const uint32_t> indices, bool masking,
             TensorState& state) const;
+
+  // What ResetNonFinite found: how many coordinates, the first one's index.
+  struct Reset {
+    size_t count = 0;
+    size_t first = 0;
+  };
+  // Zeroes v[i] and u[i] wherever either is NaN or Inf, on the state a call
+  // to Accumulate has made: such a value can go in no payload, and kept it
+  // would fail every later step.
+  Reset ResetNonFinite(TensorState& state) const;
 
  private:
   Options options_;

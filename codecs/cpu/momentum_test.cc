@@ -1,5 +1,6 @@
 #include "codecs/cpu/momentum.h"
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -19,6 +20,18 @@ TEST(ClipScaleTest, ClipsOnlyAboveTheNorm) {
   EXPECT_FLOAT_EQ(ClipScale(g, 10.0), 1.0f);
   EXPECT_FLOAT_EQ(ClipScale(g, 0.0), 1.0f);
   EXPECT_FLOAT_EQ(ClipScale(std::vector<float>(4, 0.0f), 1.0), 1.0f);
+}
+
+TEST(ClipScaleTest, ClipsAFiniteGradientWhoseSquaresOverflowFp32) {
+  // 2e19^2 overflows fp32; a norm of 2e19 must still clip to clip_norm, not
+  // scale by clip / Inf = 0 and drop the gradient.
+  std::vector<float> g(1024, 1.0f);
+  g[10] = 2e19f;
+  const float scale = ClipScale(g, 0.5);
+  ASSERT_GT(scale, 0.0f);
+  double clipped = 0;
+  for (float v : g) clipped += static_cast<double>(scale * v) * (scale * v);
+  EXPECT_NEAR(std::sqrt(clipped), 0.5, 1e-6);
 }
 
 TEST(MomentumCorrectionTest, ClassicAccumulatesMomentumIntoVelocity) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -36,10 +37,38 @@ ConstMatrixMap View(const std::vector<float>& v, int64_t rows, int64_t cols) {
   return ConstMatrixMap(v.data(), rows, cols);
 }
 
+constexpr float kFloatMax = std::numeric_limits<float>::max();
+
 bool AllFinite(absl::Span<const float> v) {
   bool finite = true;
-  for (float x : v) finite &= std::fabs(x) <= 3.402823466e38f;
+  for (float x : v) finite &= std::fabs(x) <= kFloatMax;
   return finite;
+}
+
+// The largest |x| of v, or Inf when v holds a NaN: at most FLT_MAX exactly
+// when v is finite.
+float MaxMagnitude(absl::Span<const float> v) {
+  float largest = 0;
+  bool nan = false;
+  for (float x : v) {
+    const float a = std::fabs(x);
+    largest = a > largest ? a : largest;
+    nan |= a != a;
+  }
+  return nan ? std::numeric_limits<float>::infinity() : largest;
+}
+
+// The largest |a[i, column]| of a row-major rows x cols matrix, Inf with a
+// NaN.
+float ColumnMaxMagnitude(const std::vector<float>& a, int64_t rows,
+                         int64_t cols, int64_t column) {
+  float largest = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    const float x = std::fabs(a[i * cols + column]);
+    if (x != x) return std::numeric_limits<float>::infinity();
+    largest = std::max(largest, x);
+  }
+  return largest;
 }
 
 // M is processed in bands of whole rows, about 2^16 values each (256 KiB of
@@ -133,22 +162,23 @@ class CpuPowerSgdSession : public PowerSgdSession {
     const PowerSgdPlan& plan = this->plan();
     error_ = FindResidual();
     std::vector<float> p(static_cast<size_t>(plan.rows * plan.rank));
-    std::vector<char> finite(bands_.Parts(kMinBandsPerPart), 1);
+    std::vector<float> largest(bands_.Parts(kMinBandsPerPart), 0.0f);
     bands_.For(kMinBandsPerPart, [&](size_t first, size_t last, int part) {
       std::vector<float> m(static_cast<size_t>(bands_.band_rows() * plan.cols));
       for (size_t band = first; band < last; ++band) {
         const int64_t row = bands_.first_row(band), rows = bands_.rows(band);
         LoadRows(row, rows, m.data());
-        finite[part] &= AllFinite(absl::MakeConstSpan(
-            m.data(), static_cast<size_t>(rows * plan.cols)));
+        largest[part] =
+            std::max(largest[part],
+                     MaxMagnitude(absl::MakeConstSpan(
+                         m.data(), static_cast<size_t>(rows * plan.cols))));
         MatrixMap(p.data() + row * plan.rank, rows, plan.rank).noalias() =
             ConstMatrixMap(m.data(), rows, plan.cols) *
             View(q, plan.cols, plan.rank);
       }
     });
-    if (!std::all_of(finite.begin(), finite.end(), [](char c) { return c; })) {
-      return NonFiniteInput();
-    }
+    m_largest_ = *std::max_element(largest.begin(), largest.end());
+    if (!(m_largest_ <= kFloatMax)) return NonFiniteInput();
     return p;
   }
 
@@ -202,30 +232,74 @@ class CpuPowerSgdSession : public PowerSgdSession {
   }
 
   // `error` is the same storage as error_ when there was a residual: the
-  // state's Buffer keeps a buffer of the right size as it is.
+  // state's Buffer keeps a buffer of the right size as it is. It is written
+  // only once the new residual is known to be finite.
   absl::Status UpdateResidual(const std::vector<float>& q_mean,
                               absl::Span<float> error) override {
     const PowerSgdPlan& plan = this->plan();
     const std::vector<float> qt = Transposed(q_mean);
+    if (!ResidualSurelyFinite(q_mean) && !ResidualFinite(qt)) {
+      return SummedFactorOverflow();
+    }
     bands_.For(kMinBandsPerPart, [&](size_t first, size_t last, int) {
       std::vector<float> approx(static_cast<size_t>(plan.cols));
-      const size_t cols = static_cast<size_t>(plan.cols);
       for (int64_t row = bands_.first_row(first);
            row < bands_.first_row(first) + RowsOf(first, last); ++row) {
-        ExpandRow(qt, row, approx.data());
-        const float* g = grad().values.data() + row * plan.cols;
-        float* e = error.data() + row * plan.cols;
-        // e <- M - P_hat Q_mean^T, M = g + e (the old e, read before it is
-        // written over) or g alone.
-        if (error_ != nullptr) {
-          for (size_t j = 0; j < cols; ++j) e[j] = (g[j] + e[j]) - approx[j];
-        } else {
-          for (size_t j = 0; j < cols; ++j) e[j] = g[j] - approx[j];
-        }
+        ResidualRow(qt, row, approx.data(), error.data() + row * plan.cols);
       }
     });
     error_ = nullptr;
     return absl::OkStatus();
+  }
+
+  // Row `row` of the new residual M - P_hat q^T into `out` (cols values),
+  // from qt = q^T, with `approx` (cols values) as scratch. M = g + e (the
+  // old e, each value read before `out`, which may be its row, is written)
+  // or g alone.
+  void ResidualRow(const std::vector<float>& qt, int64_t row, float* approx,
+                   float* out) const {
+    const size_t cols = static_cast<size_t>(plan().cols);
+    ExpandRow(qt, row, approx);
+    const float* g = grad().values.data() + row * plan().cols;
+    if (error_ != nullptr) {
+      const float* e = error_ + row * plan().cols;
+      for (size_t j = 0; j < cols; ++j) out[j] = (g[j] + e[j]) - approx[j];
+    } else {
+      for (size_t j = 0; j < cols; ++j) out[j] = g[j] - approx[j];
+    }
+  }
+
+  // Whether M - P_hat q^T is finite whatever its values, by a bound that
+  // costs no pass over M: |M| <= m_largest_ and |P_hat q^T| <= sum_k
+  // max|P_hat[:, k]| max|q[:, k]|, with 2^-10 of room for the rounding of
+  // the rank-r sums (at most 2r + 1 roundings of 2^-24 each). A normal step
+  // is many orders of magnitude inside it.
+  bool ResidualSurelyFinite(const std::vector<float>& q) const {
+    const PowerSgdPlan& plan = this->plan();
+    double bound = m_largest_;
+    for (int64_t k = 0; k < plan.rank; ++k) {
+      bound += static_cast<double>(
+                   ColumnMaxMagnitude(p_hat_, plan.rows, plan.rank, k)) *
+               ColumnMaxMagnitude(q, plan.cols, plan.rank, k);
+    }
+    return bound * (1 + 1.0 / 1024) <= kFloatMax;
+  }
+
+  // Whether every value of M - P_hat q^T is finite, computed as
+  // UpdateResidual computes it but written nowhere: a pass over M, taken
+  // only where ResidualSurelyFinite cannot tell (a huge summed Q).
+  bool ResidualFinite(const std::vector<float>& qt) const {
+    const size_t cols = static_cast<size_t>(plan().cols);
+    std::vector<char> finite(bands_.Parts(kMinBandsPerPart), 1);
+    bands_.For(kMinBandsPerPart, [&](size_t first, size_t last, int part) {
+      std::vector<float> approx(cols), out(cols);
+      for (int64_t row = bands_.first_row(first);
+           row < bands_.first_row(first) + RowsOf(first, last); ++row) {
+        ResidualRow(qt, row, approx.data(), out.data());
+        finite[part] &= AllFinite(out);
+      }
+    });
+    return std::all_of(finite.begin(), finite.end(), [](char c) { return c; });
   }
 
   // out = P_hat q^T, rows x cols.
@@ -279,6 +353,7 @@ class CpuPowerSgdSession : public PowerSgdSession {
 
   const Bands bands_;
   const float* error_ = nullptr;  // e at the step's start, if any (numel)
+  float m_largest_ = 0;           // max |M|, from MultiplyP
   std::vector<float> p_hat_;      // orthonormalised sum of P
 };
 
@@ -414,6 +489,14 @@ absl::Status PowerSgdSession::NonFiniteInput() {
   return absl::InvalidArgumentError(
       "powersgd: the gradient plus its error feedback holds NaN or Inf; "
       "expected finite values");
+}
+
+absl::Status PowerSgdSession::SummedFactorOverflow() {
+  return absl::InvalidArgumentError(
+      "powersgd: the summed factor Q overflowed: the approximation P_hat "
+      "(sum Q / W)^T, or the residual M minus it, would hold NaN or Inf "
+      "although the sum is finite; the step is refused and the state is "
+      "unchanged");
 }
 
 std::vector<float> PowerSgdSession::InitialQ() {

@@ -122,7 +122,10 @@ class PowerSgdSession : public CodecSession {
   virtual absl::StatusOr<std::vector<float>> MultiplyQ(
       std::vector<float> p_sum) = 0;
   // error <- M - P_hat q_mean^T. `error` is the state's residual buffer: the
-  // residual of the step's start, when FindResidual found one.
+  // residual of the step's start, when FindResidual found one. When a value
+  // of the new residual would be NaN or Inf (a finite but huge summed Q),
+  // InvalidArgument (SummedFactorOverflow) with `error` untouched, so that
+  // the step fails and every later one can still succeed.
   virtual absl::Status UpdateResidual(const std::vector<float>& q_mean,
                                       absl::Span<float> error) = 0;
   // out = P_hat q^T.
@@ -132,6 +135,7 @@ class PowerSgdSession : public CodecSession {
   // The residual of the step's start (numel values), or null.
   const float* FindResidual();
   static absl::Status NonFiniteInput();
+  static absl::Status SummedFactorOverflow();
 
   const PowerSgdPlan& plan() const { return plan_; }
   const TensorView& grad() const { return grad_; }

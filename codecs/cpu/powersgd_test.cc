@@ -3,10 +3,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "codecs/cpu/linalg.h"
 #include "codecs/cpu/parallel.h"
 #include "codecs/registry.h"
 #include "codecs/state.h"
@@ -365,6 +367,122 @@ TEST(PowerSgdTest, BadSumsAndOutOfOrderCallsAreErrors) {
   EXPECT_EQ((*bad_session)->NextRound().status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(states[0].buffers(), after_step);
+}
+
+// The fp32 body of a round's payload.
+Matrix Body(const Round& round) {
+  const size_t offset = kWireHeaderBytes + 16;
+  Matrix body((round.payload.size() - offset) / sizeof(float));
+  std::memcpy(body.data(), round.payload.data() + offset,
+              body.size() * sizeof(float));
+  return body;
+}
+
+TEST(PowerSgdTest, HugeSummedQIsRefusedAndChangesNoState) {
+  // A 4 x 30 matrix at rank 4: P_hat is an orthogonal 4 x 4 matrix, whose
+  // first row r has |r|_1 > 1. A summed Q whose every row is 3e38 * sign(r)
+  // is finite, but P_hat Q^T is 3e38 |r|_1 in row 0: Inf.
+  constexpr int64_t kRows = 4, kCols = 30;
+  const auto codec =
+      Make(CodecParams({{"rank", "4"}, {"min_compression_rate", "0"}}));
+  const int64_t shape[] = {kRows, kCols};
+  std::vector<TensorState> states(1);
+  Step(*codec, {Normal(kRows * kCols, 70)}, {kRows, kCols}, states, 0);
+  const auto before = states[0].buffers();
+  ASSERT_EQ(before.size(), 2u);  // the residual and the warm start
+
+  const Matrix g = Normal(kRows * kCols, 71);
+  StepContext ctx;
+  ctx.step = 1;
+  auto session = codec->Start(TensorView{g, shape}, states[0], ctx);
+  ASSERT_TRUE(session.ok());
+  absl::StatusOr<std::optional<Round>> p_round = (*session)->NextRound();
+  ASSERT_TRUE(p_round.ok() && p_round->has_value());
+  Matrix p_hat = Body(**p_round);
+  RoundResult p_sum;
+  p_sum.sum = p_hat;
+  ASSERT_TRUE((*session)->Absorb(std::move(p_sum)).ok());
+  OrthonormalizeColumns(absl::MakeSpan(p_hat), kRows, 4);
+  ASSERT_GT(std::fabs(p_hat[0]) + std::fabs(p_hat[1]) + std::fabs(p_hat[2]) +
+                std::fabs(p_hat[3]),
+            1.2);
+  ASSERT_TRUE((*session)->NextRound().ok());
+  RoundResult q_sum;
+  for (int64_t j = 0; j < kCols; ++j) {
+    for (int k = 0; k < 4; ++k) {
+      q_sum.sum.push_back(std::copysign(3e38f, p_hat[k]));
+    }
+  }
+  const absl::Status status = (*session)->Absorb(std::move(q_sum));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("overflowed"), std::string::npos) << status;
+  EXPECT_EQ(states[0].buffers(), before);
+  Matrix out(g.size());
+  EXPECT_FALSE((*session)->Finish(absl::MakeSpan(out)).ok());
+
+  // The next step runs as if the refused one had never been.
+  std::vector<TensorState> twin = {TensorState()};
+  Step(*codec, {Normal(kRows * kCols, 70)}, {kRows, kCols}, twin, 0);
+  const Matrix next = Normal(kRows * kCols, 72);
+  const testing::SimulatedStep a =
+      Step(*codec, {next}, {kRows, kCols}, states, 2);
+  const testing::SimulatedStep b =
+      Step(*codec, {next}, {kRows, kCols}, twin, 2);
+  EXPECT_EQ(a.out[0], b.out[0]);
+  EXPECT_EQ(states[0].buffers(), twin[0].buffers());
+  for (float v : a.out[0]) ASSERT_TRUE(std::isfinite(v));
+}
+
+TEST(PowerSgdTest, LargeButRepresentableSummedQIsNotRefused) {
+  // A summed Q whose every row is 2e38 * s, for the signs s that keep
+  // P_hat s smallest: P_hat Q^T is at most 2e38 max_i |(P_hat s)_i|, finite,
+  // though the cheap bound, 2e38 sum_k max_i |P_hat[i, k]| (at least 4e38:
+  // a unit vector in R^4 has an entry of at least 1/2), cannot tell. The
+  // exact check then lets the step through.
+  constexpr int64_t kRows = 4, kCols = 30;
+  const auto codec =
+      Make(CodecParams({{"rank", "4"}, {"min_compression_rate", "0"}}));
+  const int64_t shape[] = {kRows, kCols};
+  TensorState state;
+  const Matrix g = Normal(kRows * kCols, 73);
+  auto session = codec->Start(TensorView{g, shape}, state, StepContext());
+  ASSERT_TRUE(session.ok());
+  absl::StatusOr<std::optional<Round>> p_round = (*session)->NextRound();
+  ASSERT_TRUE(p_round.ok() && p_round->has_value());
+  Matrix p_hat = Body(**p_round);
+  RoundResult p_sum;
+  p_sum.sum = p_hat;
+  ASSERT_TRUE((*session)->Absorb(std::move(p_sum)).ok());
+  OrthonormalizeColumns(absl::MakeSpan(p_hat), kRows, 4);
+  float signs[4] = {};
+  double best = INFINITY;
+  for (int pattern = 0; pattern < 16; ++pattern) {
+    double largest = 0;
+    for (int i = 0; i < kRows; ++i) {
+      double row = 0;
+      for (int k = 0; k < 4; ++k) {
+        row += (pattern >> k & 1 ? -1.0 : 1.0) * p_hat[i * 4 + k];
+      }
+      largest = std::max(largest, std::fabs(row));
+    }
+    if (largest < best) {
+      best = largest;
+      for (int k = 0; k < 4; ++k) signs[k] = pattern >> k & 1 ? -1.0f : 1.0f;
+    }
+  }
+  ASSERT_LT(best * 2e38, 3.3e38);
+  ASSERT_TRUE((*session)->NextRound().ok());
+  RoundResult q_sum;
+  for (int64_t j = 0; j < kCols; ++j) {
+    for (int k = 0; k < 4; ++k) q_sum.sum.push_back(signs[k] * 2e38f);
+  }
+  const absl::Status status = (*session)->Absorb(std::move(q_sum));
+  ASSERT_TRUE(status.ok()) << status;
+  Matrix out(g.size());
+  ASSERT_TRUE((*session)->Finish(absl::MakeSpan(out)).ok());
+  for (float v : out) ASSERT_TRUE(std::isfinite(v));
+  const absl::Span<float> error = *state.Find(kPowerSgdErrorBuffer);
+  for (float e : error) ASSERT_TRUE(std::isfinite(e));
 }
 
 }  // namespace

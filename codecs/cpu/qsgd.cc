@@ -103,8 +103,7 @@ bool EncodeRange(const EncodeJob& job, size_t begin, size_t end) {
     for (size_t i = c0; i < c1;) {
       if (i == bucket_end) {
         bucket_end = std::min(i + job.bucket, end);
-        float norm = std::sqrt(
-            BucketSumOfSquares(absl::MakeConstSpan(job.x + i, bucket_end - i)));
+        float norm = BucketNorm(absl::MakeConstSpan(job.x + i, bucket_end - i));
         scale = static_cast<float>(job.levels) / norm;
         if (!std::isfinite(norm)) finite = false;
         // A zero, non-finite, or so small a norm that s / norm overflows:

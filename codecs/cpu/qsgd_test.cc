@@ -205,6 +205,17 @@ TEST(QsgdCodecTest, EncodeRejectsNonFiniteValues) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(QsgdCodecTest, EncodesFiniteValuesWhoseSquaresOverflowFp32) {
+  // 2e19^2 overflows the fp32 sum of squares; the bucket's norm, about
+  // 2e19, does not, and the spike is sent at the full level.
+  const auto codec = Make(4, 512);
+  std::vector<float> g = Normal(1024, 9);
+  g[100] = 2e19f;
+  const std::vector<float> q = Decode(*codec, Encode(*codec, g, 0), g.size());
+  EXPECT_NEAR(q[100], 2e19f, 1e-6 * 2e19f);
+  for (size_t i = 0; i < q.size(); ++i) ASSERT_TRUE(std::isfinite(q[i])) << i;
+}
+
 TEST(QsgdCodecTest, DecodeRejectsBadPayloadsAndLeavesAccUntouched) {
   const auto codec = Make(3, 4);
   const Bytes good = Encode(*codec, Normal(10, 4), 0);  // 3 norms, 4 bytes

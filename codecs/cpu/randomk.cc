@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -22,6 +23,10 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 // key that lets any decoder draw the indices again.
 constexpr size_t kParamBytes = 40;
 constexpr uint8_t kFloydPhilox = 1;
+
+bool IsFinite(float x) {
+  return std::fabs(x) <= std::numeric_limits<float>::max();
+}
 
 uint64_t Load64(const char* p) {
   uint64_t v;
@@ -150,11 +155,23 @@ absl::Status RandomKCodec::Encode(const TensorView& grad,
   const std::vector<uint64_t> bitmap =
       DrawRandomKBitmap(n, k, RandomKStream(ctx));
   const float* g = grad.values.data();
+  uint64_t bad = n;  // the first index whose value is not finite
   ForEachIndex(bitmap, [&](uint64_t j, uint64_t i) {
     const float value = g[i] * scale;
+    if (!IsFinite(value) && bad == n) bad = i;
     std::memcpy(body + sizeof(float) * j, &value, sizeof(value));
   });
+  // Decoders refuse a value that is not finite; say so here, where it is
+  // known why.
+  if (bad != n) return RandomKNonFiniteValue(bad, g[bad] * scale, scale);
   return absl::OkStatus();
+}
+
+absl::Status RandomKNonFiniteValue(uint64_t index, float value, float scale) {
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "randomk: the value sent for index %d (the gradient times %g) is %g; "
+      "expected finite values",
+      index, scale, value));
 }
 
 absl::StatusOr<RandomKPayload> ParseRandomKPayload(absl::string_view payload,
@@ -189,6 +206,17 @@ absl::StatusOr<RandomKPayload> ParseRandomKPayload(absl::string_view payload,
     return absl::InvalidArgumentError(absl::StrFormat(
         "randomk: k = %d values need a body of %d bytes, got %d", k,
         k * sizeof(float), parsed.body.size()));
+  }
+  // Encoders refuse NaN and Inf (as the daemon refuses them from clients),
+  // so a peer's non-finite value is a bad payload, not a gradient.
+  for (uint64_t j = 0; j < k; ++j) {
+    float value;
+    std::memcpy(&value, parsed.body.data() + sizeof(float) * j, sizeof(value));
+    if (!IsFinite(value)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "randomk: value %d of %d is %g; expected finite values", j, k,
+          value));
+    }
   }
   return RandomKPayload{k,
                         PhiloxStream(Load64(p + 16), Load64(p + 24),

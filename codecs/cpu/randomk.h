@@ -59,6 +59,8 @@ class RandomKCodec : public SingleRoundCodec {
 
   const CodecInfo& info() const override { return info_; }
 
+  // InvalidArgument when a value it would send is NaN or Inf (g holds one,
+  // or g times n / k overflowed): no decoder accepts one.
   absl::Status Encode(const TensorView& grad, TensorState& state,
                       const StepContext& ctx, Bytes* payload) const override;
 
@@ -98,8 +100,12 @@ PhiloxStream RandomKStream(const StepContext& ctx);
 char* BeginRandomKPayload(uint64_t n, uint64_t k, const StepContext& ctx,
                           Bytes* payload);
 
+// Encode's error for the value it would send for element `index` (g[index]
+// times `scale`), which is NaN or Inf; the GPU encoder's too.
+absl::Status RandomKNonFiniteValue(uint64_t index, float value, float scale);
+
 // A randomk payload for a tensor of n elements, checked as DecodeAdd checks
-// it (the GPU decoder's checks too).
+// it (the GPU decoder's checks too): every length, and every value finite.
 struct RandomKPayload {
   uint64_t k = 0;    // <= n
   PhiloxStream rng;  // the key of the draw: DrawRandomKBitmap(n, k, rng)

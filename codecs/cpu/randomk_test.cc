@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <random>
@@ -274,6 +275,47 @@ TEST(RandomKTest, DecodeRejectsAKLargerThanTheTensor) {
   EXPECT_EQ(single.DecodeAdd(payload, 1.0f, absl::MakeSpan(acc)).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(acc, std::vector<float>(3, 1.0f));
+}
+
+TEST(RandomKTest, DecodeRejectsNonFiniteValuesAndLeavesAccUntouched) {
+  const auto codec = Make({{"ratio", "0.5"}, {"scale", "false"}});
+  const auto& single = dynamic_cast<const SingleRoundCodec&>(*codec);
+  const std::vector<float> g = Normal(8, 3);
+  const int64_t shape[] = {8};
+  TensorState state;
+  Bytes good;
+  ASSERT_TRUE(
+      single.Encode(TensorView{g, shape}, state, Context(0), &good).ok());
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    Bytes payload = good;
+    // Value 2 of the k = 4 that end the payload.
+    std::memcpy(&payload[payload.size() - 8], &bad, sizeof(bad));
+    std::vector<float> acc(8, 1.0f);
+    const absl::Status status =
+        single.DecodeAdd(payload, 1.0f, absl::MakeSpan(acc));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(status.message().find("value 2 of 4"), std::string::npos)
+        << status;
+    EXPECT_EQ(acc, std::vector<float>(8, 1.0f));
+    EXPECT_EQ(ParseRandomKPayload(payload, 8).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(RandomKTest, EncodeRejectsValuesThatAreNotFinite) {
+  const auto codec = Make({{"ratio", "0.01"}});  // k = 1, scale 100
+  const auto& single = dynamic_cast<const SingleRoundCodec&>(*codec);
+  const int64_t shape[] = {100};
+  TensorState state;
+  Bytes payload;
+  // 1e37 is finite; 1e37 * 100 is not.
+  for (float value : {1e37f, NAN}) {
+    const std::vector<float> g(100, value);
+    EXPECT_EQ(
+        single.Encode(TensorView{g, shape}, state, Context(0), &payload).code(),
+        absl::StatusCode::kInvalidArgument)
+        << value;
+  }
 }
 
 TEST(RandomKTest, ParseRandomKPayloadGivesKTheDrawAndTheValues) {

@@ -41,7 +41,8 @@ struct TopKSelection {
 // 1.3k; trimming the candidates is cheap and makes k a hard payload bound).
 // With a sample of the whole tensor the threshold is the exact k-th largest
 // magnitude and the result is the exact top k. NaN counts as larger than
-// +Inf, so a non-finite value is always sent rather than kept forever.
+// +Inf, so a non-finite value is always selected rather than kept forever
+// (top-k then refuses the step and resets it).
 TopKSelection SelectTopK(absl::Span<const float> x, size_t k,
                          double sample_fraction, const PhiloxStream& rng);
 

@@ -1,6 +1,8 @@
 #include "codecs/cpu/sparse_payload.h"
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -85,6 +87,17 @@ absl::StatusOr<SparsePairs> ParseSparsePayload(absl::string_view payload,
         sizeof(float) * count, parsed.body.size() - index_bytes));
   }
   pairs.values = parsed.body.substr(index_bytes);
+  // Encoders refuse NaN and Inf (as the daemon refuses them from clients),
+  // so a peer's non-finite value is a bad payload, not a gradient: added to
+  // an average it would reach every worker's model.
+  for (size_t j = 0; j < count; ++j) {
+    const float value = pairs.value(j);
+    if (!(std::fabs(value) <= std::numeric_limits<float>::max())) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: value %d of %d (at index %d) is %g; expected finite values",
+          name, j, count, pairs.indices[j], value));
+    }
+  }
   return pairs;
 }
 

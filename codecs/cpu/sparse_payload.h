@@ -33,7 +33,8 @@ namespace gradcomp::codecs {
 char* BeginSparsePayload(CodecId codec, uint64_t numel,
                          absl::Span<const uint32_t> indices, Bytes* out);
 
-// BeginSparsePayload, then `values` (values.size() == indices.size()).
+// BeginSparsePayload, then `values` (values.size() == indices.size(), all
+// finite: ParseSparsePayload refuses NaN and Inf).
 void WriteSparsePayload(CodecId codec, uint64_t numel,
                         absl::Span<const uint32_t> indices,
                         absl::Span<const float> values, Bytes* out);
@@ -52,8 +53,8 @@ struct SparsePairs {
 };
 
 // Checks the whole payload: the header for `codec` and `numel` elements, the
-// parameters, every index and the length. InvalidArgument, prefixed with
-// `name`.
+// parameters, every index, the length and that every value is finite.
+// InvalidArgument, prefixed with `name`.
 absl::StatusOr<SparsePairs> ParseSparsePayload(absl::string_view payload,
                                                CodecId codec,
                                                absl::string_view name,

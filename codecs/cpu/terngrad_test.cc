@@ -183,6 +183,18 @@ TEST(TernGradCodecTest, EncodeRejectsNonFiniteValues) {
   }
 }
 
+TEST(TernGradCodecTest, ClipsFiniteValuesWhoseSquaresOverflowFp32) {
+  // 2e19^2 overflows an fp32 sum of squares; the clip sigma * 2.5 is finite.
+  const auto codec = Make(512, 2.5);
+  std::vector<float> g = Normal(1024, 4);
+  g[100] = 2e19f;
+  const std::vector<float> q = Decode(*codec, Encode(*codec, g), g.size());
+  const float clip = static_cast<float>(ClipOf(g, 2.5));
+  for (size_t i = 0; i < q.size(); ++i) {
+    ASSERT_TRUE(q[i] == 0 || std::fabs(q[i]) <= clip * (1 + 1e-6f)) << i;
+  }
+}
+
 TEST(TernGradCodecTest, DecodeRejectsBadCodesScalesAndPadding) {
   const auto codec = Make(4, 0);
   // 10 values: 3 scales, 3 code bytes, the last with 4 padding bits.

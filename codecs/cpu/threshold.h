@@ -50,7 +50,7 @@ class ThresholdSparsifier : public SingleRoundCodec {
   const CodecInfo& info() const override { return info_; }
 
   // InvalidArgument if the tensor has 2^32 elements or more (uint32
-  // indices), or, with tau_rms, if v holds NaN or Inf.
+  // indices), or if v holds NaN or Inf (with either threshold).
   absl::Status Encode(const TensorView& grad, TensorState& state,
                       const StepContext& ctx, Bytes* payload) const override;
 

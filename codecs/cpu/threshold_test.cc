@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "codecs/cpu/sparse_payload.h"
 #include "codecs/error_feedback.h"
 #include "codecs/registry.h"
 #include "codecs/state.h"
@@ -163,6 +164,28 @@ TEST(ThresholdTest, DecodeRejectsACountBeyondTheTensor) {
   EXPECT_EQ(codec.DecodeAdd(payload, 1.0f, absl::MakeSpan(acc)).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(acc, std::vector<float>(4, 1.0f));
+}
+
+TEST(ThresholdTest, DecodeRejectsNonFiniteValuesAndLeavesAccUntouched) {
+  CodecRegistry registry;
+  ASSERT_TRUE(RegisterThreshold(registry).ok());
+  absl::StatusOr<std::unique_ptr<Codec>> registered =
+      registry.Create("threshold", CodecParams({{"tau", "0.5"}}));
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  const auto& codec = dynamic_cast<const SingleRoundCodec&>(**registered);
+  const std::vector<uint32_t> indices = {0, 3};
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    Bytes payload;
+    WriteSparsePayload(CodecId::kThreshold, 4, indices, {bad, 1.0f}, &payload);
+    std::vector<float> acc(4, 1.0f);
+    const absl::Status status =
+        codec.DecodeAdd(payload, 1.0f, absl::MakeSpan(acc));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(status.message().find("value 0 of 2 (at index 0)"),
+              std::string::npos)
+        << status;
+    EXPECT_EQ(acc, std::vector<float>(4, 1.0f));
+  }
 }
 
 TEST(ThresholdTest, RejectsBadParameters) {

@@ -166,11 +166,25 @@ absl::Status TopKCodec::EncodeWith(const TensorView& grad, TensorState& state,
                       select(v, KAt(n, ctx.step), options_.sample, rng));
   const std::vector<uint32_t>& indices = selection.indices;
   char* values = BeginSparsePayload(CodecId::kTopK, n, indices, payload);
+  bool finite = true;
   for (size_t j = 0; j < indices.size(); ++j) {
-    std::memcpy(values + sizeof(float) * j, &v[indices[j]], sizeof(float));
+    const float value = v[indices[j]];
+    finite &= std::fabs(value) <= std::numeric_limits<float>::max();
+    std::memcpy(values + sizeof(float) * j, &value, sizeof(float));
   }
+  // The selection ranks NaN and Inf above every finite value (select.h), so
+  // it holds one whenever v does.
+  if (!finite) return RefuseNonFinite(state);
   momentum_.Sent(indices, options_.masking, state);
   return absl::OkStatus();
+}
+
+absl::Status TopKCodec::RefuseNonFinite(TensorState& state) const {
+  const MomentumCorrection::Reset reset = momentum_.ResetNonFinite(state);
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "topk: the accumulated gradient holds NaN or Inf at %d entries (first "
+      "at index %d); expected finite values. Those entries restart from zero",
+      reset.count, reset.first));
 }
 
 absl::StatusOr<SparsePairs> ParseTopKPayload(absl::string_view payload,

@@ -65,9 +65,15 @@ class TopKCodec : public SingleRoundCodec {
 
   const CodecInfo& info() const override { return info_; }
 
+  // InvalidArgument when the accumulated v holds NaN or Inf (a NaN or Inf
+  // in g, or momentum that overflowed): no payload may carry it, so the
+  // step is refused, and those coordinates of the state restart from zero
+  // while the finite ones keep what they accumulated.
   absl::Status Encode(const TensorView& grad, TensorState& state,
                       const StepContext& ctx, Bytes* payload) const override;
 
+  // A payload that holds NaN or Inf is a bad payload, as ParseTopKPayload
+  // says.
   absl::Status DecodeAdd(absl::string_view payload, float alpha,
                          absl::Span<float> acc) const override;
 
@@ -97,6 +103,9 @@ class TopKCodec : public SingleRoundCodec {
   const TopKOptions& options() const { return options_; }
 
  private:
+  // Encode's error for a v that holds NaN or Inf, once it has reset them.
+  absl::Status RefuseNonFinite(TensorState& state) const;
+
   TopKOptions options_;
   MomentumCorrection momentum_;
   CodecInfo info_;

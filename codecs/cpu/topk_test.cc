@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/status_macros.h"
+#include "codecs/cpu/sparse_payload.h"
 #include "codecs/registry.h"
 #include "codecs/state.h"
 #include "codecs/testing/gather_checks.h"
@@ -155,17 +156,47 @@ TEST(TopKCodecTest, RatioOneWithoutMaskingIsDenseMomentumSgd) {
   }
 }
 
-TEST(TopKCodecTest, NanIsSentAndLeavesTheState) {
-  const auto codec = Make({{"ratio", "0.001"}});
+TEST(TopKCodecTest, NonFiniteVelocityIsRefusedAndRestartsFromZero) {
+  // No payload may carry NaN or Inf (peers refuse it); a velocity that holds
+  // one would fail every later step if it stayed in the state.
+  const auto codec = Make({{"ratio", "0.001"}, {"momentum", "0"}});
+  const int64_t shape[] = {100000};
+  StepContext ctx;
+  for (float bad : {NAN, -INFINITY}) {
+    TensorState state;
+    std::vector<float> g = Normal(100000, 8);
+    g[4242] = bad;
+    g[77] = bad;
+    Bytes payload;
+    const absl::Status status =
+        codec->Encode(TensorView{g, shape}, state, ctx, &payload);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(status.message().find("first at index 77"), std::string::npos)
+        << status;
+    // The finite coordinates keep what they accumulated.
+    g[4242] = 0;
+    g[77] = 0;
+    EXPECT_EQ(Buffer(state, MomentumCorrection::kVelocityBuffer), g);
+    EXPECT_EQ(Buffer(state, MomentumCorrection::kMomentumBuffer), g);
+    const Encoded next = EncodeStep(*codec, Normal(100000, 9), state, 1);
+    EXPECT_FALSE(next.indices.empty());
+  }
+}
+
+TEST(TopKCodecTest, OverflowingMomentumIsRefusedAndRestartsFromZero) {
+  const auto codec = Make({{"ratio", "0.5"}, {"masking", "false"}});
+  const int64_t shape[] = {4};
+  const std::vector<float> g = {3e38f, 1.0f, -1.0f, 0.5f};
   TensorState state;
-  std::vector<float> g = Normal(100000, 8);
-  g[4242] = NAN;
-  const Bytes payload = EncodeStep(*codec, g, state, 0).payload;
-  std::vector<float> out(g.size(), 0.0f);
-  ASSERT_TRUE(codec->DecodeAdd(payload, 1.0f, absl::MakeSpan(out)).ok());
-  EXPECT_TRUE(std::isnan(out[4242]));
-  EXPECT_EQ(Buffer(state, MomentumCorrection::kVelocityBuffer)[4242], 0.0f);
-  EXPECT_EQ(Buffer(state, MomentumCorrection::kMomentumBuffer)[4242], 0.0f);
+  StepContext ctx;
+  Bytes payload;
+  ASSERT_TRUE(codec->Encode(TensorView{g, shape}, state, ctx, &payload).ok());
+  // u = 0.9 * 3e38 + 3e38 overflows.
+  EXPECT_EQ(codec->Encode(TensorView{g, shape}, state, ctx, &payload).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Buffer(state, MomentumCorrection::kVelocityBuffer)[0], 0.0f);
+  EXPECT_EQ(Buffer(state, MomentumCorrection::kMomentumBuffer)[0], 0.0f);
+  EXPECT_TRUE(codec->Encode(TensorView{g, shape}, state, ctx, &payload).ok());
 }
 
 TEST(TopKCodecTest, ClippingScalesTheGradientToClipNorm) {
@@ -252,6 +283,29 @@ TEST(TopKCodecTest, DecodeRejectsBadPayloadsAndLeavesAccUntouched) {
   EXPECT_TRUE(
       codec->DecodeAdd(Payload(10, {0, 8}, 2, 2), 1.0f, absl::MakeSpan(acc))
           .ok());
+}
+
+TEST(TopKCodecTest, DecodeRejectsNonFiniteValuesAndLeavesAccUntouched) {
+  const auto codec = Make({});
+  const std::vector<uint32_t> indices = {2, 5, 9};
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    Bytes payload;
+    WriteSparsePayload(CodecId::kTopK, 10, indices, {1.0f, bad, 2.0f},
+                       &payload);
+    std::vector<float> acc(10, 1.0f);
+    const absl::Status status =
+        codec->DecodeAdd(payload, 1.0f, absl::MakeSpan(acc));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(status.message().find("value 1 of 3 (at index 5)"),
+              std::string::npos)
+        << status;
+    EXPECT_EQ(acc, std::vector<float>(10, 1.0f));
+    std::vector<float> out(10, 7.0f);
+    EXPECT_EQ(codec->FinishGather({payload}, StepContext(), absl::MakeSpan(out))
+                  .code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(out, std::vector<float>(10, 7.0f));
+  }
 }
 
 TEST(TopKCodecTest, FinishGatherIsTheBaseMeanOfTheDecodes) {

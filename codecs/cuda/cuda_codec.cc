@@ -28,6 +28,7 @@
 #include "codecs/cuda/decode.h"
 #include "codecs/cuda/device.h"
 #include "codecs/cuda/kernels.h"
+#include "codecs/cuda/nonfinite.h"
 #include "codecs/cuda/onebit_kernels.h"
 #include "codecs/cuda/philox_words.h"
 #include "codecs/cuda/randomk_kernels.h"
@@ -69,6 +70,20 @@ absl::StatusOr<bool> EncodeWith(const std::function<char*()>& begin,
   GC_CUDA_RETURN_IF_ERROR(
       cudaMemcpy(&nonfinite, flag.data(), sizeof(int), cudaMemcpyDeviceToHost));
   return nonfinite != 0;
+}
+
+// The number of NaN and Inf among the n values at device `x`.
+absl::StatusOr<unsigned long long> CountNonfinite(const float* x, size_t n) {
+  GC_ASSIGN_OR_RETURN(DeviceBuffer count,
+                      DeviceBuffer::Create(sizeof(unsigned long long)));
+  GC_CUDA_RETURN_IF_ERROR(
+      cudaMemset(count.data(), 0, sizeof(unsigned long long)));
+  GC_CUDA_RETURN_IF_ERROR(
+      LaunchCountNonfinite(x, n, count.as<unsigned long long>(), nullptr));
+  unsigned long long host = 0;
+  GC_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(&host, count.data(), sizeof(host), cudaMemcpyDeviceToHost));
+  return host;
 }
 
 // EncodeWith for a payload of `header` and `params`.
@@ -247,12 +262,38 @@ class CudaInt8 : public CudaCodec {
 
 class CudaQsgd : public CudaCodec {
  public:
-  CudaQsgd(std::unique_ptr<SingleRoundCodec> cpu, QsgdOptions options)
-      : CudaCodec(std::move(cpu)), options_(options) {}
+  // `twin` is `cpu`, kept typed for the host fallback.
+  CudaQsgd(std::unique_ptr<QsgdCodec> cpu, const QsgdCodec* twin)
+      : CudaCodec(std::move(cpu)), twin_(twin), options_(twin->options()) {}
 
-  absl::Status EncodeDevice(const float* grad, size_t n, TensorState& /*state*/,
+  absl::Status EncodeDevice(const float* grad, size_t n, TensorState& state,
                             const StepContext& ctx,
                             Bytes* payload) const override {
+    const absl::Status status = EncodeOnDevice(grad, n, ctx, payload);
+    if (status.code() != absl::StatusCode::kInvalidArgument) return status;
+    // A bucket's norm is not finite in fp32: NaN or Inf in it, or finite
+    // values whose squares overflow (above about 1.8e19), where the CPU's
+    // BucketNorm sums in double instead. Rare: the host encodes, as the CPU
+    // does, and says which.
+    std::vector<float> host(n);
+    GC_RETURN_IF_ERROR(CopyToHost(grad, absl::MakeSpan(host)));
+    const int64_t shape[] = {static_cast<int64_t>(n)};
+    return twin_->Encode(TensorView{host, shape}, state, ctx, payload);
+  }
+
+  absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
+                               float* acc, size_t n) const override {
+    GC_ASSIGN_OR_RETURN(const QsgdPayload p, ParseQsgdPayload(payload, n));
+    return DecodeWith(p.body, [&](const char* body) {
+      return LaunchQsgdDecodeAdd(
+          body, reinterpret_cast<const uint8_t*>(body) + 4 * p.buckets, n,
+          p.bucket, p.bits, alpha, acc, nullptr);
+    });
+  }
+
+ private:
+  absl::Status EncodeOnDevice(const float* grad, size_t n,
+                              const StepContext& ctx, Bytes* payload) const {
     const size_t bucket = static_cast<size_t>(options_.bucket);
     const int bits = options_.bits;
     return EncodeBucketed(
@@ -267,17 +308,7 @@ class CudaQsgd : public CudaCodec {
         payload);
   }
 
-  absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
-                               float* acc, size_t n) const override {
-    GC_ASSIGN_OR_RETURN(const QsgdPayload p, ParseQsgdPayload(payload, n));
-    return DecodeWith(p.body, [&](const char* body) {
-      return LaunchQsgdDecodeAdd(
-          body, reinterpret_cast<const uint8_t*>(body) + 4 * p.buckets, n,
-          p.bucket, p.bits, alpha, acc, nullptr);
-    });
-  }
-
- private:
+  const QsgdCodec* twin_;
   const QsgdOptions options_;
 };
 
@@ -368,7 +399,9 @@ absl::StatusOr<DeviceBuffer> Upload(absl::Span<const float> host) {
 // The ErrorFeedback decorator (codecs/error_feedback.h) around a GPU codec:
 // the residual stays in the tensor's state on the host and visits the
 // device for the step (p = e + g, encode p, p -= decode), with the CPU
-// decorator's arithmetic, so the residual is the CPU's bit for bit.
+// decorator's arithmetic, so the residual is the CPU's bit for bit. The
+// host's residual changes only when the step succeeds: a failed one leaves
+// it as it was, as on the CPU.
 class CudaErrorFeedback : public CudaCodec {
  public:
   CudaErrorFeedback(std::unique_ptr<SingleRoundCodec> cpu,
@@ -391,18 +424,19 @@ class CudaErrorFeedback : public CudaCodec {
     // p += 1 * g is the CPU's p += g.
     GC_CUDA_RETURN_IF_ERROR(
         LaunchAddFloat(grad, n, 1.0f, p.as<float>(), nullptr));
-    absl::Status status =
-        inner_->EncodeDeviceRows(p.as<float>(), n, rows, state, ctx, payload);
-    if (status.ok()) {
-      status = inner_->DecodeAddDevice(*payload, -1.0f, p.as<float>(), n);
+    GC_ASSIGN_OR_RETURN(const unsigned long long nonfinite,
+                        CountNonfinite(p.as<float>(), n));
+    if (nonfinite > 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: the gradient plus its error-feedback residual holds NaN or "
+          "Inf (%d values); expected finite values",
+          info().name, nonfinite));
     }
-    if (!status.ok()) {
-      // As the CPU decorator: the residual back to within rounding.
-      GC_CUDA_RETURN_IF_ERROR(
-          LaunchAddFloat(grad, n, -1.0f, p.as<float>(), nullptr));
-    }
-    GC_RETURN_IF_ERROR(CopyToHost(p.as<float>(), residual));
-    return status;
+    GC_RETURN_IF_ERROR(
+        inner_->EncodeDeviceRows(p.as<float>(), n, rows, state, ctx, payload));
+    GC_RETURN_IF_ERROR(
+        inner_->DecodeAddDevice(*payload, -1.0f, p.as<float>(), n));
+    return CopyToHost(p.as<float>(), residual);
   }
 
   absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
@@ -778,13 +812,17 @@ class CudaTernGrad : public CudaCodec {
     double sum = 0;
     GC_CUDA_RETURN_IF_ERROR(
         cudaMemcpy(&sum, total.data(), sizeof(sum), cudaMemcpyDeviceToHost));
-    if (!std::isfinite(sum)) return std::nullopt;
     const double c = options_.clip_sigma;
     const auto clip_of = [c, n](double sum_of_squares) {
       return static_cast<float>(c * std::sqrt(sum_of_squares / n));
     };
-    const SumInterval in = SumIntervalOf(sum, 8 * (n / 256) + n % 256);
-    if (clip_of(in.lo) == clip_of(in.hi)) return clip_of(in.lo);
+    // A sum that is not finite: NaN or Inf in the gradient, or an fp32 lane
+    // that overflowed on finite values (above about 1.8e19), where the CPU's
+    // SumOfSquares sums in double instead. The host's sum tells which.
+    if (std::isfinite(sum)) {
+      const SumInterval in = SumIntervalOf(sum, 8 * (n / 256) + n % 256);
+      if (clip_of(in.lo) == clip_of(in.hi)) return clip_of(in.lo);
+    }
     std::vector<float> host(n);
     GC_RETURN_IF_ERROR(CopyToHost(grad, absl::MakeSpan(host)));
     const double exact = SumOfSquares(host);
@@ -818,14 +856,26 @@ class CudaRandomK : public CudaCodec {
                                          sizeof(uint32_t) * k,
                                          cudaMemcpyHostToDevice));
     }
-    return EncodeWith([&] { return BeginRandomKPayload(n, k, ctx, payload); },
-                      sizeof(float) * k,
-                      [&](void* body, int*) {
-                        return LaunchRandomKGather(
-                            grad, device_indices.as<uint32_t>(), k, scale,
-                            static_cast<float*>(body), nullptr);
-                      })
-        .status();
+    GC_RETURN_IF_ERROR(
+        EncodeWith([&] { return BeginRandomKPayload(n, k, ctx, payload); },
+                   sizeof(float) * k,
+                   [&](void* body, int*) {
+                     return LaunchRandomKGather(
+                         grad, device_indices.as<uint32_t>(), k, scale,
+                         static_cast<float*>(body), nullptr);
+                   })
+            .status());
+    // As the CPU twin: a value that is not finite is refused, not sent (the
+    // body ends the payload).
+    const char* values = payload->data() + payload->size() - sizeof(float) * k;
+    for (uint64_t j = 0; j < k; ++j) {
+      float value;
+      std::memcpy(&value, values + sizeof(float) * j, sizeof(value));
+      if (!std::isfinite(value)) {
+        return RandomKNonFiniteValue(indices[j], value, scale);
+      }
+    }
+    return absl::OkStatus();
   }
 
   absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
@@ -1008,8 +1058,8 @@ absl::StatusOr<std::unique_ptr<CudaCodec>> CreateCudaCodec(
   if (name == "qsgd") {
     GC_ASSIGN_OR_RETURN(std::unique_ptr<QsgdCodec> cpu,
                         QsgdCodec::Create(params));
-    const QsgdOptions options = cpu->options();
-    return std::unique_ptr<CudaCodec>(new CudaQsgd(std::move(cpu), options));
+    const QsgdCodec* twin = cpu.get();
+    return std::unique_ptr<CudaCodec>(new CudaQsgd(std::move(cpu), twin));
   }
   if (name == "topk") {
     GC_ASSIGN_OR_RETURN(std::unique_ptr<TopKCodec> cpu,

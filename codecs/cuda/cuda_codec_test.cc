@@ -231,6 +231,16 @@ TEST_F(CudaCodecTest, QsgdZeroBucketsMatchCpu) {
   ExpectSameBytes("qsgd", CodecParams({{"bucket", "512"}}), v, Context(1));
 }
 
+TEST_F(CudaCodecTest, QsgdOfValuesWhoseSquaresOverflowMatchesCpu) {
+  // 2e19^2 overflows the fp32 sum of a bucket's squares; the CPU's norm
+  // falls back to a double sum (kernels.h BucketNorm), and so does the GPU
+  // twin, by encoding such a tensor on the host.
+  std::vector<float> v = Normal(4099, 8, 1.0f);
+  v[700] = 2e19f;
+  v[3000] = -3e38f;
+  ExpectSameBytes("qsgd", CodecParams({{"bucket", "512"}}), v, Context(1));
+}
+
 TEST_F(CudaCodecTest, NonFiniteInputIsInvalidArgument) {
   std::vector<float> v = Normal(3000, 5, 1.0f);
   v[1500] = std::numeric_limits<float>::quiet_NaN();

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
+#include "codecs/cuda/nonfinite.h"
 #include "codecs/cuda/powersgd_kernels.h"
 
 namespace gradcomp::codecs::cuda {
@@ -38,6 +39,20 @@ absl::Status CheckGemmSize(const PowerSgdPlan& plan) {
 bool AllFinite(absl::Span<const float> v) {
   return std::all_of(v.begin(), v.end(),
                      [](float x) { return std::isfinite(x); });
+}
+
+// The number of NaN and Inf among the n values at device `x`.
+absl::StatusOr<unsigned long long> CountNonfinite(const float* x, size_t n) {
+  GC_ASSIGN_OR_RETURN(DeviceBuffer count,
+                      DeviceBuffer::Create(sizeof(unsigned long long)));
+  GC_CUDA_RETURN_IF_ERROR(
+      cudaMemset(count.data(), 0, sizeof(unsigned long long)));
+  GC_CUDA_RETURN_IF_ERROR(
+      LaunchCountNonfinite(x, n, count.as<unsigned long long>(), nullptr));
+  unsigned long long host = 0;
+  GC_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(&host, count.data(), sizeof(host), cudaMemcpyDeviceToHost));
+  return host;
 }
 
 }  // namespace
@@ -218,6 +233,8 @@ class CudaPowerSgdSession : public PowerSgdSession {
     return own_q;
   }
 
+  // The new residual is formed in M's device buffer, so the host's stays as
+  // it was until it is known to be finite.
   absl::Status UpdateResidual(const std::vector<float>& q_mean,
                               absl::Span<float> error) override {
     absl::MutexLock lock(&codec_.mu_);
@@ -225,6 +242,9 @@ class CudaPowerSgdSession : public PowerSgdSession {
     GC_RETURN_IF_ERROR(CopyToDevice(q_mean, q_device_.as<float>()));
     GC_RETURN_IF_ERROR(gpu->SubtractLowRank(
         plan(), p_device_.as<float>(), q_device_.as<float>(), m_.as<float>()));
+    GC_ASSIGN_OR_RETURN(const unsigned long long nonfinite,
+                        CountNonfinite(m_.as<float>(), grad().numel()));
+    if (nonfinite > 0) return SummedFactorOverflow();
     return CopyToHost(m_.as<float>(), error);
   }
 
