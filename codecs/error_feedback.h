@@ -31,9 +31,8 @@ class ErrorFeedback : public SingleRoundCodec {
   const CodecInfo& info() const override { return info_; }
   const SingleRoundCodec& inner() const { return *inner_; }
 
-  // InvalidArgument when g + e holds NaN or Inf. When it fails, for that or
-  // because the inner codec does, the residual is left as it was, bit for
-  // bit.
+  // When it fails, the residual is left as it was to within rounding, and
+  // finite: an entry whose g + e is not finite restarts from zero.
   absl::Status Encode(const TensorView& grad, TensorState& state,
                       const StepContext& ctx, Bytes* payload) const override;
   absl::Status DecodeAdd(absl::string_view payload, float alpha,
@@ -47,9 +46,6 @@ class ErrorFeedback : public SingleRoundCodec {
                             absl::Span<float> out) const override;
 
  private:
-  // Encode's error for a p = g + e that is not finite.
-  absl::Status NonFiniteError(absl::Span<const float> p) const;
-
   std::unique_ptr<SingleRoundCodec> inner_;
   CodecInfo info_;
 };

@@ -28,7 +28,6 @@
 #include "codecs/cuda/decode.h"
 #include "codecs/cuda/device.h"
 #include "codecs/cuda/kernels.h"
-#include "codecs/cuda/nonfinite.h"
 #include "codecs/cuda/onebit_kernels.h"
 #include "codecs/cuda/philox_words.h"
 #include "codecs/cuda/randomk_kernels.h"
@@ -70,20 +69,6 @@ absl::StatusOr<bool> EncodeWith(const std::function<char*()>& begin,
   GC_CUDA_RETURN_IF_ERROR(
       cudaMemcpy(&nonfinite, flag.data(), sizeof(int), cudaMemcpyDeviceToHost));
   return nonfinite != 0;
-}
-
-// The number of NaN and Inf among the n values at device `x`.
-absl::StatusOr<unsigned long long> CountNonfinite(const float* x, size_t n) {
-  GC_ASSIGN_OR_RETURN(DeviceBuffer count,
-                      DeviceBuffer::Create(sizeof(unsigned long long)));
-  GC_CUDA_RETURN_IF_ERROR(
-      cudaMemset(count.data(), 0, sizeof(unsigned long long)));
-  GC_CUDA_RETURN_IF_ERROR(
-      LaunchCountNonfinite(x, n, count.as<unsigned long long>(), nullptr));
-  unsigned long long host = 0;
-  GC_CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(&host, count.data(), sizeof(host), cudaMemcpyDeviceToHost));
-  return host;
 }
 
 // EncodeWith for a payload of `header` and `params`.
@@ -424,14 +409,7 @@ class CudaErrorFeedback : public CudaCodec {
     // p += 1 * g is the CPU's p += g.
     GC_CUDA_RETURN_IF_ERROR(
         LaunchAddFloat(grad, n, 1.0f, p.as<float>(), nullptr));
-    GC_ASSIGN_OR_RETURN(const unsigned long long nonfinite,
-                        CountNonfinite(p.as<float>(), n));
-    if (nonfinite > 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: the gradient plus its error-feedback residual holds NaN or "
-          "Inf (%d values); expected finite values",
-          info().name, nonfinite));
-    }
+    // As on the CPU, the inner codec refuses a non-finite p it would send.
     GC_RETURN_IF_ERROR(
         inner_->EncodeDeviceRows(p.as<float>(), n, rows, state, ctx, payload));
     GC_RETURN_IF_ERROR(
