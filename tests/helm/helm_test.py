@@ -169,6 +169,17 @@ def check_config(args: list[str]) -> subprocess.CompletedProcess:
                           text=True, timeout=60)
 
 
+def check_rendered_config(objects: list) -> subprocess.CompletedProcess:
+    """check_config of the daemon started with rank 0's sidecar arguments, its
+    mounted files (the ConfigMap's daemon.json among them) on this host."""
+    pod = find(objects, "StatefulSet")["spec"]["template"]
+    container = sidecar(pod["spec"])
+    with tempfile.TemporaryDirectory() as root:
+        mounts = mounted(container, pod["spec"]["volumes"], objects, pathlib.Path(root))
+        env = pod_env(container, 0, pod["metadata"]["labels"])
+        return check_config([rewrite_paths(expand(a, env), mounts) for a in container["args"]])
+
+
 @unittest.skipIf(_missing_tools(), _missing_tools())
 class ChartTest(unittest.TestCase):
     """Lint, render, validate and config-check every value set."""
@@ -336,12 +347,7 @@ class ChartTest(unittest.TestCase):
         self.assertEqual({k: config.get(k) for k in limits}, expected)
 
         # The daemon, started with the sidecar's arguments, runs with them.
-        pod = find(objects, "StatefulSet")["spec"]["template"]
-        container = sidecar(pod["spec"])
-        with tempfile.TemporaryDirectory() as root:
-            mounts = mounted(container, pod["spec"]["volumes"], objects, pathlib.Path(root))
-            env = pod_env(container, 0, pod["metadata"]["labels"])
-            result = check_config([rewrite_paths(expand(a, env), mounts) for a in container["args"]])
+        result = check_rendered_config(objects)
         self.assertEqual(result.returncode, 0, result.stderr)
         effective = json.loads(result.stdout)
         self.assertEqual({k: effective[fields[k]] for k in limits}, expected)
@@ -355,12 +361,7 @@ class ChartTest(unittest.TestCase):
         self.assertEqual(errors, [])
         config = json.loads(find(objects, "ConfigMap", "-config")["data"]["daemon.json"])
         self.assertEqual(config.get("memoryWaitSeconds"), 0)
-        pod = find(objects, "StatefulSet")["spec"]["template"]
-        container = sidecar(pod["spec"])
-        with tempfile.TemporaryDirectory() as root:
-            mounts = mounted(container, pod["spec"]["volumes"], objects, pathlib.Path(root))
-            env = pod_env(container, 0, pod["metadata"]["labels"])
-            result = check_config([rewrite_paths(expand(a, env), mounts) for a in container["args"]])
+        result = check_rendered_config(objects)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(json.loads(result.stdout)["memory_wait_seconds"], 0)
 

@@ -246,6 +246,24 @@ def _overflow_scenario(rank: int, port: int, targets: list, out: str) -> None:
     dist.destroy_process_group()
 
 
+def _run_two_ranks(test: unittest.TestCase, scenario, daemons: list) -> list:
+    """Runs `scenario(rank, port, targets, out)` in 2 spawned processes (a
+    Gloo group of 2, rank r on daemons[r]) and returns what each saved."""
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = [os.path.join(tmp, f"rank{r}.pt") for r in range(2)]
+        port = free_port()
+        processes = [mp.get_context("spawn").Process(
+            target=scenario, args=(r, port, [d.target for d in daemons], outs[r]))
+            for r in range(2)]
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join(180)
+        test.assertEqual([p.exitcode for p in processes], [0, 0],
+                         "\n".join(d.log()[-2000:] for d in daemons))
+        return [torch.load(out) for out in outs]
+
+
 def _zeros(hook):
     """A broken reduce: whatever the hook computes, DDP gets zeros."""
     def broken(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -386,21 +404,8 @@ class HookGatherBatchTest(unittest.TestCase):
 
     def test_batched_top_k_trains_exactly_as_unbatched(self):
         daemons = start_peered(2, self.addCleanup)
-        with tempfile.TemporaryDirectory() as tmp:
-            outs = [os.path.join(tmp, f"rank{r}.pt") for r in range(2)]
-            port = free_port()
-            before = [collectives(d) for d in daemons]
-            processes = [mp.get_context("spawn").Process(
-                target=_gather_batch_scenario,
-                args=(r, port, [d.target for d in daemons], outs[r]))
-                for r in range(2)]
-            for process in processes:
-                process.start()
-            for process in processes:
-                process.join(180)
-            self.assertEqual([p.exitcode for p in processes], [0, 0],
-                             "\n".join(d.log()[-2000:] for d in daemons))
-            results = [torch.load(out) for out in outs]
+        before = [collectives(d) for d in daemons]
+        results = _run_two_ranks(self, _gather_batch_scenario, daemons)
         # Per daemon: unbatched, 6 tensors x 5 steps; batched, per step the
         # 3 weights as one batch and the 3 biases (left to the policy, which
         # sends them dense) as another: the hook batches the tensors of one
@@ -453,21 +458,8 @@ class HookGradScalerTest(unittest.TestCase):
     top-k codec keeps working, and the ranks' models stay equal."""
 
     def test_one_ranks_overflow_is_every_ranks_skipped_step(self):
-        daemons = start_peered(2, self.addCleanup)
-        with tempfile.TemporaryDirectory() as tmp:
-            outs = [os.path.join(tmp, f"rank{r}.pt") for r in range(2)]
-            port = free_port()
-            processes = [mp.get_context("spawn").Process(
-                target=_overflow_scenario,
-                args=(r, port, [d.target for d in daemons], outs[r]))
-                for r in range(2)]
-            for process in processes:
-                process.start()
-            for process in processes:
-                process.join(180)
-            self.assertEqual([p.exitcode for p in processes], [0, 0],
-                             "\n".join(d.log()[-2000:] for d in daemons))
-            results = [torch.load(out) for out in outs]
+        results = _run_two_ranks(self, _overflow_scenario,
+                                 start_peered(2, self.addCleanup))
         for r in range(2):
             self.assertEqual(results[r]["finite"], [True, True, False, True, True, True])
             self.assertEqual(results[r]["steps"], 6)
