@@ -332,7 +332,8 @@ absl::StatusOr<ReleasedJob> Engine::ReleaseJob(absl::string_view job) {
   }));
   budget_.AddState(-static_cast<int64_t>(released.state_bytes));
   declared_.Erase(job);
-  collective_->ForgetJob(std::string(job));
+  // The batches' records, then (forwarded) the mailbox's steps.
+  batching_.ForgetJob(std::string(job));
   metrics_->CountJobReleased(job);
   return released;
 }

@@ -289,5 +289,32 @@ TEST_F(EngineBatchTest, AMemberRefusedBeforeItsRoundsLeavesTheBatch) {
   }
 }
 
+// A run that ended with a member gone from its batch (its request refused,
+// the trainer crashed), released on every rank and run again from the same
+// step: the batch starts afresh, instead of its member finding the old
+// run's record and failing with "left the batch at round 0".
+TEST_F(EngineBatchTest, AReleasedJobsBatchesStartAfresh) {
+  const std::shared_ptr<const BatchSpec> batch = Batch(names_);
+  for (int r = 0; r < kWorld; ++r) {
+    engines_[r]->LeaveBatch("job", names_[0], 0, *batch);
+    ASSERT_TRUE(engines_[r]->ReleaseJob("job").ok());
+  }
+  std::vector<absl::Status> status(kWorld * kMembers);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    for (int m = 0; m < kMembers; ++m) {
+      threads.emplace_back([&, r, m] {
+        const std::string data = Gradient(r, m, 0);
+        status[r * kMembers + m] =
+            engines_[r]->Reduce(Input("job", m, 0, data, true)).status();
+      });
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kWorld * kMembers; ++i) {
+    EXPECT_TRUE(status[i].ok()) << i << ": " << status[i];
+  }
+}
+
 }  // namespace
 }  // namespace gradcomp::service
