@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "base/seconds_since.h"
 #include "base/status_macros.h"
 #include "codecs/random.h"
@@ -39,6 +40,19 @@ std::string SliceStateName(absl::string_view tensor, int slice) {
 
 std::string OwnerStateName(absl::string_view tensor) {
   return absl::StrCat(tensor, "#shard");
+}
+
+absl::string_view StateOwner(absl::string_view name) {
+  if (absl::ConsumeSuffix(&name, "#shard")) return name;
+  const size_t slice = name.rfind("#slice");
+  if (slice == absl::string_view::npos) return name;
+  const absl::string_view digits = name.substr(slice + 6);
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), [](char c) {
+        return c >= '0' && c <= '9';
+      })) {
+    return name;
+  }
+  return name.substr(0, slice);
 }
 
 const codecs::SingleRoundCodec* ShardableCodec(Aggregation mode,

@@ -67,6 +67,9 @@ const codecs::SingleRoundCodec* ShardableCodec(Aggregation mode,
 // sharded starts the other mode's residuals from zero.
 std::string SliceStateName(absl::string_view tensor, int slice);
 std::string OwnerStateName(absl::string_view tensor);
+// The tensor whose state the store entry `name` holds: the tensor of a
+// SliceStateName or OwnerStateName, else `name` itself.
+absl::string_view StateOwner(absl::string_view name);
 
 struct ShardedStats {
   // Payload bytes this rank encoded: its W slice payloads and its owned

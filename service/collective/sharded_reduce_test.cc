@@ -137,6 +137,15 @@ double SquaredNorm(absl::Span<const float> a) {
   return s;
 }
 
+TEST(ShardedStateNamesTest, EachEntryHasItsTensorAsOwner) {
+  EXPECT_EQ(StateOwner(SliceStateName("fc.weight", 3)), "fc.weight");
+  EXPECT_EQ(StateOwner(SliceStateName("a#b", 12)), "a#b");
+  EXPECT_EQ(StateOwner(OwnerStateName("fc.weight")), "fc.weight");
+  for (const char* own : {"fc.weight", "x#slice", "x#slicea", "x#slice1a"}) {
+    EXPECT_EQ(StateOwner(own), own);
+  }
+}
+
 TEST(ShardableCodecTest, OnlyShardableGatherCodecsAndAutoByWorldAndSize) {
   auto topk = Make("topk", {{"ratio", "0.01"}, {"momentum", "0"}});
   auto topk_momentum = Make("topk", {{"ratio", "0.01"}});

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -314,7 +315,17 @@ absl::Status Engine::ImportState(absl::string_view job,
   std::optional<JobQuotas::Ticket> ticket;
   return store_->Import(
       job, blob,
-      [&](const std::vector<codecs::StateStore::ImportedSize>& sizes) {
+      [&](const std::vector<codecs::StateStore::ImportedSize>& entries) {
+        // Per tensor, as a reduce records it: a sharded tensor's slice
+        // entries count as its own (or, after its next reduce, twice).
+        std::vector<codecs::StateStore::ImportedSize> sizes;
+        absl::flat_hash_map<absl::string_view, size_t> index;
+        for (const auto& [name, bytes] : entries) {
+          const absl::string_view owner = StateOwner(name);
+          const auto [at, added] = index.try_emplace(owner, sizes.size());
+          if (added) sizes.push_back({std::string(owner), 0});
+          sizes[at->second].bytes += bytes;
+        }
         GC_ASSIGN_OR_RETURN(JobQuotas::Ticket admitted,
                             quotas_.AdmitImport(job, sizes, [&](int64_t delta) {
                               return budget_.AddStateIfRoom(delta, what);
