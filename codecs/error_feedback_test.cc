@@ -4,6 +4,7 @@
 #include <random>
 #include <vector>
 
+#include "codecs/testing/random_inputs.h"
 #include "codecs/testing/rounding_codec.h"
 #include "gtest/gtest.h"
 
@@ -113,14 +114,6 @@ class RefusingCodec : public RoundingCodec {
   int64_t refused_step_;
 };
 
-std::vector<float> Normal(size_t n, float sd, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> normal(0.0f, sd);
-  std::vector<float> x(n);
-  for (float& v : x) v = normal(gen);
-  return x;
-}
-
 absl::Status EncodeAt(const ErrorFeedback& ef, const std::vector<float>& g,
                       TensorState& state, int64_t step) {
   const int64_t shape[] = {static_cast<int64_t>(g.size())};
@@ -151,15 +144,16 @@ TEST(ErrorFeedbackTest, RefusedStepGivesTheResidualBack) {
   ErrorFeedback ef(std::make_unique<RefusingCodec>(0.25f, /*refused=*/5));
   TensorState state;
   for (int64_t step = 0; step < 5; ++step) {
-    ASSERT_TRUE(EncodeAt(ef, Normal(kN, 1.0f, 10 + step), state, step).ok());
+    ASSERT_TRUE(
+        EncodeAt(ef, testing::Normal(kN, 10 + step, 1.0f), state, step).ok());
   }
   const std::vector<float> before = Residual(state);
   // Large against the residual: (e + g) - g is e rounded to g's scale
   // (|e + g| < 64, whose ulp is 2^-18).
-  EXPECT_EQ(EncodeAt(ef, Normal(kN, 10.0f, 15), state, 5).code(),
+  EXPECT_EQ(EncodeAt(ef, testing::Normal(kN, 15, 10.0f), state, 5).code(),
             absl::StatusCode::kInvalidArgument);
   ExpectGivenBack(Residual(state), before, 1.0f / (1 << 18));
-  EXPECT_TRUE(EncodeAt(ef, Normal(kN, 1.0f, 16), state, 6).ok());
+  EXPECT_TRUE(EncodeAt(ef, testing::Normal(kN, 16, 1.0f), state, 6).ok());
 }
 
 // A rounding codec that refuses NaN and Inf, as every inner codec of the
@@ -182,10 +176,10 @@ TEST(ErrorFeedbackTest, ANonFiniteSumRestartsItsEntryAndNoOther) {
   constexpr size_t kN = 300;
   ErrorFeedback ef(std::make_unique<FiniteOnlyCodec>(0.25f));
   TensorState state;
-  ASSERT_TRUE(EncodeAt(ef, Normal(kN, 1.0f, 20), state, 0).ok());
+  ASSERT_TRUE(EncodeAt(ef, testing::Normal(kN, 20, 1.0f), state, 0).ok());
   for (float bad : {NAN, INFINITY, -INFINITY}) {
     const std::vector<float> before = Residual(state);
-    std::vector<float> g = Normal(kN, 10.0f, 23);
+    std::vector<float> g = testing::Normal(kN, 23, 10.0f);
     g[123] = bad;
     EXPECT_EQ(EncodeAt(ef, g, state, 1).code(),
               absl::StatusCode::kInvalidArgument)
@@ -195,7 +189,7 @@ TEST(ErrorFeedbackTest, ANonFiniteSumRestartsItsEntryAndNoOther) {
     after[123] = before[123];
     ExpectGivenBack(after, before, 1.0f / (1 << 18));
   }
-  EXPECT_TRUE(EncodeAt(ef, Normal(kN, 1.0f, 24), state, 2).ok());
+  EXPECT_TRUE(EncodeAt(ef, testing::Normal(kN, 24, 1.0f), state, 2).ok());
 }
 
 TEST(ErrorFeedbackTest, AnOverflowingSumRestartsItsEntry) {
