@@ -378,6 +378,18 @@ Matrix Body(const Round& round) {
   return body;
 }
 
+// Runs `session`'s P round as the only worker (the sum of P is its own P)
+// and sets `p_hat` to P orthonormalised, as every rank's P_hat would be.
+void AbsorbOwnP(CodecSession& session, int64_t rows, int rank, Matrix* p_hat) {
+  absl::StatusOr<std::optional<Round>> p_round = session.NextRound();
+  ASSERT_TRUE(p_round.ok() && p_round->has_value());
+  *p_hat = Body(**p_round);
+  RoundResult p_sum;
+  p_sum.sum = *p_hat;
+  ASSERT_TRUE(session.Absorb(std::move(p_sum)).ok());
+  OrthonormalizeColumns(absl::MakeSpan(*p_hat), rows, rank);
+}
+
 TEST(PowerSgdTest, HugeSummedQIsRefusedAndChangesNoState) {
   // A 4 x 30 matrix at rank 4: P_hat is an orthogonal 4 x 4 matrix, whose
   // first row r has |r|_1 > 1. A summed Q whose every row is 3e38 * sign(r)
@@ -396,13 +408,8 @@ TEST(PowerSgdTest, HugeSummedQIsRefusedAndChangesNoState) {
   ctx.step = 1;
   auto session = codec->Start(TensorView{g, shape}, states[0], ctx);
   ASSERT_TRUE(session.ok());
-  absl::StatusOr<std::optional<Round>> p_round = (*session)->NextRound();
-  ASSERT_TRUE(p_round.ok() && p_round->has_value());
-  Matrix p_hat = Body(**p_round);
-  RoundResult p_sum;
-  p_sum.sum = p_hat;
-  ASSERT_TRUE((*session)->Absorb(std::move(p_sum)).ok());
-  OrthonormalizeColumns(absl::MakeSpan(p_hat), kRows, 4);
+  Matrix p_hat;
+  ASSERT_NO_FATAL_FAILURE(AbsorbOwnP(**session, kRows, 4, &p_hat));
   ASSERT_GT(std::fabs(p_hat[0]) + std::fabs(p_hat[1]) + std::fabs(p_hat[2]) +
                 std::fabs(p_hat[3]),
             1.2);
@@ -447,13 +454,8 @@ TEST(PowerSgdTest, LargeButRepresentableSummedQIsNotRefused) {
   const Matrix g = Normal(kRows * kCols, 73);
   auto session = codec->Start(TensorView{g, shape}, state, StepContext());
   ASSERT_TRUE(session.ok());
-  absl::StatusOr<std::optional<Round>> p_round = (*session)->NextRound();
-  ASSERT_TRUE(p_round.ok() && p_round->has_value());
-  Matrix p_hat = Body(**p_round);
-  RoundResult p_sum;
-  p_sum.sum = p_hat;
-  ASSERT_TRUE((*session)->Absorb(std::move(p_sum)).ok());
-  OrthonormalizeColumns(absl::MakeSpan(p_hat), kRows, 4);
+  Matrix p_hat;
+  ASSERT_NO_FATAL_FAILURE(AbsorbOwnP(**session, kRows, 4, &p_hat));
   float signs[4] = {};
   double best = INFINITY;
   for (int pattern = 0; pattern < 16; ++pattern) {
