@@ -192,22 +192,27 @@ TEST(EngineShardedLimitsTest, ShardedStateCountsAgainstTheBudget) {
     engines.push_back(std::move(*engine));
   }
   const std::string data = Floats(64 * 64, 1);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kWorld; ++r) {
-    threads.emplace_back([&, r] {
-      ReduceInput in;
-      in.job = "job";
-      in.tensor = "w";
-      in.dtype = DType::kFloat32;
-      in.shape = {64, 64};
-      in.data = data;
-      // Momentum correction is not shardable (topk.cc).
-      in.codec = CodecSpec{"topk", {{"ratio", "0.01"}, {"momentum", "0"}}};
-      absl::StatusOr<ReduceOutput> out = engines[r]->Reduce(in);
-      ASSERT_TRUE(out.ok()) << out.status();
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  // Step `step` of 'w' on every rank at once.
+  const auto reduce_on_every_rank = [&](int64_t step) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kWorld; ++r) {
+      threads.emplace_back([&, r] {
+        ReduceInput in;
+        in.job = "job";
+        in.tensor = "w";
+        in.step = step;
+        in.dtype = DType::kFloat32;
+        in.shape = {64, 64};
+        in.data = data;
+        // Momentum correction is not shardable (topk.cc).
+        in.codec = CodecSpec{"topk", {{"ratio", "0.01"}, {"momentum", "0"}}};
+        absl::StatusOr<ReduceOutput> out = engines[r]->Reduce(in);
+        ASSERT_TRUE(out.ok()) << out.status();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  };
+  reduce_on_every_rank(0);
   for (int r = 0; r < kWorld; ++r) {
     const double state =
         MetricValue(*metrics[r]->collectable(), "gradcomp_state_bytes", {});
@@ -225,22 +230,7 @@ TEST(EngineShardedLimitsTest, ShardedStateCountsAgainstTheBudget) {
     ASSERT_TRUE(blob.ok()) << blob.status();
     ASSERT_TRUE(engines[r]->ImportState("job", *blob).ok());
   }
-  threads.clear();
-  for (int r = 0; r < kWorld; ++r) {
-    threads.emplace_back([&, r] {
-      ReduceInput in;
-      in.job = "job";
-      in.tensor = "w";
-      in.step = 1;
-      in.dtype = DType::kFloat32;
-      in.shape = {64, 64};
-      in.data = data;
-      in.codec = CodecSpec{"topk", {{"ratio", "0.01"}, {"momentum", "0"}}};
-      absl::StatusOr<ReduceOutput> out = engines[r]->Reduce(in);
-      ASSERT_TRUE(out.ok()) << out.status();
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  reduce_on_every_rank(1);
   for (int r = 0; r < kWorld; ++r) {
     const double state =
         MetricValue(*metrics[r]->collectable(), "gradcomp_state_bytes", {});
