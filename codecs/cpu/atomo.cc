@@ -31,12 +31,6 @@ constexpr size_t kChunk = 4096;
 // from, where two arbitrary finite values could multiply to Inf.
 constexpr float kMaxUnitEntry = 1.0f + 1.0f / 1024;
 
-bool AllFinite(absl::Span<const float> v) {
-  bool finite = true;
-  for (float x : v) finite &= std::fabs(x) <= 3.402823466e38f;
-  return finite;
-}
-
 absl::Status CheckOptions(const AtomoOptions& o) {
   const bool entry = o.atoms == AtomoAtoms::kEntry;
   if (!std::isfinite(o.budget) || o.budget <= 0 || (entry && o.budget > 1)) {

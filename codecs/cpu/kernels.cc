@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 namespace gradcomp::codecs {
 namespace {
@@ -59,6 +60,12 @@ float BucketNorm(absl::Span<const float> x) {
   const float norm = std::sqrt(BucketSumOfSquares(x));
   if (std::isfinite(norm)) return norm;
   return static_cast<float>(std::sqrt(DoubleSumOfSquares(x)));
+}
+
+bool AllFinite(absl::Span<const float> x) {
+  bool finite = true;
+  for (float v : x) finite &= std::fabs(v) <= std::numeric_limits<float>::max();
+  return finite;
 }
 
 PhiloxStream WorkerStream(const StepContext& ctx, uint32_t round) {

@@ -32,6 +32,9 @@ float BucketSumOfSquares(absl::Span<const float> x);
 // holds NaN or Inf or the norm itself exceeds FLT_MAX.
 float BucketNorm(absl::Span<const float> x);
 
+// Whether every x[i] is finite (no NaN or Inf), in one branch-free pass.
+bool AllFinite(absl::Span<const float> x);
+
 // A Philox stream private to this worker: keyed by (seed mixed with rank,
 // tensor, step, round). Stochastic rounding must be independent across
 // workers, or averaging W payloads would not shrink its variance by 1/W.

@@ -236,15 +236,11 @@ std::array<uint64_t, 4> CountPairs(size_t n, const ApproxOf& approx_of,
 }
 
 // All of `values` finite, checked on all cores.
-bool AllFinite(absl::Span<const float> values) {
+bool AllFiniteOnAllCores(absl::Span<const float> values) {
   std::vector<char> finite(ParallelParts(values.size(), kElementParts), 1);
   ParallelFor(values.size(), kElementParts,
               [&](size_t begin, size_t end, int part) {
-                bool ok = true;
-                for (size_t i = begin; i < end; ++i) {
-                  ok &= std::fabs(values[i]) <= 3.402823466e38f;
-                }
-                finite[part] = ok;
+                finite[part] = AllFinite(values.subspan(begin, end - begin));
               });
   return std::all_of(finite.begin(), finite.end(), [](char c) { return c; });
 }
@@ -481,7 +477,7 @@ PolarCodec::PolarCodec(const PolarOptions& options)
 
 absl::Status PolarCodec::Encode(const TensorView& grad, TensorState& /*state*/,
                                 const StepContext& ctx, Bytes* payload) const {
-  if (!AllFinite(grad.values)) {
+  if (!AllFiniteOnAllCores(grad.values)) {
     return absl::InvalidArgumentError(
         "polar: the gradient holds NaN or Inf; expected finite values");
   }

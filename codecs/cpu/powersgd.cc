@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
+#include "codecs/cpu/kernels.h"
 #include "codecs/cpu/linalg.h"
 #include "codecs/cpu/parallel.h"
 #include "codecs/random.h"
@@ -38,12 +39,6 @@ ConstMatrixMap View(const std::vector<float>& v, int64_t rows, int64_t cols) {
 }
 
 constexpr float kFloatMax = std::numeric_limits<float>::max();
-
-bool AllFinite(absl::Span<const float> v) {
-  bool finite = true;
-  for (float x : v) finite &= std::fabs(x) <= kFloatMax;
-  return finite;
-}
 
 // The largest |x| of v, or Inf when v holds a NaN: at most FLT_MAX exactly
 // when v is finite.
