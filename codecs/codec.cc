@@ -50,6 +50,11 @@ absl::Status SingleRoundCodec::FinishSum(absl::Span<const float> sum,
   return absl::OkStatus();
 }
 
+void SingleRoundCodec::Revert(const TensorView& /*grad*/,
+                              TensorState& /*state*/,
+                              const StepContext& /*ctx*/,
+                              absl::string_view /*payload*/) const {}
+
 absl::Status SingleRoundCodec::NoPayloadsError() const {
   return absl::InvalidArgumentError(absl::StrFormat(
       "%s: expected at least one gathered payload, got none", info().name));
@@ -84,12 +89,19 @@ absl::Status SingleRoundCodec::FinishGather(absl::Span<const Bytes> payloads,
 namespace {
 
 // The session every single-round codec shares: encode once, hand the payload
-// to the collective, then decode what came back.
+// to the collective, then decode what came back. Ended unfinished after a
+// successful encode, it has the codec revert the state (Revert).
 class SingleRoundSession : public CodecSession {
  public:
   SingleRoundSession(const SingleRoundCodec& codec, const TensorView& grad,
                      TensorState& state, const StepContext& ctx)
       : codec_(codec), grad_(grad), state_(state), ctx_(ctx) {}
+
+  ~SingleRoundSession() override {
+    if (stage_ != Stage::kStart && !finished_) {
+      codec_.Revert(grad_, state_, ctx_, own_);
+    }
+  }
 
   absl::StatusOr<std::optional<Round>> NextRound() override {
     if (stage_ == Stage::kStart) {
@@ -97,7 +109,9 @@ class SingleRoundSession : public CodecSession {
       stage_ = Stage::kAwaitingResult;
       Round round;
       round.collective = collective();
-      if (!ctx_.keep_own) {
+      // A stateful codec's Revert needs the payload; it is a compressed one
+      // (dense codecs keep no state), so the copy is small.
+      if (!ctx_.keep_own && !codec_.info().stateful) {
         round.payload = std::move(own_);
         return std::optional<Round>(std::move(round));
       }
@@ -140,22 +154,9 @@ class SingleRoundSession : public CodecSession {
       return Error("Finish", "the round's result has not been absorbed");
     }
     GC_RETURN_IF_ERROR(CheckOutSize(out));
-    if (collective() == Collective::kSum) {
-      if (result_.summed_into.empty()) {
-        return codec_.FinishSum(result_.sum, result_.world_size, ctx_, out);
-      }
-      if (result_.summed_into.data() != out.data() ||
-          result_.summed_into.size() != out.size() ||
-          !codec_.FinishSumInPlace()) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s: the sum was written into a buffer of %d elements that is "
-            "not this output; expected the output itself, with a codec that "
-            "finishes a sum in place",
-            name(), result_.summed_into.size()));
-      }
-      return codec_.FinishSum(out, result_.world_size, ctx_, out);
-    }
-    return codec_.FinishGather(result_.payloads, ctx_, out);
+    GC_RETURN_IF_ERROR(FinishInto(out));
+    finished_ = true;
+    return absl::OkStatus();
   }
 
   absl::Status DecodeOwn(absl::Span<float> out) override {
@@ -174,6 +175,25 @@ class SingleRoundSession : public CodecSession {
 
  private:
   enum class Stage { kStart, kAwaitingResult, kAbsorbed };
+
+  absl::Status FinishInto(absl::Span<float> out) const {
+    if (collective() == Collective::kGather) {
+      return codec_.FinishGather(result_.payloads, ctx_, out);
+    }
+    if (result_.summed_into.empty()) {
+      return codec_.FinishSum(result_.sum, result_.world_size, ctx_, out);
+    }
+    if (result_.summed_into.data() != out.data() ||
+        result_.summed_into.size() != out.size() ||
+        !codec_.FinishSumInPlace()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: the sum was written into a buffer of %d elements that is "
+          "not this output; expected the output itself, with a codec that "
+          "finishes a sum in place",
+          name(), result_.summed_into.size()));
+    }
+    return codec_.FinishSum(out, result_.world_size, ctx_, out);
+  }
 
   Collective collective() const {
     return codec_.info().summable ? Collective::kSum : Collective::kGather;
@@ -199,6 +219,7 @@ class SingleRoundSession : public CodecSession {
   TensorState& state_;
   const StepContext ctx_;
   Stage stage_ = Stage::kStart;
+  bool finished_ = false;  // Finish succeeded: the step's state stands
   Bytes own_;
   RoundResult result_;
 };

@@ -76,9 +76,9 @@ struct StepContext {
   int rank = 0;
   int world_size = 1;
   // Whether the caller may call DecodeOwn. When false, a single-round
-  // session hands its payload to the round instead of a copy (for a dense
-  // tensor, one tensor-sized copy less per step) and DecodeOwn is a
-  // FailedPrecondition error.
+  // session of a stateless codec hands its payload to the round instead of
+  // a copy (for a dense tensor, one tensor-sized copy less per step), and
+  // DecodeOwn is a FailedPrecondition error.
   bool keep_own = true;
 };
 
@@ -102,7 +102,10 @@ struct CodecInfo {
   bool shardable = false;
 };
 
-// One tensor, one step, on one worker.
+// One tensor, one step, on one worker. A session that ends before its step
+// completed (the caller met an error and destroyed it) leaves the tensor's
+// state as it was before the step, to within rounding: the caller may run
+// the step again.
 class CodecSession {
  public:
   virtual ~CodecSession() = default;
@@ -144,6 +147,15 @@ class SingleRoundCodec : public Codec {
   // Encodes `grad` into `payload` (wire format). May read and update `state`.
   virtual absl::Status Encode(const TensorView& grad, TensorState& state,
                               const StepContext& ctx, Bytes* payload) const = 0;
+
+  // Undoes what a successful Encode of `grad` into `payload` did to
+  // `state`, for a step that failed afterwards (in its collective, or on a
+  // peer's payload), so that the step can run again with nothing lost or
+  // counted twice. To within rounding, and finite: an entry that cannot be
+  // had back restarts from zero. SingleRoundCodec's session calls it when it
+  // ends unfinished. The default, for codecs without state, does nothing.
+  virtual void Revert(const TensorView& grad, TensorState& state,
+                      const StepContext& ctx, absl::string_view payload) const;
 
   // Validates `payload` completely (header, every length, index and count)
   // and adds alpha * decode(payload) to `acc`. A bad payload is an

@@ -1,10 +1,28 @@
 #include "codecs/error_feedback.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
 
 namespace gradcomp::codecs {
+
+namespace {
+
+// p = g + e back to e, to within rounding. Where g + e is not finite (an
+// overflow, or a NaN or Inf that the inner codec refused), e cannot be had
+// back: it restarts from zero there, or Inf - Inf would leave a NaN that
+// fails every later step. Checked on the failure path only: a check in
+// Encode's sum cost efsign's encode 12 %, and every inner codec refuses a
+// non-finite input it would send.
+void GiveBack(absl::Span<const float> g, absl::Span<float> p) {
+  for (size_t i = 0; i < p.size(); ++i) {
+    const float e = p[i] - g[i];
+    p[i] = std::fabs(e) <= std::numeric_limits<float>::max() ? e : 0.0f;
+  }
+}
+
+}  // namespace
 
 ErrorFeedback::ErrorFeedback(std::unique_ptr<SingleRoundCodec> inner)
     : inner_(std::move(inner)), info_(inner_->info()) {
@@ -24,20 +42,22 @@ absl::Status ErrorFeedback::Encode(const TensorView& grad, TensorState& state,
   absl::Status status =
       inner_->Encode(TensorView{p, grad.shape}, state, ctx, payload);
   if (status.ok()) status = inner_->DecodeAdd(*payload, -1.0f, p);
-  if (!status.ok()) {
-    // Give the residual back (to within rounding) so that a failed step
-    // neither loses nor double-counts the carried error. Where g + e is not
-    // finite (an overflow, or a NaN or Inf that the inner codec refused),
-    // e cannot be had back: it restarts from zero there, or Inf - Inf would
-    // leave a NaN that fails every later step. Checked on this path only:
-    // a check in the sum above cost efsign's encode 12 %, and every inner
-    // codec refuses a non-finite input it would send.
-    for (size_t i = 0; i < n; ++i) {
-      const float e = p[i] - grad.values[i];
-      p[i] = std::fabs(e) <= std::numeric_limits<float>::max() ? e : 0.0f;
-    }
-  }
+  // A failed step neither loses nor double-counts the carried error.
+  if (!status.ok()) GiveBack(grad.values, p);
   return status;
+}
+
+void ErrorFeedback::Revert(const TensorView& grad, TensorState& state,
+                           const StepContext& ctx,
+                           absl::string_view payload) const {
+  absl::Span<float> p = state.Buffer(kErrorFeedbackBuffer, grad.numel());
+  // Encode decoded this payload into the same buffer, so it decodes again.
+  if (!inner_->DecodeAdd(payload, 1.0f, p).ok()) {
+    std::fill(p.begin(), p.end(), 0.0f);
+    return;
+  }
+  inner_->Revert(TensorView{p, grad.shape}, state, ctx, payload);
+  GiveBack(grad.values, p);
 }
 
 absl::Status ErrorFeedback::DecodeAdd(absl::string_view payload, float alpha,

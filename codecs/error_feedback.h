@@ -35,6 +35,9 @@ class ErrorFeedback : public SingleRoundCodec {
   // finite: an entry whose g + e is not finite restarts from zero.
   absl::Status Encode(const TensorView& grad, TensorState& state,
                       const StepContext& ctx, Bytes* payload) const override;
+  // e = (p - D(payload)) + D(payload) - g, after the inner codec's Revert.
+  void Revert(const TensorView& grad, TensorState& state,
+              const StepContext& ctx, absl::string_view payload) const override;
   absl::Status DecodeAdd(absl::string_view payload, float alpha,
                          absl::Span<float> acc) const override;
   absl::Status FinishSum(absl::Span<const float> sum, int world_size,

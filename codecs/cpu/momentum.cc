@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <limits>
 
 #include "codecs/cpu/kernels.h"
 #include "codecs/cpu/parallel.h"
@@ -59,7 +60,50 @@ void MomentumCorrection::Sent(absl::Span<const uint32_t> indices, bool masking,
   for (uint32_t i : indices) v[i] = 0;
   if (!masking) return;
   absl::Span<float> u = *state.Find(kMomentumBuffer);
-  for (uint32_t i : indices) u[i] = 0;
+  absl::Span<float> masked = state.Buffer(kMaskedBuffer, indices.size());
+  for (size_t j = 0; j < indices.size(); ++j) {
+    masked[j] = u[indices[j]];
+    u[indices[j]] = 0;
+  }
+}
+
+namespace {
+
+float FiniteOrZero(float x) {
+  return std::fabs(x) <= std::numeric_limits<float>::max() ? x : 0.0f;
+}
+
+}  // namespace
+
+void MomentumCorrection::Revert(absl::Span<const float> g, float scale,
+                                absl::Span<const uint32_t> indices,
+                                absl::Span<const float> sent, bool masking,
+                                TensorState& state) const {
+  const size_t n = g.size();
+  float* u = state.Buffer(kMomentumBuffer, n).data();
+  float* v = state.Buffer(kVelocityBuffer, n).data();
+  for (size_t j = 0; j < indices.size(); ++j) v[indices[j]] = sent[j];
+  if (masking) {
+    absl::Span<float> masked = state.Buffer(kMaskedBuffer, indices.size());
+    for (size_t j = 0; j < indices.size(); ++j) u[indices[j]] = masked[j];
+  }
+  // Accumulate backwards. With m = 0 the old u never mattered (it was
+  // multiplied by 0): it restarts from zero.
+  const float m = options_.momentum;
+  const bool nesterov = options_.nesterov;
+  const float* grad = g.data();
+  ParallelFor(n, {}, [=](size_t begin, size_t end, int) {
+    for (size_t i = begin; i < end; ++i) {
+      const float gi = scale * grad[i];
+      if (nesterov) {
+        v[i] = FiniteOrZero(v[i] - u[i] - gi);
+        u[i] = m == 0 ? 0.0f : FiniteOrZero(u[i] / m - gi);
+      } else {
+        v[i] = FiniteOrZero(v[i] - u[i]);
+        u[i] = m == 0 ? 0.0f : FiniteOrZero((u[i] - gi) / m);
+      }
+    }
+  });
 }
 
 MomentumCorrection::Reset MomentumCorrection::ResetNonFinite(

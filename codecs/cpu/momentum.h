@@ -31,6 +31,9 @@ class MomentumCorrection {
   // State buffers, each of numel floats.
   static constexpr char kMomentumBuffer[] = "dgc.u";
   static constexpr char kVelocityBuffer[] = "dgc.v";
+  // With masking, the momentum Sent zeroed (one float per index), for
+  // Revert.
+  static constexpr char kMaskedBuffer[] = "dgc.u_masked";
 
   explicit MomentumCorrection(Options options) : options_(options) {}
 
@@ -47,6 +50,14 @@ class MomentumCorrection {
   // momentum does not keep pushing a coordinate that was just applied.
   void Sent(absl::Span<const uint32_t> indices, bool masking,
             TensorState& state) const;
+
+  // Undoes Accumulate(g, scale) and Sent(indices) for a step that failed
+  // afterwards; `sent[j]` is the v[indices[j]] that was sent. To within
+  // rounding (u is divided by m again), and an entry that comes back
+  // non-finite restarts from zero.
+  void Revert(absl::Span<const float> g, float scale,
+              absl::Span<const uint32_t> indices, absl::Span<const float> sent,
+              bool masking, TensorState& state) const;
 
   // What ResetNonFinite found: how many coordinates, the first one's index.
   struct Reset {

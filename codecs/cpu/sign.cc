@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -188,6 +189,23 @@ SignCodec::SignCodec(Variant variant, float momentum, int64_t bucket)
       momentum_(momentum),
       bucket_(bucket),
       info_(SignInfo(variant)) {}
+
+void SignCodec::Revert(const TensorView& grad, TensorState& state,
+                       const StepContext& /*ctx*/,
+                       absl::string_view /*payload*/) const {
+  if (variant_ != Variant::kSignum) return;
+  absl::Span<float> m = state.Buffer(kMomentumBuffer, grad.numel());
+  const float beta = momentum_;
+  const float rest = 1.0f - beta;
+  ParallelFor(m.size(), kParts, [&](size_t begin, size_t end, int) {
+    for (size_t i = begin; i < end; ++i) {
+      // With beta = 0 the old m never mattered: it restarts from zero.
+      const float old =
+          beta == 0 ? 0.0f : (m[i] - rest * grad.values[i]) / beta;
+      m[i] = std::fabs(old) <= std::numeric_limits<float>::max() ? old : 0.0f;
+    }
+  });
+}
 
 absl::Status SignCodec::Encode(const TensorView& grad, TensorState& state,
                                const StepContext& /*ctx*/,

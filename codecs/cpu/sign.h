@@ -72,6 +72,9 @@ class SignCodec : public SingleRoundCodec {
   // is then not finite); signum's momentum then restarts from zero.
   absl::Status Encode(const TensorView& grad, TensorState& state,
                       const StepContext& ctx, Bytes* payload) const override;
+  // Signum: m = (m' - (1 - beta) g) / beta, to within rounding.
+  void Revert(const TensorView& grad, TensorState& state,
+              const StepContext& ctx, absl::string_view payload) const override;
 
   // Adds alpha * s * sign to `acc`, with the scales and bucket the payload
   // names (efsign decodes either form).

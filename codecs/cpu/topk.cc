@@ -179,6 +179,21 @@ absl::Status TopKCodec::EncodeWith(const TensorView& grad, TensorState& state,
   return absl::OkStatus();
 }
 
+void TopKCodec::Revert(const TensorView& grad, TensorState& state,
+                       const StepContext& /*ctx*/,
+                       absl::string_view payload) const {
+  // Encode wrote this payload for this tensor, so it parses.
+  absl::StatusOr<SparsePairs> sent = ParseTopKPayload(payload, grad.numel());
+  if (!sent.ok()) {
+    state.Clear();
+    return;
+  }
+  std::vector<float> values(sent->indices.size());
+  for (size_t j = 0; j < values.size(); ++j) values[j] = sent->value(j);
+  momentum_.Revert(grad.values, ClipScale(grad.values, options_.clip_norm),
+                   sent->indices, values, options_.masking, state);
+}
+
 absl::Status TopKCodec::RefuseNonFinite(TensorState& state) const {
   const MomentumCorrection::Reset reset = momentum_.ResetNonFinite(state);
   return absl::InvalidArgumentError(absl::StrFormat(

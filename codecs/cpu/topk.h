@@ -74,6 +74,9 @@ class TopKCodec : public SingleRoundCodec {
 
   // A payload that holds NaN or Inf is a bad payload, as ParseTopKPayload
   // says.
+  // Undoes the momentum correction's step (MomentumCorrection::Revert).
+  void Revert(const TensorView& grad, TensorState& state,
+              const StepContext& ctx, absl::string_view payload) const override;
   absl::Status DecodeAdd(absl::string_view payload, float alpha,
                          absl::Span<float> acc) const override;
 

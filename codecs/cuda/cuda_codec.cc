@@ -1000,6 +1000,12 @@ absl::Status CudaCodec::EncodeDeviceRows(const float* grad, size_t n,
   return EncodeDevice(grad, n, state, ctx, payload);
 }
 
+void CudaCodec::Revert(const TensorView& grad, TensorState& state,
+                       const StepContext& ctx,
+                       absl::string_view payload) const {
+  cpu_->Revert(grad, state, ctx, payload);
+}
+
 absl::Status CudaCodec::DecodeAdd(absl::string_view payload, float alpha,
                                   absl::Span<float> acc) const {
   return cpu_->DecodeAdd(payload, alpha, acc);

@@ -65,6 +65,11 @@ class CudaCodec : public SingleRoundCodec {
   absl::Status Encode(const TensorView& grad, TensorState& state,
                       const StepContext& ctx, Bytes* payload) const override;
 
+  // The CPU twin's Revert: the state is the CPU's, on the host, and
+  // `grad` host memory.
+  void Revert(const TensorView& grad, TensorState& state,
+              const StepContext& ctx, absl::string_view payload) const final;
+
   // The CPU twin's decoders (into host memory).
   absl::Status DecodeAdd(absl::string_view payload, float alpha,
                          absl::Span<float> acc) const final;

@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <optional>
 #include <random>
 #include <utility>
 
@@ -45,7 +47,7 @@ absl::StatusOr<std::vector<float>> SumDenseBodies(
 absl::StatusOr<SimulatedStep> SimulateStep(
     const Codec& codec, const std::vector<std::vector<float>>& grads,
     absl::Span<const int64_t> shape, std::vector<TensorState>& states,
-    StepContext ctx) {
+    StepContext ctx, std::optional<int> fail_round) {
   const int world = static_cast<int>(grads.size());
   if (world < 1 || states.size() != grads.size()) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -92,6 +94,10 @@ absl::StatusOr<SimulatedStep> SimulateStep(
       return absl::InternalError(absl::StrFormat(
           "SimulateStep: round %d: %d of %d workers had no round", round, done,
           world));
+    }
+    if (fail_round == round) {
+      return absl::AbortedError(
+          absl::StrFormat("SimulateStep: round %d failed, as asked", round));
     }
     RoundResult result;
     result.world_size = world;
@@ -412,6 +418,60 @@ TEST_P(CodecConformanceTest, SameInputsGiveSameBytesOnEveryRank) {
     for (int r = 0; r < kWorld; ++r) {
       EXPECT_TRUE(runs[0][i][r] == runs[1][i][r])
           << "round " << i << " rank " << r;
+    }
+  }
+}
+
+// A step whose collective fails (a peer died) ends every session unfinished.
+// The state must then be as if the step had never started, so that what
+// the trainer does next gives what it gives without the failure, to within
+// rounding: running the step again, or skipping it. Otherwise error
+// feedback or momentum would have lost, or counted twice, what the failed
+// step took.
+TEST_P(CodecConformanceTest, AStepWhoseRoundFailsLeavesTheStateAsItWas) {
+  constexpr int kWorld = 2;
+  // A wrong momentum reaches v, and so the payload, a step later than it
+  // reaches u: three steps follow the failed one.
+  constexpr int kSteps = 6;
+  constexpr int kFailedStep = 2;
+  std::vector<std::vector<std::vector<float>>> grads(kSteps);
+  for (int s = 0; s < kSteps; ++s) {
+    for (int r = 0; r < kWorld; ++r) {
+      grads[s].push_back(Gaussian(kNumel, 200 + 10 * s + r));
+    }
+  }
+  // The outputs of the steps after the failed one (or of where it would
+  // be), by step. `fail_round`: the failed step's round that fails, or none
+  // for a run without the failure; `rerun`: whether the failed step runs.
+  const auto run = [&](std::optional<int> fail_round, bool rerun) {
+    std::vector<TensorState> states(kWorld);
+    std::map<int, std::vector<std::vector<float>>> outs;
+    for (int s = 0; s < kSteps; ++s) {
+      if (s == kFailedStep && fail_round.has_value()) {
+        absl::StatusOr<SimulatedStep> failed = SimulateStep(
+            *codec_, grads[s], kShape, states, Context(s), fail_round);
+        EXPECT_TRUE(absl::IsAborted(failed.status())) << failed.status();
+      }
+      if (s == kFailedStep && !rerun) continue;
+      absl::StatusOr<SimulatedStep> step =
+          SimulateStep(*codec_, grads[s], kShape, states, Context(s));
+      EXPECT_TRUE(step.ok()) << step.status();
+      if (step.ok() && s >= kFailedStep) outs[s] = std::move(step->out);
+    }
+    return outs;
+  };
+  for (const bool rerun : {true, false}) {
+    const auto clean = run(std::nullopt, rerun);
+    for (int round = 0; round < codec_->info().rounds; ++round) {
+      const auto failed = run(round, rerun);
+      ASSERT_EQ(failed.size(), clean.size());
+      for (const auto& [s, outs] : clean) {
+        for (int r = 0; r < kWorld; ++r) {
+          EXPECT_LE(Distance(failed.at(s)[r], outs[r]), 1e-5 * Norm(outs[r]))
+              << (rerun ? "rerun" : "skipped") << " after round " << round
+              << " failed; step " << s << ", rank " << r;
+        }
+      }
     }
   }
 }

@@ -19,6 +19,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,11 +63,13 @@ struct SimulatedStep {
 };
 
 // grads[r] is rank r's gradient; states[r] its state. ctx.rank and
-// ctx.world_size are set per worker from grads.size().
+// ctx.world_size are set per worker from grads.size(). With `fail_round`,
+// that round's collective fails instead: every worker's session ends once
+// it has handed out the round's payload, and the step is an Aborted error.
 absl::StatusOr<SimulatedStep> SimulateStep(
     const Codec& codec, const std::vector<std::vector<float>>& grads,
     absl::Span<const int64_t> shape, std::vector<TensorState>& states,
-    StepContext ctx);
+    StepContext ctx, std::optional<int> fail_round = std::nullopt);
 
 // The sum a kSum collective returns: element-wise fp32 sum of the dense
 // bodies, which must all have the same length.

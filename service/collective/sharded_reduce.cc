@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "base/seconds_since.h"
@@ -108,6 +110,22 @@ absl::StatusOr<ShardedStats> ShardedReduce(
   // (an entry of its own: no copies of whole-tensor buffers).
   Clock::time_point t = Clock::now();
   std::vector<codecs::Bytes> parts(w);
+  // A step that fails once a slice is encoded gives that slice's state back,
+  // as a codec session does (SingleRoundCodec::Revert): the stateful
+  // codecs' payloads, kept for it, are compressed ones.
+  const bool stateful = codec.info().stateful;
+  std::vector<codecs::Bytes> encoded_parts;
+  absl::Cleanup revert_slices = [&] {
+    for (int j = 0; j < static_cast<int>(encoded_parts.size()); ++j) {
+      const Slice r = SliceOf(n, w, j);
+      const int64_t shape[] = {static_cast<int64_t>(r.size)};
+      codecs::StateStore::Locked slice_state =
+          store.Acquire(key.job, SliceStateName(key.tensor, j), shape, 0);
+      codec.Revert(codecs::TensorView{grad.subspan(r.begin, r.size), shape},
+                   *slice_state, SliceContext(ctx, key, "#slice", j),
+                   encoded_parts[j]);
+    }
+  };
   for (int j = 0; j < w; ++j) {
     const Slice r = SliceOf(n, w, j);
     const int64_t shape[] = {static_cast<int64_t>(r.size)};
@@ -120,6 +138,7 @@ absl::StatusOr<ShardedStats> ShardedReduce(
       return absl::Status(encoded.code(),
                           absl::StrCat(Where(key, j), ": ", encoded.message()));
     }
+    if (stateful) encoded_parts.push_back(parts[j]);
     stats.wire_bytes += parts[j].size();
     stats.state_bytes += slice_state->ByteSize();
   }
@@ -145,13 +164,14 @@ absl::StatusOr<ShardedStats> ShardedReduce(
   }
   stats.decode_seconds += SecondsSince(t);
   t = Clock::now();
+  const int64_t owner_shape[] = {static_cast<int64_t>(mine.size)};
   codecs::Bytes reencoded;
   {
-    const int64_t shape[] = {static_cast<int64_t>(mine.size)};
     codecs::StateStore::Locked owner_state =
-        store.Acquire(key.job, OwnerStateName(key.tensor), shape, 0);
-    absl::Status encoded = codec.Encode(codecs::TensorView{average, shape},
-                                        *owner_state, owner_ctx, &reencoded);
+        store.Acquire(key.job, OwnerStateName(key.tensor), owner_shape, 0);
+    absl::Status encoded =
+        codec.Encode(codecs::TensorView{average, owner_shape}, *owner_state,
+                     owner_ctx, &reencoded);
     if (!encoded.ok()) {
       return absl::Status(encoded.code(),
                           absl::StrCat(Where(key, me), " (owner re-encode): ",
@@ -159,6 +179,15 @@ absl::StatusOr<ShardedStats> ShardedReduce(
     }
     stats.state_bytes += owner_state->ByteSize();
   }
+  std::optional<codecs::Bytes> owner_sent;
+  if (stateful) owner_sent = reencoded;
+  absl::Cleanup revert_owner = [&] {
+    if (!owner_sent.has_value()) return;
+    codecs::StateStore::Locked owner_state =
+        store.Acquire(key.job, OwnerStateName(key.tensor), owner_shape, 0);
+    codec.Revert(codecs::TensorView{average, owner_shape}, *owner_state,
+                 owner_ctx, *owner_sent);
+  };
   stats.wire_bytes += reencoded.size();
   stats.encode_seconds += SecondsSince(t);
 
@@ -176,6 +205,8 @@ absl::StatusOr<ShardedStats> ShardedReduce(
                      ", re-encoded by its owner: ", decoded.message()));
   }
   stats.decode_seconds += SecondsSince(t);
+  std::move(revert_slices).Cancel();
+  std::move(revert_owner).Cancel();
   return stats;
 }
 

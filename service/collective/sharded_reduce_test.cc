@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "codecs/builtin.h"
 #include "codecs/cpu/momentum.h"
+#include "codecs/error_feedback.h"
 #include "codecs/params.h"
 #include "codecs/random.h"
 #include "gmock/gmock.h"
@@ -366,6 +367,80 @@ TEST(ShardedReduceTest, AMissingRankFailsTheOthersNamingIt) {
     EXPECT_EQ(status[r].code(), absl::StatusCode::kDeadlineExceeded)
         << status[r];
     EXPECT_THAT(status[r].message(), HasSubstr("rank 3"));
+  }
+}
+
+// A sharded step of a stateful codec that fails after this rank encoded
+// gives every state back, as a session does: its slices' (the exchange of
+// parts failed) and, once it re-encoded its own slice, the owner's (the
+// allgather failed). Otherwise the residuals would have lost what the
+// failed step took from them.
+TEST(ShardedReduceTest, AFailedStepLeavesTheStatesAsTheyWere) {
+  constexpr int kW = 2;
+  constexpr size_t kN = 1000;
+  auto codec = Make("efsign");
+  const auto& single = dynamic_cast<const codecs::SingleRoundCodec&>(*codec);
+  // Rank 0's states of tensor "x0" (Reduce names it): its two slices', then its
+  // owner's.
+  const auto states = [&](Group& group) {
+    std::vector<std::vector<float>> held;
+    for (int j = 0; j <= kW; ++j) {
+      const int slice = j < kW ? j : 0;
+      const size_t begin = kN * slice / kW;
+      const int64_t shape[] = {
+          static_cast<int64_t>(kN * (slice + 1) / kW - begin)};
+      auto state = group.store(0).Acquire(
+          "job", j < kW ? SliceStateName("x0", j) : OwnerStateName("x0"), shape,
+          0);
+      std::optional<absl::Span<float>> residual =
+          state->Find(codecs::kErrorFeedbackBuffer);
+      EXPECT_TRUE(residual.has_value()) << j;
+      held.emplace_back(residual.has_value() ? residual->begin() : nullptr,
+                        residual.has_value() ? residual->end() : nullptr);
+    }
+    return held;
+  };
+  for (const bool peer_sends_parts : {false, true}) {
+    Group group(kW, absl::Milliseconds(300));
+    std::vector<std::vector<std::vector<float>>> grads(1);
+    for (int r = 0; r < kW; ++r) grads[0].push_back(Gradient(r, 0, 0, kN));
+    Reduce(group, *codec, "x", 0, grads, true);
+    const std::vector<std::vector<float>> before = states(group);
+    // Step 1: rank 1 sends its parts and then leaves, or never comes.
+    std::thread peer([&] {
+      if (!peer_sends_parts) return;
+      const std::vector<float> g = Gradient(1, 0, 1, kN);
+      std::vector<codecs::Bytes> parts(kW);
+      codecs::TensorState scratch;
+      for (int j = 0; j < kW; ++j) {
+        const size_t begin = kN * j / kW, size = kN * (j + 1) / kW - begin;
+        const int64_t shape[] = {static_cast<int64_t>(size)};
+        ASSERT_TRUE(single
+                        .Encode({absl::MakeSpan(g).subspan(begin, size), shape},
+                                scratch, Context("x0", 1, 1, kW), &parts[j])
+                        .ok());
+      }
+      (void)group.collective(1).AllToAll({"job", "x0", 1, 0}, std::move(parts));
+    });
+    const std::vector<float> g = Gradient(0, 0, 1, kN);
+    std::vector<float> out(kN);
+    const absl::Status failed =
+        ShardedReduce(group.collective(0), group.store(0), single,
+                      {"job", "x0", 1, 0}, g, Context("x0", 1, 0, kW),
+                      absl::MakeSpan(out), nullptr)
+            .status();
+    peer.join();
+    // Rank 1 is missing from the collective that failed.
+    EXPECT_EQ(failed.code(), absl::StatusCode::kDeadlineExceeded) << failed;
+    const std::vector<std::vector<float>> after = states(group);
+    for (int j = 0; j <= kW; ++j) {
+      ASSERT_EQ(after[j].size(), before[j].size());
+      for (size_t i = 0; i < before[j].size(); ++i) {
+        ASSERT_NEAR(after[j][i], before[j][i], 1e-7)
+            << (peer_sends_parts ? "allgather" : "exchange") << " failed; "
+            << (j < kW ? "slice " : "owner ") << j << " [" << i << "]";
+      }
+    }
   }
 }
 

@@ -29,6 +29,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "codecs/codec.h"
@@ -49,6 +50,17 @@ class DeviceCodec {
                               int64_t rows, codecs::TensorState& state,
                               const codecs::StepContext& ctx,
                               codecs::Bytes* payload) const = 0;
+
+  // Gives back what a successful Encode of `grad` (n values of `shape`)
+  // into `payload` did to `state`, for a step that failed afterwards
+  // (codecs::SingleRoundCodec::Revert, on the host, where the state is: the
+  // gradient is copied there first). Where that copy fails the tensor's
+  // state restarts from zero.
+  virtual void Revert(int device_id, const float* grad, size_t n,
+                      absl::Span<const int64_t> shape,
+                      codecs::TensorState& state,
+                      const codecs::StepContext& ctx,
+                      absl::string_view payload) const = 0;
 
   // Writes the average of a round's result to `out` (n values), with the
   // CPU codec's arithmetic: a summed round's FinishSum (on the host, over

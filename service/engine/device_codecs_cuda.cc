@@ -33,6 +33,20 @@ class CudaTwin : public DeviceCodec {
     return codec_->EncodeDeviceRows(grad, n, rows, state, ctx, payload);
   }
 
+  void Revert(int device_id, const float* grad, size_t n,
+              absl::Span<const int64_t> shape, codecs::TensorState& state,
+              const codecs::StepContext& ctx,
+              absl::string_view payload) const override {
+    std::vector<float> host(n);
+    if (n > 0 && (cudaSetDevice(device_id) != cudaSuccess ||
+                  cudaMemcpy(host.data(), grad, n * sizeof(float),
+                             cudaMemcpyDeviceToHost) != cudaSuccess)) {
+      state.Clear();
+      return;
+    }
+    codec_->Revert(codecs::TensorView{host, shape}, state, ctx, payload);
+  }
+
   absl::Status Finish(int device_id, const codecs::RoundResult& result,
                       const codecs::StepContext& ctx, float* out,
                       size_t n) const override {

@@ -15,11 +15,13 @@
 #include <vector>
 
 #include "codecs/builtin.h"
+#include "codecs/cpu/momentum.h"
 #include "codecs/state.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "service/collective/in_process_group.h"
 #include "service/collective/local_collective.h"
+#include "service/engine/device_codecs.h"
 #include "service/engine/engine.h"
 #include "service/metrics/metrics.h"
 #include "service/metrics/metrics_testing.h"
@@ -208,6 +210,60 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Case>& info) {
       return info.param.codec;
     });
+
+// A twin's Revert (the engine calls it when a step fails after the encode)
+// gives the state back to within rounding: for each stateful codec with a
+// GPU encoder, the state after two steps, then a third encoded and reverted.
+TEST(DeviceRevertTest, AFailedStepLeavesTheStateAsItWas) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    GTEST_SKIP() << "no usable CUDA device";
+  }
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  const size_t bytes = kNumel * sizeof(float);
+  void* d_in = nullptr;
+  ASSERT_EQ(cudaMalloc(&d_in, bytes), cudaSuccess);
+  for (const Case& c :
+       {Case{"topk", {{"ratio", "0.01"}}, "cuda"}, Case{"signum", {}, "cuda"},
+        Case{"efsign", {}, "cuda"}, Case{"onebit", {}, "cuda", {1, kNumel}}}) {
+    absl::StatusOr<std::unique_ptr<DeviceCodec>> twin =
+        CreateDeviceCodec(CodecSpec{c.codec, c.params});
+    ASSERT_TRUE(twin.ok()) << c.codec << ": " << twin.status();
+    const std::vector<int64_t> shape =
+        c.shape.empty() ? std::vector<int64_t>{kNumel} : c.shape;
+    codecs::TensorState state;
+    codecs::Bytes payload;
+    codecs::StepContext ctx;
+    std::map<std::string, std::vector<float>, std::less<>> state_before;
+    for (int step = 0; step < 3; ++step) {
+      if (step == 2) state_before = state.buffers();
+      const std::vector<float> g = Gradient(0, step);
+      ASSERT_EQ(cudaMemcpy(d_in, g.data(), bytes, cudaMemcpyHostToDevice),
+                cudaSuccess);
+      ctx.step = step;
+      payload.clear();
+      ASSERT_TRUE((*twin)
+                      ->Encode(0, static_cast<const float*>(d_in), kNumel,
+                               shape[0], state, ctx, &payload)
+                      .ok())
+          << c.codec;
+    }
+    (*twin)->Revert(0, static_cast<const float*>(d_in), kNumel, shape, state,
+                    ctx, payload);
+    for (const auto& [name, before] : state_before) {
+      // The momentum that masking took from the sent coordinates: the
+      // failed step's own, kept for its Revert.
+      if (name == codecs::MomentumCorrection::kMaskedBuffer) continue;
+      const std::vector<float>& after = state.buffers().at(name);
+      ASSERT_EQ(after.size(), before.size()) << c.codec << " " << name;
+      for (size_t i = 0; i < before.size(); ++i) {
+        ASSERT_NEAR(after[i], before[i], 1e-5 * (1 + std::fabs(before[i])))
+            << c.codec << " " << name << "[" << i << "]";
+      }
+    }
+  }
+  cudaFree(d_in);
+}
 
 // NaN/Inf in a device tensor, counted on the GPU as the host path counts
 // them: a compressing codec refuses the tensor before its state takes them

@@ -773,9 +773,17 @@ absl::StatusOr<ReduceOutput> Engine::ReduceOnDevice(const ReduceInput& in,
   codecs::Round round;
   round.collective =
       info.summable ? codecs::Collective::kSum : codecs::Collective::kGather;
-  GC_RETURN_IF_ERROR(plan.twin->Encode(
-      device.device_id, static_cast<const float*>(device.input), numel,
-      in.shape.empty() ? 1 : in.shape[0], *state, ctx, &round.payload));
+  const auto* grad = static_cast<const float*>(device.input);
+  GC_RETURN_IF_ERROR(plan.twin->Encode(device.device_id, grad, numel,
+                                       in.shape.empty() ? 1 : in.shape[0],
+                                       *state, ctx, &round.payload));
+  // From here a failed step gives the state back, as a codec session does.
+  const codecs::Bytes sent = info.stateful ? round.payload : codecs::Bytes();
+  absl::Cleanup revert = [&] {
+    if (!info.stateful) return;
+    plan.twin->Revert(device.device_id, grad, numel, in.shape, *state, ctx,
+                      sent);
+  };
   stats.encode_seconds = SecondsSince(t);
   stats.wire_bytes = round.payload.size();
   t = Clock::now();
@@ -787,6 +795,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceOnDevice(const ReduceInput& in,
   GC_RETURN_IF_ERROR(plan.twin->Finish(device.device_id, result, ctx,
                                        static_cast<float*>(device.output),
                                        numel));
+  std::move(revert).Cancel();
   stats.decode_seconds = SecondsSince(t);
   return out;
 }

@@ -5,6 +5,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "codecs/builtin.h"
@@ -295,6 +296,74 @@ TEST_F(EngineTest, RelativeErrorIsThatOfTheDecodedPayload) {
   }
   EXPECT_GT(out->stats.relative_error, 0.1);
   EXPECT_NEAR(out->stats.relative_error, std::sqrt(diff / norm), 1e-12);
+}
+
+// A LocalCollective whose next Run fails, as a collective does that lost a
+// peer.
+class LosesAPeerOnce : public LocalCollective {
+ public:
+  void FailNextRun() { fail_ = true; }
+  absl::StatusOr<codecs::RoundResult> Run(const RoundKey& key,
+                                          codecs::Round round) override {
+    if (std::exchange(fail_, false)) {
+      return absl::UnavailableError("lost peer rank 1");
+    }
+    return LocalCollective::Run(key, std::move(round));
+  }
+
+ private:
+  bool fail_ = false;
+};
+
+// A step whose collective fails leaves the codec state as it was, so that
+// the trainer's rerun of the step, and the steps after it, give what they
+// give without the failure (to within the rounding of the give-back).
+TEST(EngineFailedStepTest, TheRerunOfAStepWhoseCollectiveFailedIsExact) {
+  for (const CodecSpec& codec :
+       {CodecSpec{"efsign", {}}, CodecSpec{"topk", {{"ratio", "0.01"}}}}) {
+    // Steps 1 and 2's averages, with step 1 failing once first or not.
+    const auto run = [&](bool fail) {
+      codecs::StateStore store;
+      Metrics metrics(&store, "test");
+      LosesAPeerOnce collective;
+      auto engine = Engine::Create(EngineOptions(), codecs::BuiltinCodecs(),
+                                   &store, &collective, &metrics, Policy());
+      EXPECT_TRUE(engine.ok()) << engine.status();
+      std::vector<std::vector<float>> averages;
+      for (int64_t step = 0; step < 3; ++step) {
+        std::vector<float> g(4096);
+        for (size_t i = 0; i < g.size(); ++i) {
+          g[i] = std::sin(0.37f * static_cast<float>(i) + step) + 0.01f;
+        }
+        const std::string data = FloatBytes(g);
+        ReduceInput in;
+        in.job = "job";
+        in.tensor = "fc1.weight";
+        in.step = step;
+        in.shape = {64, 64};
+        in.data = data;
+        in.codec = codec;
+        if (fail && step == 1) {
+          collective.FailNextRun();
+          EXPECT_TRUE(absl::IsUnavailable((*engine)->Reduce(in).status()));
+        }
+        absl::StatusOr<ReduceOutput> out = (*engine)->Reduce(in);
+        EXPECT_TRUE(out.ok()) << out.status();
+        if (out.ok() && step > 0) averages.push_back(BytesToFloats(out->data));
+      }
+      return averages;
+    };
+    const std::vector<std::vector<float>> clean = run(false);
+    const std::vector<std::vector<float>> rerun = run(true);
+    ASSERT_EQ(clean.size(), 2u);
+    ASSERT_EQ(rerun.size(), 2u);
+    for (size_t s = 0; s < clean.size(); ++s) {
+      for (size_t i = 0; i < clean[s].size(); ++i) {
+        ASSERT_NEAR(rerun[s][i], clean[s][i], 1e-5)
+            << codec.name << " step " << s + 1 << " [" << i << "]";
+      }
+    }
+  }
 }
 
 TEST_F(EngineTest, OutputSpanReceivesTheAverageInTheRequestDType) {
