@@ -267,25 +267,27 @@ absl::StatusOr<v1::ReduceResponse> GradcompService::DoReduce(
     return Prefixed(input.status(), TensorLabel(request));
   }
   input->reservation = held;
-  GC_ASSIGN_OR_RETURN(ReduceOutput output, engine_->Reduce(*input));
-  // A staged CUDA output goes back to its device (the engine wrote an
-  // unstaged one there itself).
-  if (output_slice.has_value() && output_slice->on_device() &&
-      input->device == nullptr) {
-    absl::Status written = output_slice->CopyFromHost(staging.output);
-    if (!written.ok()) {
-      return Prefixed(Prefixed(written, "output_shm"), TensorLabel(request));
+  // Counted by the engine once this has run: a result the client does not
+  // get is a failed reduce.
+  const auto deliver = [&](const ReduceOutput& /*output*/) -> absl::Status {
+    // A staged CUDA output goes back to its device (the engine wrote an
+    // unstaged one there itself).
+    if (output_slice.has_value() && output_slice->on_device() &&
+        input->device == nullptr) {
+      absl::Status written = output_slice->CopyFromHost(staging.output);
+      if (!written.ok()) return Prefixed(written, "output_shm");
     }
-  }
-  // A client that truncated its object while the engine used it: part of
-  // the input read as zeros, or part of the average was never written.
-  for (const auto& [slice, field] :
-       {std::pair{&input_slice, "input_shm"}, {&output_slice, "output_shm"}}) {
-    if (!slice->has_value()) continue;
-    if (absl::Status backed = (*slice)->CheckStillBacked(); !backed.ok()) {
-      return Prefixed(Prefixed(backed, field), TensorLabel(request));
+    // A client that truncated its object while the engine used it: part of
+    // the input read as zeros, or part of the average was never written.
+    for (const auto& [slice, field] : {std::pair{&input_slice, "input_shm"},
+                                       {&output_slice, "output_shm"}}) {
+      if (!slice->has_value()) continue;
+      absl::Status backed = (*slice)->CheckStillBacked();
+      if (!backed.ok()) return Prefixed(backed, field);
     }
-  }
+    return absl::OkStatus();
+  };
+  GC_ASSIGN_OR_RETURN(ReduceOutput output, engine_->Reduce(*input, deliver));
   metrics_->SetStep(request.step());
   return ReduceResponseToProto(request, std::move(output));
 }

@@ -358,10 +358,16 @@ bool Engine::SampleError() {
   return std::ceil((n + 1) * rate) > std::ceil(n * rate);
 }
 
-absl::StatusOr<ReduceOutput> Engine::Reduce(const ReduceInput& input) {
+absl::StatusOr<ReduceOutput> Engine::Reduce(const ReduceInput& input,
+                                            const Deliver& deliver) {
   const Clock::time_point start = Clock::now();
   std::string codec_label = "unresolved";
   absl::StatusOr<ReduceOutput> out = ReduceImpl(input, &codec_label);
+  if (out.ok() && deliver != nullptr) {
+    if (absl::Status delivered = deliver(*out); !delivered.ok()) {
+      out = std::move(delivered);
+    }
+  }
   metrics_->CountReduce(codec_label, out.status().code());
   if (!out.ok()) {
     return absl::Status(

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -143,11 +144,19 @@ class Engine {
       codecs::StateStore* store, Collective* collective, Metrics* metrics,
       Policy policy);
 
+  // The caller's last step of a reduce that can still fail it, given the
+  // output: the service copies a staged output to its device and checks
+  // that the client's shared memory stayed backed.
+  using Deliver = std::function<absl::Status(const ReduceOutput&)>;
+
   // Thread-safe; tensors of one job may be reduced concurrently (calls for
   // the same tensor are serialised by its state lock). Errors are prefixed
   // with "tensor '<name>' step <n>: ". A tensor with zero elements returns
-  // empty data at once, without a collective.
-  absl::StatusOr<ReduceOutput> Reduce(const ReduceInput& input);
+  // empty data at once, without a collective. `deliver`, when given, runs
+  // after a reduce that succeeded and before the reduce is counted in the
+  // metrics, so that they count what the caller got.
+  absl::StatusOr<ReduceOutput> Reduce(const ReduceInput& input,
+                                      const Deliver& deliver = nullptr);
 
   struct PolicySnapshot {
     Policy policy;

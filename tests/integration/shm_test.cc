@@ -240,6 +240,16 @@ TEST(ShmIntegrationTest, TruncatedMidRequestFailsThatRequestAndRegionOnly) {
   EXPECT_EQ(cut.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(cut.status().message(),
               HasSubstr("was truncated while the daemon was using it"));
+  // Counted as what its client got: a failed reduce, not an OK one.
+  const auto reduces = [&](const std::string& code) {
+    auto page = HttpGet(cluster.daemon(0).metrics_port(), "/metrics");
+    EXPECT_TRUE(page.ok()) << page.status();
+    return page.ok() ? Sample(*page, "gradcomp_reduce_total{code=\"" + code +
+                                         "\",codec=\"none\"}")
+                     : -2;
+  };
+  EXPECT_EQ(reduces("FAILED_PRECONDITION"), 1);
+  EXPECT_EQ(reduces("OK"), -1) << "absent: no reduce succeeded on rank 0";
 
   // Rank 0 still serves: the region grown back stays refused (its mapping
   // holds zero pages now), a new one works.
