@@ -479,15 +479,20 @@ grpc::Status GradcompService::SetPolicy(grpc::ServerContext* /*context*/,
   return grpc::Status::OK;
 }
 
+absl::StatusOr<std::string> GradcompService::ShmCaller(
+    const grpc::ServerContext& context) const {
+  if (shm_ == nullptr) return absl::FailedPreconditionError(kClientShmOff);
+  ShmClient client = ClientId(context);
+  if (!client.has_value()) return UnidentifiedClient();
+  return *std::move(client);
+}
+
 grpc::Status GradcompService::RegisterSystemSharedMemory(
     grpc::ServerContext* context,
     const v1::RegisterSystemSharedMemoryRequest* request,
     v1::RegisterSystemSharedMemoryResponse* /*response*/) {
-  if (shm_ == nullptr) {
-    return ToGrpcStatus(absl::FailedPreconditionError(kClientShmOff));
-  }
-  const ShmClient client = ClientId(*context);
-  if (!client.has_value()) return ToGrpcStatus(UnidentifiedClient());
+  absl::StatusOr<std::string> client = ShmCaller(*context);
+  if (!client.ok()) return ToGrpcStatus(client.status());
   return ToGrpcStatus(
       shm_->RegisterSystem(*client, request->name(), request->shm_key(),
                            request->offset(), request->byte_size()));
@@ -497,11 +502,8 @@ grpc::Status GradcompService::RegisterCudaSharedMemory(
     grpc::ServerContext* context,
     const v1::RegisterCudaSharedMemoryRequest* request,
     v1::RegisterCudaSharedMemoryResponse* /*response*/) {
-  if (shm_ == nullptr) {
-    return ToGrpcStatus(absl::FailedPreconditionError(kClientShmOff));
-  }
-  const ShmClient client = ClientId(*context);
-  if (!client.has_value()) return ToGrpcStatus(UnidentifiedClient());
+  absl::StatusOr<std::string> client = ShmCaller(*context);
+  if (!client.ok()) return ToGrpcStatus(client.status());
   return ToGrpcStatus(shm_->RegisterCuda(
       *client, request->name(), request->raw_handle(), request->device_id(),
       request->byte_size(), request->lock_key()));
@@ -511,22 +513,16 @@ grpc::Status GradcompService::UnregisterSharedMemory(
     grpc::ServerContext* context,
     const v1::UnregisterSharedMemoryRequest* request,
     v1::UnregisterSharedMemoryResponse* /*response*/) {
-  if (shm_ == nullptr) {
-    return ToGrpcStatus(absl::FailedPreconditionError(kClientShmOff));
-  }
-  const ShmClient client = ClientId(*context);
-  if (!client.has_value()) return ToGrpcStatus(UnidentifiedClient());
+  absl::StatusOr<std::string> client = ShmCaller(*context);
+  if (!client.ok()) return ToGrpcStatus(client.status());
   return ToGrpcStatus(shm_->Unregister(*client, request->name()));
 }
 
 grpc::Status GradcompService::SharedMemoryStatus(
     grpc::ServerContext* context, const v1::SharedMemoryStatusRequest* request,
     v1::SharedMemoryStatusResponse* response) {
-  if (shm_ == nullptr) {
-    return ToGrpcStatus(absl::FailedPreconditionError(kClientShmOff));
-  }
-  const ShmClient client = ClientId(*context);
-  if (!client.has_value()) return ToGrpcStatus(UnidentifiedClient());
+  absl::StatusOr<std::string> client = ShmCaller(*context);
+  if (!client.ok()) return ToGrpcStatus(client.status());
   absl::StatusOr<std::vector<SharedMemoryRegionInfo>> regions =
       shm_->Status(*client, request->name());
   if (!regions.ok()) return ToGrpcStatus(regions.status());

@@ -102,6 +102,12 @@ class GradcompService final : public v1::Gradcomp::Service {
   // memory.
   using ShmClient = std::optional<std::string>;
 
+  // The caller of a shared-memory RPC, by whom its regions go: an error
+  // when client shared memory is off, or for a caller ClientId cannot tell
+  // apart from the others on its socket.
+  absl::StatusOr<std::string> ShmCaller(
+      const grpc::ServerContext& context) const;
+
   // One Reduce in core terms for `client` (ClientId of the call); the
   // status is what the client sees. `held` holds the request's inline
   // bytes in the memory budget; null: DoReduce reserves them itself.
