@@ -427,17 +427,23 @@ absl::StatusOr<MemoryBudget::Reservation> Engine::ReserveInput(
 }
 
 absl::Status Engine::ReserveWorkingMemory(const ReduceInput& in, uint64_t numel,
-                                          size_t width,
+                                          size_t width, bool sample_error,
                                           MemoryBudget::Reservation* own) {
   // An estimate of what ReduceImpl allocates: the payload and the fp32
-  // average always; the converted input, the response's data and the
-  // conversion scratch when it needs them. Other ranks' payloads are not
-  // counted: their size is not known before they arrive.
+  // average always; the converted input, the response's data and the fp32
+  // scratch of a result that is not aligned fp32 (ResultFloats) when it
+  // needs them; for an error sample, the session's copy of its payload (a
+  // dense one is tensor-sized) and the decode of it. Other ranks' payloads
+  // are not counted: their size is not known before they arrive.
   const uint64_t fp32 = numel * sizeof(float);
   uint64_t bytes = 2 * fp32;
   if (!IsAlignedFloat32(in.dtype, in.data.data())) bytes += fp32;
   if (in.output.empty()) bytes += numel * width;
-  if (in.dtype != DType::kFloat32) bytes += fp32;
+  const bool result_aligned =
+      in.output.empty() ? in.dtype == DType::kFloat32
+                        : IsAlignedFloat32(in.dtype, in.output.data());
+  if (!result_aligned) bytes += fp32;
+  if (sample_error) bytes += 2 * fp32;
   if (in.reservation != nullptr) {
     return in.reservation->GrowTo(in.reservation->bytes() + bytes,
                                   "this reduce", options_.memory_wait);
@@ -503,8 +509,12 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   // reserved before any of it is (docs/daemon.md, "Limits").
   GC_ASSIGN_OR_RETURN(const JobQuotas::Ticket ticket,
                       quotas_.Admit(in.job, in.tensor));
+  // Decided first, as the sample takes memory of its own; a tensor that
+  // then holds NaN or Inf is not measured.
+  const bool sample = SampleError();
   MemoryBudget::Reservation own_reservation;
-  GC_RETURN_IF_ERROR(ReserveWorkingMemory(in, numel, width, &own_reservation));
+  GC_RETURN_IF_ERROR(
+      ReserveWorkingMemory(in, numel, width, sample, &own_reservation));
 
   // fp32 is read in place; other dtypes (and unaligned bytes) are converted.
   std::unique_ptr<float[]> converted;
@@ -563,7 +573,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   };
   // Decided before the session starts: a session that will not be asked
   // for its own decode hands its payload over instead of copying it.
-  const bool sample_error = nonfinite.count == 0 && SampleError();
+  const bool sample_error = nonfinite.count == 0 && sample;
   codecs::StepContext ctx = StepContextOf(in);
   ctx.keep_own = sample_error;
   const codecs::TensorView view{grad, in.shape};
@@ -741,8 +751,9 @@ absl::StatusOr<ReduceOutput> Engine::ReduceOnDevice(const ReduceInput& in,
                       quotas_.Admit(in.job, in.tensor));
   // Host memory: this worker's payload and the collective's result.
   MemoryBudget::Reservation own_reservation;
-  GC_RETURN_IF_ERROR(
-      ReserveWorkingMemory(in, numel, sizeof(float), &own_reservation));
+  GC_RETURN_IF_ERROR(ReserveWorkingMemory(in, numel, sizeof(float),
+                                          /*sample_error=*/false,
+                                          &own_reservation));
 
   const codecs::CodecInfo& info = plan.codec->info();
   *codec_label = info.name;

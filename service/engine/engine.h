@@ -222,10 +222,11 @@ class Engine {
   // size 1).
   absl::StatusOr<std::shared_ptr<const BatchSpec>> ResolveBatch(
       const ReduceInput& in) const;
-  // Reserves the memory budget for the buffers ReduceImpl allocates: into
-  // `in.reservation` when the caller holds one, else into `own`.
+  // Reserves the memory budget for the buffers ReduceImpl allocates (with
+  // the error sample's when `sample_error`): into `in.reservation` when the
+  // caller holds one, else into `own`.
   absl::Status ReserveWorkingMemory(const ReduceInput& in, uint64_t numel,
-                                    size_t width,
+                                    size_t width, bool sample_error,
                                     MemoryBudget::Reservation* own);
   // What a device tensor's reduce would run on the GPU; `twin` is null
   // when it must be staged through the host instead.

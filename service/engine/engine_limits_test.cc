@@ -100,13 +100,14 @@ TEST_F(EngineLimitsTest, ReduceLargerThanTheBudgetFailsAtOnceWithFigures) {
   EngineOptions options;
   options.memory_budget_bytes = 100 << 10;
   Build(options);
-  // 128 x 128 fp32: payload + average + response = 3 x 64 KiB > 100 KiB.
+  // 128 x 128 fp32: payload + average + response = 3 x 64 KiB, and the
+  // error sample (every reduce by default here) 2 x 64 KiB more, > 100 KiB.
   const std::string big = Floats(128 * 128, 1);
   auto refused = engine_->Reduce(Square(big, 128));
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(refused.status().message(),
               HasSubstr("tensor 'w' step 0: memory budget: this reduce needs "
-                        "196608 bytes, more than the whole budget of 102400 "
+                        "327680 bytes, more than the whole budget of 102400 "
                         "bytes"));
   EXPECT_EQ(Exhausted("memory"), 1);
   EXPECT_EQ(Metric("gradcomp_reduce_total",
@@ -127,11 +128,11 @@ TEST_F(EngineLimitsTest, FullBudgetWaitsBoundedThenFailsAndRecovers) {
   Build(options);
   auto held = engine_->ReserveInput(80 << 10, "another request");
   ASSERT_TRUE(held.ok()) << held.status();
-  const std::string data = Floats(64 * 64, 1);  // needs 48 KiB
+  const std::string data = Floats(64 * 64, 1);  // needs 5 x 16 KiB
   auto refused = engine_->Reduce(Square(data, 64));
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(refused.status().message(),
-              HasSubstr("this reduce needs 49152 bytes, but 81920 of the "
+              HasSubstr("this reduce needs 81920 bytes, but 81920 of the "
                         "budget's 102400 bytes are in use (0 by codec state) "
                         "and none came free within 20ms"));
   EXPECT_EQ(InUse(), 80 << 10);  // the refusal holds nothing
@@ -144,6 +145,7 @@ TEST_F(EngineLimitsTest, FullBudgetWaitsBoundedThenFailsAndRecovers) {
 TEST_F(EngineLimitsTest, CallersReservationGrowsByTheWorkingMemory) {
   EngineOptions options;
   options.memory_budget_bytes = 1 << 20;
+  options.error_sample_rate = 0.5;  // the first reduce is sampled, not the 2nd
   Build(options);
   const std::string data = Floats(64 * 64, 1);
   auto held = engine_->ReserveInput(data.size(), "its input");
@@ -151,11 +153,25 @@ TEST_F(EngineLimitsTest, CallersReservationGrowsByTheWorkingMemory) {
   ReduceInput in = Square(data, 64);
   in.reservation = &*held;
   ASSERT_TRUE(engine_->Reduce(in).ok());
-  // Input, payload, average and response: the caller releases it all.
-  EXPECT_EQ(held->bytes(), 4 * data.size());
-  EXPECT_EQ(InUse(), 4 * data.size());
+  // Input, payload, average and response, and the error sample's payload
+  // copy and decode: the caller releases it all.
+  EXPECT_EQ(held->bytes(), 6 * data.size());
+  EXPECT_EQ(InUse(), 6 * data.size());
   held->Release();
   EXPECT_EQ(InUse(), 0);
+
+  // Not sampled, into an fp32 output one byte off alignment: input,
+  // payload, average and the output's fp32 scratch (no response data).
+  std::string output(data.size() + 1, '\0');
+  held = engine_->ReserveInput(data.size(), "its input");
+  ASSERT_TRUE(held.ok());
+  in.step = 1;
+  in.output = absl::MakeSpan(output.data() + 1, data.size());
+  in.reservation = &*held;
+  ASSERT_TRUE(engine_->Reduce(in).ok());
+  EXPECT_EQ(held->bytes(), 4 * data.size());
+  EXPECT_EQ(output.substr(1), data);
+  held->Release();
 }
 
 TEST_F(EngineLimitsTest, CodecStateCountsAgainstTheBudget) {
