@@ -260,6 +260,13 @@ class _ShmStaging:
         finally:
             region.release()
 
+    def drop_after(self, last: int) -> None:
+        """Unregisters and releases the regions of buckets after `last`, a
+        step's last bucket: DDP's rebuild after the first step can leave
+        fewer buckets, and their regions would hold /dev/shm until close()."""
+        _close_all(functools.partial(self._drop, index)
+                   for index in list(self._regions) if index > last)
+
     def close(self) -> None:
         """Unregisters and releases every region, even after a failure;
         raises the first error."""
@@ -708,6 +715,8 @@ class HookState:
                 name, functools.partial(self._staging.renew, index),
                 0, buffer.nbytes, tensors, step)
             buffer[...] = region.array(buffer.shape, buffer.dtype, offset=buffer.nbytes)
+            if last:
+                self._staging.drop_after(index)
         else:
             for codec, group in self._groups(tensors):
                 batches = self._batches(codec, group)

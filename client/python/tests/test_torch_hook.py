@@ -423,8 +423,58 @@ class HookGatherBatchTest(unittest.TestCase):
                                 f"rank {r}: {name} differs with batch_gather")
 
 
+class _Bucket:
+    """What the hook reads of a dist.GradBucket: parameters whose gradients
+    are views of one flat buffer, and the bucket's place in the step."""
+
+    def __init__(self, params: list, index: int, count: int):
+        self._params = params
+        self._index, self._count = index, count
+        self._buffer = torch.cat([torch.randn(p.numel()) for p in params])
+        self._grads, offset = [], 0
+        for p in params:
+            self._grads.append(self._buffer[offset:offset + p.numel()].view(p.shape))
+            offset += p.numel()
+
+    def buffer(self):
+        return self._buffer
+
+    def index(self) -> int:
+        return self._index
+
+    def is_last(self) -> bool:
+        return self._index == self._count - 1
+
+    def parameters(self) -> list:
+        return self._params
+
+    def gradients(self) -> list:
+        return self._grads
+
+
 @unittest.skipIf(torch is None, "needs torch (Debian: python3-torch)")
 class HookSharedMemoryTest(unittest.TestCase):
+
+    def test_regions_of_buckets_gone_after_a_rebuild_are_released(self):
+        """DDP rebuilds its buckets after the first step, and there can be
+        fewer: the regions of the indices that are gone are unregistered
+        (and their /dev/shm freed) at the next step's last bucket, not at
+        close()."""
+        import gradcomp.torch as gtorch
+
+        model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+        params = list(model.parameters())
+        with Daemon(["--allow_client_shm"]) as daemon:
+            state = gtorch.HookState(model, daemon.target, job="rebuild", shm=True)
+            try:
+                for buckets in ([params[:2], params[2:3], params[3:]], [params]):
+                    for index, held in enumerate(buckets):
+                        gtorch.hook(state, _Bucket(held, index, len(buckets))).wait()
+                    self.assertEqual(daemon.metric("gradcomp_shm_regions"), len(buckets))
+                self.assertEqual(state.stats.steps, 2)
+            finally:
+                state.close()
+            self.assertEqual(daemon.metric("gradcomp_shm_regions"), 0)
 
     def test_local_daemon_gets_shared_memory_and_the_same_steps(self):
         with tempfile.TemporaryDirectory() as tmp:

@@ -107,6 +107,7 @@ class DaemonRestartTest(GlooGroupOfOne):
         self.state = gtorch.HookState(
             self.model, self.daemon.target, job="groups", shm=True,
             codecs={"0.weight": gtorch.Codec("topk", {"ratio": 0.5})})
+        self.addCleanup(self.state.close)  # setUp's cleanup closes the first
         ddp = nn.parallel.DistributedDataParallel(self.model)
         ddp.register_comm_hook(self.state, gtorch.hook)
         client = self.state.client
