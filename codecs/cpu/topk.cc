@@ -162,8 +162,15 @@ absl::Status TopKCodec::EncodeWith(const TensorView& grad, TensorState& state,
   const float scale = ClipScale(grad.values, options_.clip_norm);
   absl::Span<float> v = momentum_.Accumulate(grad.values, scale, state);
   const PhiloxStream rng(ctx.seed, ctx.tensor_id, ctx.step, /*round=*/0);
-  GC_ASSIGN_OR_RETURN(const TopKSelection selection,
-                      select(v, KAt(n, ctx.step), options_.sample, rng));
+  absl::StatusOr<TopKSelection> selected =
+      select(v, KAt(n, ctx.step), options_.sample, rng);
+  if (!selected.ok()) {
+    // The GPU's selection can fail (device memory, a CUDA error): the step
+    // then took nothing, and its accumulation is given back.
+    momentum_.Revert(grad.values, scale, {}, {}, /*masking=*/false, state);
+    return selected.status();
+  }
+  const TopKSelection selection = *std::move(selected);
   const std::vector<uint32_t>& indices = selection.indices;
   char* values = BeginSparsePayload(CodecId::kTopK, n, indices, payload);
   bool finite = true;

@@ -93,7 +93,8 @@ class TopKCodec : public SingleRoundCodec {
   using Selector = absl::FunctionRef<absl::StatusOr<TopKSelection>(
       absl::Span<const float> v, size_t k, double sample,
       const PhiloxStream& rng)>;
-  // Encode, with `select` in place of SelectTopK.
+  // Encode, with `select` in place of SelectTopK. When `select` fails the
+  // state is as it was, to within rounding.
   absl::Status EncodeWith(const TensorView& grad, TensorState& state,
                           const StepContext& ctx, Selector select,
                           Bytes* payload) const;

@@ -129,6 +129,42 @@ TEST(TopKCodecTest, MaskingClearsMomentumOfSentCoordinates) {
   }
 }
 
+// The GPU twin's selection can fail after the momentum correction ran:
+// the state is then as it was, for classic and Nesterov momentum.
+TEST(TopKCodecTest, AFailedSelectionLeavesTheStateAsItWas) {
+  for (const char* nesterov : {"false", "true"}) {
+    const auto codec =
+        Make({{"ratio", "0.05"}, {"momentum", "0.9"}, {"nesterov", nesterov}});
+    TensorState state;
+    EncodeStep(*codec, Normal(10000, 4), state, 0);
+    const std::vector<float> u =
+        Buffer(state, MomentumCorrection::kMomentumBuffer);
+    const std::vector<float> v =
+        Buffer(state, MomentumCorrection::kVelocityBuffer);
+    const std::vector<float> g = Normal(10000, 5);
+    const int64_t shape[] = {10000};
+    Bytes payload;
+    const absl::Status failed = codec->EncodeWith(
+        TensorView{g, shape}, state, StepContext(),
+        [](absl::Span<const float>, size_t, double,
+           const PhiloxStream&) -> absl::StatusOr<TopKSelection> {
+          return absl::ResourceExhaustedError("out of device memory");
+        },
+        &payload);
+    EXPECT_TRUE(absl::IsResourceExhausted(failed)) << failed;
+    const std::vector<float> u_after =
+        Buffer(state, MomentumCorrection::kMomentumBuffer);
+    const std::vector<float> v_after =
+        Buffer(state, MomentumCorrection::kVelocityBuffer);
+    for (size_t i = 0; i < g.size(); ++i) {
+      ASSERT_NEAR(u_after[i], u[i], 1e-5)
+          << "nesterov " << nesterov << " " << i;
+      ASSERT_NEAR(v_after[i], v[i], 1e-5)
+          << "nesterov " << nesterov << " " << i;
+    }
+  }
+}
+
 TEST(TopKCodecTest, RatioOneWithoutMaskingIsDenseMomentumSgd) {
   for (bool nesterov : {false, true}) {
     const auto codec = Make({{"ratio", "1"},

@@ -454,13 +454,16 @@ class CudaSign : public CudaCodec {
     GC_ASSIGN_OR_RETURN(DeviceBuffer m, Upload(momentum));
     GC_CUDA_RETURN_IF_ERROR(LaunchMomentumUpdate(
         grad, n, momentum_, 1.0f - momentum_, m.as<float>(), nullptr));
-    GC_RETURN_IF_ERROR(CopyToHost(m.as<float>(), momentum));
     const absl::Status status = EncodeSigns(m.as<float>(), n, payload);
     if (status.code() == absl::StatusCode::kInvalidArgument) {
       // As the CPU: a momentum holding NaN would poison every later step.
       std::fill(momentum.begin(), momentum.end(), 0.0f);
+      return status;
     }
-    return status;
+    // Another failure (device memory, a CUDA error) leaves the host's
+    // momentum as it was: the step took nothing.
+    GC_RETURN_IF_ERROR(status);
+    return CopyToHost(m.as<float>(), momentum);
   }
 
   absl::Status DecodeAddDevice(absl::string_view payload, float alpha,
