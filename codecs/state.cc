@@ -273,6 +273,18 @@ size_t StateStore::ByteSize() const {
   return bytes;
 }
 
+size_t StateStore::ByteSizeOf(absl::string_view job,
+                              absl::Span<const std::string> tensors) const {
+  absl::MutexLock lock(&mu_);
+  size_t bytes = 0;
+  for (const std::string& tensor : tensors) {
+    if (auto it = entries_.find(Key(job, tensor)); it != entries_.end()) {
+      bytes += it->second->bytes.load(std::memory_order_relaxed);
+    }
+  }
+  return bytes;
+}
+
 size_t StateStore::EraseJob(absl::string_view job) {
   const std::string prefix = Key(job, "");
   absl::MutexLock lock(&mu_);

@@ -94,6 +94,10 @@ class StateStore {
   uint64_t resets() const;
   // Bytes held by every tensor's state.
   size_t ByteSize() const;
+  // Bytes held by the states of `tensors` of `job` that exist, as of their
+  // last unlock (without waiting for a tensor in use).
+  size_t ByteSizeOf(absl::string_view job,
+                    absl::Span<const std::string> tensors) const;
 
   // One tensor of a blob that Import is about to restore: its name and the
   // bytes its state will hold.

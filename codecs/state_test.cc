@@ -61,6 +61,21 @@ TEST(StateStoreTest, ByteSizeDoesNotWaitForLockedTensors) {
   EXPECT_EQ(store.ByteSize(), 16u);
 }
 
+TEST(StateStoreTest, ByteSizeOfCountsTheNamedTensorsOfTheJobThatExist) {
+  StateStore store;
+  const int64_t shape[] = {4};
+  store.Acquire("job", "a", shape, 1)->Buffer("ef.residual", 4);
+  store.Acquire("job", "b", shape, 1)->Buffer("ef.residual", 2);
+  store.Acquire("other", "a", shape, 1)->Buffer("ef.residual", 1);
+  EXPECT_EQ(store.ByteSizeOf("job", {"a"}), 16u);
+  EXPECT_EQ(store.ByteSizeOf("job", {"a", "b", "missing"}), 24u);
+  EXPECT_EQ(store.ByteSizeOf("other", {"a", "b"}), 4u);
+  // As ByteSize(): a locked tensor counts what it held at its last unlock.
+  StateStore::Locked held = store.Acquire("job", "b", shape, 1);
+  held->Buffer("ef.more", 4);
+  EXPECT_EQ(store.ByteSizeOf("job", {"b"}), 8u);
+}
+
 TEST(StateStoreTest, EraseJobForgetsThatJobOnly) {
   StateStore store;
   store.Acquire("job", "w", kShape, 1)->Buffer("x", 2)[0] = 1.0f;

@@ -44,6 +44,17 @@ std::string OwnerStateName(absl::string_view tensor) {
   return absl::StrCat(tensor, "#shard");
 }
 
+std::vector<std::string> ShardedStateNames(absl::string_view tensor,
+                                           int world_size) {
+  std::vector<std::string> names;
+  names.reserve(world_size + 1);
+  for (int j = 0; j < world_size; ++j) {
+    names.push_back(SliceStateName(tensor, j));
+  }
+  names.push_back(OwnerStateName(tensor));
+  return names;
+}
+
 absl::string_view StateOwner(absl::string_view name) {
   if (absl::ConsumeSuffix(&name, "#shard")) return name;
   const size_t slice = name.rfind("#slice");
@@ -140,7 +151,6 @@ absl::StatusOr<ShardedStats> ShardedReduce(
     }
     if (stateful) encoded_parts.push_back(parts[j]);
     stats.wire_bytes += parts[j].size();
-    stats.state_bytes += slice_state->ByteSize();
   }
   if (own_parts != nullptr) *own_parts = parts;
   stats.encode_seconds += SecondsSince(t);
@@ -177,7 +187,6 @@ absl::StatusOr<ShardedStats> ShardedReduce(
                           absl::StrCat(Where(key, me), " (owner re-encode): ",
                                        encoded.message()));
     }
-    stats.state_bytes += owner_state->ByteSize();
   }
   std::optional<codecs::Bytes> owner_sent;
   if (stateful) owner_sent = reencoded;

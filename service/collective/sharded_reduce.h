@@ -67,6 +67,10 @@ const codecs::SingleRoundCodec* ShardableCodec(Aggregation mode,
 // sharded starts the other mode's residuals from zero.
 std::string SliceStateName(absl::string_view tensor, int slice);
 std::string OwnerStateName(absl::string_view tensor);
+// Every entry name sharded aggregation may keep for `tensor` in a world of
+// `world_size` ranks: the slices' and the owner's.
+std::vector<std::string> ShardedStateNames(absl::string_view tensor,
+                                           int world_size);
 // The tensor whose state the store entry `name` holds: the tensor of a
 // SliceStateName or OwnerStateName, else `name` itself.
 absl::string_view StateOwner(absl::string_view name);
@@ -78,10 +82,6 @@ struct ShardedStats {
   double encode_seconds = 0;
   double collective_seconds = 0;
   double decode_seconds = 0;
-  // Bytes of the codec state this reduce keeps under its own entries (the W
-  // slice states and the owned slice's), for the caller to count against
-  // the tensor's job quota and the memory budget.
-  uint64_t state_bytes = 0;
 };
 
 // Runs one sharded reduce of `grad` (the tensor's values, flattened; the

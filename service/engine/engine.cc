@@ -559,17 +559,17 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   codecs::StateStore::Locked state =
       store_->Acquire(in.job, in.tensor, in.shape, static_cast<int>(in.dtype));
   // However the reduce ends, the state's size then counts against the
-  // job's quota and the memory budget (recorded while it is still locked).
-  // Sharded aggregation keeps its state in entries of its own
-  // (sharded_reduce.h), counted with the tensor's; a sharded reduce that
-  // fails leaves the count as it was.
-  bool sharding = false;
-  std::optional<uint64_t> sharded_state_bytes;
+  // job's quota and the memory budget (recorded while it is still locked):
+  // the tensor's entry and any that sharded aggregation keeps for it
+  // (sharded_reduce.h), whether this step was sharded or not, since they
+  // stay in the store when the policy switches to allgather.
   absl::Cleanup record_state = [&] {
-    if (sharding && !sharded_state_bytes.has_value()) return;
-    budget_.AddState(quotas_.RecordState(
-        in.job, in.tensor,
-        state->ByteSize() + sharded_state_bytes.value_or(0)));
+    uint64_t bytes = state->ByteSize();
+    if (collective_->world_size() > 1) {
+      bytes += store_->ByteSizeOf(
+          in.job, ShardedStateNames(in.tensor, collective_->world_size()));
+    }
+    budget_.AddState(quotas_.RecordState(in.job, in.tensor, bytes));
   };
   // Decided before the session starts: a session that will not be asked
   // for its own decode hands its payload over instead of copying it.
@@ -587,7 +587,6 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
       ShardableCodec(decision.aggregation, *codec, ctx.world_size, numel);
   ShardedSession* sharded = nullptr;
   std::unique_ptr<codecs::CodecSession> session;
-  sharding = shardable != nullptr;
   if (shardable != nullptr) {
     auto owned = std::make_unique<ShardedSession>(
         *collective_, *store_, *shardable,
@@ -633,7 +632,6 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   GC_RETURN_IF_ERROR(average.Commit());
   stats.decode_seconds += SecondsSince(t);
   if (sharded != nullptr) {
-    sharded_state_bytes = sharded->stats().state_bytes;
     stats.wire_bytes = sharded->stats().wire_bytes;
     stats.encode_seconds = sharded->stats().encode_seconds;
     stats.collective_seconds = sharded->stats().collective_seconds;
