@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -155,6 +156,28 @@ absl::Status CheckUnitVectors(const std::vector<float>& body, uint32_t count,
   return absl::OkStatus();
 }
 
+// With unit-sized v, |decode[r][c]| <= |alpha| * kMaxUnitEntry * the sum
+// over atoms of |u_k[r]|: a row whose bound passes FLT_MAX could decode to
+// Inf from finite atoms, and is refused. No encoder sends one: its own
+// decode would be Inf.
+absl::Status CheckRowSums(const std::vector<float>& body, uint32_t count,
+                          uint64_t rows, uint64_t cols, float alpha) {
+  const double scale = std::fabs(double{alpha}) * kMaxUnitEntry;
+  for (uint64_t r = 0; r < rows; ++r) {
+    double sum = 0;
+    for (uint32_t k = 0; k < count; ++k) {
+      sum += std::fabs(body[k * (rows + cols) + r]);
+    }
+    if (sum * scale > std::numeric_limits<float>::max()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "atomo: the atoms' u values of row %d add up to %g; expected a "
+          "sum whose decode stays finite",
+          r, sum));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DecodeSpectral(const ParsedPayload& parsed, uint32_t count,
                             uint64_t rows, float alpha, absl::Span<float> acc) {
   const uint64_t n = acc.size();
@@ -190,6 +213,7 @@ absl::Status DecodeSpectral(const ParsedPayload& parsed, uint32_t count,
         "atomo: expected finite atom values, got NaN or Inf");
   }
   GC_RETURN_IF_ERROR(CheckUnitVectors(body, count, rows, cols));
+  GC_RETURN_IF_ERROR(CheckRowSums(body, count, rows, cols, alpha));
   for (uint32_t k = 0; k < count; ++k) {
     const float* u = body.data() + k * (rows + cols);
     const float* v = u + rows;

@@ -316,6 +316,29 @@ TEST(AtomoCodecTest, SpectralDecodeRejectsVectorsThatAreNotUnitSized) {
   EXPECT_EQ(acc, (std::vector<float>{0, -1e30f, 0, 0, 2, 0}));
 }
 
+// Each atom alone decodes to finite values, but row 0's two u values add
+// up past FLT_MAX.
+TEST(AtomoCodecTest, SpectralDecodeRejectsAtomsWhoseSumOverflows) {
+  const auto codec = Make("spectral", "2");
+  const Bytes payload =
+      SpectralPayload(2, 3, {{3e38f, 1, 1, 0, 0}, {3e38f, 1, 1, 0, 0}});
+  std::vector<float> acc(6, 1.0f);
+  const absl::Status status =
+      codec->DecodeAdd(payload, 1.0f, absl::MakeSpan(acc));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(std::string(status.message()).find("row 0"), std::string::npos)
+      << status;
+  EXPECT_EQ(acc, std::vector<float>(6, 1.0f));
+  // Half as large each, they fit.
+  ASSERT_TRUE(
+      codec
+          ->DecodeAdd(SpectralPayload(
+                          2, 3, {{1.5e38f, 1, 1, 0, 0}, {1.5e38f, 1, 1, 0, 0}}),
+                      1.0f, absl::MakeSpan(acc))
+          .ok());
+  EXPECT_TRUE(std::isfinite(acc[0])) << acc[0];
+}
+
 TEST(AtomoCodecTest, EncodedSpectralPayloadsAlwaysDecode) {
   // Shapes and inputs whose singular vectors have an entry at or near 1
   // (one-hot, a spike, a dominant column), where the SVD's rounding could
