@@ -18,7 +18,8 @@ namespace gradcomp::service {
 namespace {
 
 // One guarded range. `begin` is written last when a slot is taken and first
-// (to 0) when it is given back, so the handler never sees half a range.
+// (to 0) when it is given back; the handler reads begin, end, then begin
+// again, so that it never uses half of one range and half of another.
 struct Slot {
   std::atomic<uintptr_t> begin{0};
   std::atomic<uintptr_t> end{0};
@@ -56,7 +57,14 @@ void OnSigbus(int signal, siginfo_t* info, void* context) {
     Slot& slot = t.slots[i];
     const uintptr_t begin = slot.begin.load(std::memory_order_acquire);
     const uintptr_t end = slot.end.load(std::memory_order_acquire);
-    if (begin == 0 || address < begin || address >= end) continue;
+    // A slot given back and taken again between the two loads would pair
+    // one range's begin with another's end, and the mmap below could cover
+    // memory of neither: begin is read again. (A slot taken again for the
+    // same begin is a mapping at the same address, so that end is its.)
+    if (begin == 0 || slot.begin.load(std::memory_order_acquire) != begin ||
+        address < begin || address >= end) {
+      continue;
+    }
     // Truncation frees the object from its new end on, so every page of
     // the mapping from the faulting one on is gone: replace them at once.
     const uintptr_t page = address & ~(PageSize() - 1);
@@ -122,7 +130,9 @@ absl::StatusOr<std::unique_ptr<TruncationGuard>> TruncationGuard::Guard(
   const uintptr_t end = (begin + length + PageSize() - 1) & ~(PageSize() - 1);
   Slot& s = t.slots[slot];
   s.faulted.store(false, std::memory_order_relaxed);
-  s.end.store(end, std::memory_order_relaxed);
+  // Release: a handler that reads this end then sees the slot's earlier
+  // begin = 0 (or this begin) when it reads begin again.
+  s.end.store(end, std::memory_order_release);
   s.begin.store(begin, std::memory_order_release);
   if (slot == used) t.used.store(used + 1, std::memory_order_release);
   return std::unique_ptr<TruncationGuard>(new TruncationGuard(slot));
