@@ -46,6 +46,7 @@ namespace gradcomp::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using client::Client;
 
 constexpr int kWorld = 4;
 constexpr uint64_t kSeed = 7;
@@ -547,6 +548,67 @@ TEST(PeersFaultTest, AKilledDaemonIsNamedAndTheNextStepWorksAfterRestart) {
     offset += grads[0].size();
   }
   EXPECT_EQ(offset, got.size());
+}
+
+// A step that fails on a rank because its peer never sent (the collective
+// deadline) leaves that rank's codec state as it was: the error-feedback
+// residual exported after the failed step is the one exported before it, to
+// within the give-back's rounding. Before, the residual had already given
+// up the part the failed step was sending.
+TEST(PeersFaultTest, AStepWhoseCollectiveFailsLeavesTheStateAsItWas) {
+  Cluster cluster(2, absl::Seconds(2));
+  ASSERT_TRUE(cluster.StartAll().ok());
+  auto zero = Client::Connect(cluster.daemon(0).target());
+  auto one = Client::Connect(cluster.daemon(1).target());
+  ASSERT_TRUE(zero.ok() && one.ok());
+  v1::CodecSpec efsign;
+  efsign.set_name("efsign");
+  const std::vector<int64_t> shape = {64, 64};
+  const auto gradient = [](int rank, int64_t step) {
+    std::mt19937 rng(100 * rank + static_cast<int>(step));
+    std::normal_distribution<float> normal;
+    std::vector<float> g(64 * 64);
+    for (float& v : g) v = normal(rng);
+    return g;
+  };
+  std::thread peer([&] {
+    auto reduced = (*one)->Reduce("job", "w", 0, gradient(1, 0), shape, efsign);
+    EXPECT_TRUE(reduced.ok()) << reduced.status();
+  });
+  auto first = (*zero)->Reduce("job", "w", 0, gradient(0, 0), shape, efsign);
+  peer.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<std::string> before = (*zero)->ExportState("job");
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  auto failed = (*zero)->Reduce("job", "w", 1, gradient(0, 1), shape, efsign);
+  ASSERT_EQ(failed.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << failed.status();
+  EXPECT_THAT(failed.status().message(), HasSubstr("rank 1"));
+  absl::StatusOr<std::string> after = (*zero)->ExportState("job");
+  ASSERT_TRUE(after.ok()) << after.status();
+
+  // Each blob's residual of 'w', read back through a store of our own.
+  const auto residual = [&](const std::string& blob) {
+    codecs::StateStore store;
+    EXPECT_TRUE(store.Import("job", blob).ok());
+    constexpr int kFloat32 = 1;  // the daemon's dtype code, its store's key
+    auto state = store.Acquire("job", "w", shape, kFloat32);
+    std::optional<absl::Span<float>> found = state->Find("ef.residual");
+    EXPECT_TRUE(found.has_value()) << "no residual: a wrong dtype code resets";
+    return found.has_value() ? std::vector<float>(found->begin(), found->end())
+                             : std::vector<float>();
+  };
+  const std::vector<float> kept = residual(*before);
+  const std::vector<float> now = residual(*after);
+  ASSERT_EQ(now.size(), kept.size());
+  ASSERT_FALSE(kept.empty());
+  double scale = 0;
+  for (float v : kept) scale = std::max(scale, double{std::fabs(v)});
+  ASSERT_GT(scale, 0) << "step 0 left no residual to compare";
+  for (size_t i = 0; i < kept.size(); ++i) {
+    ASSERT_NEAR(now[i], kept[i], 1e-6 * (1 + scale)) << i;
+  }
 }
 
 // Two ranks force top-k (a gather) and two force none (a reduce-scatter)
