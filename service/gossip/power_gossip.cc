@@ -276,6 +276,18 @@ absl::Status GossipNode::LoadEdges(const codecs::TensorState& state,
           "the edge with rank ", j, " lacks its q factor or scalars"));
     }
     const int r = static_cast<int>(meta[3]);
+    // The rank this job's options give RoundOn, which sizes its buffers by
+    // it: factors of another rank (state saved under other options) would
+    // be read past their end.
+    const int want_r =
+        static_cast<int>(std::min<int64_t>({options_.rank, rows, cols}));
+    if (options_.mode == GossipOptions::Mode::kPowerGossip && r != want_r) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the edge with rank ", j, " holds rank-", r,
+                       " factors, but this job's options give rank ", want_r,
+                       " for shape [", absl::StrJoin(shape, ","),
+                       "] (state saved with another gossip rank?)"));
+    }
     const size_t want_p = static_cast<size_t>(rows) * r;
     const size_t want_q = static_cast<size_t>(cols) * r;
     if (r < 1 || q->size() != want_q ||

@@ -628,5 +628,28 @@ TEST(PowerGossipTest, RefusesTensorStateThatDoesNotFitTheTopology) {
                         "it holds edges for 1 of this rank's 2 neighbours"));
 }
 
+// State saved with rank-1 factors and resumed under rank 4: refused, not
+// read past the factors' end.
+TEST(PowerGossipTest, RefusesTensorStateOfAnotherFactorRank) {
+  GossipOptions options;
+  options.rank = 4;
+  GossipNode node(Make("ring", 4), 1, options, kSeed);
+  codecs::TensorState state;
+  for (int j : {0, 2}) {
+    const std::string edge = "gossip." + std::to_string(j) + ".";
+    state.Buffer(edge + "meta", 4)[3] = 1;
+    state.Buffer(edge + "q", 5);  // cols x 1 for shape [6, 5]
+  }
+  InProcessGroup group(4, absl::Seconds(1));
+  std::vector<float> x(30);
+  absl::StatusOr<GossipStats> got =
+      node.Round(group.collective(1), {"job", "w", 0, 0}, {6, 5},
+                 absl::MakeSpan(x), state);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(got.status().message(),
+              HasSubstr("holds rank-1 factors, but this job's options give "
+                        "rank 4 for shape [6,5]"));
+}
+
 }  // namespace
 }  // namespace gradcomp::service
