@@ -1,6 +1,8 @@
 #include "service/engine/gossip_jobs.h"
 
 #include <algorithm>
+#include <charconv>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -37,19 +39,33 @@ RoundKey SpecCheckKey(absl::string_view job, int a, int b) {
 
 }  // namespace
 
+namespace {
+
+// The shortest text that reads back as `value`: ranks compare their specs'
+// descriptions, and StrCat's six digits would let 1.308 and 1.3080049 pass
+// as one diffusion rate, whose two ends' increments then differ.
+std::string Exact(double value) {
+  char text[32];
+  const std::to_chars_result written =
+      std::to_chars(text, text + sizeof(text), value);
+  return std::string(text, written.ptr);
+}
+
+}  // namespace
+
 std::string DescribeGossipSpec(const GossipSpec& spec) {
+  const std::string diffusion =
+      Exact(spec.diffusion == 0 ? 1.0 : spec.diffusion);
   if (spec.choco_topk_fraction != 0) {
     return absl::StrCat("topology '", spec.topology, "', Choco-Gossip top-k ",
-                        spec.choco_topk_fraction, ", ",
+                        Exact(spec.choco_topk_fraction), ", ",
                         spec.power_steps == 0 ? 1 : spec.power_steps,
-                        " step(s), diffusion ",
-                        spec.diffusion == 0 ? 1.0 : spec.diffusion);
+                        " step(s), diffusion ", diffusion);
   }
   return absl::StrCat("topology '", spec.topology, "', rank ", spec.rank,
                       spec.rank == 0 ? " (exact gossip)" : "", ", ",
                       spec.power_steps == 0 ? 1 : spec.power_steps,
-                      " power step(s), diffusion ",
-                      spec.diffusion == 0 ? 1.0 : spec.diffusion,
+                      " power step(s), diffusion ", diffusion,
                       spec.fresh_factors ? ", fresh factors every round" : "");
 }
 

@@ -64,6 +64,11 @@ TEST(GossipSpecTest, DefaultsAndRanges) {
   EXPECT_EQ(DescribeGossipSpec({"ring", 0, 0, 0.05, 0.02}),
             "topology 'ring', Choco-Gossip top-k 0.02, 1 step(s), diffusion "
             "0.05");
+  // Ranks compare descriptions: rates that differ past six digits differ.
+  EXPECT_NE(DescribeGossipSpec({"ring", 1, 1, 1.308}),
+            DescribeGossipSpec({"ring", 1, 1, 1.3080049}));
+  EXPECT_NE(DescribeGossipSpec({"ring", 0, 0, 0.05, 0.02}),
+            DescribeGossipSpec({"ring", 0, 0, 0.05, 0.0200001}));
   EXPECT_THAT(
       GossipOptionsFromSpec({"ring", 1, 0, 0.05, 0.02}).status().message(),
       HasSubstr("gossip.choco_topk_fraction is 0.02 and gossip.rank 1: "

@@ -57,20 +57,22 @@ absl::Status CheckHeader(absl::string_view bytes,
   GC_ASSIGN_OR_RETURN(const GossipMessageHeader came, ReadGossipHeader(bytes));
   const uint64_t kind = static_cast<uint64_t>(came.kind);
   const uint64_t count = came.count;
+  // The kind first: a neighbour whose tensor is 1-D where this one is a
+  // matrix (plain gossip against low-rank) is at another step count too.
+  if (came.kind != expected.kind || came.rank != expected.rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "neighbour sent a ", KindName(kind), " message of rank ", came.rank,
+        ", expected ", KindName(static_cast<uint64_t>(expected.kind)),
+        " of rank ", expected.rank,
+        "; expected the same gossip options, and a tensor of the same "
+        "shape (a matrix, or 1-D), on both ends of an edge"));
+  }
   if (came.power_step != expected.power_step) {
     return absl::InvalidArgumentError(absl::StrCat(
         "neighbour is at power step ", came.power_step,
         " of this edge, this end at ", expected.power_step,
         "; both ends must run the same steps (was one restarted without its "
         "gossip state?)"));
-  }
-  if (came.kind != expected.kind || came.rank != expected.rank) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "neighbour sent a ", KindName(kind), " message of rank ", came.rank,
-        ", expected ", KindName(static_cast<uint64_t>(expected.kind)),
-        " of rank ", expected.rank,
-        "; expected the same gossip options on "
-        "both ends of an edge"));
   }
   const size_t body = bytes.size() - kGossipHeaderBytes;
   if (count != expected.count || body / entry_bytes != count ||

@@ -60,6 +60,14 @@ TEST(GossipMessageTest, RefusesWhatTheOtherEndDoesNotExpect) {
                                 absl::MakeSpan(out))
                   .message(),
               HasSubstr("of rank 1, expected"));
+  // A plain message where a low-rank one was due (a 1-D tensor against a
+  // matrix) is named as that, though the step counts differ too.
+  codecs::Bytes plain;
+  WriteGossipMessage({GossipKind::kPlain, 0, 0, 4}, values, &plain);
+  EXPECT_THAT(ReadGossipMessage(plain, {GossipKind::kRight, 1, 4, 4},
+                                absl::MakeSpan(out))
+                  .message(),
+              HasSubstr("a tensor of the same shape (a matrix, or 1-D)"));
   std::vector<float> five(5);
   EXPECT_THAT(ReadGossipMessage(bytes, {GossipKind::kRight, 1, 4, 5},
                                 absl::MakeSpan(five))
