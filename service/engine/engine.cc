@@ -538,7 +538,10 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
           "); gossip would send them to the neighbours and keep them in its "
           "edge state, expected finite values"));
     }
-    return GossipReduce(in, grad, width, std::move(out), codec_label);
+    return GossipReduce(
+        in, grad, width,
+        in.reservation != nullptr ? in.reservation : &own_reservation,
+        std::move(out), codec_label);
   }
 
   PolicyDecision decision = DecideCodec(in, numel);
@@ -855,12 +858,14 @@ absl::StatusOr<ReduceOutput> Engine::ReduceStaged(const ReduceInput& in,
   return out;
 }
 
-absl::StatusOr<ReduceOutput> Engine::GossipReduce(const ReduceInput& in,
-                                                  absl::Span<const float> grad,
-                                                  size_t width,
-                                                  ReduceOutput out,
-                                                  std::string* codec_label) {
+absl::StatusOr<ReduceOutput> Engine::GossipReduce(
+    const ReduceInput& in, absl::Span<const float> grad, size_t width,
+    MemoryBudget::Reservation* held, ReduceOutput out,
+    std::string* codec_label) {
   GC_ASSIGN_OR_RETURN(GossipNode * node, gossip_.Node(in.job, in.gossip));
+  GC_RETURN_IF_ERROR(held->GrowTo(held->bytes() + node->WorkingBytes(in.shape),
+                                  "its gossip messages and copies",
+                                  options_.memory_wait));
   const GossipOptions::Mode mode = node->options().mode;
   ReduceStats& stats = out.stats;
   *codec_label = mode == GossipOptions::Mode::kExact   ? "gossip"

@@ -254,10 +254,13 @@ class Engine {
   absl::StatusOr<uint64_t> CheckSize(const ReduceInput& in, size_t width,
                                      uint64_t data_bytes,
                                      uint64_t output_bytes);
-  // ReduceImpl's gossip mode, from the input as fp32 (`grad`) on.
+  // ReduceImpl's gossip mode, from the input as fp32 (`grad`) on; `held`
+  // (the reduce's reservation) grows by the round's messages.
   absl::StatusOr<ReduceOutput> GossipReduce(const ReduceInput& in,
                                             absl::Span<const float> grad,
-                                            size_t width, ReduceOutput out,
+                                            size_t width,
+                                            MemoryBudget::Reservation* held,
+                                            ReduceOutput out,
                                             std::string* codec_label);
   void RecordSuccess(const ReduceStats& stats);
   bool SampleError();

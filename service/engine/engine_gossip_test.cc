@@ -64,7 +64,7 @@ class EngineGossipTest : public ::testing::Test {
   }
 
   std::unique_ptr<Engine> MakeEngine(int r) {
-    EngineOptions options;
+    EngineOptions options = options_;
     options.seed = 5;
     auto engine =
         Engine::Create(options, codecs::BuiltinCodecs(), stores_[r].get(),
@@ -106,6 +106,7 @@ class EngineGossipTest : public ::testing::Test {
     for (std::thread& t : threads) t.join();
   }
 
+  EngineOptions options_;  // every engine's, but for the seed
   std::unique_ptr<InProcessGroup> group_;
   std::vector<std::unique_ptr<codecs::StateStore>> stores_;
   std::vector<std::unique_ptr<Metrics>> metrics_;
@@ -113,6 +114,38 @@ class EngineGossipTest : public ::testing::Test {
   ReduceStats last_stats_[kWorld];
   double reported_distance_ = 0;
 };
+
+// Exact gossip sends a copy of the tensor to each neighbour and gets one
+// from each: the round reserves them in the memory budget first. A 4 KiB
+// tensor on a ring: 20 KiB for the reduce itself (with its error sample),
+// 24 KiB more for the round (2 messages each way, this end's and the
+// neighbour's x).
+TEST_F(EngineGossipTest, TheMessagesCountAgainstTheMemoryBudget) {
+  const GossipSpec spec{"ring"};
+  for (const uint64_t budget : {32 << 10, 48 << 10}) {
+    options_.memory_budget_bytes = budget;
+    Restart();
+    std::vector<absl::Status> status(kWorld);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kWorld; ++r) {
+      threads.emplace_back([&, r] {
+        const std::string data = Bytes(Random(1024, r));
+        status[r] = engines_[r]->Reduce(Input(data, {1024}, 0, spec)).status();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < kWorld; ++r) {
+      if (budget == (48 << 10)) {
+        EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+        continue;
+      }
+      EXPECT_EQ(status[r].code(), absl::StatusCode::kResourceExhausted)
+          << status[r];
+      EXPECT_THAT(status[r].message(),
+                  HasSubstr("its gossip messages and copies"));
+    }
+  }
+}
 
 TEST_F(EngineGossipTest, ExactGossipMixesWithTheRingNeighbours) {
   std::vector<std::vector<float>> xs;

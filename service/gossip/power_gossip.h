@@ -171,6 +171,11 @@ class GossipNode {
                                                int owner) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // An estimate of the bytes a state-backed Round of a tensor of `shape`
+  // allocates besides `x`: the messages to and from every neighbour (a
+  // tensor each for exact gossip), and Choco's copies of its state.
+  uint64_t WorkingBytes(absl::Span<const int64_t> shape) const;
+
   const Topology& topology() const { return topology_; }
   const GossipOptions& options() const { return options_; }
 
