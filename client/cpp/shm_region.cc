@@ -34,8 +34,13 @@ constexpr char kShmDir[] = "/dev/shm";
 // room it has, as that is what the caller must raise (docker run
 // --shm-size, a larger memory emptyDir).
 absl::Status ReservePages(int fd, uint64_t byte_size, const std::string& key) {
-  // posix_fallocate returns its error; it does not set errno.
-  const int error = posix_fallocate(fd, 0, static_cast<off_t>(byte_size));
+  // posix_fallocate returns its error; it does not set errno. A signal can
+  // interrupt a large reservation on tmpfs (EINTR): it starts again, as
+  // Python's os.posix_fallocate does.
+  int error = 0;
+  do {
+    error = posix_fallocate(fd, 0, static_cast<off_t>(byte_size));
+  } while (error == EINTR);
   if (error == 0) return absl::OkStatus();
   if (error != ENOSPC) {
     return absl::InternalError(absl::StrCat("posix_fallocate of ", byte_size,
