@@ -45,8 +45,8 @@
 namespace gradcomp::testing {
 namespace {
 
-using ::testing::HasSubstr;
 using client::Client;
+using ::testing::HasSubstr;
 
 constexpr int kWorld = 4;
 constexpr uint64_t kSeed = 7;
