@@ -613,17 +613,25 @@ TEST(PowerGossipTest, EdgesKeptInTensorStateGiveTheSameRoundsAndSurviveACopy) {
   }
 }
 
-TEST(PowerGossipTest, RefusesTensorStateThatDoesNotFitTheTopology) {
-  GossipNode node(Make("ring", 4), 1, {}, kSeed);
-  codecs::TensorState state;
-  state.Buffer("gossip.0.meta", 4)[3] = 1;  // rank 2's edge is missing
+// Rank 1's round of a 6 x 5 tensor on a ring of 4, from `state`: it fails
+// before any exchange when the state does not fit.
+absl::Status RoundOnState(const GossipOptions& options,
+                          codecs::TensorState& state) {
+  GossipNode node(Make("ring", 4), 1, options, kSeed);
   InProcessGroup group(4, absl::Seconds(1));
   std::vector<float> x(30);
-  absl::StatusOr<GossipStats> got =
-      node.Round(group.collective(1), {"job", "w", 0, 0}, {6, 5},
-                 absl::MakeSpan(x), state);
-  EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(got.status().message(),
+  return node
+      .Round(group.collective(1), {"job", "w", 0, 0}, {6, 5}, absl::MakeSpan(x),
+             state)
+      .status();
+}
+
+TEST(PowerGossipTest, RefusesTensorStateThatDoesNotFitTheTopology) {
+  codecs::TensorState state;
+  state.Buffer("gossip.0.meta", 4)[3] = 1;  // rank 2's edge is missing
+  const absl::Status got = RoundOnState({}, state);
+  EXPECT_EQ(got.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(got.message(),
               HasSubstr("gossip state of tensor 'w' does not fit this round: "
                         "it holds edges for 1 of this rank's 2 neighbours"));
 }
@@ -633,20 +641,15 @@ TEST(PowerGossipTest, RefusesTensorStateThatDoesNotFitTheTopology) {
 TEST(PowerGossipTest, RefusesTensorStateOfAnotherFactorRank) {
   GossipOptions options;
   options.rank = 4;
-  GossipNode node(Make("ring", 4), 1, options, kSeed);
   codecs::TensorState state;
   for (int j : {0, 2}) {
     const std::string edge = "gossip." + std::to_string(j) + ".";
     state.Buffer(edge + "meta", 4)[3] = 1;
     state.Buffer(edge + "q", 5);  // cols x 1 for shape [6, 5]
   }
-  InProcessGroup group(4, absl::Seconds(1));
-  std::vector<float> x(30);
-  absl::StatusOr<GossipStats> got =
-      node.Round(group.collective(1), {"job", "w", 0, 0}, {6, 5},
-                 absl::MakeSpan(x), state);
-  EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(got.status().message(),
+  const absl::Status got = RoundOnState(options, state);
+  EXPECT_EQ(got.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(got.message(),
               HasSubstr("holds rank-1 factors, but this job's options give "
                         "rank 4 for shape [6,5]"));
 }
