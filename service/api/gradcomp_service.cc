@@ -105,21 +105,28 @@ class PartsAnswer {
     for (size_t i = 0; i < parts; ++i) response_.add_part_results();
   }
 
-  // Records part i's answer; true for the last, whose caller then Takes.
-  bool Set(size_t i, v1::ReduceStreamResponse part) {
+  // Records part i's answer and what it keeps until the client reads it;
+  // true for the last, whose caller then Takes.
+  bool Set(size_t i, v1::ReduceStreamResponse part,
+           std::shared_ptr<const void> hold) {
     absl::MutexLock lock(&mu_);
     *response_.mutable_part_results(static_cast<int>(i)) = std::move(part);
+    if (hold != nullptr) holds_->push_back(std::move(hold));
     return --remaining_ == 0;
   }
 
-  v1::ReduceStreamResponse Take() {
+  // The whole answer, and every part's hold in one.
+  std::pair<v1::ReduceStreamResponse, std::shared_ptr<const void>> Take() {
     absl::MutexLock lock(&mu_);
-    return std::move(response_);
+    return {std::move(response_), std::move(holds_)};
   }
 
  private:
+  using Holds = std::vector<std::shared_ptr<const void>>;
   absl::Mutex mu_;
   v1::ReduceStreamResponse response_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Holds> holds_ ABSL_GUARDED_BY(mu_) =
+      std::make_shared<Holds>();
   size_t remaining_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -323,13 +330,12 @@ grpc::Status GradcompService::ReduceStream(
   StreamOutbox& outbox = **started;
   absl::Mutex mu;
   int pending = 0;
-  auto send = [&outbox](const v1::ReduceStreamResponse& response) {
-    outbox.Push(response);
-  };
-  // A tensor sent alone hands its answer (its average, inline) over to the
-  // outbox without a copy.
-  auto send_own = [&outbox](v1::ReduceStreamResponse response) {
-    outbox.Push(std::move(response));
+  // An answer goes to the outbox without a copy (a tensor sent alone holds
+  // its average inline), with its reservation of the budget, which the
+  // outbox keeps until the client has read it.
+  const AnswerFn send = [&outbox](v1::ReduceStreamResponse response,
+                                  std::shared_ptr<const void> hold) {
+    outbox.Push(std::move(response), std::move(hold));
   };
   // Queues one tensor's reduce; `done` gets its answer, on a worker or, when
   // the memory budget or the bounded queue refuses it, here (the stream
@@ -337,15 +343,14 @@ grpc::Status GradcompService::ReduceStream(
   // it waits.
   auto schedule = [this, &mu, &pending, &client](
                       v1::ReduceRequest request,
-                      std::shared_ptr<const BatchSpec> batch,
-                      std::function<void(v1::ReduceStreamResponse)> done) {
+                      std::shared_ptr<const BatchSpec> batch, AnswerFn done) {
     const v1::ReduceRequest named = NamedPart(request);
     absl::StatusOr<MemoryBudget::Reservation> reserved = ReserveInline(request);
     if (!reserved.ok()) {
       metrics_->CountReduce("unresolved", reserved.status().code());
       LeaveBatch(named, batch);
-      done(
-          StreamAnswer(named, Prefixed(reserved.status(), TensorLabel(named))));
+      done(StreamAnswer(named, Prefixed(reserved.status(), TensorLabel(named))),
+           nullptr);
       return;
     }
     // std::function needs a copyable closure: the reservation is shared.
@@ -358,9 +363,13 @@ grpc::Status GradcompService::ReduceStream(
     const bool queued =
         stream_pool_.TrySchedule([this, &mu, &pending, &client, held, done,
                                   request = std::move(request), batch] {
-          done(StreamAnswer(request,
-                            DoReduce(request, client, held.get(), batch)));
-          held->Release();
+          v1::ReduceStreamResponse answer = StreamAnswer(
+              request, DoReduce(request, client, held.get(), batch));
+          // The reduce's working copies are gone; its answer stays in the
+          // budget until the client reads it, so that a client that does
+          // not read cannot have the daemon hold unbudgeted answers.
+          held->ShrinkTo(answer.ByteSizeLong());
+          done(std::move(answer), held);
           absl::MutexLock lock(&mu);
           --pending;
         });
@@ -372,13 +381,15 @@ grpc::Status GradcompService::ReduceStream(
     metrics_->CountResourceExhausted("stream_queue");
     metrics_->CountReduce("unresolved", absl::StatusCode::kResourceExhausted);
     LeaveBatch(named, batch);
-    done(StreamAnswer(
-        named, Prefixed(absl::ResourceExhaustedError(absl::StrCat(
-                            stream_pool_.max_queued(),
-                            " stream tensors are already waiting for a worker "
-                            "on this daemon (the queue's bound); expected "
-                            "fewer tensors in flight, or retry this one")),
-                        TensorLabel(named))));
+    done(StreamAnswer(named,
+                      Prefixed(absl::ResourceExhaustedError(absl::StrCat(
+                                   stream_pool_.max_queued(),
+                                   " stream tensors are already waiting for a "
+                                   "worker on this daemon (the queue's bound); "
+                                   "expected fewer tensors in flight, or retry "
+                                   "this one")),
+                               TensorLabel(named))),
+         nullptr);
   };
   // A client whose answers pile up unread gets no more requests taken.
   v1::ReduceRequest request;
@@ -386,7 +397,7 @@ grpc::Status GradcompService::ReduceStream(
     if (request.parts_size() > 0) {
       ScheduleParts(request, send, schedule);
     } else {
-      schedule(std::move(request), nullptr, send_own);
+      schedule(std::move(request), nullptr, send);
     }
     request = v1::ReduceRequest();
   }
@@ -402,10 +413,9 @@ grpc::Status GradcompService::ReduceStream(
   return grpc::Status::OK;
 }
 
-void GradcompService::ScheduleParts(
-    const v1::ReduceRequest& request,
-    const std::function<void(const v1::ReduceStreamResponse&)>& send,
-    const ScheduleFn& schedule) {
+void GradcompService::ScheduleParts(const v1::ReduceRequest& request,
+                                    const AnswerFn& send,
+                                    const ScheduleFn& schedule) {
   absl::StatusOr<SplitRequest> split = SplitParts(request);
   if (!split.ok()) {
     metrics_->CountReduce("unresolved", split.status().code());
@@ -414,7 +424,7 @@ void GradcompService::ScheduleParts(
     refused.set_error_code(static_cast<int>(split.status().code()));
     refused.set_error_message(absl::StrCat("request ", request.request_id(),
                                            ": ", split.status().message()));
-    send(refused);
+    send(std::move(refused), nullptr);
     return;
   }
   // The last part to finish sends every part's answer in one message.
@@ -422,8 +432,11 @@ void GradcompService::ScheduleParts(
       std::make_shared<PartsAnswer>(request.request_id(), split->parts.size());
   for (size_t i = 0; i < split->parts.size(); ++i) {
     schedule(std::move(split->parts[i]), split->batch,
-             [answer, i, send](v1::ReduceStreamResponse part) {
-               if (answer->Set(i, std::move(part))) send(answer->Take());
+             [answer, i, send](v1::ReduceStreamResponse part,
+                               std::shared_ptr<const void> hold) {
+               if (!answer->Set(i, std::move(part), std::move(hold))) return;
+               auto [whole, holds] = answer->Take();
+               send(std::move(whole), std::move(holds));
              });
   }
 }

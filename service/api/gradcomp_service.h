@@ -119,16 +119,17 @@ class GradcompService final : public v1::Gradcomp::Service {
   // Queues one ReduceStream tensor's reduce (with its batch when it is a
   // part: DoReduce); `done` gets its answer, from a worker or, when the
   // memory budget or the queue refuses it, at once.
-  using ScheduleFn =
-      std::function<void(v1::ReduceRequest, std::shared_ptr<const BatchSpec>,
-                         std::function<void(v1::ReduceStreamResponse)>)>;
+  // An answer, and what must be kept until the client has read it (the
+  // budget's reservation of its bytes; null for none).
+  using AnswerFn = std::function<void(v1::ReduceStreamResponse,
+                                      std::shared_ptr<const void>)>;
+  using ScheduleFn = std::function<void(
+      v1::ReduceRequest, std::shared_ptr<const BatchSpec>, AnswerFn)>;
   // A ReduceStream request with parts: each part scheduled as a tensor of
   // its own, and every part's answer sent with `send` in one message once
   // the last is in; a request SplitParts refuses is answered with its error.
-  void ScheduleParts(
-      const v1::ReduceRequest& request,
-      const std::function<void(const v1::ReduceStreamResponse&)>& send,
-      const ScheduleFn& schedule);
+  void ScheduleParts(const v1::ReduceRequest& request, const AnswerFn& send,
+                     const ScheduleFn& schedule);
   // Reserves `request`'s inline input in the engine's memory budget.
   absl::StatusOr<MemoryBudget::Reservation> ReserveInline(
       const v1::ReduceRequest& request);

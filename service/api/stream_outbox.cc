@@ -23,12 +23,13 @@ StreamOutbox::StreamOutbox(WriteFn write, uint64_t max_unwritten_bytes)
 
 StreamOutbox::~StreamOutbox() { Close(); }
 
-void StreamOutbox::Push(v1::ReduceStreamResponse answer) {
+void StreamOutbox::Push(v1::ReduceStreamResponse answer,
+                        std::shared_ptr<const void> hold) {
   absl::MutexLock lock(&mu_);
   if (broken_) return;
   const uint64_t bytes = answer.ByteSizeLong();
   unwritten_bytes_ += bytes;
-  queue_.push_back({std::move(answer), bytes});
+  queue_.push_back({std::move(answer), bytes, std::move(hold)});
 }
 
 bool StreamOutbox::WaitForRoom() {

@@ -48,8 +48,12 @@ class StreamOutbox {
   ~StreamOutbox();
 
   // Queues `answer` for the writer; never waits for the client. After the
-  // stream broke, answers are dropped.
-  void Push(v1::ReduceStreamResponse answer) ABSL_LOCKS_EXCLUDED(mu_);
+  // stream broke, answers are dropped. `hold` (the memory budget's
+  // reservation of the answer's bytes, say) is kept until the answer is
+  // written or dropped.
+  void Push(v1::ReduceStreamResponse answer,
+            std::shared_ptr<const void> hold = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Waits until the queued answers hold at most `max_unwritten_bytes`, or
   // the stream broke (then false: read no more requests).
@@ -70,6 +74,7 @@ class StreamOutbox {
   struct Queued {
     v1::ReduceStreamResponse answer;
     uint64_t bytes = 0;  // its serialised size, counted in unwritten_bytes_
+    std::shared_ptr<const void> hold;
   };
   std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
   uint64_t unwritten_bytes_ ABSL_GUARDED_BY(mu_) = 0;

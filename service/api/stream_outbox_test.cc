@@ -1,11 +1,13 @@
 #include "service/api/stream_outbox.h"
 
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace gradcomp::service {
@@ -58,6 +60,28 @@ TEST(StreamOutboxTest, PushNeverWaitsForTheClientAndTheReaderDoes) {
   reader.join();
   EXPECT_TRUE(room.HasBeenNotified());
   EXPECT_TRUE(outbox->Close());
+}
+
+// An answer's hold (its reservation of the memory budget) lives until the
+// client has taken the answer, not until it was pushed.
+TEST(StreamOutboxTest, AnAnswersHoldIsKeptUntilItIsWritten) {
+  absl::Notification client_reads;
+  auto started = StreamOutbox::Start(
+      [&](const v1::ReduceStreamResponse&) {
+        client_reads.WaitForNotification();
+        return true;
+      },
+      1 << 20);
+  ASSERT_TRUE(started.ok()) << started.status();
+  StreamOutbox* outbox = started->get();
+  auto hold = std::make_shared<int>(7);
+  const std::weak_ptr<int> watched = hold;
+  outbox->Push(Answer(1), std::move(hold));
+  absl::SleepFor(absl::Milliseconds(50));  // the writer is in its write
+  EXPECT_FALSE(watched.expired());
+  client_reads.Notify();
+  EXPECT_TRUE(outbox->Close());
+  EXPECT_TRUE(watched.expired());
 }
 
 // A broken stream: the rest is dropped, the reader is told to stop, and

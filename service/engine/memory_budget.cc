@@ -57,6 +57,12 @@ absl::Status MemoryBudget::Reservation::GrowTo(uint64_t bytes,
   return grown;
 }
 
+void MemoryBudget::Reservation::ShrinkTo(uint64_t bytes) {
+  if (bytes >= bytes_) return;
+  if (budget_ != nullptr) budget_->Give(bytes_ - bytes);
+  bytes_ = bytes;
+}
+
 void MemoryBudget::Reservation::Release() {
   if (budget_ != nullptr && bytes_ > 0) budget_->Give(bytes_);
   bytes_ = 0;

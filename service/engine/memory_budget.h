@@ -44,6 +44,10 @@ class MemoryBudget {
     // budget.
     absl::Status GrowTo(uint64_t bytes, absl::string_view what,
                         absl::Duration wait);
+    // Gives back what it holds beyond `bytes` (nothing when it holds no
+    // more): a request whose working copies are freed but whose result
+    // still waits.
+    void ShrinkTo(uint64_t bytes);
     // Gives the bytes back now.
     void Release();
     uint64_t bytes() const { return bytes_; }

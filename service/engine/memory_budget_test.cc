@@ -120,6 +120,19 @@ TEST(MemoryBudgetTest, GrowToAddsOnlyTheDifferenceAndKeepsItOnFailure) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(MemoryBudgetTest, ShrinkToGivesBackOnlyWhatIsAbove) {
+  MemoryBudget budget(1000, nullptr);
+  auto r = budget.Reserve(600, "r", absl::ZeroDuration());
+  ASSERT_TRUE(r.ok());
+  r->ShrinkTo(800);  // never grows
+  EXPECT_EQ(r->bytes(), 600);
+  r->ShrinkTo(150);
+  EXPECT_EQ(r->bytes(), 150);
+  EXPECT_EQ(budget.in_use(), 150);
+  r->Release();
+  EXPECT_EQ(budget.in_use(), 0);
+}
+
 TEST(MemoryBudgetTest, CodecStateTakesRoomFromRequests) {
   MemoryBudget budget(1000, nullptr);
   budget.AddState(700);

@@ -413,7 +413,27 @@ TEST_F(GradcompdTest, AClientThatStopsReadingDoesNotStopTheOthers) {
   ASSERT_TRUE(read) << finished.error_code() << " " << finished.error_message();
   EXPECT_EQ(answer.error_code(), 0) << answer.error_message();
   EXPECT_TRUE(finished.ok()) << finished.error_message();
+
+  // The idle client's computed answers stay in the memory budget until it
+  // reads them (most of its 40 MiB: gRPC's buffers take a little), and go
+  // back when its stream ends.
+  auto in_use = [&] {
+    absl::StatusOr<std::string> page = Metrics();
+    return page.ok()
+               ? MetricTotal(*page, "gradcomp_memory_budget_in_use_bytes", {})
+               : -1;
+  };
+  auto wait_for = [&](auto done) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (!done(in_use()) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return in_use();
+  };
+  EXPECT_GE(wait_for([](double bytes) { return bytes >= (16 << 20); }),
+            16 << 20);
   idle_context.TryCancel();
+  EXPECT_EQ(wait_for([](double bytes) { return bytes == 0; }), 0);
 }
 
 TEST_F(GradcompdTest, MetricsCountReducesAndBytesPerCodec) {
