@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <cstddef>
-#include <limits>
 
 #include "codecs/cpu/kernels.h"
 #include "codecs/cpu/parallel.h"
@@ -66,14 +65,6 @@ void MomentumCorrection::Sent(absl::Span<const uint32_t> indices, bool masking,
     u[indices[j]] = 0;
   }
 }
-
-namespace {
-
-float FiniteOrZero(float x) {
-  return std::fabs(x) <= std::numeric_limits<float>::max() ? x : 0.0f;
-}
-
-}  // namespace
 
 void MomentumCorrection::Revert(absl::Span<const float> g, float scale,
                                 absl::Span<const uint32_t> indices,

@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "codecs/cpu/bitpack.h"
+#include "codecs/cpu/kernels.h"
 #include "codecs/cpu/parallel.h"
 #include "codecs/error_feedback.h"
 #include "codecs/wire.h"
@@ -200,9 +200,8 @@ void SignCodec::Revert(const TensorView& grad, TensorState& state,
   ParallelFor(m.size(), kParts, [&](size_t begin, size_t end, int) {
     for (size_t i = begin; i < end; ++i) {
       // With beta = 0 the old m never mattered: it restarts from zero.
-      const float old =
-          beta == 0 ? 0.0f : (m[i] - rest * grad.values[i]) / beta;
-      m[i] = std::fabs(old) <= std::numeric_limits<float>::max() ? old : 0.0f;
+      m[i] = beta == 0 ? 0.0f
+                       : FiniteOrZero((m[i] - rest * grad.values[i]) / beta);
     }
   });
 }
