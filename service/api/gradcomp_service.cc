@@ -276,7 +276,7 @@ absl::StatusOr<v1::ReduceResponse> GradcompService::DoReduce(
   input->reservation = held;
   // Counted by the engine once this has run: a result the client does not
   // get is a failed reduce.
-  const auto deliver = [&](const ReduceOutput& /*output*/) -> absl::Status {
+  const auto deliver = [&]() -> absl::Status {
     // A staged CUDA output goes back to its device (the engine wrote an
     // unstaged one there itself).
     if (output_slice.has_value() && output_slice->on_device() &&

@@ -364,7 +364,7 @@ absl::StatusOr<ReduceOutput> Engine::Reduce(const ReduceInput& input,
   std::string codec_label = "unresolved";
   absl::StatusOr<ReduceOutput> out = ReduceImpl(input, &codec_label);
   if (out.ok() && deliver != nullptr) {
-    if (absl::Status delivered = deliver(*out); !delivered.ok()) {
+    if (absl::Status delivered = deliver(); !delivered.ok()) {
       out = std::move(delivered);
     }
   }

@@ -144,10 +144,10 @@ class Engine {
       codecs::StateStore* store, Collective* collective, Metrics* metrics,
       Policy policy);
 
-  // The caller's last step of a reduce that can still fail it, given the
-  // output: the service copies a staged output to its device and checks
-  // that the client's shared memory stayed backed.
-  using Deliver = std::function<absl::Status(const ReduceOutput&)>;
+  // The caller's last step of a reduce that can still fail it: the service
+  // copies a staged output to its device and checks that the client's
+  // shared memory stayed backed.
+  using Deliver = std::function<absl::Status()>;
 
   // Thread-safe; tensors of one job may be reduced concurrently (calls for
   // the same tensor are serialised by its state lock). Errors are prefixed
