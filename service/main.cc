@@ -153,7 +153,9 @@ ABSL_FLAG(uint64_t, max_queued_requests, 4096,
 ABSL_FLAG(uint64_t, max_rpc_threads, 1024,
           "Threads gRPC may use to serve client calls (one waits for new "
           "calls; each ReduceStream holds one); a call beyond them is "
-          "refused at once with RESOURCE_EXHAUSTED. At least 2.");
+          "refused at once with RESOURCE_EXHAUSTED. Also the most threads "
+          "of the ReduceStream pool, whose tensors waiting on their peers "
+          "or batches each hold one. At least 2.");
 ABSL_FLAG(bool, check_config, false,
           "Validate the config and policy, print the effective config as "
           "JSON, and exit 0 (valid) or 1 (invalid) without serving.");
@@ -397,12 +399,20 @@ absl::Status Run(const std::set<std::string>& named_flags) {
   // A stream's tensors each hold a worker while their collective waits for
   // the other ranks, which may reach them in another order: with peers the
   // pool must hold a whole bucket, or ranks wait on each other until the
-  // deadline. Threads start on demand (WorkerPool), so this is a cap: a
-  // daemon runs as many as its peak of concurrent tensors.
-  const int workers =
+  // deadline. Threads start on demand (WorkerPool), so these are caps: a
+  // daemon runs as many as its peak of concurrent tensors. A tensor waiting
+  // on its peers or its batch does not count against `running`: up to
+  // --max_rpc_threads threads, as many as unary calls may hold, so that
+  // tensors queued behind waiting ones (members of their batches) still
+  // get a thread.
+  WorkerPool::Limits stream_pool;
+  stream_pool.running =
       world_size > 1
           ? 256
           : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
+  stream_pool.threads = std::max(stream_pool.running,
+                                 static_cast<int>(config->max_rpc_threads()));
+  stream_pool.queued = config->max_queued_requests();
   // Off unless asked: a region maps a client's memory into the daemon.
   std::unique_ptr<SharedMemoryRegistry> shm;
   if (config->allow_client_shm()) {
@@ -418,8 +428,8 @@ absl::Status Run(const std::set<std::string>& named_flags) {
     }
     shm = std::make_unique<SharedMemoryRegistry>(shm_options, &metrics);
   }
-  GradcompService service(engine.get(), &metrics, workers, Settings(*config),
-                          shm.get(), config->max_queued_requests());
+  GradcompService service(engine.get(), &metrics, stream_pool,
+                          Settings(*config), shm.get());
   AuthenticatedService guarded(&service, ClientAuth(auth));
   GC_RETURN_IF_ERROR(PrepareSocketDirectory(config->listen()));
   int port = 0;

@@ -133,14 +133,14 @@ class PartsAnswer {
 }  // namespace
 
 GradcompService::GradcompService(Engine* engine, Metrics* metrics,
-                                 int stream_workers, DaemonSettings settings,
-                                 SharedMemoryRegistry* shm,
-                                 size_t max_queued_requests)
+                                 WorkerPool::Limits stream_pool,
+                                 DaemonSettings settings,
+                                 SharedMemoryRegistry* shm)
     : engine_(engine),
       metrics_(metrics),
       settings_(std::move(settings)),
       shm_(shm),
-      stream_pool_(stream_workers, max_queued_requests) {}
+      stream_pool_(stream_pool) {}
 
 absl::StatusOr<SharedMemorySlice> GradcompService::AcquireSlice(
     const ShmClient& client, const v1::SharedMemorySlice& slice,

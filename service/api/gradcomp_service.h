@@ -2,7 +2,7 @@
 // types, calls the Engine, and converts its absl::Status back through
 // ToGrpcStatus. No business logic lives here.
 //
-//   GradcompService service(engine.get(), &metrics);
+//   GradcompService service(engine.get(), &metrics, WorkerPool::Limits());
 //   GC_ASSIGN_OR_RETURN(auto server, StartGrpcServer(listen, &service));
 #ifndef GRADCOMP_SERVICE_API_GRADCOMP_SERVICE_H_
 #define GRADCOMP_SERVICE_API_GRADCOMP_SERVICE_H_
@@ -25,9 +25,6 @@ namespace gradcomp::service {
 
 namespace v1 = ::gradcomp::v1;
 
-// ReduceStream tensors that may wait for a worker, over all streams.
-inline constexpr size_t kDefaultMaxQueuedRequests = 4096;
-
 // What GetInfo reports beyond the engine's own state: how the daemon was
 // configured and how it reaches its peers.
 struct DaemonSettings {
@@ -38,16 +35,14 @@ struct DaemonSettings {
 
 class GradcompService final : public v1::Gradcomp::Service {
  public:
-  // `stream_workers` threads reduce the tensors of every ReduceStream;
-  // at most `max_queued_requests` more wait for one, and a stream's tensor
-  // beyond that is answered RESOURCE_EXHAUSTED.
-  // `engine` and `metrics` must outlive the service.
+  // A pool of `stream_pool` threads reduces the tensors of every
+  // ReduceStream; a stream's tensor beyond its queue is answered
+  // RESOURCE_EXHAUSTED. `engine` and `metrics` must outlive the service.
   // `shm` (may be null: client shared memory off, --allow_client_shm
   // unset) serves the shared-memory RPCs and Reduce slices.
-  GradcompService(Engine* engine, Metrics* metrics, int stream_workers,
-                  DaemonSettings settings = {},
-                  SharedMemoryRegistry* shm = nullptr,
-                  size_t max_queued_requests = kDefaultMaxQueuedRequests);
+  GradcompService(Engine* engine, Metrics* metrics,
+                  WorkerPool::Limits stream_pool, DaemonSettings settings = {},
+                  SharedMemoryRegistry* shm = nullptr);
 
   grpc::Status Reduce(grpc::ServerContext* context,
                       const v1::ReduceRequest* request,

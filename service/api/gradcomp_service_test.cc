@@ -74,8 +74,8 @@ class GradcompServiceTest : public ::testing::Test {
     DaemonSettings settings;
     settings.config_json = R"({"seed": "7"})";
     settings.flags = {{"collective_timeout", "1m"}};
-    service_ = std::make_unique<GradcompService>(engine_.get(), &metrics_, 2,
-                                                 settings);
+    service_ = std::make_unique<GradcompService>(
+        engine_.get(), &metrics_, WorkerPool::Limits(), settings);
     int port = 0;
     auto server =
         StartGrpcServer("127.0.0.1:0", service_.get(), &port, &metrics_);
@@ -538,7 +538,8 @@ class GradcompShmTest : public ::testing::Test {
     SharedMemoryOptions options;
     options.reclaim_interval = absl::ZeroDuration();
     shm_ = std::make_unique<SharedMemoryRegistry>(options, &metrics_);
-    service_ = std::make_unique<GradcompService>(engine_.get(), &metrics_, 2,
+    service_ = std::make_unique<GradcompService>(engine_.get(), &metrics_,
+                                                 WorkerPool::Limits(),
                                                  DaemonSettings(), shm_.get());
     int port = 0;
     auto server =
@@ -807,8 +808,8 @@ TEST_F(GradcompShmTest, ClientsWithoutAnIdOwnRegionsByConnection) {
 // of every other such caller; with an id it is served as over TCP.
 TEST_F(GradcompShmTest, UnixCallersWithoutAnIdAreRefusedSharedMemory) {
   collective_.Open();
-  GradcompService unix_service(engine_.get(), &metrics_, 2, DaemonSettings(),
-                               shm_.get());
+  GradcompService unix_service(engine_.get(), &metrics_, WorkerPool::Limits(),
+                               DaemonSettings(), shm_.get());
   // Not under TEST_TMPDIR: a socket's path holds at most 107 characters.
   const std::string path =
       absl::StrCat("/tmp/gradcomp-service-test.", getpid(), ".sock");

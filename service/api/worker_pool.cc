@@ -2,12 +2,12 @@
 
 #include <utility>
 
+#include "absl/status/statusor.h"
 #include "base/start_thread.h"
 
 namespace gradcomp::service {
 
-WorkerPool::WorkerPool(int max_threads, size_t max_queued)
-    : max_threads_(max_threads), max_queued_(max_queued) {}
+WorkerPool::WorkerPool(Limits limits) : limits_(limits) {}
 
 WorkerPool::~WorkerPool() {
   std::vector<std::thread> threads;
@@ -21,20 +21,13 @@ WorkerPool::~WorkerPool() {
 
 bool WorkerPool::TrySchedule(std::function<void()> work) {
   absl::MutexLock lock(&mu_);
-  if (queue_.size() >= max_queued_) return false;
+  if (queue_.size() >= limits_.queued) return false;
   queue_.push_back(std::move(work));
-  if (queue_.size() > idle_ &&
-      threads_.size() < static_cast<size_t>(max_threads_)) {
-    absl::StatusOr<std::thread> started =
-        StartThread([this] { Loop(); }, "a worker");
-    if (started.ok()) {
-      threads_.push_back(*std::move(started));
-    } else if (threads_.empty()) {
-      // Nobody would ever run it.
-      queue_.pop_back();
-      return false;
-    }
-    // Else the running threads take it when they come free.
+  StartThreadIfDueLocked();
+  if (threads_.empty()) {
+    // Nobody would ever run it.
+    queue_.pop_back();
+    return false;
   }
   return true;
 }
@@ -44,15 +37,49 @@ int WorkerPool::threads() const {
   return static_cast<int>(threads_.size());
 }
 
+size_t WorkerPool::RunningLocked() const {
+  return threads_.size() - idle_ - waiting_;
+}
+
+void WorkerPool::StartThreadIfDueLocked() {
+  // Stopping: the destructor has taken the threads to join.
+  if (stopping_ || queue_.size() <= idle_ ||
+      RunningLocked() >= static_cast<size_t>(limits_.running) ||
+      threads_.size() >= static_cast<size_t>(limits_.threads)) {
+    return;
+  }
+  absl::StatusOr<std::thread> started =
+      StartThread([this] { Loop(); }, "a worker");
+  if (started.ok()) threads_.push_back(*std::move(started));
+}
+
+void WorkerPool::WaitStarted() {
+  absl::MutexLock lock(&mu_);
+  ++waiting_;
+  // Its queued work may be what this closure waits for.
+  StartThreadIfDueLocked();
+}
+
+void WorkerPool::WaitEnded() {
+  absl::MutexLock lock(&mu_);
+  --waiting_;
+}
+
 void WorkerPool::Loop() {
+  SetBlockingWaitObserver(this);
   while (true) {
     std::function<void()> work;
     {
       absl::MutexLock lock(&mu_);
       ++idle_;
+      // Past the running limit (closures back from their waits), idle
+      // threads let the queue wait.
       mu_.Await(absl::Condition(
           +[](WorkerPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
-            return p->stopping_ || !p->queue_.empty();
+            return p->stopping_ ||
+                   (!p->queue_.empty() &&
+                    p->RunningLocked() <
+                        static_cast<size_t>(p->limits_.running));
           },
           this));
       --idle_;

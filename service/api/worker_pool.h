@@ -1,13 +1,23 @@
 // A set of threads running queued closures, for ReduceStream: each tensor
 // of a stream is reduced as soon as it arrives, concurrently with the
 // others, and its result is written when it is done. Threads are started
-// on demand, when a closure finds none idle, up to a maximum, and then
-// kept; so a daemon runs as many as its peak of concurrent tensors, not
-// the maximum (each thread costs a stack and glibc's per-thread malloc
-// cache, which fills over its life: docs/security.md, Soak). The queue of
-// closures waiting for a thread is bounded: a full one refuses more.
+// on demand, when a closure finds none idle, and then kept; so a daemon
+// runs as many as its peak of concurrent tensors, not the maximum (each
+// thread costs a stack and glibc's per-thread malloc cache, which fills
+// over its life: docs/security.md, Soak). The queue of closures waiting
+// for a thread is bounded: a full one refuses more.
 //
-//   WorkerPool pool(4, 1024);
+// A closure inside a ScopedBlockingWait (base/blocking_wait.h: a tensor's
+// collective waiting for its peers, a batch member for the rest of its
+// batch) does not count against `running`: the pool starts another thread
+// for its queued work, up to `threads` in all. Otherwise tensors waiting
+// for members of their batches could hold every thread while those
+// members sit in the queue, until the collective deadline.
+//
+//   WorkerPool::Limits limits;
+//   limits.running = 4;
+//   limits.threads = 64;
+//   WorkerPool pool(limits);
 //   if (!pool.TrySchedule([] { Work(); })) Refuse();
 //   // ~WorkerPool runs what is queued, then joins.
 #ifndef GRADCOMP_SERVICE_API_WORKER_POOL_H_
@@ -21,38 +31,57 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "base/blocking_wait.h"
 
 namespace gradcomp::service {
 
-class WorkerPool {
+class WorkerPool : private BlockingWaitObserver {
  public:
-  // At most `max_threads` run closures; at most `max_queued` more wait for
-  // one.
-  WorkerPool(int max_threads, size_t max_queued);
+  struct Limits {
+    // Closures running at once, not counting those in a blocking wait.
+    int running = 2;
+    // Threads at most, those in a blocking wait included; at least
+    // `running`.
+    int threads = 2;
+    // Closures waiting for a thread; one beyond them is refused.
+    size_t queued = 4096;
+  };
+
+  explicit WorkerPool(Limits limits);
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
-  ~WorkerPool();
+  ~WorkerPool() override;
 
-  // Queues `work`, starting a thread for it when none is idle and fewer
-  // than `max_threads` run; or returns false (and drops it) when
-  // `max_queued` closures are already waiting for a thread, or when no
-  // thread runs and none can be started (the system's thread limit).
+  // Queues `work`, starting a thread for it when none is idle, fewer than
+  // `running` closures run and fewer than `threads` threads exist; or
+  // returns false (and drops it) when `queued` closures are already
+  // waiting for a thread, or when no thread runs and none can be started
+  // (the system's thread limit).
   bool TrySchedule(std::function<void()> work) ABSL_LOCKS_EXCLUDED(mu_);
 
-  size_t max_queued() const { return max_queued_; }
+  size_t max_queued() const { return limits_.queued; }
   // Threads started so far (they are never stopped before the pool is).
   int threads() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+  void WaitStarted() override ABSL_LOCKS_EXCLUDED(mu_);
+  void WaitEnded() override ABSL_LOCKS_EXCLUDED(mu_);
 
-  const int max_threads_;
-  const size_t max_queued_;
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Threads running a closure outside a blocking wait.
+  size_t RunningLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts a thread when queued closures outnumber the idle threads, one
+  // more could run and the thread limit allows it; failing that (the
+  // system's limit), the threads already running take the work later.
+  void StartThreadIfDueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Limits limits_;
   mutable absl::Mutex mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
-  // Threads waiting for a closure; queued closures beyond them need a
-  // new thread.
+  // Threads waiting for a closure.
   size_t idle_ ABSL_GUARDED_BY(mu_) = 0;
+  // Threads whose closure is in a blocking wait.
+  size_t waiting_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
 };

@@ -9,15 +9,24 @@
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/blocking_wait.h"
 #include "gtest/gtest.h"
 
 namespace gradcomp::service {
 namespace {
 
+WorkerPool::Limits Limits(int running, int threads, size_t queued) {
+  WorkerPool::Limits limits;
+  limits.running = running;
+  limits.threads = threads;
+  limits.queued = queued;
+  return limits;
+}
+
 TEST(WorkerPoolTest, RunsEveryScheduledClosure) {
   std::atomic<int> sum{0};
   {
-    WorkerPool pool(3, 100);
+    WorkerPool pool(Limits(3, 3, 100));
     for (int i = 1; i <= 100; ++i) {
       ASSERT_TRUE(pool.TrySchedule([&sum, i] { sum += i; }));
     }
@@ -27,7 +36,7 @@ TEST(WorkerPoolTest, RunsEveryScheduledClosure) {
 
 TEST(WorkerPoolTest, ClosuresRunConcurrently) {
   // Two closures that each wait for the other can only finish in parallel.
-  WorkerPool pool(2, 2);
+  WorkerPool pool(Limits(2, 2, 2));
   absl::Notification a_started, b_started, done_a, done_b;
   ASSERT_TRUE(pool.TrySchedule([&] {
     a_started.Notify();
@@ -48,7 +57,7 @@ TEST(WorkerPoolTest, FullQueueRefusesAndTakesMoreOnceItDrains) {
   // refused and never runs.
   absl::Notification running, release, drained;
   std::atomic<int> ran{0};
-  WorkerPool pool(1, 2);  // destroyed (joined) before what it uses
+  WorkerPool pool(Limits(1, 1, 2));  // destroyed (joined) before what it uses
   ASSERT_TRUE(pool.TrySchedule([&] {
     running.Notify();
     release.WaitForNotification();
@@ -70,7 +79,7 @@ TEST(WorkerPoolTest, FullQueueRefusesAndTakesMoreOnceItDrains) {
 TEST(WorkerPoolTest, StartsThreadsOnDemandUpToTheMaximum) {
   // Closures held running: each one that finds no idle thread starts one,
   // until the maximum; the fourth waits in the queue for a thread.
-  WorkerPool pool(3, 10);
+  WorkerPool pool(Limits(3, 3, 10));
   EXPECT_EQ(pool.threads(), 0);
   absl::Notification release;
   absl::BlockingCounter started(3);
@@ -94,6 +103,102 @@ TEST(WorkerPoolTest, StartsThreadsOnDemandUpToTheMaximum) {
   EXPECT_EQ(pool.threads(), 3);
 }
 
+TEST(WorkerPoolTest, AClosureInABlockingWaitLetsAnotherThreadRunTheQueue) {
+  // Three closures each wait (as a batch's members do) until all three
+  // have arrived; one may run at a time. Each wait lets another thread
+  // start, up to three, so all three arrive.
+  WorkerPool pool(Limits(1, 3, 10));
+  std::atomic<int> arrived{0};
+  absl::Notification all_arrived, release;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(pool.TrySchedule([&] {
+      if (++arrived == 3) all_arrived.Notify();
+      ScopedBlockingWait waiting;
+      release.WaitForNotification();
+    }));
+  }
+  // Bounded, so that a pool that stalls fails the test instead of hanging.
+  const bool met =
+      all_arrived.WaitForNotificationWithTimeout(absl::Seconds(60));
+  const int ran = arrived.load();
+  release.Notify();
+  EXPECT_TRUE(met) << ran << " of 3 closures ran while the others waited";
+  EXPECT_EQ(pool.threads(), 3);
+}
+
+// Spins until `done` holds, for at most a minute: a pool that stalls
+// fails the test instead of hanging it.
+template <typename Done>
+bool Eventually(Done done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+TEST(WorkerPoolTest, WaitingClosuresStartNoThreadsPastTheLimit) {
+  // Two threads at most: both closures wait, and the third stays queued
+  // until one of them is done.
+  WorkerPool pool(Limits(1, 2, 10));
+  std::atomic<int> waiting{0};
+  absl::Notification release;
+  std::atomic<int> third{0};
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(pool.TrySchedule([&] {
+      ScopedBlockingWait blocked;
+      ++waiting;
+      release.WaitForNotification();
+    }));
+  }
+  const bool both_waiting = Eventually([&] { return waiting.load() == 2; });
+  ASSERT_TRUE(pool.TrySchedule([&] { ++third; }));
+  EXPECT_EQ(pool.threads(), 2);
+  EXPECT_EQ(third.load(), 0);
+  release.Notify();
+  ASSERT_TRUE(both_waiting);
+  EXPECT_TRUE(Eventually([&] { return third.load() == 1; }));
+  EXPECT_EQ(pool.threads(), 2);
+}
+
+TEST(WorkerPoolTest, AClosureBackFromItsWaitHoldsTheQueueUntilItIsDone) {
+  // One may run at a time. A waits, so B runs on a second thread; A's wait
+  // ends while B runs, and C, queued then, waits for both to be done,
+  // with no third thread started for it.
+  WorkerPool pool(Limits(1, 3, 10));
+  absl::Notification a_waiting, b_running, a_back, finish_a, finish_b;
+  std::atomic<int> c_ran{0};
+  ASSERT_TRUE(pool.TrySchedule([&] {
+    {
+      ScopedBlockingWait blocked;
+      a_waiting.Notify();
+      b_running.WaitForNotification();
+    }
+    a_back.Notify();
+    finish_a.WaitForNotification();
+  }));
+  ASSERT_TRUE(a_waiting.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  ASSERT_TRUE(pool.TrySchedule([&] {
+    b_running.Notify();
+    finish_b.WaitForNotification();
+  }));
+  const bool b_ran =
+      b_running.WaitForNotificationWithTimeout(absl::Seconds(60));
+  const bool a_came_back =
+      a_back.WaitForNotificationWithTimeout(absl::Seconds(60));
+  ASSERT_TRUE(pool.TrySchedule([&] { ++c_ran; }));
+  finish_b.Notify();
+  // B's thread is idle now, but A runs: C stays queued.
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(c_ran.load(), 0);
+  finish_a.Notify();
+  EXPECT_TRUE(b_ran);
+  EXPECT_TRUE(a_came_back);
+  EXPECT_TRUE(Eventually([&] { return c_ran.load() == 1; }));
+  EXPECT_EQ(pool.threads(), 2);
+}
+
 // No thread can be started (address space capped at what the process
 // holds, less than a thread's stack): the closure is refused, and the
 // process goes on, instead of std::thread's exception ending it.
@@ -103,7 +208,7 @@ TEST(WorkerPoolTest, NoThreadToStartRefusesTheClosure) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {
-        WorkerPool pool(4, 100);
+        WorkerPool pool(Limits(4, 4, 100));
         long pages = 0;
         std::ifstream("/proc/self/statm") >> pages;
         rlimit limit;

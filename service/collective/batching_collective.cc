@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "base/blocking_wait.h"
 #include "base/fnv1a.h"
 #include "base/status_macros.h"
 #include "codecs/wire.h"
@@ -385,10 +386,16 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
            (!group.started && Complete(*step_batch, key.round, group));
   };
   auto finished = [&] { return group.finished; };
-  const bool in_time = mu_.AwaitWithDeadline(
-      absl::Condition(
-          +[](decltype(ready)* f) { return (*f)(); }, &ready),
-      deadline);
+  bool in_time = true;
+  if (!ready()) {
+    // The other members may be queued for this thread's pool: it starts
+    // another thread for them while this one waits (base/blocking_wait.h).
+    ScopedBlockingWait waiting_for_members;
+    in_time = mu_.AwaitWithDeadline(
+        absl::Condition(
+            +[](decltype(ready)* f) { return (*f)(); }, &ready),
+        deadline);
+  }
   if (!group.finished && !group.started && ready()) {
     // The last member to arrive (or the one woken by the last Leave) runs
     // the batch's one collective for everybody.
@@ -459,6 +466,7 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
     group.finished = true;
   } else if (!group.finished) {
     // Another member runs the collective, which has its own deadline.
+    ScopedBlockingWait waiting_for_collective;
     mu_.Await(absl::Condition(
         +[](decltype(finished)* f) { return (*f)(); }, &finished));
   }

@@ -62,8 +62,8 @@
 namespace gradcomp::service {
 
 // Every member of a batch holds a thread while it waits for the others
-// (the daemon's stream pool has 256 per process): a bound keeps one batch
-// from holding them all.
+// (the daemon's stream pool lets up to --max_rpc_threads wait): a bound
+// keeps one batch from holding them all.
 inline constexpr size_t kMaxBatchMembers = 128;
 
 // The largest SUM payload that rides in a batch's allgather message, where

@@ -1,9 +1,11 @@
 #include "service/collective/mailbox.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/blocking_wait.h"
 
 namespace gradcomp::service {
 namespace {
@@ -240,8 +242,12 @@ absl::StatusOr<std::vector<codecs::Bytes>> Mailbox::Collect(
   };
   update_waiting();
   bool timed_out = false;
+  // Marked once this thread does wait: a pool running it may start another
+  // for its queued tensors meanwhile (base/blocking_wait.h).
+  std::optional<ScopedBlockingWait> blocked;
   while (!waiting.empty() && slot.error.ok() && slot.other_from < 0 &&
          !timed_out) {
+    if (!blocked.has_value()) blocked.emplace();
     const int seen = slot.arrivals;
     auto progress = [&slot, seen]() {
       return slot.arrivals != seen || !slot.error.ok();
@@ -249,6 +255,7 @@ absl::StatusOr<std::vector<codecs::Bytes>> Mailbox::Collect(
     timed_out = !mu_.AwaitWithDeadline(absl::Condition(&progress), deadline);
     update_waiting();
   }
+  blocked.reset();
   std::vector<int> missing = waiting;
   if (metrics_ != nullptr) {
     for (int rank : waiting) metrics_->AddWaiting(rank, -1);

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/blocking_wait.h"
 #include "base/start_thread.h"
 #include "base/status_macros.h"
 #include "service/gossip/topology.h"
@@ -231,6 +232,8 @@ absl::StatusOr<GossipNode*> GossipJobs::Node(absl::string_view job,
       }
     }
     if (!ask.empty()) exchange(0);
+    // The other pairs wait on their neighbours (base/blocking_wait.h).
+    ScopedBlockingWait joining;
     for (std::thread& t : threads) t.join();
   }
   std::vector<int> failed;

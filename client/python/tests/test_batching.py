@@ -85,11 +85,13 @@ class HookBatchesTest(unittest.TestCase):
 
 
 class BatchTwoDaemonsTest(unittest.TestCase):
-    """Two peered daemons, six same-shape matrices and one other per step,
-    PowerSGD for three steps: batched averages equal unbatched ones on both
-    ranks, with 2 collectives for the batch instead of 12."""
+    """Two peered daemons reducing batches: the same averages as unbatched
+    with fewer collectives, and batches that outnumber the stream pool."""
 
     def test_batched_powersgd_equals_unbatched_with_fewercollectives(self):
+        """Six same-shape matrices and one other per step, PowerSGD for
+        three steps: batched averages equal unbatched ones on both ranks,
+        with 2 collectives for the batch instead of 12."""
         daemons = start_peered(2, self.addCleanup)
         names = [f"layer{i}.weight" for i in range(6)]
         rng = np.random.default_rng(3)
@@ -178,6 +180,47 @@ class BatchTwoDaemonsTest(unittest.TestCase):
                         results[("plain", 0, step)][name])
         self.assertEqual(counts["plain"], [15, 15])  # 5 tensors x 3 steps
         self.assertEqual(counts["batched"], [3, 3])
+
+    def test_concurrent_batches_beyond_the_pools_running_limit_complete(self):
+        """Three jobs at once, each a 128-member batch on its own stream: 384
+        members, more than the 256 a daemon with peers runs at once. Members
+        waiting for the rest of their batch leave room for the rest, so
+        every batch completes, with the exact mean. Before, the 256 threads
+        could all hold members of incomplete batches (the three streams'
+        members interleave in the queue) while the missing ones sat in the
+        queue, and every reduce failed at the deadline."""
+        daemons = start_peered(2, self.addCleanup, ["--collective_timeout=30s"])
+        names = [f"t{i:03d}" for i in range(128)]
+        rng = np.random.default_rng(11)
+        grads = {(job, r): {name: rng.standard_normal(4, dtype=np.float32)
+                            for name in names}
+                 for job in range(3) for r in range(2)}
+        results, errors = {}, []
+
+        def rank(r, job):
+            try:
+                with gradcomp.Client(daemons[r].target) as client:
+                    out = client.reduce_many(grads[(job, r)], step=0,
+                                             job=f"job{job}", codec="none",
+                                             batches={"all": names})
+                    results[(job, r)] = {n: a for n, (a, _) in out.items()}
+            except Exception as error:  # reported below with the daemon logs
+                errors.append(error)
+
+        threads = [threading.Thread(target=rank, args=(r, job))
+                   for job in range(3) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        self.assertFalse(any(t.is_alive() for t in threads), "a client hung")
+        self.assertEqual(errors, [], "\n".join(d.log()[-2000:] for d in daemons))
+        for job in range(3):
+            for name in names:
+                mean = (grads[(job, 0)][name] + grads[(job, 1)][name]) / 2
+                for r in range(2):
+                    np.testing.assert_allclose(results[(job, r)][name], mean,
+                                               rtol=1e-6, atol=1e-7)
 
 
 if __name__ == "__main__":
