@@ -497,7 +497,11 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   ReduceStats& stats = out.stats;
   stats.world_size = collective_->world_size();
   if (numel == 0) {
-    // Nothing to exchange: every worker holds the same empty shape.
+    // Nothing to exchange: every worker holds the same empty shape. A
+    // gossip request is still held to its job's mode and spec.
+    if (in.mode == ReduceMode::kGossip) {
+      GC_RETURN_IF_ERROR(gossip_.Node(in.job, in.gossip).status());
+    }
     *codec_label = std::string(kDenseCodec);
     stats.codec = std::string(kDenseCodec);
     stats.dense_reason = "empty";
@@ -608,12 +612,24 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
       dynamic_cast<const codecs::SingleRoundCodec*>(codec.get());
   const bool sum_in_place =
       sharded == nullptr && single != nullptr && single->FinishSumInPlace();
+  // A stateful single-round codec's session keeps a copy of its payload, to
+  // give the state back should the step fail (codecs/codec.cc), unless the
+  // error sample already keeps it; its size is known once encoded.
+  const bool keeps_undo_copy =
+      sharded == nullptr && single != nullptr && info.stateful && !ctx.keep_own;
   for (int round_index = 0;; ++round_index) {
     batch_round = round_index;
     GC_ASSIGN_OR_RETURN(std::optional<codecs::Round> round,
                         session->NextRound());
     stats.encode_seconds += SecondsSince(t);
     if (!round.has_value()) break;
+    if (round_index == 0 && keeps_undo_copy) {
+      MemoryBudget::Reservation* held =
+          in.reservation != nullptr ? in.reservation : &own_reservation;
+      GC_RETURN_IF_ERROR(held->GrowTo(held->bytes() + round->payload.size(),
+                                      "this reduce's copy of its payload",
+                                      options_.memory_wait));
+    }
     if (sum_in_place && round->collective == codecs::Collective::kSum) {
       round->sum_into = average.values();
     }

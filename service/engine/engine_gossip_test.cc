@@ -359,5 +359,29 @@ TEST_F(EngineGossipTest, RefusesMixedModesBatchesAndBadDistances) {
               HasSubstr("consensus_distance is -1, expected a finite value"));
 }
 
+// An empty tensor has nothing to mix, but its request is held to the job's
+// mode and gossip spec like any other.
+TEST_F(EngineGossipTest, AnEmptyTensorIsHeldToTheJobsModeAndSpec) {
+  std::vector<std::vector<float>> xs;
+  for (int r = 0; r < kWorld; ++r) xs.push_back(Random(6, r));
+  Rounds(xs, {6}, {"ring"}, 0, 1);
+  ReduceInput same = Input("", {0}, 1, {"ring"});
+  same.tensor = "empty";
+  EXPECT_TRUE(engines_[0]->Reduce(same).ok());
+  ReduceInput other = Input("", {0}, 1, {"full"});
+  other.tensor = "empty";
+  EXPECT_THAT(engines_[0]->Reduce(other).status().message(),
+              HasSubstr("but this request names"));
+
+  ReduceInput average = Input("", {0}, 0, {});
+  average.job = "averaged";
+  average.mode = ReduceMode::kAverage;
+  ASSERT_TRUE(engines_[0]->Reduce(average).ok());
+  ReduceInput gossip = Input("", {0}, 1, {"ring"});
+  gossip.job = "averaged";
+  EXPECT_THAT(engines_[0]->Reduce(gossip).status().message(),
+              HasSubstr("reduces in average mode on this daemon"));
+}
+
 }  // namespace
 }  // namespace gradcomp::service

@@ -174,6 +174,38 @@ TEST_F(EngineLimitsTest, CallersReservationGrowsByTheWorkingMemory) {
   held->Release();
 }
 
+TEST_F(EngineLimitsTest, AStatefulCodecsUndoCopyCountsWithItsPayload) {
+  // Top-k keeps a copy of its payload to give its state back should the
+  // step fail: the reservation grows by the payload's size once encoded.
+  // Not sampled: with a sample the session keeps the copy for the sample.
+  EngineOptions options;
+  options.memory_budget_bytes = 1 << 20;
+  options.error_sample_rate = 0;
+  Build(options);
+  const std::string data = Floats(64 * 64, 1);
+  ReduceInput in = Square(data, 64);
+  in.codec = CodecSpec{"topk", {{"ratio", "0.25"}}};
+  auto held = engine_->ReserveInput(data.size(), "its input");
+  ASSERT_TRUE(held.ok());
+  in.reservation = &*held;
+  absl::StatusOr<ReduceOutput> out = engine_->Reduce(in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_GT(out->stats.wire_bytes, 0u);
+  // Input, payload, average and response, and the copy.
+  EXPECT_EQ(held->bytes(), 4 * data.size() + out->stats.wire_bytes);
+  held->Release();
+
+  // QSGD keeps no state, so no copy.
+  held = engine_->ReserveInput(data.size(), "its input");
+  ASSERT_TRUE(held.ok());
+  in.codec = CodecSpec{"qsgd", {}};
+  in.tensor = "v";
+  in.reservation = &*held;
+  ASSERT_TRUE(engine_->Reduce(in).ok());
+  EXPECT_EQ(held->bytes(), 4 * data.size());
+  held->Release();
+}
+
 TEST_F(EngineLimitsTest, CodecStateCountsAgainstTheBudget) {
   Build(EngineOptions());
   const std::string data = Floats(64 * 64, 1);
