@@ -16,8 +16,10 @@
 #define GRADCOMP_CODECS_CODEC_H_
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -142,6 +144,12 @@ class Codec {
 
 // Base of every codec with exactly one round. Subclasses write Encode and
 // DecodeAdd (and FinishSum when the summed body is not the tensor itself).
+// x if it is finite, else 0: a state entry that cannot be had back (a
+// Revert's inverse that overflowed) restarts from zero.
+inline float FiniteOrZero(float x) {
+  return std::fabs(x) <= std::numeric_limits<float>::max() ? x : 0.0f;
+}
+
 class SingleRoundCodec : public Codec {
  public:
   // Encodes `grad` into `payload` (wire format). May read and update `state`.

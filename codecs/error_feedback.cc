@@ -1,8 +1,6 @@
 #include "codecs/error_feedback.h"
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
 #include <utility>
 
 namespace gradcomp::codecs {
@@ -16,10 +14,7 @@ namespace {
 // Encode's sum cost efsign's encode 12 %, and every inner codec refuses a
 // non-finite input it would send.
 void GiveBack(absl::Span<const float> g, absl::Span<float> p) {
-  for (size_t i = 0; i < p.size(); ++i) {
-    const float e = p[i] - g[i];
-    p[i] = std::fabs(e) <= std::numeric_limits<float>::max() ? e : 0.0f;
-  }
+  for (size_t i = 0; i < p.size(); ++i) p[i] = FiniteOrZero(p[i] - g[i]);
 }
 
 }  // namespace

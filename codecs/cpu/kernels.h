@@ -6,9 +6,6 @@
 #ifndef GRADCOMP_CODECS_CPU_KERNELS_H_
 #define GRADCOMP_CODECS_CPU_KERNELS_H_
 
-#include <cmath>
-#include <limits>
-
 #include "absl/types/span.h"
 #include "codecs/codec.h"
 #include "codecs/random.h"
@@ -37,12 +34,6 @@ float BucketNorm(absl::Span<const float> x);
 
 // Whether every x[i] is finite (no NaN or Inf), in one branch-free pass.
 bool AllFinite(absl::Span<const float> x);
-
-// x if it is finite, else 0: a state entry that cannot be had back (a
-// Revert's inverse that overflowed) restarts from zero.
-inline float FiniteOrZero(float x) {
-  return std::fabs(x) <= std::numeric_limits<float>::max() ? x : 0.0f;
-}
 
 // A Philox stream private to this worker: keyed by (seed mixed with rank,
 // tensor, step, round). Stochastic rounding must be independent across
