@@ -5,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -18,6 +19,18 @@ v1::ReduceStreamResponse Answer(int id, size_t bytes = 0) {
   answer.set_request_id(id);
   answer.set_error_message(std::string(bytes, 'x'));
   return answer;
+}
+
+// An outbox whose client reads nothing until `client_reads` is notified:
+// its writer blocks in the first write until then.
+absl::StatusOr<std::unique_ptr<StreamOutbox>> StalledOutbox(
+    absl::Notification& client_reads, size_t max_unwritten_bytes) {
+  return StreamOutbox::Start(
+      [&client_reads](const v1::ReduceStreamResponse&) {
+        client_reads.WaitForNotification();
+        return true;
+      },
+      max_unwritten_bytes);
 }
 
 TEST(StreamOutboxTest, WritesEveryAnswerInOrderBeforeClosing) {
@@ -41,12 +54,7 @@ TEST(StreamOutboxTest, WritesEveryAnswerInOrderBeforeClosing) {
 // and goes on when the client takes them.
 TEST(StreamOutboxTest, PushNeverWaitsForTheClientAndTheReaderDoes) {
   absl::Notification client_reads;
-  auto started = StreamOutbox::Start(
-      [&](const v1::ReduceStreamResponse&) {
-        client_reads.WaitForNotification();
-        return true;
-      },
-      /*max_unwritten_bytes=*/1000);
+  auto started = StalledOutbox(client_reads, /*max_unwritten_bytes=*/1000);
   ASSERT_TRUE(started.ok()) << started.status();
   StreamOutbox* outbox = started->get();
   for (int i = 0; i < 10; ++i) outbox->Push(Answer(i, 500));  // returns
@@ -66,12 +74,7 @@ TEST(StreamOutboxTest, PushNeverWaitsForTheClientAndTheReaderDoes) {
 // client has taken the answer, not until it was pushed.
 TEST(StreamOutboxTest, AnAnswersHoldIsKeptUntilItIsWritten) {
   absl::Notification client_reads;
-  auto started = StreamOutbox::Start(
-      [&](const v1::ReduceStreamResponse&) {
-        client_reads.WaitForNotification();
-        return true;
-      },
-      1 << 20);
+  auto started = StalledOutbox(client_reads, 1 << 20);
   ASSERT_TRUE(started.ok()) << started.status();
   StreamOutbox* outbox = started->get();
   auto hold = std::make_shared<int>(7);
