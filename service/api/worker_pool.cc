@@ -10,13 +10,16 @@ namespace gradcomp::service {
 WorkerPool::WorkerPool(Limits limits) : limits_(limits) {}
 
 WorkerPool::~WorkerPool() {
-  std::vector<std::thread> threads;
+  std::unordered_map<std::thread::id, std::thread> threads;
+  std::thread ended;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
     threads.swap(threads_);
+    ended = std::move(ended_);
   }
-  for (std::thread& t : threads) t.join();
+  for (auto& [id, t] : threads) t.join();
+  if (ended.joinable()) ended.join();
 }
 
 bool WorkerPool::TrySchedule(std::function<void()> work) {
@@ -50,7 +53,11 @@ void WorkerPool::StartThreadIfDueLocked() {
   }
   absl::StatusOr<std::thread> started =
       StartThread([this] { Loop(); }, "a worker");
-  if (started.ok()) threads_.push_back(*std::move(started));
+  if (started.ok()) {
+    // The thread's Loop takes mu_ first, so it finds itself here.
+    const std::thread::id id = started->get_id();
+    threads_.emplace(id, *std::move(started));
+  }
 }
 
 void WorkerPool::WaitStarted() {
@@ -67,6 +74,11 @@ void WorkerPool::WaitEnded() {
 
 void WorkerPool::Loop() {
   SetBlockingWaitObserver(this);
+  // Set when this thread ends for want of work: the thread that ended
+  // before it, which it joins outside the lock (a thread's exit may wait,
+  // as a thread_local's destructor freeing GPU memory does). The next
+  // thread to end, or the destructor, joins this one.
+  std::thread ended_before;
   while (true) {
     std::function<void()> work;
     {
@@ -74,21 +86,39 @@ void WorkerPool::Loop() {
       ++idle_;
       // Past the running limit (closures back from their waits), idle
       // threads let the queue wait.
-      mu_.Await(absl::Condition(
+      const absl::Condition work_or_stop(
           +[](WorkerPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
             return p->stopping_ ||
                    (!p->queue_.empty() &&
                     p->RunningLocked() <
                         static_cast<size_t>(p->limits_.running));
           },
-          this));
+          this);
+      bool woken = true;
+      if (threads_.size() > static_cast<size_t>(limits_.running)) {
+        woken = mu_.AwaitWithTimeout(work_or_stop, limits_.idle_timeout);
+      } else {
+        mu_.Await(work_or_stop);
+      }
       --idle_;
+      if (!woken) {
+        // Idle for the timeout (so not stopping) with more threads than
+        // `running`: this one ends.
+        if (threads_.size() <= static_cast<size_t>(limits_.running)) continue;
+        auto self = threads_.find(std::this_thread::get_id());
+        ended_before = std::move(ended_);
+        ended_ = std::move(self->second);
+        threads_.erase(self);
+        break;
+      }
       if (queue_.empty()) return;  // stopping, and nothing left to run
       work = std::move(queue_.front());
       queue_.pop_front();
     }
     work();
   }
+  SetBlockingWaitObserver(nullptr);
+  if (ended_before.joinable()) ended_before.join();
 }
 
 }  // namespace gradcomp::service

@@ -4,8 +4,9 @@
 // on demand, when a closure finds none idle, and then kept; so a daemon
 // runs as many as its peak of concurrent tensors, not the maximum (each
 // thread costs a stack and glibc's per-thread malloc cache, which fills
-// over its life: docs/security.md, Soak). The queue of closures waiting
-// for a thread is bounded: a full one refuses more.
+// over its life: docs/security.md, Soak). Threads beyond `running` that
+// find nothing to do for `idle_timeout` end. The queue of closures
+// waiting for a thread is bounded: a full one refuses more.
 //
 // A closure inside a ScopedBlockingWait (base/blocking_wait.h: a tensor's
 // collective waiting for its peers, a batch member for the rest of its
@@ -27,10 +28,11 @@
 #include <deque>
 #include <functional>
 #include <thread>
-#include <vector>
+#include <unordered_map>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "base/blocking_wait.h"
 
 namespace gradcomp::service {
@@ -45,6 +47,9 @@ class WorkerPool : private BlockingWaitObserver {
     int threads = 2;
     // Closures waiting for a thread; one beyond them is refused.
     size_t queued = 4096;
+    // How long a thread beyond `running` waits for a closure before it
+    // ends: those a burst of waits started go, those every step uses stay.
+    absl::Duration idle_timeout = absl::Minutes(1);
   };
 
   explicit WorkerPool(Limits limits);
@@ -60,7 +65,7 @@ class WorkerPool : private BlockingWaitObserver {
   bool TrySchedule(std::function<void()> work) ABSL_LOCKS_EXCLUDED(mu_);
 
   size_t max_queued() const { return limits_.queued; }
-  // Threads started so far (they are never stopped before the pool is).
+  // Threads running now (started and not ended).
   int threads() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -83,7 +88,11 @@ class WorkerPool : private BlockingWaitObserver {
   // Threads whose closure is in a blocking wait.
   size_t waiting_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<std::thread::id, std::thread> threads_
+      ABSL_GUARDED_BY(mu_);
+  // The last thread that ended for want of work, for the next one to end
+  // (or the destructor) to join.
+  std::thread ended_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gradcomp::service

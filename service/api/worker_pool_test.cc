@@ -199,6 +199,58 @@ TEST(WorkerPoolTest, AClosureBackFromItsWaitHoldsTheQueueUntilItIsDone) {
   EXPECT_EQ(pool.threads(), 2);
 }
 
+TEST(WorkerPoolTest, ThreadsBeyondTheRunningLimitEndWhenIdle) {
+  // Three waits start three threads; once idle for the timeout, the two
+  // beyond `running` end, and the pool still runs what comes next.
+  WorkerPool::Limits limits = Limits(1, 3, 10);
+  limits.idle_timeout = absl::Milliseconds(10);
+  WorkerPool pool(limits);
+  std::atomic<int> arrived{0};
+  absl::Notification all_arrived, release;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(pool.TrySchedule([&] {
+      if (++arrived == 3) all_arrived.Notify();
+      ScopedBlockingWait waiting;
+      release.WaitForNotification();
+    }));
+  }
+  const bool met =
+      all_arrived.WaitForNotificationWithTimeout(absl::Seconds(60));
+  const int threads = pool.threads();
+  release.Notify();
+  ASSERT_TRUE(met);
+  EXPECT_EQ(threads, 3);
+  EXPECT_TRUE(Eventually([&] { return pool.threads() == 1; }))
+      << pool.threads() << " threads";
+  absl::SleepFor(absl::Milliseconds(50));  // five timeouts: none below 1
+  EXPECT_EQ(pool.threads(), 1);
+  absl::Notification ran;
+  ASSERT_TRUE(pool.TrySchedule([&] { ran.Notify(); }));
+  EXPECT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(60)));
+}
+
+TEST(WorkerPoolTest, PoolsEndCleanlyWhileTheirThreadsEnd) {
+  // Bursts of waits, then the pool is destroyed at some point of its
+  // threads' ending for want of work: every thread is joined once (a
+  // thread left joinable, or joined twice, ends the process; one that used
+  // the freed pool fails under ASan).
+  for (int round = 0; round < 50; ++round) {
+    WorkerPool::Limits limits = Limits(1, 4, 10);
+    limits.idle_timeout = absl::Microseconds(100 * (round % 10));
+    WorkerPool pool(limits);
+    std::atomic<int> arrived{0};
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(pool.TrySchedule([&] {
+        ++arrived;
+        ScopedBlockingWait waiting;
+        while (arrived.load() < 4) absl::SleepFor(absl::Microseconds(50));
+      }));
+    }
+    ASSERT_TRUE(Eventually([&] { return arrived.load() == 4; }));
+    absl::SleepFor(absl::Microseconds(200 * (round % 7)));
+  }
+}
+
 // No thread can be started (address space capped at what the process
 // holds, less than a thread's stack): the closure is refused, and the
 // process goes on, instead of std::thread's exception ending it.
