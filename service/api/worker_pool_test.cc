@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <memory>
 
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
@@ -103,25 +104,41 @@ TEST(WorkerPoolTest, StartsThreadsOnDemandUpToTheMaximum) {
   EXPECT_EQ(pool.threads(), 3);
 }
 
-TEST(WorkerPoolTest, AClosureInABlockingWaitLetsAnotherThreadRunTheQueue) {
-  // Three closures each wait (as a batch's members do) until all three
-  // have arrived; one may run at a time. Each wait lets another thread
-  // start, up to three, so all three arrive.
-  WorkerPool pool(Limits(1, 3, 10));
+// Closures that each wait, in a ScopedBlockingWait as a batch's members
+// do, until `release`; shared with them, so that it outlives the pool.
+struct Waiters {
   std::atomic<int> arrived{0};
-  absl::Notification all_arrived, release;
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(pool.TrySchedule([&] {
-      if (++arrived == 3) all_arrived.Notify();
+  absl::Notification all_arrived;
+  absl::Notification release;
+
+  // Whether all `n` ran at once, within a minute: bounded, so that a pool
+  // that stalls fails the test instead of hanging it.
+  bool AllArrived() {
+    return all_arrived.WaitForNotificationWithTimeout(absl::Seconds(60));
+  }
+};
+
+std::shared_ptr<Waiters> ScheduleWaiters(WorkerPool& pool, int n) {
+  auto waiters = std::make_shared<Waiters>();
+  for (int i = 0; i < n; ++i) {
+    EXPECT_TRUE(pool.TrySchedule([waiters, n] {
+      if (++waiters->arrived == n) waiters->all_arrived.Notify();
       ScopedBlockingWait waiting;
-      release.WaitForNotification();
+      waiters->release.WaitForNotification();
     }));
   }
-  // Bounded, so that a pool that stalls fails the test instead of hanging.
-  const bool met =
-      all_arrived.WaitForNotificationWithTimeout(absl::Seconds(60));
-  const int ran = arrived.load();
-  release.Notify();
+  return waiters;
+}
+
+TEST(WorkerPoolTest, AClosureInABlockingWaitLetsAnotherThreadRunTheQueue) {
+  // Three closures each wait until all three have arrived; one may run at
+  // a time. Each wait lets another thread start, up to three, so all
+  // three arrive.
+  WorkerPool pool(Limits(1, 3, 10));
+  std::shared_ptr<Waiters> waiters = ScheduleWaiters(pool, 3);
+  const bool met = waiters->AllArrived();
+  const int ran = waiters->arrived.load();
+  waiters->release.Notify();
   EXPECT_TRUE(met) << ran << " of 3 closures ran while the others waited";
   EXPECT_EQ(pool.threads(), 3);
 }
@@ -205,19 +222,10 @@ TEST(WorkerPoolTest, ThreadsBeyondTheRunningLimitEndWhenIdle) {
   WorkerPool::Limits limits = Limits(1, 3, 10);
   limits.idle_timeout = absl::Milliseconds(10);
   WorkerPool pool(limits);
-  std::atomic<int> arrived{0};
-  absl::Notification all_arrived, release;
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(pool.TrySchedule([&] {
-      if (++arrived == 3) all_arrived.Notify();
-      ScopedBlockingWait waiting;
-      release.WaitForNotification();
-    }));
-  }
-  const bool met =
-      all_arrived.WaitForNotificationWithTimeout(absl::Seconds(60));
+  std::shared_ptr<Waiters> waiters = ScheduleWaiters(pool, 3);
+  const bool met = waiters->AllArrived();
   const int threads = pool.threads();
-  release.Notify();
+  waiters->release.Notify();
   ASSERT_TRUE(met);
   EXPECT_EQ(threads, 3);
   EXPECT_TRUE(Eventually([&] { return pool.threads() == 1; }))
