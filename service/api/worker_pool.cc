@@ -54,7 +54,7 @@ void WorkerPool::StartThreadIfDueLocked() {
   absl::StatusOr<std::thread> started =
       StartThread([this] { Loop(); }, "a worker");
   if (started.ok()) {
-    // The thread's Loop takes mu_ first, so it finds itself here.
+    // Its Loop takes mu_ before it looks itself up here.
     const std::thread::id id = started->get_id();
     threads_.emplace(id, *std::move(started));
   }
