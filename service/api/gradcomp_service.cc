@@ -140,7 +140,10 @@ GradcompService::GradcompService(Engine* engine, Metrics* metrics,
       metrics_(metrics),
       settings_(std::move(settings)),
       shm_(shm),
-      stream_pool_(stream_pool) {}
+      stream_pool_(stream_pool, [metrics](const WorkerPool::Stats& stats) {
+        metrics->SetStreamPool(stats.running, stats.waiting, stats.idle,
+                               stats.queued);
+      }) {}
 
 absl::StatusOr<SharedMemorySlice> GradcompService::AcquireSlice(
     const ShmClient& client, const v1::SharedMemorySlice& slice,

@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "client/cpp/shm_region.h"
 #include "codecs/builtin.h"
 #include "codecs/state.h"
@@ -258,6 +259,17 @@ TEST_F(GradcompServiceTest, ReduceStreamReportsABadTensorAndGoesOn) {
   EXPECT_TRUE(stream->Finish().ok());
   EXPECT_EQ(errors, 1);
   EXPECT_EQ(ok_ids, (std::set<uint64_t>{1, 2, 4, 5}));
+  // The pool's threads go idle once their answers are queued, and its
+  // gauges say so (bounded wait: a thread may still be on its way back).
+  const std::map<std::string, std::string> idle = {{"state", "idle"}};
+  for (int i = 0; i < 6000 && Metric("gradcomp_stream_workers", idle) < 1;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_GE(Metric("gradcomp_stream_workers", idle), 1);
+  EXPECT_EQ(Metric("gradcomp_stream_workers", {{"state", "running"}}), 0);
+  EXPECT_EQ(Metric("gradcomp_stream_workers", {{"state", "waiting"}}), 0);
+  EXPECT_EQ(Metric("gradcomp_stream_queued_tensors", {}), 0);
 }
 
 TEST_F(GradcompServiceTest, GetInfoListsCodecsAndThePolicyHash) {

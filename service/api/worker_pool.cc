@@ -7,7 +7,8 @@
 
 namespace gradcomp::service {
 
-WorkerPool::WorkerPool(Limits limits) : limits_(limits) {}
+WorkerPool::WorkerPool(Limits limits, StatsFn on_change)
+    : limits_(limits), on_change_(std::move(on_change)) {}
 
 WorkerPool::~WorkerPool() {
   std::unordered_map<std::thread::id, std::thread> threads;
@@ -32,6 +33,7 @@ bool WorkerPool::TrySchedule(std::function<void()> work) {
     queue_.pop_back();
     return false;
   }
+  PublishLocked();
   return true;
 }
 
@@ -60,16 +62,29 @@ void WorkerPool::StartThreadIfDueLocked() {
   }
 }
 
+void WorkerPool::PublishLocked() const {
+  // Stopping: the destructor has taken the threads, so they go uncounted.
+  if (on_change_ == nullptr || stopping_) return;
+  Stats stats;
+  stats.running = static_cast<int>(RunningLocked());
+  stats.waiting = static_cast<int>(waiting_);
+  stats.idle = static_cast<int>(idle_);
+  stats.queued = queue_.size();
+  on_change_(stats);
+}
+
 void WorkerPool::WaitStarted() {
   absl::MutexLock lock(&mu_);
   ++waiting_;
   // Its queued work may be what this closure waits for.
   StartThreadIfDueLocked();
+  PublishLocked();
 }
 
 void WorkerPool::WaitEnded() {
   absl::MutexLock lock(&mu_);
   --waiting_;
+  PublishLocked();
 }
 
 void WorkerPool::Loop() {
@@ -84,6 +99,7 @@ void WorkerPool::Loop() {
     {
       absl::MutexLock lock(&mu_);
       ++idle_;
+      PublishLocked();
       // Past the running limit (closures back from their waits), idle
       // threads let the queue wait.
       const absl::Condition work_or_stop(
@@ -109,11 +125,13 @@ void WorkerPool::Loop() {
         ended_before = std::move(ended_);
         ended_ = std::move(self->second);
         threads_.erase(self);
+        PublishLocked();
         break;
       }
       if (queue_.empty()) return;  // stopping, and nothing left to run
       work = std::move(queue_.front());
       queue_.pop_front();
+      PublishLocked();
     }
     work();
   }

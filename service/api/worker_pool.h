@@ -52,7 +52,19 @@ class WorkerPool : private BlockingWaitObserver {
     absl::Duration idle_timeout = absl::Minutes(1);
   };
 
-  explicit WorkerPool(Limits limits);
+  // What the pool holds now: its threads by what they do, and the closures
+  // waiting for one.
+  struct Stats {
+    int running = 0;  // running a closure outside a blocking wait
+    int waiting = 0;  // running a closure in a blocking wait
+    int idle = 0;     // waiting for a closure
+    size_t queued = 0;
+  };
+  // Called, under the pool's lock, whenever the Stats change (so it must
+  // be quick and must not call into the pool): for a daemon's metrics.
+  using StatsFn = std::function<void(const Stats&)>;
+
+  explicit WorkerPool(Limits limits, StatsFn on_change = nullptr);
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
   ~WorkerPool() override;
@@ -79,8 +91,11 @@ class WorkerPool : private BlockingWaitObserver {
   // more could run and the thread limit allows it; failing that (the
   // system's limit), the threads already running take the work later.
   void StartThreadIfDueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands the Stats to on_change_, if set.
+  void PublishLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Limits limits_;
+  const StatsFn on_change_;
   mutable absl::Mutex mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   // Threads waiting for a closure.

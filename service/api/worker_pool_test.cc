@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/blocking_wait.h"
@@ -214,6 +215,32 @@ TEST(WorkerPoolTest, AClosureBackFromItsWaitHoldsTheQueueUntilItIsDone) {
   EXPECT_TRUE(a_came_back);
   EXPECT_TRUE(Eventually([&] { return c_ran.load() == 1; }));
   EXPECT_EQ(pool.threads(), 2);
+}
+
+TEST(WorkerPoolTest, ReportsItsThreadsByStateAndItsQueue) {
+  // One thread at most: a closure waits on it, and the next is queued.
+  absl::Mutex mu;
+  WorkerPool::Stats last;
+  WorkerPool pool(Limits(1, 1, 10), [&](const WorkerPool::Stats& stats) {
+    absl::MutexLock lock(&mu);
+    last = stats;
+  });
+  auto seen = [&](int running, int waiting, int idle, size_t queued) {
+    return Eventually([&] {
+      absl::MutexLock lock(&mu);
+      return last.running == running && last.waiting == waiting &&
+             last.idle == idle && last.queued == queued;
+    });
+  };
+  std::shared_ptr<Waiters> waiters = ScheduleWaiters(pool, 1);
+  ASSERT_TRUE(waiters->AllArrived());
+  EXPECT_TRUE(seen(0, 1, 0, 0));
+  absl::Notification ran;
+  ASSERT_TRUE(pool.TrySchedule([&] { ran.Notify(); }));
+  EXPECT_TRUE(seen(0, 1, 0, 1));
+  waiters->release.Notify();
+  EXPECT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  EXPECT_TRUE(seen(0, 0, 1, 0));
 }
 
 TEST(WorkerPoolTest, ThreadsBeyondTheRunningLimitEndWhenIdle) {

@@ -223,6 +223,23 @@ Metrics::Metrics(const codecs::StateStore* state, absl::string_view version)
                         .Help("The memory budget (--memory_budget_bytes).")
                         .Register(*registry_)
                         .Add({});
+  prometheus::Family<prometheus::Gauge>& stream_workers =
+      prometheus::BuildGauge()
+          .Name("gradcomp_stream_workers")
+          .Help(
+              "ReduceStream pool threads by state: running a reduce, "
+              "waiting in one for peers or batch members, or idle.")
+          .Register(*registry_);
+  stream_running_ = &stream_workers.Add({{"state", "running"}});
+  stream_waiting_ = &stream_workers.Add({{"state", "waiting"}});
+  stream_idle_ = &stream_workers.Add({{"state", "idle"}});
+  stream_queued_ = &prometheus::BuildGauge()
+                        .Name("gradcomp_stream_queued_tensors")
+                        .Help(
+                            "ReduceStream tensors queued for a pool thread "
+                            "(--max_queued_requests bounds them).")
+                        .Register(*registry_)
+                        .Add({});
   jobs_held_ =
       &prometheus::BuildGauge()
            .Name("gradcomp_jobs_held")
@@ -339,6 +356,14 @@ void Metrics::CountGossipEdgeResync(int peer) {
 
 void Metrics::SetConsensusDistance(absl::string_view job, double distance) {
   consensus_distance_->Add({{"gradcomp_job", std::string(job)}}).Set(distance);
+}
+
+void Metrics::SetStreamPool(int running, int waiting, int idle,
+                            uint64_t queued) {
+  stream_running_->Set(running);
+  stream_waiting_->Set(waiting);
+  stream_idle_->Set(idle);
+  stream_queued_->Set(static_cast<double>(queued));
 }
 
 void Metrics::SetJobs(uint64_t held, uint64_t active) {

@@ -77,6 +77,10 @@ class Metrics {
   void SetMemoryBudget(uint64_t in_use, uint64_t total);
   // Jobs this daemon keeps state for (until they are released), and those
   // with a reduce in flight.
+  // The ReduceStream pool's threads by what they do (running a reduce,
+  // waiting in one for peers or batch members, idle) and the stream
+  // tensors queued for a thread (service/api/worker_pool.h).
+  void SetStreamPool(int running, int waiting, int idle, uint64_t queued);
   void SetJobs(uint64_t held, uint64_t active);
   // Gossip mode (docs/gossip.md): message bytes sent to neighbour rank
   // `peer`, a PowerGossip edge with `peer` started again because its ends
@@ -123,6 +127,10 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* resource_exhausted_;
   prometheus::Gauge* memory_in_use_;
   prometheus::Gauge* memory_budget_;
+  prometheus::Gauge* stream_running_;
+  prometheus::Gauge* stream_waiting_;
+  prometheus::Gauge* stream_idle_;
+  prometheus::Gauge* stream_queued_;
   prometheus::Gauge* jobs_held_;
   prometheus::Gauge* jobs_active_;
   prometheus::Family<prometheus::Counter>* gossip_bytes_;

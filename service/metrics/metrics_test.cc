@@ -24,6 +24,18 @@ TEST(MetricsTest, CountersCarryCodecAndGrpcCodeNames) {
       1);
 }
 
+TEST(MetricsTest, StreamPoolThreadsByStateAndQueuedTensors) {
+  Metrics metrics(nullptr, "1.2.3");
+  metrics.SetStreamPool(3, 5, 2, 7);
+  const auto& c = *metrics.collectable();
+  EXPECT_EQ(MetricValue(c, "gradcomp_stream_workers", {{"state", "running"}}),
+            3);
+  EXPECT_EQ(MetricValue(c, "gradcomp_stream_workers", {{"state", "waiting"}}),
+            5);
+  EXPECT_EQ(MetricValue(c, "gradcomp_stream_workers", {{"state", "idle"}}), 2);
+  EXPECT_EQ(MetricValue(c, "gradcomp_stream_queued_tensors"), 7);
+}
+
 TEST(MetricsTest, BytesErrorsDenseAndNonfinite) {
   Metrics metrics(nullptr, "1.2.3");
   metrics.AddBytes("qsgd", 4000, 500);
