@@ -75,12 +75,12 @@ class Metrics {
   void CountResourceExhausted(absl::string_view resource);
   // The memory budget's bytes in use (requests and codec state) and total.
   void SetMemoryBudget(uint64_t in_use, uint64_t total);
-  // Jobs this daemon keeps state for (until they are released), and those
-  // with a reduce in flight.
   // The ReduceStream pool's threads by what they do (running a reduce,
   // waiting in one for peers or batch members, idle) and the stream
   // tensors queued for a thread (service/api/worker_pool.h).
   void SetStreamPool(int running, int waiting, int idle, uint64_t queued);
+  // Jobs this daemon keeps state for (until they are released), and those
+  // with a reduce in flight.
   void SetJobs(uint64_t held, uint64_t active);
   // Gossip mode (docs/gossip.md): message bytes sent to neighbour rank
   // `peer`, a PowerGossip edge with `peer` started again because its ends
