@@ -330,15 +330,15 @@ absl::StatusOr<Bytes> StateStore::Export(absl::string_view job) const {
 absl::Status StateStore::Import(absl::string_view job, absl::string_view blob,
                                 const ImportAdmission& admit) {
   GC_ASSIGN_OR_RETURN(std::vector<ImportedTensor> tensors, ParseBlob(blob));
-  if (admit != nullptr) {
-    std::vector<ImportedSize> sizes;
-    sizes.reserve(tensors.size());
-    for (const ImportedTensor& tensor : tensors) {
-      sizes.push_back({tensor.name, tensor.state.ByteSize()});
-    }
-    GC_RETURN_IF_ERROR(admit(sizes));
+  std::vector<ImportedSize> sizes;
+  sizes.reserve(tensors.size());
+  for (const ImportedTensor& tensor : tensors) {
+    sizes.push_back({tensor.name, tensor.state.ByteSize()});
   }
-  for (ImportedTensor& tensor : tensors) {
+  if (admit != nullptr) GC_RETURN_IF_ERROR(admit(sizes));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (sizes[i].skip) continue;
+    ImportedTensor& tensor = tensors[i];
     std::shared_ptr<Entry> entry;
     {
       absl::MutexLock lock(&mu_);

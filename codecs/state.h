@@ -104,11 +104,13 @@ class StateStore {
   struct ImportedSize {
     std::string tensor;
     size_t bytes = 0;
+    bool skip = false;  // set by the admission: left out of the import
   };
   // Sees an import's tensors once the blob is valid and before anything
   // changes; an error refuses the import (the daemon's quotas and budget).
+  // It may mark tensors to leave out (state this daemon would never use).
   using ImportAdmission =
-      std::function<absl::Status(const std::vector<ImportedSize>&)>;
+      std::function<absl::Status(std::vector<ImportedSize>&)>;
 
   // Serialises every tensor state of `job` (a self-describing, versioned
   // binary format) and restores it; Import replaces the job's tensors that

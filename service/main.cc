@@ -26,6 +26,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -36,10 +37,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "codecs/builtin.h"
 #include "codecs/state.h"
@@ -102,6 +106,11 @@ ABSL_FLAG(std::string, peer_listen, "",
           "Address this daemon serves the Peer service on; empty: "
           "peers[rank]. Use 0.0.0.0:<port> when peers[rank] is a name that "
           "resolves to this host.");
+ABSL_FLAG(std::string, peer_group, "",
+          "A name every daemon of this job shares (the Helm chart gives "
+          "<namespace>/<release>); the peer handshake refuses a daemon of "
+          "another group, such as one reached at an address another job's "
+          "pod held before. Empty: not checked beyond the other fields.");
 ABSL_FLAG(std::string, peer_tls_cert, "",
           "PEM certificate chain this daemon shows its peers; with "
           "--peer_tls_key and --peer_tls_ca it turns on mutual TLS on the "
@@ -303,6 +312,57 @@ int WaitForShutdownSignal(const sigset_t& signals) {
   return signal;
 }
 
+// ParseCommandLine hands back what is not a flag, after the program's
+// name. A boolean flag takes its value after '=' only, so
+// "--allow_unauthenticated_tcp false" sets it to true and leaves "false"
+// here: refused, as is any other stray word.
+absl::Status CheckNoArguments(absl::Span<char* const> positional) {
+  if (positional.size() <= 1) return absl::OkStatus();
+  const std::vector<std::string> words(positional.begin() + 1,
+                                       positional.end());
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unexpected argument", words.size() > 1 ? "s" : "", " '",
+      absl::StrJoin(words, "' '"),
+      "': gradcompd takes flags only, each value after '=' (a boolean flag "
+      "followed by a separate 'false' reads as true: write --flag=false)"));
+}
+
+// The flags that are not DaemonConfig fields, checked before
+// --check_config answers, so that it passes only what would start.
+absl::Status CheckFlagValues() {
+  const std::pair<const char*, absl::Duration> durations[] = {
+      {"--collective_timeout", absl::GetFlag(FLAGS_collective_timeout)},
+      {"--peer_startup_timeout", absl::GetFlag(FLAGS_peer_startup_timeout)},
+  };
+  for (const auto& [flag, value] : durations) {
+    if (value <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " is ", absl::FormatDuration(value),
+                       ", expected a duration above 0 (e.g. 60s)"));
+    }
+  }
+  if (absl::GetFlag(FLAGS_peer_buffer_bytes) == 0) {
+    return absl::InvalidArgumentError(
+        "--peer_buffer_bytes is 0, expected room for the messages peers send "
+        "ahead of this rank (default 1 GiB)");
+  }
+  return absl::OkStatus();
+}
+
+// --shm_owner_uids as numbers.
+absl::StatusOr<std::vector<uint32_t>> ShmOwnerUids() {
+  std::vector<uint32_t> uids;
+  for (const std::string& uid : absl::GetFlag(FLAGS_shm_owner_uids)) {
+    uint32_t parsed = 0;
+    if (!absl::SimpleAtoi(uid, &parsed)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--shm_owner_uids has '", uid, "', expected numeric uids"));
+    }
+    uids.push_back(parsed);
+  }
+  return uids;
+}
+
 absl::Status Run(const std::set<std::string>& named_flags) {
   const sigset_t signals = BlockShutdownSignals();
   const codecs::CodecRegistry& registry = codecs::BuiltinCodecs();
@@ -318,6 +378,8 @@ absl::Status Run(const std::set<std::string>& named_flags) {
   GC_RETURN_IF_ERROR(CheckListenAddress(config->listen(), auth));
   GC_ASSIGN_OR_RETURN(const mode_t socket_mode,
                       ParseSocketMode(absl::GetFlag(FLAGS_socket_mode)));
+  GC_RETURN_IF_ERROR(CheckFlagValues());
+  GC_ASSIGN_OR_RETURN(std::vector<uint32_t> shm_owner_uids, ShmOwnerUids());
   if (absl::GetFlag(FLAGS_check_config)) {
     std::printf("%s\n", ConfigToJson(*config).c_str());
     return absl::OkStatus();
@@ -362,6 +424,7 @@ absl::Status Run(const std::set<std::string>& named_flags) {
     identity.seed = config->seed();
     std::random_device random;
     identity.instance = (uint64_t{random()} << 32) | random();
+    identity.group = absl::GetFlag(FLAGS_peer_group);
     GC_ASSIGN_OR_RETURN(transport, GrpcTransport::Create(
                                        options,
                                        [identity, &engine] {
@@ -418,14 +481,7 @@ absl::Status Run(const std::set<std::string>& named_flags) {
   if (config->allow_client_shm()) {
     SharedMemoryOptions shm_options;
     shm_options.key_prefix = absl::GetFlag(FLAGS_shm_prefix);
-    for (const std::string& uid : absl::GetFlag(FLAGS_shm_owner_uids)) {
-      uint32_t parsed = 0;
-      if (!absl::SimpleAtoi(uid, &parsed)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--shm_owner_uids has '", uid, "', expected numeric uids"));
-      }
-      shm_options.owner_uids.push_back(parsed);
-    }
+    shm_options.owner_uids = std::move(shm_owner_uids);
     shm = std::make_unique<SharedMemoryRegistry>(shm_options, &metrics);
   }
   GradcompService service(engine.get(), &metrics, stream_pool,
@@ -443,13 +499,16 @@ absl::Status Run(const std::set<std::string>& named_flags) {
       !probes.empty()) {
     GC_ASSIGN_OR_RETURN(health, StartHealthServer(probes));
   }
-  // Both servers' health says the same.
+  // Both servers' health says the same. gRPC's starts as SERVING: with
+  // peers it is turned off before anything else, so that a probe between
+  // the start and the wait for peers does not pass.
   auto set_serving = [&server, &health](bool serving) {
     server->GetHealthCheckService()->SetServingStatus(serving);
     if (health != nullptr) {
       health->GetHealthCheckService()->SetServingStatus(serving);
     }
   };
+  if (transport != nullptr) set_serving(false);
   GC_RETURN_IF_ERROR(SetSocketMode(config->listen(), socket_mode));
   std::fprintf(stderr,
                "gradcompd %s: serving gRPC on %s, %s; rank %u of "
@@ -464,7 +523,6 @@ absl::Status Run(const std::set<std::string>& named_flags) {
   absl::Status peers_status;
   std::thread peers_wait;
   if (transport != nullptr) {
-    set_serving(false);
     peers_wait = std::thread([&] {
       peers_status = transport->WaitForPeers(
           absl::Now() + absl::GetFlag(FLAGS_peer_startup_timeout));
@@ -635,8 +693,9 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "gradcompd: gradient-compression sidecar daemon (see docs/daemon.md)");
   const std::set<std::string> named = gradcomp::service::NamedFlags(argc, argv);
-  absl::ParseCommandLine(argc, argv);
-  const absl::Status status = gradcomp::service::Run(named);
+  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  absl::Status status = gradcomp::service::CheckNoArguments(positional);
+  if (status.ok()) status = gradcomp::service::Run(named);
   if (!status.ok()) {
     std::fprintf(stderr, "gradcompd: %s\n", status.ToString().c_str());
     return 1;

@@ -3,10 +3,12 @@
 #include <climits>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
 #include "service/api/request_counter.h"
+#include "service/api/unix_socket.h"
 
 namespace gradcomp::service {
 namespace {
@@ -46,6 +48,9 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
+  // gRPC unlinks a unix socket's file before it binds: a daemon already on
+  // it would lose its clients without an error.
+  GC_RETURN_IF_ERROR(RefuseSocketInUse(listen));
   grpc::ServerBuilder builder;
   builder.RegisterService(service);
   // gRPC's ceiling is INT_MAX bytes per message (2 GiB - 1).

@@ -20,14 +20,15 @@ namespace gradcomp::service {
 
 // `listen` is "host:port" (port 0 picks a free one, written to `port` if
 // not null) or "unix:/path". Unavailable, naming the address, if it cannot
-// bind. With `metrics`, every call is counted in gradcomp_requests_total.
-// A received message over `max_receive_bytes` is refused by gRPC with
-// RESOURCE_EXHAUSTED from its length prefix, before it is buffered.
-// Health probes on another address have a server of their own
-// (StartHealthServer). gRPC serves calls on at most `max_threads`
-// threads, one of which waits for new calls: a call beyond them is refused
-// at once with RESOURCE_EXHAUSTED ("Server Threadpool Exhausted") rather
-// than the daemon starting threads without end (each ReduceStream holds
+// bind, or if a process listens on that unix socket (RefuseSocketInUse;
+// a socket file nothing listens on is replaced). With `metrics`, every call is
+// counted in gradcomp_requests_total. A received message over
+// `max_receive_bytes` is refused by gRPC with RESOURCE_EXHAUSTED from its
+// length prefix, before it is buffered. Health probes on another address have a
+// server of their own (StartHealthServer). gRPC serves calls on at most
+// `max_threads` threads, one of which waits for new calls: a call beyond them
+// is refused at once with RESOURCE_EXHAUSTED ("Server Threadpool Exhausted")
+// rather than the daemon starting threads without end (each ReduceStream holds
 // one for its life).
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
     const std::string& listen, grpc::Service* service, int* port = nullptr,

@@ -1,7 +1,10 @@
 #include "service/api/unix_socket.h"
 
 #include <errno.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <string>
@@ -56,6 +59,42 @@ absl::Status PrepareSocketDirectory(absl::string_view listen) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status RefuseSocketInUse(absl::string_view listen) {
+  if (!absl::StartsWith(listen, kUnixScheme)) return absl::OkStatus();
+  const std::string path(listen.substr(kUnixScheme.size()));
+  struct stat st;
+  sockaddr_un addr{};
+  if (lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode) ||
+      path.size() >= sizeof(addr.sun_path)) {
+    return absl::OkStatus();  // nothing to take over; bind reports the rest
+  }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot check whether the client socket '", path,
+                     "' is in use: socket: ", std::strerror(errno)));
+  }
+  const int connected =
+      connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  const int error = errno;
+  close(fd);
+  if (connected != 0 && (error == ECONNREFUSED || error == ENOENT)) {
+    return absl::OkStatus();  // stale: its process is gone
+  }
+  if (connected == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot serve gRPC on '", listen,
+        "': another process listens on it (another gradcompd?); stop it, or "
+        "give this daemon another --listen"));
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "cannot serve gRPC on '", listen, "': cannot tell whether the socket ",
+      "is in use (connect: ", std::strerror(error),
+      "); remove it if no process serves it"));
 }
 
 absl::Status SetSocketMode(absl::string_view listen, mode_t mode) {

@@ -28,6 +28,13 @@ absl::StatusOr<mode_t> ParseSocketMode(absl::string_view text);
 // the socket's own mode is the gate). Nothing to do for a TCP address.
 absl::Status PrepareSocketDirectory(absl::string_view listen);
 
+// Unavailable when a process accepts connections on the socket of
+// "unix:/path" (gRPC would unlink it and bind its own, taking the socket
+// from that process without an error); OK when there is no socket there,
+// or one that nothing listens on (left by a process that is gone), which
+// gRPC replaces. Nothing to do for a TCP address.
+absl::Status RefuseSocketInUse(absl::string_view listen);
+
 // chmod of the socket of "unix:/path" to `mode`; nothing for TCP.
 absl::Status SetSocketMode(absl::string_view listen, mode_t mode);
 

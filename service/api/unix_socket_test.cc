@@ -1,9 +1,12 @@
 #include "service/api/unix_socket.h"
 
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -15,6 +18,32 @@ namespace gradcomp::service {
 namespace {
 
 class EmptyService : public gradcomp::v1::Gradcomp::Service {};
+
+// A unix socket bound at `path`, listening or not (-1 on failure).
+int BoundSocket(const std::string& path, bool listening) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      (listening && listen(fd, 1) != 0)) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether something accepts connections at `path`.
+bool Answers(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  const bool connected =
+      connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return connected;
+}
 
 TEST(UnixSocketTest, ParsesOctalModes) {
   EXPECT_EQ(*ParseSocketMode("0660"), 0660u);
@@ -67,6 +96,43 @@ TEST(UnixSocketTest, AnUncreatableDirectoryIsAClearError) {
       PrepareSocketDirectory("unix:/proc/gradcomp-no/gradcomp.sock");
   EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(status.message(), ::testing::HasSubstr("/proc/gradcomp-no"));
+}
+
+// gRPC replaces whatever socket file is at the path, so without a check a
+// second daemon on the same --listen would take the socket over silently,
+// and the first would delete it when it stopped. A socket that something
+// listens on is refused; one left by a process that is gone is replaced.
+TEST(UnixSocketTest, ASocketInUseIsAnErrorAndAStaleOneIsReplaced) {
+  char base[] = "/tmp/gradcomp-uds-test-XXXXXX";
+  ASSERT_NE(mkdtemp(base), nullptr);
+  const std::string path = std::string(base) + "/gradcomp.sock";
+  const std::string listen = "unix:" + path;
+  EXPECT_TRUE(RefuseSocketInUse(listen).ok());  // nothing there yet
+
+  EmptyService first_service, second_service;
+  auto first = StartGrpcServer(listen, &first_service);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = StartGrpcServer(listen, &second_service);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(second.status().message(),
+              ::testing::HasSubstr("cannot serve gRPC on '" + listen +
+                                   "': another process listens on it"));
+  EXPECT_TRUE(Answers(path));  // the first still has its socket
+  (*first)->Shutdown();
+  first->reset();
+
+  unlink(path.c_str());
+  const int stale = BoundSocket(path, /*listening=*/false);
+  ASSERT_GE(stale, 0);
+  close(stale);  // the file stays; nothing listens
+  EXPECT_TRUE(RefuseSocketInUse(listen).ok());
+  auto third = StartGrpcServer(listen, &second_service);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_TRUE(Answers(path));
+  (*third)->Shutdown();
+  third->reset();
+  unlink(path.c_str());
+  rmdir(base);
 }
 
 }  // namespace

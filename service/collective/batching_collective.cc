@@ -6,6 +6,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -47,21 +48,25 @@ void WriteOne(codecs::ElemType type, char* out) {
 }
 
 // What the members of a batch must agree on, read from one SUM payload.
+// The parameter block too: a codec finishes a sum by its parameters
+// (fp16's prescale divisor), so the members summed as one must share them.
 struct BodyShape {
   codecs::CodecId codec;
   uint8_t round;
   uint64_t numel;
   codecs::ElemType type;
   size_t elements;
+  absl::string_view params;  // a view of the payload, type byte first
 
   bool operator==(const BodyShape& o) const {
     return codec == o.codec && round == o.round && numel == o.numel &&
-           type == o.type && elements == o.elements;
+           type == o.type && elements == o.elements && params == o.params;
   }
   std::string ToString() const {
     return absl::StrCat("codec id ", static_cast<int>(codec), " round ", round,
                         ", ", numel, " elements, a body of ", elements,
-                        " values of type ", static_cast<int>(type));
+                        " values of type ", static_cast<int>(type),
+                        ", parameter block ", absl::BytesToHexString(params));
   }
 };
 
@@ -76,9 +81,12 @@ absl::StatusOr<SumBody> PeekSumBody(absl::string_view payload) {
   GC_ASSIGN_OR_RETURN(codecs::ParsedPayload parsed,
                       codecs::PeekPayload(payload));
   GC_ASSIGN_OR_RETURN(size_t elements, codecs::DenseBodyElements(parsed));
-  const BodyShape shape{
-      parsed.header.codec, parsed.header.round, parsed.header.numel,
-      static_cast<codecs::ElemType>(parsed.params[0]), elements};
+  const BodyShape shape{parsed.header.codec,
+                        parsed.header.round,
+                        parsed.header.numel,
+                        static_cast<codecs::ElemType>(parsed.params[0]),
+                        elements,
+                        parsed.params};
   return SumBody{parsed, shape};
 }
 
@@ -130,6 +138,11 @@ absl::StatusOr<BatchSpec> MakeBatchSpec(std::string id,
     return absl::InvalidArgumentError(
         "batch id is empty, expected a name that is the same on every rank "
         "(such as 'bucket0:256x256')");
+  }
+  if (id.size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("batch id has ", id.size(),
+                                                   " bytes, expected at most ",
+                                                   kMaxNameBytes));
   }
   if (members.size() > kMaxBatchMembers) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -284,7 +297,8 @@ absl::StatusOr<BatchingCollective::Summed> BatchingCollective::Exchange(
   header.round = common.round;
   header.flags = codecs::kFlagDenseBody;
   header.numel = common.numel * members;
-  const std::string params(1, static_cast<char>(common.type));
+  // The members' common parameter block, which the other ranks' must match.
+  const std::string params(common.params);
   codecs::Round round;
   round.collective = codecs::Collective::kSum;
   char* body = codecs::BeginPayload(

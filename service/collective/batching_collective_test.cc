@@ -1,5 +1,6 @@
 #include "service/collective/batching_collective.h"
 
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
@@ -66,6 +67,24 @@ codecs::Round SumRound(int round, absl::Span<const float> values,
   return r;
 }
 
+// SumRound's payload with an 8-byte parameter block carrying `divisor`, as
+// the dense codecs write a prescale divisor.
+codecs::Round PrescaledSumRound(absl::Span<const float> values,
+                                uint32_t divisor) {
+  codecs::Round r;
+  r.collective = codecs::Collective::kSum;
+  codecs::WireHeader header;
+  header.codec = codecs::CodecId::kPowerSgd;
+  header.flags = codecs::kFlagDenseBody;
+  header.numel = 1000;
+  char params[8] = {static_cast<char>(codecs::ElemType::kF32)};
+  std::memcpy(params + 4, &divisor, sizeof(divisor));
+  char* body = codecs::BeginPayload(header, absl::string_view(params, 8),
+                                    values.size() * sizeof(float), &r.payload);
+  std::memcpy(body, values.data(), values.size() * sizeof(float));
+  return r;
+}
+
 BatchSpec Spec(const std::string& id, std::vector<std::string> members) {
   return *MakeBatchSpec(id, std::move(members));
 }
@@ -87,6 +106,8 @@ TEST(MakeBatchSpecTest, SortsAndRefusesBadLists) {
 
   EXPECT_THAT(MakeBatchSpec("", {"a"}).status().message(),
               HasSubstr("batch id is empty"));
+  EXPECT_THAT(MakeBatchSpec(std::string(1025, 'b'), {"a"}).status().message(),
+              HasSubstr("batch id has 1025 bytes, expected at most 1024"));
   EXPECT_THAT(MakeBatchSpec("b", {"a", "a"}).status().message(),
               HasSubstr("names member 'a' twice"));
   EXPECT_THAT(MakeBatchSpec("b", {"a", ""}).status().message(),
@@ -578,6 +599,8 @@ TEST(BatchingCollectiveTest, APeersSumBodyOfAnotherShapeFailsThatMember) {
   const std::vector<std::pair<codecs::Bytes, std::string>> bodies = {
       {SumRound(0, Values(1, 0, 0, 0, 5)).payload, "a body of 5 values"},
       {"not a payload", "rank 1 sent a SUM round without a usable dense body"},
+      {PrescaledSumRound(Values(1, 0, 0, 0, 4), 2).payload,
+       "parameter block 0100000002000000, rank 0 codec id"},
   };
   for (const auto& [theirs, expected] : bodies) {
     FakeGatherCollective inner(
@@ -598,6 +621,27 @@ TEST(BatchingCollectiveTest, APeersSumBodyOfAnotherShapeFailsThatMember) {
     EXPECT_THAT(
         got[1]->payloads,
         ::testing::ElementsAre(GatherPayload(0, 2, 0), GatherPayload(1, 2, 0)));
+  }
+}
+
+// Members summed as one body share a parameter block, which the other
+// ranks' must match: a rank whose members differ in it fails them, on
+// every rank, instead of each rank finishing the sum by its own.
+TEST(BatchingCollectiveTest, SumMembersWhoseParametersDifferAcrossRanksFail) {
+  constexpr int kWorld = 2;
+  Ranks ranks(kWorld, absl::Seconds(60));
+  const BatchSpec spec = Spec("b", {"a", "b"});
+  std::vector<absl::StatusOr<codecs::RoundResult>> got(
+      kWorld * 2, absl::UnknownError("not run"));
+  OnThreads(kWorld, 2, [&](int r, int m) {
+    got[r * 2 + m] = ranks.batching(r).RunBatched(
+        {"job", spec.members[m], 0, 0}, spec,
+        PrescaledSumRound(Values(r, m, 0, 0, 4), r == 0 ? 2 : 1));
+  });
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].status().code(), absl::StatusCode::kInvalidArgument)
+        << i << ": " << got[i].status();
+    EXPECT_THAT(got[i].status().message(), HasSubstr("parameter block"));
   }
 }
 

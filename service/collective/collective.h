@@ -11,6 +11,7 @@
 #ifndef GRADCOMP_SERVICE_COLLECTIVE_COLLECTIVE_H_
 #define GRADCOMP_SERVICE_COLLECTIVE_COLLECTIVE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -20,6 +21,11 @@
 #include "codecs/codec.h"
 
 namespace gradcomp::service {
+
+// The most bytes of a job or tensor name, or a batch id (in its batch's
+// key): names travel in every peer message of their tensor, in its first
+// frame, which the peers' gRPC reads whole.
+inline constexpr size_t kMaxNameBytes = 1024;
 
 // Rendezvous key: every worker's call for the same key meets in the same
 // collective, whatever order tensors arrive in.

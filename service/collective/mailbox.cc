@@ -197,6 +197,8 @@ void Mailbox::ForgetJob(const std::string& job) {
 void Mailbox::BeginStep(const std::string& job, const std::string& tensor,
                         int64_t step) {
   absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  if (now >= next_expiry_) ExpireLocked(now);
   current_step_[TensorKey(job, tensor)] = step;
   for (auto it = slots_.begin(); it != slots_.end();) {
     auto next = std::next(it);
@@ -214,7 +216,9 @@ absl::StatusOr<std::vector<codecs::Bytes>> Mailbox::Collect(
     const MessageKey& key, absl::Span<const int> from, absl::Time deadline,
     const std::function<std::string(int)>& peer_name) {
   absl::MutexLock lock(&mu_);
-  Slot& slot = SlotLocked(key, absl::Now());
+  const absl::Time now = absl::Now();
+  if (now >= next_expiry_) ExpireLocked(now);
+  Slot& slot = SlotLocked(key, now);
   if (slot.claimed) {
     return absl::FailedPreconditionError(
         absl::StrCat(KeyString(key),

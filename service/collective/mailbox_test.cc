@@ -294,6 +294,23 @@ TEST(MailboxTest, UnclaimedMessagesExpire) {
   EXPECT_EQ(mailbox.unclaimed_bytes(), 2u);
 }
 
+// No message need arrive: this rank's own steps free them too (a job that
+// ended without ReleaseJob while others go on).
+TEST(MailboxTest, UnclaimedMessagesExpireAsThisRankWorks) {
+  MailboxOptions options;
+  options.unclaimed_ttl = absl::Milliseconds(1);
+  Mailbox mailbox(2, options, nullptr);
+  mailbox.OnMessage(1, Key(0, "a"), "12345");
+  absl::SleepFor(absl::Milliseconds(5));
+  mailbox.BeginStep("job", "b", 0);
+  EXPECT_EQ(mailbox.unclaimed_bytes(), 0u);
+
+  mailbox.OnMessage(1, Key(0, "c"), "123");
+  absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_TRUE(mailbox.Collect(Key(0, "d"), {}, absl::Now(), Name).ok());
+  EXPECT_EQ(mailbox.unclaimed_bytes(), 0u);
+}
+
 TEST(MailboxTest, TwoCollectsOfOneKeyAreRefused) {
   PeerMetrics metrics(0, 2);
   Mailbox mailbox(2, {}, &metrics);

@@ -7,6 +7,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "base/seconds_since.h"
 #include "base/status_macros.h"
@@ -247,15 +248,18 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(
   const uint64_t m = own.body.size() / elem;
   codecs::WireHeader header = own.header;
   header.flags = codecs::kFlagDenseBody;
-  const absl::string_view type_param = own.params.substr(0, 1);
 
   // Reduce-scatter: slice j of this rank's body goes to rank j, as it is:
-  // a small header of its own, then the body's bytes where they lie.
+  // a small header of its own with the payload's whole parameter block,
+  // then the body's bytes where they lie. The owner sums only slices whose
+  // blocks match its own: a codec finishes a sum by its parameters (fp16's
+  // prescale divisor), so ranks that differ in them would each return
+  // another result.
   const MessageKey scatter = ToMessageKey(key, Phase::kReduceScatter);
   GC_RETURN_IF_ERROR(SendToEach(others_, [&](int to) {
     const Slice s = SliceOf(m, w, to);
     auto head = std::make_shared<const codecs::Bytes>(
-        codecs::PayloadHead(header, type_param, s.size * elem));
+        codecs::PayloadHead(header, own.params, s.size * elem));
     OutgoingMessage message;
     message.parts = {*head, own.body.substr(s.begin * elem, s.size * elem)};
     message.owner =
@@ -304,6 +308,13 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::ReduceScatterAllgather(
                          " encoded codec id ", static_cast<int>(header.codec),
                          " round ", static_cast<int>(header.round),
                          "; expected the same policy on every rank"));
+      } else if (status.ok() && part->params != own.params) {
+        status = absl::InvalidArgumentError(absl::StrCat(
+            "rank ", r, " encoded codec id ", static_cast<int>(header.codec),
+            " with parameter block ", absl::BytesToHexString(part->params),
+            ", rank ", me, " with ", absl::BytesToHexString(own.params),
+            "; expected the same codec parameters on every rank (a request "
+            "that names its codec must name the same on every rank)"));
       }
       if (status.ok()) {
         status = r == 0 ? WriteDenseBody(*part, sum)

@@ -278,6 +278,50 @@ TEST(PeerCollectiveTest, RanksWithDifferentCodecsAreRefusedNamingBoth) {
   EXPECT_EQ(results[1][0].status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A dense payload whose parameter block carries a prescale divisor, as the
+// dense codecs write it (type, 3 bytes of padding, divisor little-endian).
+codecs::Bytes PrescaledPayload(const std::vector<float>& values,
+                               uint32_t divisor) {
+  codecs::WireHeader header;
+  header.codec = codecs::CodecId::kNone;
+  header.flags = codecs::kFlagDenseBody;
+  header.numel = values.size();
+  char params[8] = {static_cast<char>(codecs::ElemType::kF32)};
+  std::memcpy(params + 4, &divisor, sizeof(divisor));
+  codecs::Bytes payload;
+  char* body = codecs::BeginPayload(header, absl::string_view(params, 8),
+                                    values.size() * sizeof(float), &payload);
+  std::memcpy(body, values.data(), values.size() * sizeof(float));
+  return payload;
+}
+
+// Codecs finish a sum by their parameters (a prescaled sum is the mean
+// already): ranks whose blocks differ would each return another result,
+// so the owner of every slice refuses the sum, naming both blocks.
+TEST(PeerCollectiveTest, RanksWithDifferentCodecParametersAreRefused) {
+  constexpr int kW = 3;
+  Group group(kW);
+  Results results = RunAll(group, kW, 1, 0, [&](int r, int) {
+    return codecs::Round{codecs::Collective::kSum,
+                         PrescaledPayload({1, 2, 3, 4, 5, 6}, r == 1 ? 1 : 3)};
+  });
+  for (int r = 0; r < kW; ++r) {
+    EXPECT_EQ(results[r][0].status().code(), absl::StatusCode::kInvalidArgument)
+        << "rank " << r << ": " << results[r][0].status();
+  }
+  EXPECT_THAT(results[0][0].status().message(),
+              HasSubstr("rank 1 encoded codec id 1 with parameter block "
+                        "0100000001000000, rank 0 with 0100000003000000"));
+  Results same = RunAll(group, kW, 1, 1, [&](int, int) {
+    return codecs::Round{codecs::Collective::kSum,
+                         PrescaledPayload({1, 2, 3, 4, 5, 6}, 3)};
+  });
+  for (int r = 0; r < kW; ++r) {
+    ASSERT_TRUE(same[r][0].ok()) << same[r][0].status();
+    EXPECT_EQ(same[r][0]->sum, std::vector<float>({3, 6, 9, 12, 15, 18}));
+  }
+}
+
 // The deadline leaves the live ranks time to arrive on a loaded machine:
 // the error names every rank it has no message from.
 TEST(PeerCollectiveTest, AMissingRankFailsTheOthersAtTheDeadlineNamingIt) {

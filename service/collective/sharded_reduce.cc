@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "base/seconds_since.h"
@@ -68,6 +69,16 @@ absl::string_view StateOwner(absl::string_view name) {
   return name.substr(0, slice);
 }
 
+bool UsedAtWorldSize(absl::string_view name, int world_size) {
+  const absl::string_view owner = StateOwner(name);
+  if (owner.size() == name.size()) return true;
+  if (world_size <= 1) return false;
+  absl::string_view rest = name.substr(owner.size());
+  if (!absl::ConsumePrefix(&rest, "#slice")) return true;  // "#shard"
+  int slice = 0;
+  return absl::SimpleAtoi(rest, &slice) && slice < world_size;
+}
+
 const codecs::SingleRoundCodec* ShardableCodec(Aggregation mode,
                                                const codecs::Codec& codec,
                                                int world_size, uint64_t numel) {
@@ -105,7 +116,8 @@ absl::StatusOr<ShardedStats> ShardedReduce(
     Collective& collective, codecs::StateStore& store,
     const codecs::SingleRoundCodec& codec, const RoundKey& key,
     absl::Span<const float> grad, const codecs::StepContext& ctx,
-    absl::Span<float> out, std::vector<codecs::Bytes>* own_parts) {
+    absl::Span<float> out, std::vector<codecs::Bytes>* own_parts,
+    const KeepCopies& keep) {
   const int w = collective.world_size();
   const int me = collective.rank();
   const size_t n = grad.size();
@@ -152,7 +164,14 @@ absl::StatusOr<ShardedStats> ShardedReduce(
     if (stateful) encoded_parts.push_back(parts[j]);
     stats.wire_bytes += parts[j].size();
   }
-  if (own_parts != nullptr) *own_parts = parts;
+  if (stateful && keep) {
+    absl::Status kept = keep(stats.wire_bytes);
+    if (!kept.ok()) {
+      return absl::Status(kept.code(),
+                          absl::StrCat(Where(key, me), ": ", kept.message()));
+    }
+  }
+  if (own_parts != nullptr && !stateful) *own_parts = parts;
   stats.encode_seconds += SecondsSince(t);
 
   t = Clock::now();
@@ -189,7 +208,17 @@ absl::StatusOr<ShardedStats> ShardedReduce(
     }
   }
   std::optional<codecs::Bytes> owner_sent;
-  if (stateful) owner_sent = reencoded;
+  if (stateful) {
+    if (keep) {
+      absl::Status kept = keep(reencoded.size());
+      if (!kept.ok()) {
+        return absl::Status(
+            kept.code(), absl::StrCat(Where(key, me),
+                                      " (owner re-encode): ", kept.message()));
+      }
+    }
+    owner_sent = reencoded;
+  }
   absl::Cleanup revert_owner = [&] {
     if (!owner_sent.has_value()) return;
     codecs::StateStore::Locked owner_state =
@@ -216,6 +245,7 @@ absl::StatusOr<ShardedStats> ShardedReduce(
   stats.decode_seconds += SecondsSince(t);
   std::move(revert_slices).Cancel();
   std::move(revert_owner).Cancel();
+  if (own_parts != nullptr && stateful) *own_parts = std::move(encoded_parts);
   return stats;
 }
 
@@ -223,20 +253,22 @@ ShardedSession::ShardedSession(Collective& collective,
                                codecs::StateStore& store,
                                const codecs::SingleRoundCodec& codec,
                                RoundKey key, absl::Span<const float> grad,
-                               const codecs::StepContext& ctx)
+                               const codecs::StepContext& ctx, KeepCopies keep)
     : collective_(collective),
       store_(store),
       codec_(codec),
       key_(std::move(key)),
       grad_(grad),
-      ctx_(ctx) {}
+      ctx_(ctx),
+      keep_(std::move(keep)) {}
 
 absl::StatusOr<std::optional<codecs::Round>> ShardedSession::NextRound() {
   if (!done_) {
     average_.resize(grad_.size());
     GC_ASSIGN_OR_RETURN(
         stats_, ShardedReduce(collective_, store_, codec_, key_, grad_, ctx_,
-                              absl::MakeSpan(average_), &own_parts_));
+                              absl::MakeSpan(average_),
+                              ctx_.keep_own ? &own_parts_ : nullptr, keep_));
     done_ = true;
   }
   return std::nullopt;

@@ -18,6 +18,7 @@
 #define GRADCOMP_SERVICE_COLLECTIVE_SHARDED_REDUCE_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -74,6 +75,11 @@ std::vector<std::string> ShardedStateNames(absl::string_view tensor,
 // The tensor whose state the store entry `name` holds: the tensor of a
 // SliceStateName or OwnerStateName, else `name` itself.
 absl::string_view StateOwner(absl::string_view name);
+// Whether a daemon of `world_size` ranks uses (and counts) the store entry
+// `name`: a tensor's own, or one of ShardedStateNames(its owner,
+// world_size). Not the slices of a larger world (state exported by one),
+// nor any sharded entry with one rank.
+bool UsedAtWorldSize(absl::string_view name, int world_size);
 
 struct ShardedStats {
   // Payload bytes this rank encoded: its W slice payloads and its owned
@@ -84,16 +90,23 @@ struct ShardedStats {
   double decode_seconds = 0;
 };
 
+// Told the bytes of the payload copies a sharded reduce keeps to give a
+// stateful codec's state back should the step fail, before it sends them;
+// an error fails the step (a memory budget that cannot hold them).
+using KeepCopies = std::function<absl::Status(uint64_t bytes)>;
+
 // Runs one sharded reduce of `grad` (the tensor's values, flattened; the
 // caller serialises calls for the same tensor). `out` receives the average
 // (grad.size() values); `own_parts`, when not null, this worker's W slice
-// payloads (for DecodeSlices, error metrics). Errors name the rank and
-// slice.
+// payloads (for DecodeSlices, error metrics; a stateful codec's undo copies
+// become them, so they are kept once). `keep`, when set, is told of the
+// undo copies. Errors name the rank and slice.
 absl::StatusOr<ShardedStats> ShardedReduce(
     Collective& collective, codecs::StateStore& store,
     const codecs::SingleRoundCodec& codec, const RoundKey& key,
     absl::Span<const float> grad, const codecs::StepContext& ctx,
-    absl::Span<float> out, std::vector<codecs::Bytes>* own_parts);
+    absl::Span<float> out, std::vector<codecs::Bytes>* own_parts,
+    const KeepCopies& keep = nullptr);
 
 // Decodes slice payloads (parts[j] holds slice j of W = parts.size()) into
 // `out`, the whole tensor.
@@ -104,13 +117,15 @@ absl::Status DecodeSlices(const codecs::SingleRoundCodec& codec,
 // ShardedReduce as a CodecSession, so that the engine runs it through its
 // usual pipeline: the first NextRound() runs the whole reduce (both
 // exchanges) and reports no round to run; Finish writes the average;
-// DecodeOwn decodes this worker's slice payloads. Arguments as for
-// ShardedReduce; they must outlive the session.
+// DecodeOwn decodes this worker's slice payloads, which it keeps only when
+// ctx.keep_own. Arguments as for ShardedReduce; they must outlive the
+// session.
 class ShardedSession : public codecs::CodecSession {
  public:
   ShardedSession(Collective& collective, codecs::StateStore& store,
                  const codecs::SingleRoundCodec& codec, RoundKey key,
-                 absl::Span<const float> grad, const codecs::StepContext& ctx);
+                 absl::Span<const float> grad, const codecs::StepContext& ctx,
+                 KeepCopies keep = nullptr);
 
   absl::StatusOr<std::optional<codecs::Round>> NextRound() override;
   absl::Status Absorb(codecs::RoundResult result) override;
@@ -127,6 +142,7 @@ class ShardedSession : public codecs::CodecSession {
   const RoundKey key_;
   const absl::Span<const float> grad_;
   const codecs::StepContext ctx_;
+  const KeepCopies keep_;
   bool done_ = false;
   std::vector<float> average_;
   std::vector<codecs::Bytes> own_parts_;

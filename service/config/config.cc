@@ -1,17 +1,22 @@
 #include "service/config/config.h"
 
+#include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "base/status_macros.h"
+#include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/message.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
@@ -49,6 +54,37 @@ class TextErrors : public google::protobuf::io::ErrorCollector {
   std::vector<std::string> errors_;
 };
 
+// Proto3 JSON leaves a field that holds its zero value ("world_size": 0,
+// "listen": "") unset, and MergeFrom then keeps the default under it: the
+// file's value would be lost without a word. So every field the file names
+// (but as null, which means the default) is cleared in `message` before
+// the merge, message fields field by field: the file's zero then stands,
+// and ValidateConfig judges it. A repeated field the file names replaces
+// the default's instead of adding to it.
+void ClearFieldsNamed(const google::protobuf::Struct& named,
+                      google::protobuf::Message* message) {
+  const google::protobuf::Descriptor* type = message->GetDescriptor();
+  const google::protobuf::Reflection* reflection = message->GetReflection();
+  for (const auto& [key, value] : named.fields()) {
+    if (value.kind_case() == google::protobuf::Value::kNullValue) continue;
+    const google::protobuf::FieldDescriptor* field = type->FindFieldByName(key);
+    for (int i = 0; field == nullptr && i < type->field_count(); ++i) {
+      if (type->field(i)->json_name() == key) field = type->field(i);
+    }
+    if (field == nullptr) continue;  // the parse has refused it already
+    if (field->cpp_type() ==
+            google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE &&
+        !field->is_repeated()) {
+      if (value.kind_case() == google::protobuf::Value::kStructValue) {
+        ClearFieldsNamed(value.struct_value(),
+                         reflection->MutableMessage(message, field));
+      }
+    } else {
+      reflection->ClearField(message, field);
+    }
+  }
+}
+
 absl::Status MergeJson(const std::string& path, const std::string& text,
                        v1::DaemonConfig* config) {
   v1::DaemonConfig file;
@@ -59,17 +95,12 @@ absl::Status MergeJson(const std::string& path, const std::string& text,
         "config file '", path, "': not a JSON gradcomp.v1.DaemonConfig: ",
         parsed.message().ToString()));
   }
-  // Proto3 cannot tell an explicit "metrics_listen": "" (metrics off) from
-  // an absent field (the default); the raw JSON object can.
-  google::protobuf::Struct raw;
-  bool metrics_off = false;
-  if (google::protobuf::util::JsonStringToMessage(text, &raw).ok()) {
-    metrics_off = file.metrics_listen().empty() &&
-                  (raw.fields().contains("metricsListen") ||
-                   raw.fields().contains("metrics_listen"));
+  // The same text as a plain JSON object, for the names it holds.
+  google::protobuf::Struct named;
+  if (google::protobuf::util::JsonStringToMessage(text, &named).ok()) {
+    ClearFieldsNamed(named, config);
   }
   config->MergeFrom(file);
-  if (metrics_off) config->clear_metrics_listen();
   return absl::OkStatus();
 }
 
@@ -97,8 +128,10 @@ bool LooksLikeJson(const std::string& path, const std::string& text) {
   return absl::StartsWith(absl::StripLeadingAsciiWhitespace(text), "{");
 }
 
-absl::Status ValidateAddress(absl::string_view what,
-                             const std::string& address) {
+// `address` is unix:/path or host:port with a decimal port up to 65535,
+// and above 0 unless `any_port` (0: the kernel picks one, for listening).
+absl::Status ValidateAddress(absl::string_view what, const std::string& address,
+                             bool any_port) {
   if (absl::StartsWith(address, "unix:")) {
     const size_t path_bytes = address.size() - 5;
     if (path_bytes == 0) {
@@ -119,6 +152,16 @@ absl::Status ValidateAddress(absl::string_view what,
         absl::StrCat(what, " is '", address,
                      "', expected host:port (e.g. 127.0.0.1:50051, "
                      "[::1]:50051) or unix:/path"));
+  }
+  const absl::string_view digits = absl::string_view(address).substr(colon + 1);
+  uint32_t port = 0;
+  if (!std::all_of(digits.begin(), digits.end(),
+                   [](char c) { return absl::ascii_isdigit(c); }) ||
+      !absl::SimpleAtoi(digits, &port) || port > 65535 ||
+      (port == 0 && !any_port)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " is '", address, "': port '", digits, "' is not a number in ",
+        any_port ? "0-65535 (0: any free port)" : "1-65535"));
   }
   return absl::OkStatus();
 }
@@ -245,10 +288,12 @@ void ApplyFlags(const FlagOverrides& flags, v1::DaemonConfig* config) {
 absl::Status ValidateConfig(const v1::DaemonConfig& config,
                             const codecs::CodecRegistry& registry) {
   GC_RETURN_IF_ERROR(CheckStringsAreUtf8(config));
-  GC_RETURN_IF_ERROR(ValidateAddress("listen", config.listen()));
+  GC_RETURN_IF_ERROR(
+      ValidateAddress("listen", config.listen(), /*any_port=*/true));
   if (!config.metrics_listen().empty()) {
-    GC_RETURN_IF_ERROR(
-        ValidateAddress("metrics_listen", config.metrics_listen()));
+    GC_RETURN_IF_ERROR(ValidateAddress("metrics_listen",
+                                       config.metrics_listen(),
+                                       /*any_port=*/true));
     if (absl::StartsWith(config.metrics_listen(), "unix:")) {
       return absl::InvalidArgumentError(
           absl::StrCat("metrics_listen is '", config.metrics_listen(),
@@ -279,8 +324,9 @@ absl::Status ValidateConfig(const v1::DaemonConfig& config,
         "endpoint, by rank (--peers=h0:50052,h1:50052,...)"));
   }
   for (int i = 0; i < config.peers_size(); ++i) {
-    GC_RETURN_IF_ERROR(
-        ValidateAddress(absl::StrCat("peers[", i, "]"), config.peers(i)));
+    GC_RETURN_IF_ERROR(ValidateAddress(absl::StrCat("peers[", i, "]"),
+                                       config.peers(i),
+                                       /*any_port=*/false));
     if (absl::StartsWith(config.peers(i), "unix:")) {
       return absl::InvalidArgumentError(
           absl::StrCat("peers[", i, "] is '", config.peers(i),

@@ -92,6 +92,34 @@ TEST(ConfigTest, ExplicitEmptyMetricsListenTurnsMetricsOff) {
   EXPECT_EQ(text->metrics_listen(), "");
 }
 
+// A JSON file's zero is its value, not "the default" (proto3 JSON leaves
+// zeros unset): refused where 0 is not allowed, kept where it is; null is
+// the default.
+TEST(ConfigTest, JsonZerosAreTheFilesValues) {
+  const std::pair<const char*, const char*> refused[] = {
+      {R"({"worldSize": 0})", "world_size is 0"},
+      {R"({"world_size": 0})", "world_size is 0"},
+      {R"({"listen": ""})", "listen is '', expected host:port"},
+      {R"({"maxConcurrentJobs": "0"})", "max_concurrent_jobs is 0"},
+  };
+  for (const auto& [json, message] : refused) {
+    auto config = LoadConfig(WriteFile("zero.json", json), FlagOverrides(),
+                             codecs::BuiltinCodecs());
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument)
+        << json;
+    EXPECT_THAT(config.status().message(), HasSubstr(message)) << json;
+  }
+  auto kept =
+      LoadConfig(WriteFile("kept.json",
+                           R"({"errorSampleRate": 0, "maxStateBytesPerJob": "0",
+                    "metricsListen": null, "policy": {"dense1d": false}})"),
+                 FlagOverrides(), codecs::BuiltinCodecs());
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->error_sample_rate(), 0);
+  EXPECT_EQ(kept->metrics_listen(), "127.0.0.1:9464");
+  EXPECT_EQ(kept->listen(), DefaultConfig().listen());
+}
+
 TEST(ConfigTest, FlagsOverrideTheFile) {
   const std::string path =
       WriteFile("flags.json", R"({"listen": "127.0.0.1:1", "seed": "1"})");
@@ -244,6 +272,26 @@ TEST(ConfigTest, InvalidFieldsAreNamed) {
          f.peers = {{"h0:1", "nohost"}};
        },
        "peers[1] is 'nohost', expected host:port"},
+      {[](FlagOverrides& f) {
+         f.world_size = 2;
+         f.peers = {{"h0:1", "b:abc"}};
+       },
+       "peers[1] is 'b:abc': port 'abc' is not a number in 1-65535"},
+      {[](FlagOverrides& f) {
+         f.world_size = 2;
+         f.peers = {{"h0:0", "h1:1"}};
+       },
+       "peers[0] is 'h0:0': port '0' is not a number in 1-65535"},
+      {[](FlagOverrides& f) {
+         f.world_size = 2;
+         f.peers = {{"h0:1", "h1:99999"}};
+       },
+       "peers[1] is 'h1:99999': port '99999' is not a number in 1-65535"},
+      {[](FlagOverrides& f) { f.listen = "127.0.0.1:+80"; },
+       "listen is '127.0.0.1:+80': port '+80' is not a number in 0-65535 "
+       "(0: any free port)"},
+      {[](FlagOverrides& f) { f.metrics_listen = "0.0.0.0:65536"; },
+       "metrics_listen is '0.0.0.0:65536': port '65536' is not a number"},
       {[](FlagOverrides& f) {
          f.world_size = 2;
          f.peers = {{"h0:1", "unix:/p.sock"}};

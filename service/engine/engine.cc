@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -19,6 +18,7 @@
 #include "base/seconds_since.h"
 #include "base/status_macros.h"
 #include "codecs/error_feedback.h"
+#include "codecs/nonfinite.h"
 #include "codecs/random.h"
 #include "codecs/tensor.h"
 #include "service/collective/sharded_reduce.h"
@@ -58,46 +58,6 @@ absl::StatusOr<uint64_t> CheckedNumel(absl::Span<const int64_t> shape,
     numel *= d;
   }
   return numel;
-}
-
-struct Nonfinite {
-  uint64_t count = 0;
-  size_t first = 0;
-};
-
-// NaN and Inf are the floats whose exponent bits are all ones. Counted four
-// lanes at a time (GCC's vector extension, SSE2) without a branch: g++ -O2
-// left the isfinite loop scalar, with a branch per value, and it is a pass
-// over every input. The first index is looked for only when there is one.
-Nonfinite CountNonfinite(absl::Span<const float> values) {
-  using U4 = uint32_t __attribute__((vector_size(16)));
-  constexpr uint32_t kExponent = 0x7f800000u;
-  const U4 exponent = {kExponent, kExponent, kExponent, kExponent};
-  // Each lane counts at most kBlock / 4 values before it is added up.
-  constexpr size_t kBlock = size_t{1} << 20;
-  const size_t size = values.size();
-  const size_t vector_end = size - size % 4;
-  Nonfinite n;
-  size_t i = 0;
-  while (i < vector_end) {
-    const size_t end = std::min(vector_end, i + kBlock);
-    U4 lanes = {0, 0, 0, 0};
-    for (; i < end; i += 4) {
-      U4 bits;
-      std::memcpy(&bits, values.data() + i, sizeof(bits));
-      // A true comparison is all ones: -1 per non-finite lane.
-      lanes -= reinterpret_cast<U4>((bits & exponent) == exponent);
-    }
-    n.count += uint64_t{lanes[0]} + lanes[1] + lanes[2] + lanes[3];
-  }
-  for (; i < size; ++i) n.count += std::isfinite(values[i]) ? 0 : 1;
-  if (n.count > 0) {
-    n.first = static_cast<size_t>(
-        std::find_if(values.begin(), values.end(),
-                     [](float v) { return !std::isfinite(v); }) -
-        values.begin());
-  }
-  return n;
 }
 
 // Dense codecs pass NaN/Inf through as an allreduce would, so that AMP's
@@ -165,9 +125,19 @@ class ResultFloats {
   absl::Span<float> values_;
 };
 
+absl::Status CheckNameLength(absl::string_view what, absl::string_view name) {
+  if (name.size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " name has ", name.size(),
+                     " bytes, expected at most ", kMaxNameBytes));
+  }
+  return absl::OkStatus();
+}
+
 // The state store keys tensors by job + '\0' + tensor, so a job name with a
 // NUL could reach into another job's state.
 absl::Status CheckJobName(absl::string_view job) {
+  GC_RETURN_IF_ERROR(CheckNameLength("job", job));
   if (absl::StrContains(job, '\0')) {
     return absl::InvalidArgumentError(
         "job name holds a NUL character, expected a printable name");
@@ -183,6 +153,7 @@ absl::Status CheckNames(const ReduceInput& in) {
         "tensor name is empty, expected a name that is the same on every "
         "worker, such as 'fc1.weight'");
   }
+  GC_RETURN_IF_ERROR(CheckNameLength("tensor", in.tensor));
   if (in.step < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("step is ", in.step, ", expected >= 0"));
@@ -314,13 +285,16 @@ absl::Status Engine::ImportState(absl::string_view job,
       absl::StrCat("the state imported into job '", job, "'");
   std::optional<JobQuotas::Ticket> ticket;
   return store_->Import(
-      job, blob,
-      [&](const std::vector<codecs::StateStore::ImportedSize>& entries) {
+      job, blob, [&](std::vector<codecs::StateStore::ImportedSize>& entries) {
         // Per tensor, as a reduce records it: a sharded tensor's slice
         // entries count as its own (or, after its next reduce, twice).
+        // Those of another world size (a checkpoint of a larger job) are
+        // left out: this daemon would neither use nor count them.
         std::vector<codecs::StateStore::ImportedSize> sizes;
         absl::flat_hash_map<absl::string_view, size_t> index;
-        for (const auto& [name, bytes] : entries) {
+        for (auto& [name, bytes, skip] : entries) {
+          skip = !UsedAtWorldSize(name, collective_->world_size());
+          if (skip) continue;
           const absl::string_view owner = StateOwner(name);
           const auto [at, added] = index.try_emplace(owner, sizes.size());
           if (added) sizes.push_back({std::string(owner), 0});
@@ -347,6 +321,16 @@ absl::StatusOr<ReleasedJob> Engine::ReleaseJob(absl::string_view job) {
   batching_.ForgetJob(std::string(job));
   metrics_->CountJobReleased(job);
   return released;
+}
+
+void Engine::RecordState(const std::string& job, const std::string& tensor,
+                         const codecs::TensorState& state) {
+  uint64_t bytes = state.ByteSize();
+  if (collective_->world_size() > 1) {
+    bytes += store_->ByteSizeOf(
+        job, ShardedStateNames(tensor, collective_->world_size()));
+  }
+  budget_.AddState(quotas_.RecordState(job, tensor, bytes));
 }
 
 bool Engine::SampleError() {
@@ -519,6 +503,10 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   MemoryBudget::Reservation own_reservation;
   GC_RETURN_IF_ERROR(
       ReserveWorkingMemory(in, numel, width, sample, &own_reservation));
+  // What the reduce reserves as it goes: the caller's, which holds its
+  // input too, or its own.
+  MemoryBudget::Reservation* const held =
+      in.reservation != nullptr ? in.reservation : &own_reservation;
 
   // fp32 is read in place; other dtypes (and unaligned bytes) are converted.
   std::unique_ptr<float[]> converted;
@@ -531,7 +519,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
         DecodeToFloat(in.dtype, in.data, {converted.get(), numel}));
     grad = {converted.get(), numel};
   }
-  const Nonfinite nonfinite = CountNonfinite(grad);
+  const codecs::Nonfinite nonfinite = codecs::CountNonfinite(grad);
   stats.nonfinite_values = nonfinite.count;
   if (nonfinite.count > 0) metrics_->AddNonfinite(nonfinite.count);
   if (in.mode == ReduceMode::kGossip) {
@@ -542,10 +530,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
           "); gossip would send them to the neighbours and keep them in its "
           "edge state, expected finite values"));
     }
-    return GossipReduce(
-        in, grad, width,
-        in.reservation != nullptr ? in.reservation : &own_reservation,
-        std::move(out), codec_label);
+    return GossipReduce(in, grad, width, held, std::move(out), codec_label);
   }
 
   PolicyDecision decision = DecideCodec(in, numel);
@@ -565,19 +550,9 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
 
   codecs::StateStore::Locked state =
       store_->Acquire(in.job, in.tensor, in.shape, static_cast<int>(in.dtype));
-  // However the reduce ends, the state's size then counts against the
-  // job's quota and the memory budget (recorded while it is still locked):
-  // the tensor's entry and any that sharded aggregation keeps for it
-  // (sharded_reduce.h), whether this step was sharded or not, since they
-  // stay in the store when the policy switches to allgather.
-  absl::Cleanup record_state = [&] {
-    uint64_t bytes = state->ByteSize();
-    if (collective_->world_size() > 1) {
-      bytes += store_->ByteSizeOf(
-          in.job, ShardedStateNames(in.tensor, collective_->world_size()));
-    }
-    budget_.AddState(quotas_.RecordState(in.job, in.tensor, bytes));
-  };
+  // However the reduce ends, the state's size then counts (recorded while
+  // it is still locked).
+  absl::Cleanup record_state = [&] { RecordState(in.job, in.tensor, *state); };
   // Decided before the session starts: a session that will not be asked
   // for its own decode hands its payload over instead of copying it.
   const bool sample_error = nonfinite.count == 0 && sample;
@@ -595,9 +570,20 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   ShardedSession* sharded = nullptr;
   std::unique_ptr<codecs::CodecSession> session;
   if (shardable != nullptr) {
+    // A stateful codec's slices keep copies of their payloads to give the
+    // state back should the step fail; with an error sample, the sample's
+    // copy (already reserved) is the same one.
+    KeepCopies keep;
+    if (shardable->info().stateful && !ctx.keep_own) {
+      keep = [this, held](uint64_t bytes) {
+        return held->GrowTo(held->bytes() + bytes,
+                            "this reduce's copies of its slice payloads",
+                            options_.memory_wait);
+      };
+    }
     auto owned = std::make_unique<ShardedSession>(
         *collective_, *store_, *shardable,
-        RoundKey{in.job, in.tensor, in.step, 0}, grad, ctx);
+        RoundKey{in.job, in.tensor, in.step, 0}, grad, ctx, std::move(keep));
     sharded = owned.get();
     session = std::move(owned);
   } else {
@@ -624,8 +610,6 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
     stats.encode_seconds += SecondsSince(t);
     if (!round.has_value()) break;
     if (round_index == 0 && keeps_undo_copy) {
-      MemoryBudget::Reservation* held =
-          in.reservation != nullptr ? in.reservation : &own_reservation;
       GC_RETURN_IF_ERROR(held->GrowTo(held->bytes() + round->payload.size(),
                                       "this reduce's copy of its payload",
                                       options_.memory_wait));
@@ -798,9 +782,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceOnDevice(const ReduceInput& in,
 
   codecs::StateStore::Locked state =
       store_->Acquire(in.job, in.tensor, in.shape, static_cast<int>(in.dtype));
-  absl::Cleanup record_state = [&] {
-    budget_.AddState(quotas_.RecordState(in.job, in.tensor, state->ByteSize()));
-  };
+  absl::Cleanup record_state = [&] { RecordState(in.job, in.tensor, *state); };
   const codecs::StepContext ctx = StepContextOf(in);
 
   Clock::time_point t = Clock::now();
@@ -892,12 +874,12 @@ absl::StatusOr<ReduceOutput> Engine::GossipReduce(
   stats.relative_error = std::numeric_limits<double>::quiet_NaN();
 
   // The edges' factors live in the tensor's codec state, so that they are
-  // exported, imported, counted and reset with it.
-  codecs::StateStore::Locked state =
-      store_->Acquire(in.job, in.tensor, in.shape, static_cast<int>(in.dtype));
-  absl::Cleanup record_state = [&] {
-    budget_.AddState(quotas_.RecordState(in.job, in.tensor, state->ByteSize()));
-  };
+  // exported, imported, counted and reset with it. They are fp32 whatever
+  // the tensor's dtype, and the neighbours hold their halves: a rank that
+  // changes the dtype keeps them (a change of shape resets them).
+  codecs::StateStore::Locked state = store_->Acquire(
+      in.job, in.tensor, in.shape, static_cast<int>(DType::kFloat32));
+  absl::Cleanup record_state = [&] { RecordState(in.job, in.tensor, *state); };
   const ResultFloats mixed(in, grad.size(), width, &out.data);
   std::copy(grad.begin(), grad.end(), mixed.values().begin());
   const Clock::time_point t = Clock::now();

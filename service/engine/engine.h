@@ -262,6 +262,13 @@ class Engine {
                                             MemoryBudget::Reservation* held,
                                             ReduceOutput out,
                                             std::string* codec_label);
+  // Counts against the job's quota and the memory budget the codec state
+  // (job, tensor) holds now, `state` being its entry (whose lock the caller
+  // holds): that entry and any that sharded aggregation keeps for the
+  // tensor (sharded_reduce.h), whatever path this step took, since they
+  // stay in the store when the policy or the path (host or GPU) changes.
+  void RecordState(const std::string& job, const std::string& tensor,
+                   const codecs::TensorState& state);
   void RecordSuccess(const ReduceStats& stats);
   bool SampleError();
 

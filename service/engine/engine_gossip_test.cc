@@ -39,12 +39,6 @@ std::string Bytes(const std::vector<float>& v) {
   return out;
 }
 
-std::vector<float> Floats(const std::string& bytes) {
-  std::vector<float> out(bytes.size() / sizeof(float));
-  std::memcpy(out.data(), bytes.data(), bytes.size());
-  return out;
-}
-
 class EngineGossipTest : public ::testing::Test {
  protected:
   EngineGossipTest() { Restart(); }
@@ -94,11 +88,14 @@ class EngineGossipTest : public ::testing::Test {
     for (int r = 0; r < kWorld; ++r) {
       threads.emplace_back([&, r] {
         for (int64_t s = first; s < first + rounds; ++s) {
-          const std::string data = Bytes(xs[r]);
-          absl::StatusOr<ReduceOutput> out =
-              engines_[r]->Reduce(Input(data, shape, s, spec));
+          absl::StatusOr<std::string> data = EncodeFromFloat(dtypes_[r], xs[r]);
+          ASSERT_TRUE(data.ok()) << data.status();
+          ReduceInput in = Input(*data, shape, s, spec);
+          in.dtype = dtypes_[r];
+          absl::StatusOr<ReduceOutput> out = engines_[r]->Reduce(in);
           ASSERT_TRUE(out.ok()) << "rank " << r << ": " << out.status();
-          xs[r] = Floats(out->data);
+          ASSERT_TRUE(
+              DecodeToFloat(dtypes_[r], out->data, absl::MakeSpan(xs[r])).ok());
           last_stats_[r] = out->stats;
         }
       });
@@ -112,6 +109,8 @@ class EngineGossipTest : public ::testing::Test {
   std::vector<std::unique_ptr<Metrics>> metrics_;
   std::vector<std::unique_ptr<Engine>> engines_;
   ReduceStats last_stats_[kWorld];
+  DType dtypes_[kWorld] = {DType::kFloat32, DType::kFloat32, DType::kFloat32,
+                           DType::kFloat32};  // what each rank sends
   double reported_distance_ = 0;
 };
 
@@ -255,6 +254,20 @@ TEST_F(EngineGossipTest, ChocoKeepsTheMeanSendsTopKAndResumesFromItsState) {
 // its PowerGossip edges are behind its neighbours'. The next round starts
 // those two edges again at both ends: it succeeds on every rank, keeps the
 // network sum, and both ends of each edge count it once.
+// The edges' state is fp32 whatever the tensor's dtype, and both ends of an
+// edge must keep it: a rank that switches its tensor to bf16 (mixed
+// precision from some step on) keeps its Choco copies, which its
+// neighbours hold too, and so keeps gossiping with them.
+TEST_F(EngineGossipTest, ARankThatChangesDtypeKeepsItsEdges) {
+  const GossipSpec spec{"ring", 0, 1, 0.2, 0.1};
+  std::vector<std::vector<float>> xs;
+  for (int r = 0; r < kWorld; ++r) xs.push_back(Random(60, 40 + r));
+  Rounds(xs, {6, 10}, spec, 0, 3);
+  dtypes_[1] = DType::kBFloat16;
+  Rounds(xs, {6, 10}, spec, 3, 3);
+  EXPECT_EQ(stores_[1]->resets(), 0u);
+}
+
 TEST_F(EngineGossipTest, AnEdgeOutOfStepIsStartedAgainAndCounted) {
   const GossipSpec spec{"ring", 2, 1, 1.0};
   std::vector<std::vector<float>> xs;

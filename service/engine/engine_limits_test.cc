@@ -220,6 +220,29 @@ TEST_F(EngineLimitsTest, CodecStateCountsAgainstTheBudget) {
   EXPECT_EQ(InUse(), Metric("gradcomp_state_bytes"));
 }
 
+// One engine per rank of `group`, each with its own store and metrics.
+struct RankEngines {
+  std::vector<std::unique_ptr<codecs::StateStore>> stores;
+  std::vector<std::unique_ptr<Metrics>> metrics;
+  std::vector<std::unique_ptr<Engine>> engines;
+};
+RankEngines MakeRankEngines(InProcessGroup& group, int world,
+                            const EngineOptions& options,
+                            const Policy& policy) {
+  RankEngines ranks;
+  for (int r = 0; r < world; ++r) {
+    ranks.stores.push_back(std::make_unique<codecs::StateStore>());
+    ranks.metrics.push_back(
+        std::make_unique<Metrics>(ranks.stores.back().get(), "test"));
+    auto engine = Engine::Create(
+        options, codecs::BuiltinCodecs(), ranks.stores.back().get(),
+        &group.collective(r), ranks.metrics.back().get(), policy);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    ranks.engines.push_back(engine.ok() ? std::move(*engine) : nullptr);
+  }
+  return ranks;
+}
+
 // Sharded aggregation keeps top-k's residuals in per-slice entries of the
 // state store; they count against the budget like the tensor's own state.
 TEST(EngineShardedLimitsTest, ShardedStateCountsAgainstTheBudget) {
@@ -227,18 +250,10 @@ TEST(EngineShardedLimitsTest, ShardedStateCountsAgainstTheBudget) {
   InProcessGroup group(kWorld);
   Policy policy;
   policy.aggregation = Aggregation::kSharded;
-  std::vector<std::unique_ptr<codecs::StateStore>> stores;
-  std::vector<std::unique_ptr<Metrics>> metrics;
-  std::vector<std::unique_ptr<Engine>> engines;
-  for (int r = 0; r < kWorld; ++r) {
-    stores.push_back(std::make_unique<codecs::StateStore>());
-    metrics.push_back(std::make_unique<Metrics>(stores.back().get(), "test"));
-    auto engine = Engine::Create(EngineOptions(), codecs::BuiltinCodecs(),
-                                 stores.back().get(), &group.collective(r),
-                                 metrics.back().get(), policy);
-    ASSERT_TRUE(engine.ok()) << engine.status();
-    engines.push_back(std::move(*engine));
-  }
+  RankEngines ranks = MakeRankEngines(group, kWorld, EngineOptions(), policy);
+  std::vector<std::unique_ptr<Metrics>>& metrics = ranks.metrics;
+  std::vector<std::unique_ptr<Engine>>& engines = ranks.engines;
+  ASSERT_TRUE(engines[0] && engines[1]);
   const std::string data = Floats(64 * 64, 1);
   // Step `step` of 'w' on every rank at once.
   const auto reduce_on_every_rank = [&](int64_t step) {
@@ -271,6 +286,29 @@ TEST(EngineShardedLimitsTest, ShardedStateCountsAgainstTheBudget) {
         << "rank " << r;
   }
 
+  // Resumed on one rank (a smaller job): the slice entries, which one rank
+  // never uses, are left out of the import rather than held uncounted.
+  {
+    absl::StatusOr<std::string> blob = engines[0]->ExportState("job");
+    ASSERT_TRUE(blob.ok()) << blob.status();
+    ASSERT_THAT(*blob, HasSubstr("w#slice1"));
+    codecs::StateStore store;
+    Metrics single_metrics(&store, "test");
+    LocalCollective local;
+    auto single = Engine::Create(EngineOptions(), codecs::BuiltinCodecs(),
+                                 &store, &local, &single_metrics, policy);
+    ASSERT_TRUE(single.ok()) << single.status();
+    ASSERT_TRUE((*single)->ImportState("job", *blob).ok());
+    absl::StatusOr<std::string> kept = (*single)->ExportState("job");
+    ASSERT_TRUE(kept.ok()) << kept.status();
+    EXPECT_THAT(*kept, ::testing::Not(HasSubstr("#slice")));
+    EXPECT_THAT(*kept, ::testing::Not(HasSubstr("#shard")));
+    EXPECT_EQ(
+        MetricValue(*single_metrics.collectable(),
+                    "gradcomp_memory_budget_in_use_bytes", {}),
+        MetricValue(*single_metrics.collectable(), "gradcomp_state_bytes", {}));
+  }
+
   // Exported and imported back (a checkpoint): the slice entries belong to
   // 'w', so the next step's record of 'w' does not count them again.
   for (int r = 0; r < kWorld; ++r) {
@@ -298,6 +336,66 @@ TEST(EngineShardedLimitsTest, ShardedStateCountsAgainstTheBudget) {
     ASSERT_TRUE(released.ok()) << released.status();
     EXPECT_EQ(released->tensors, 1u) << "rank " << r;
     EXPECT_EQ(released->state_bytes, state) << "rank " << r;
+  }
+}
+
+// A sharded step of a stateful codec keeps a copy of each slice payload it
+// sends (and of its owner's re-encode) to give the state back should the
+// step fail: the reservation grows by them, as the allgather path's does by
+// its payload, and a budget that cannot hold them refuses the step.
+TEST(EngineShardedLimitsTest, SliceUndoCopiesCountWithTheirPayloads) {
+  constexpr int kWorld = 2;
+  InProcessGroup group(kWorld);
+  Policy policy;
+  policy.aggregation = Aggregation::kSharded;
+  EngineOptions options;
+  options.error_sample_rate = 0;
+  options.memory_wait = absl::ZeroDuration();  // refused at once
+  const std::string data = Floats(64 * 64, 1);
+  for (const uint64_t budget : {uint64_t{1} << 20, uint64_t{72} << 10}) {
+    SCOPED_TRACE(budget);
+    options.memory_budget_bytes = budget;
+    RankEngines ranks = MakeRankEngines(group, kWorld, options, policy);
+    std::vector<std::unique_ptr<Engine>>& engines = ranks.engines;
+    ASSERT_TRUE(engines[0] && engines[1]);
+    std::vector<absl::StatusOr<ReduceOutput>> outs(
+        kWorld, absl::UnknownError("not run"));
+    std::vector<uint64_t> reserved(kWorld);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kWorld; ++r) {
+      threads.emplace_back([&, r] {
+        auto held = engines[r]->ReserveInput(data.size(), "its input");
+        ASSERT_TRUE(held.ok()) << held.status();
+        ReduceInput in;
+        in.job = "job";
+        in.tensor = absl::StrCat("w", budget);
+        in.dtype = DType::kFloat32;
+        in.shape = {64, 64};
+        in.data = data;
+        in.codec = CodecSpec{"topk", {{"ratio", "1"}, {"momentum", "0"}}};
+        in.reservation = &*held;
+        outs[r] = engines[r]->Reduce(in);
+        reserved[r] = held->bytes();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < kWorld; ++r) {
+      if (budget == uint64_t{1} << 20) {
+        ASSERT_TRUE(outs[r].ok()) << outs[r].status();
+        EXPECT_EQ(outs[r]->stats.codec, "topk");
+        // Input, payload, average and response, and the copies: as many
+        // bytes as the slices and the re-encode sent.
+        EXPECT_EQ(reserved[r], 4 * data.size() + outs[r]->stats.wire_bytes)
+            << "rank " << r;
+      } else {
+        // 64 KiB of working memory; the copies (top-k at ratio 1: twice
+        // the tensor's 16 KiB in values and indices) do not fit beside it.
+        EXPECT_EQ(outs[r].status().code(), absl::StatusCode::kResourceExhausted)
+            << "rank " << r << ": " << outs[r].status();
+        EXPECT_THAT(outs[r].status().message(),
+                    HasSubstr("this reduce's copies of its slice payloads"));
+      }
+    }
   }
 }
 

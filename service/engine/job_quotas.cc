@@ -11,10 +11,16 @@ namespace gradcomp::service {
 JobQuotas::Ticket::Ticket(Ticket&& other) noexcept
     : quotas_(std::exchange(other.quotas_, nullptr)),
       job_(std::exchange(other.job_, nullptr)),
-      new_tensor_(std::move(other.new_tensor_)) {}
+      new_tensor_(std::move(other.new_tensor_)),
+      import_(other.import_) {}
 
 JobQuotas::Ticket::~Ticket() {
-  if (quotas_ != nullptr) quotas_->Leave(job_, new_tensor_);
+  if (quotas_ != nullptr) quotas_->Leave(job_, new_tensor_, import_);
+}
+
+bool JobQuotas::NoImportInFlight(const JobName* name) {
+  const auto it = name->quotas->jobs_.find(name->job);
+  return it == name->quotas->jobs_.end() || it->second.importing == 0;
 }
 
 JobQuotas::JobQuotas(JobQuotaOptions options, Metrics* metrics)
@@ -29,6 +35,8 @@ absl::Status JobQuotas::Refuse(absl::string_view resource,
 absl::StatusOr<JobQuotas::Ticket> JobQuotas::Admit(absl::string_view job,
                                                    absl::string_view tensor) {
   absl::MutexLock lock(&mu_);
+  const JobName name{this, job};
+  mu_.Await(absl::Condition(&NoImportInFlight, &name));
   auto it = jobs_.find(job);
   const bool active = it != jobs_.end() && it->second.in_flight > 0;
   if (!active && active_jobs_ >= options_.max_concurrent_jobs) {
@@ -71,18 +79,21 @@ absl::StatusOr<JobQuotas::Ticket> JobQuotas::Admit(absl::string_view job,
   return EnterLocked(&entry, std::string(tensor));
 }
 
-JobQuotas::Ticket JobQuotas::EnterLocked(Job* job, std::string new_tensor) {
+JobQuotas::Ticket JobQuotas::EnterLocked(Job* job, std::string new_tensor,
+                                         bool import) {
   if (job->in_flight++ == 0) ++active_jobs_;
+  if (import) ++job->importing;
   PublishLocked();
-  return Ticket(this, job, std::move(new_tensor));
+  return Ticket(this, job, std::move(new_tensor), import);
 }
 
 void JobQuotas::PublishLocked() {
   if (metrics_ != nullptr) metrics_->SetJobs(jobs_.size(), active_jobs_);
 }
 
-void JobQuotas::Leave(Job* job, const std::string& new_tensor) {
+void JobQuotas::Leave(Job* job, const std::string& new_tensor, bool import) {
   absl::MutexLock lock(&mu_);
+  if (import) --job->importing;
   if (!new_tensor.empty()) {
     auto t = job->tensors.find(new_tensor);
     if (t != job->tensors.end() && !t->second.recorded) job->tensors.erase(t);
@@ -118,15 +129,22 @@ absl::StatusOr<JobQuotas::Ticket> JobQuotas::AdmitImport(
     if (created) jobs_.erase(it);
   };
   const Job& known = it->second;
+  if (known.in_flight > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job, "' has ", known.in_flight,
+        " reduce(s) or import(s) in flight on this daemon; expected state "
+        "imported between steps (before the first, or once every reduce of "
+        "the job has returned)"));
+  }
   uint64_t tensors = known.tensors.size();
   int64_t delta = 0;
-  for (const auto& [tensor, bytes] : sizes) {
-    auto had = known.tensors.find(tensor);
+  for (const codecs::StateStore::ImportedSize& size : sizes) {
+    auto had = known.tensors.find(size.tensor);
     if (had == known.tensors.end()) {
       ++tensors;
-      delta += static_cast<int64_t>(bytes);
+      delta += static_cast<int64_t>(size.bytes);
     } else {
-      delta += static_cast<int64_t>(bytes) -
+      delta += static_cast<int64_t>(size.bytes) -
                static_cast<int64_t>(had->second.state_bytes);
     }
   }
@@ -151,11 +169,11 @@ absl::StatusOr<JobQuotas::Ticket> JobQuotas::AdmitImport(
   GC_RETURN_IF_ERROR(reserve(delta));
   std::move(forget).Cancel();
   Job& entry = it->second;
-  for (const auto& [tensor, bytes] : sizes) {
-    entry.tensors[tensor] = Tensor{bytes, /*recorded=*/true};
+  for (const codecs::StateStore::ImportedSize& size : sizes) {
+    entry.tensors[size.tensor] = Tensor{size.bytes, /*recorded=*/true};
   }
   entry.state_bytes = state_bytes;
-  return EnterLocked(&entry);
+  return EnterLocked(&entry, "", /*import=*/true);
 }
 
 absl::StatusOr<ReleasedJob> JobQuotas::Release(

@@ -55,7 +55,8 @@ class JobQuotas {
     bool recorded = false;
   };
   struct Job {
-    uint64_t in_flight = 0;
+    uint64_t in_flight = 0;  // reduces and imports
+    uint64_t importing = 0;  // imports: a reduce waits for them
     uint64_t state_bytes = 0;
     absl::flat_hash_map<std::string, Tensor> tensors;
   };
@@ -71,13 +72,17 @@ class JobQuotas {
 
    private:
     friend class JobQuotas;
-    Ticket(JobQuotas* quotas, Job* job, std::string new_tensor)
-        : quotas_(quotas), job_(job), new_tensor_(std::move(new_tensor)) {}
+    Ticket(JobQuotas* quotas, Job* job, std::string new_tensor, bool import)
+        : quotas_(quotas),
+          job_(job),
+          new_tensor_(std::move(new_tensor)),
+          import_(import) {}
 
     JobQuotas* quotas_;
     Job* job_;
     // The tensor this ticket's Admit added to the job (empty: none).
     std::string new_tensor_;
+    bool import_;  // AdmitImport's
   };
 
   // `metrics` (may be null) counts refusals; it must outlive the quotas.
@@ -87,7 +92,9 @@ class JobQuotas {
   // make one job too many reduce at once, or `tensor` is new to a job that
   // has reached its tensor or state quota. A new tensor takes a slot of the
   // job's tensor quota, which it gives back when the ticket ends unless a
-  // reduce of it has recorded its state by then.
+  // reduce of it has recorded its state by then. Waits while an import
+  // into the job is in flight (a reduce of a tensor it replaces would
+  // record the state the import is about to overwrite).
   absl::StatusOr<Ticket> Admit(absl::string_view job, absl::string_view tensor)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -103,7 +110,9 @@ class JobQuotas {
   // state bytes, or when `reserve` refuses the change in bytes (the memory
   // budget's AddStateIfRoom; called with this object's lock held).
   // Else records them, as RecordState does, and returns a Ticket that marks
-  // the job busy until the import has written them (Release waits for it).
+  // the job busy until the import has written them (Release refuses, and
+  // reduces wait, meanwhile). FailedPrecondition while a reduce or another
+  // import of the job is in flight: state is imported between steps.
   absl::StatusOr<Ticket> AdmitImport(
       absl::string_view job,
       const std::vector<codecs::StateStore::ImportedSize>& sizes,
@@ -123,9 +132,17 @@ class JobQuotas {
 
  private:
   // One more reduce or import of `job` is in flight.
-  Ticket EnterLocked(Job* job, std::string new_tensor = "")
+  Ticket EnterLocked(Job* job, std::string new_tensor = "", bool import = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Leave(Job* job, const std::string& new_tensor) ABSL_LOCKS_EXCLUDED(mu_);
+  void Leave(Job* job, const std::string& new_tensor, bool import)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // For Admit's wait: no import into the job is in flight.
+  struct JobName {
+    const JobQuotas* quotas;
+    absl::string_view job;
+  };
+  static bool NoImportInFlight(const JobName* name)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // The job counts, to the metrics.
   void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Refuse(absl::string_view resource, std::string message);

@@ -1,7 +1,9 @@
 #include "service/engine/job_quotas.h"
 
 #include <optional>
+#include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "service/metrics/metrics.h"
@@ -138,6 +140,41 @@ TEST(JobQuotasTest, AnImportIsAdmittedAgainstBothQuotasAndTheReserve) {
   // An import into a job this daemon has not seen.
   ASSERT_TRUE(quotas.AdmitImport("new", {{"x", 64}}, reserve).ok());
   EXPECT_EQ(reserved, 264);
+}
+
+// State is imported between steps: an import while a reduce of the job is
+// in flight is refused, and a reduce waits for an import in flight (it
+// would record the state the import is about to replace). Other jobs go on.
+TEST(JobQuotasTest, ImportsAndReducesOfAJobDoNotOverlap) {
+  JobQuotas quotas(JobQuotaOptions(), nullptr);
+  const auto reserve = [](int64_t) { return absl::OkStatus(); };
+  {
+    absl::StatusOr<JobQuotas::Ticket> reducing = quotas.Admit("job", "a");
+    ASSERT_TRUE(reducing.ok());
+    const absl::Status busy =
+        quotas.AdmitImport("job", {{"a", 8}}, reserve).status();
+    EXPECT_EQ(busy.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(busy.message(),
+                HasSubstr("job 'job' has 1 reduce(s) or import(s) in flight"));
+    EXPECT_TRUE(quotas.AdmitImport("other", {{"a", 8}}, reserve).ok());
+  }
+  std::optional<JobQuotas::Ticket> importing;
+  {
+    absl::StatusOr<JobQuotas::Ticket> admitted =
+        quotas.AdmitImport("job", {{"a", 8}}, reserve);
+    ASSERT_TRUE(admitted.ok()) << admitted.status();
+    importing.emplace(std::move(*admitted));
+  }
+  absl::Notification reduced;
+  std::thread reduce([&] {
+    EXPECT_TRUE(quotas.Admit("job", "a").ok());
+    reduced.Notify();
+  });
+  EXPECT_FALSE(reduced.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  EXPECT_TRUE(quotas.Admit("other", "a").ok());
+  importing.reset();
+  reduce.join();
+  EXPECT_TRUE(reduced.HasBeenNotified());
 }
 
 // A new tensor whose reduce fails before recording its state gives its

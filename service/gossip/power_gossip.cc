@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include "Eigen/Core"
@@ -9,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "codecs/cpu/linalg.h"
+#include "codecs/nonfinite.h"
 #include "codecs/random.h"
 #include "service/gossip/choco_gossip.h"
 #include "service/gossip/gossip_message.h"
@@ -82,6 +84,22 @@ absl::Status BadMessage(const RoundKey& key, int from,
   return absl::InvalidArgumentError(
       absl::StrCat("gossip of tensor '", key.tensor, "' step ", key.step,
                    " with rank ", from, ": ", why.message()));
+}
+
+// Finite inputs whose values, or differences with the neighbours', come
+// near FLT_MAX can mix to Inf (or NaN: Inf - Inf) in fp32.
+absl::Status MixedBeyondFloatRange(const RoundKey& key,
+                                   absl::Span<const float> x) {
+  const codecs::Nonfinite n = codecs::CountNonfinite(x);
+  if (n.count == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "gossip of tensor '", key.tensor, "' step ", key.step,
+      ": mixing with the neighbours overflowed float range in ", n.count,
+      " values (first at index ", n.first, ": ", x[n.first],
+      "); the tensor's values or their differences with the neighbours' are "
+      "too close to ",
+      std::numeric_limits<float>::max(),
+      " for fp32, so this rank does not apply the round"));
 }
 
 }  // namespace
@@ -246,7 +264,10 @@ absl::StatusOr<GossipStats> GossipNode::Round(Collective& collective,
                                               absl::Span<float> x) {
   GC_ASSIGN_OR_RETURN(TensorGossip * t, Tensor(key.tensor));
   absl::MutexLock lock(&t->mu);
-  return RoundOn(*t, collective, key, shape, x);
+  GC_ASSIGN_OR_RETURN(GossipStats stats,
+                      RoundOn(*t, collective, key, shape, x));
+  GC_RETURN_IF_ERROR(MixedBeyondFloatRange(key, x));
+  return stats;
 }
 
 absl::StatusOr<GossipStats> GossipNode::Round(Collective& collective,
@@ -263,6 +284,7 @@ absl::StatusOr<GossipStats> GossipNode::Round(Collective& collective,
                      "' does not fit this round: ", loaded.message()));
   }
   GC_ASSIGN_OR_RETURN(GossipStats stats, RoundOn(t, collective, key, shape, x));
+  GC_RETURN_IF_ERROR(MixedBeyondFloatRange(key, x));
   SaveEdges(t, state);
   return stats;
 }

@@ -142,6 +142,8 @@ class GossipNode {
   // power steps, each an ExchangeWithNeighbours with key.round = the step's
   // index in the round. Every neighbour must run the same round of the
   // same tensor and shape. A shape change resets the tensor's edges.
+  // InvalidArgument when the mix overflows float range (finite values or
+  // differences near FLT_MAX): `x` then holds the overflowed mix.
   absl::StatusOr<GossipStats> Round(Collective& collective, const RoundKey& key,
                                     absl::Span<const int64_t> shape,
                                     absl::Span<float> x)
@@ -153,6 +155,8 @@ class GossipNode {
   // and ".meta" per edge (Choco: "gossip.self.hat", "gossip.<neighbour>.hat"
   // and "gossip.choco"). FailedPrecondition when `state` holds edges that
   // do not fit the shape, rank or topology (an import from another job).
+  // `state` changes only when the round succeeds: a failed exchange, or a
+  // mix beyond float range, leaves it as it was.
   absl::StatusOr<GossipStats> Round(Collective& collective, const RoundKey& key,
                                     absl::Span<const int64_t> shape,
                                     absl::Span<float> x,

@@ -654,5 +654,57 @@ TEST(PowerGossipTest, RefusesTensorStateOfAnotherFactorRank) {
                         "rank 4 for shape [6,5]"));
 }
 
+// Ranks 0 and 1 of a ring of 4 hold finite values 4e38 apart, which no
+// float difference can hold: in every mode their mix overflows. Both fail
+// with an error that says so and keep their state as it was; ranks 2 and
+// 3, whose differences with them fit, mix as usual. The next round of
+// ordinary values succeeds everywhere (PowerGossip starts the two edges
+// that only one end applied again; Choco cannot, docs/gossip.md).
+TEST(PowerGossipTest, AMixBeyondFloatRangeFailsAndKeepsTheState) {
+  for (const Mode mode : {Mode::kExact, Mode::kPowerGossip, Mode::kChoco}) {
+    SCOPED_TRACE(static_cast<int>(mode));
+    GossipOptions options;
+    options.mode = mode;
+    if (mode == Mode::kChoco) {
+      options.gamma = 0.5;
+      options.choco_fraction = 1;
+    }
+    const std::vector<int64_t> shape = {4, 1};
+    InProcessGroup group(4, absl::Seconds(60));
+    std::vector<std::unique_ptr<GossipNode>> owned;
+    std::vector<GossipNode*> nodes;
+    for (int r = 0; r < 4; ++r) {
+      owned.push_back(
+          std::make_unique<GossipNode>(Make("ring", 4), r, options, kSeed));
+      nodes.push_back(owned.back().get());
+    }
+    std::vector<codecs::TensorState> states(4);
+    std::vector<std::vector<float>> xs = RandomTensors(4, 4, 3);
+    ExpectAllOk(StateRounds(group, nodes, states, shape, xs, 0, 2));
+    const std::vector<codecs::TensorState> before = states;
+
+    std::vector<std::vector<float>> huge = RandomTensors(4, 4, 4);
+    huge[0].assign(4, 2e38f);
+    huge[1].assign(4, -2e38f);
+    const std::vector<absl::Status> status =
+        StateRounds(group, nodes, states, shape, huge, 2, 1);
+    for (int r : {0, 1}) {
+      EXPECT_EQ(status[r].code(), absl::StatusCode::kInvalidArgument)
+          << "rank " << r << ": " << status[r];
+      EXPECT_THAT(status[r].message(),
+                  HasSubstr("gossip of tensor 'w' step 2: mixing with the "
+                            "neighbours overflowed float range in 4 values "
+                            "(first at index 0: "));
+      EXPECT_EQ(states[r].buffers(), before[r].buffers()) << "rank " << r;
+    }
+    for (int r : {2, 3}) {
+      EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+      for (float v : huge[r]) EXPECT_TRUE(std::isfinite(v)) << "rank " << r;
+    }
+    if (mode == Mode::kChoco) continue;
+    ExpectAllOk(StateRounds(group, nodes, states, shape, xs, 3, 1));
+  }
+}
+
 }  // namespace
 }  // namespace gradcomp::service

@@ -74,6 +74,13 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> MappedRegion::Map(
     return absl::InvalidArgumentError(message);
   }
   absl::StatusOr<struct stat> st = Stat(fd, key);
+  if (st.ok() && !S_ISREG(st->st_mode)) {
+    st = absl::InvalidArgumentError(
+        absl::StrCat("'", key,
+                     "' is not a shared-memory object (a FIFO, socket or "
+                     "device has that name), expected one the client created "
+                     "with shm_open"));
+  }
   absl::StatusOr<uint64_t> size =
       st.ok() ? absl::StatusOr<uint64_t>(st->st_size) : st.status();
   if (size.ok() && (offset > *size || byte_size > *size - offset)) {
@@ -162,7 +169,10 @@ bool MappedRegion::Overlaps(const MappedRegion& other) const {
 }
 
 absl::StatusOr<bool> MappedRegion::UnlinkName() const {
-  const int named = shm_open(key_.c_str(), O_RDONLY | O_CLOEXEC, 0);
+  // Non-blocking: a client may have put a FIFO under the name, and an
+  // open for reading would wait for its writer.
+  const int named =
+      shm_open(key_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0);
   if (named < 0) {
     if (errno == ENOENT) return false;
     return absl::InternalError(absl::StrCat("cannot open shared memory '", key_,

@@ -38,7 +38,8 @@ class MappedRegion {
  public:
   // Opens the object `key`, checks that [offset, offset + byte_size) lies
   // within it (overflow-safe) and maps that range. NotFound if no such
-  // object exists, InvalidArgument for a bad key or range.
+  // object exists, InvalidArgument for a bad key or range, or a name that
+  // is not a regular object (a FIFO, socket or device).
   static absl::StatusOr<std::unique_ptr<MappedRegion>> Map(
       const std::string& key, uint64_t offset, uint64_t byte_size);
 

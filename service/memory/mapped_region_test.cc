@@ -3,13 +3,16 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
+#include <future>
 #include <limits>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/cpp/shm_region.h"
@@ -119,6 +122,41 @@ TEST(MappedRegionTest, UnlinkNameRemovesOnlyTheObjectMapped) {
   if (again >= 0) close(again);
   close(other);
   shm_unlink(key.c_str());
+}
+
+// A client may put anything under a name it registered: a FIFO there
+// must not block the reclaimer's check of the name (an open for reading
+// waits for a writer), and is refused when registered.
+TEST(MappedRegionTest, AFifoUnderTheNameNeitherBlocksNorMaps) {
+  std::unique_ptr<ShmRegion> client = NewRegion(4096);
+  ASSERT_NE(client, nullptr);
+  const std::string key = client->key();
+  auto mapped = MappedRegion::Map(key, 0, 4096);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  ASSERT_EQ(shm_unlink(key.c_str()), 0);
+  const std::string fifo = "/dev/shm" + key;
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+
+  std::packaged_task<absl::StatusOr<bool>()> check(
+      [&] { return (*mapped)->UnlinkName(); });
+  std::future<absl::StatusOr<bool>> unlinked = check.get_future();
+  std::thread thread(std::move(check));
+  const bool returned =
+      unlinked.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  if (!returned) {
+    // Release the blocked open so that the test ends.
+    const int writer = open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (writer >= 0) close(writer);
+  }
+  thread.join();
+  EXPECT_TRUE(returned) << "UnlinkName blocked on a FIFO";
+  EXPECT_EQ(unlinked.get().value_or(true), false);  // not the object mapped
+
+  auto fifo_mapped = MappedRegion::Map(key, 0, 4096);
+  EXPECT_EQ(fifo_mapped.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(fifo_mapped.status().message(),
+              HasSubstr("is not a shared-memory object"));
+  unlink(fifo.c_str());
 }
 
 TEST(MappedRegionTest, CreatorAliveFollowsTheCreatorsLock) {

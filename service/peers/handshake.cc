@@ -37,6 +37,12 @@ absl::Status CheckPeer(const PeerIdentity& local, const PeerIdentity& remote,
                     local.wire_version, remote.wire_version,
                     "the same payload format on every rank");
   }
+  if (remote.group != local.group) {
+    return Mismatch(local, remote, a, "the peer group", "'" + local.group + "'",
+                    "'" + remote.group + "'",
+                    "the same --peer_group on every daemon of a job (is this "
+                    "a daemon of another job or release?)");
+  }
   if (remote.world_size != local.world_size) {
     return Mismatch(local, remote, a, "world_size", local.world_size,
                     remote.world_size, "the same --world_size on every rank");

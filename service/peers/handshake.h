@@ -29,6 +29,7 @@ struct PeerIdentity {
   std::string policy_hash;
   uint64_t seed = 0;
   uint64_t instance = 0;  // random per process
+  std::string group;      // --peer_group, "" when unset
 };
 
 // OK when `remote` may join `local`'s job; otherwise FailedPrecondition

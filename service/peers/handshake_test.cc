@@ -44,6 +44,9 @@ TEST(HandshakeTest, EachMismatchNamesBothSides) {
        "the policy hash is 'def' on rank 2 (h2:1) but 'abc' on rank 0"},
       {[](PeerIdentity& p) { p.seed = 8; },
        "the codec seed is 8 on rank 2 (h2:1) but 7 on rank 0"},
+      {[](PeerIdentity& p) { p.group = "ns/other"; },
+       "the peer group is 'ns/other' on rank 2 (h2:1) but '' on rank 0 (this "
+       "daemon); expected the same --peer_group on every daemon of a job"},
   };
   for (const Case& c : cases) {
     PeerIdentity remote = Identity(2);

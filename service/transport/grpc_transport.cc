@@ -37,6 +37,7 @@ v1::Hello ToProto(const PeerIdentity& id) {
   hello.set_policy_hash(id.policy_hash);
   hello.set_seed(id.seed);
   hello.set_instance(id.instance);
+  hello.set_group(id.group);
   return hello;
 }
 
@@ -50,6 +51,7 @@ PeerIdentity FromProto(const v1::Hello& hello) {
   id.policy_hash = hello.policy_hash();
   id.seed = hello.seed();
   id.instance = hello.instance();
+  id.group = hello.group();
   return id;
 }
 
@@ -560,6 +562,11 @@ class GrpcTransport::Impl final : public grpc::Service {
       if (status.ok()) {
         status = absl::UnavailableError(
             absl::StrCat(PeerName(to), " closed the stream in the handshake"));
+      } else if (status.code() == absl::StatusCode::kFailedPrecondition) {
+        // The listener's reason, where "this daemon" is the listener.
+        status = absl::FailedPreconditionError(
+            absl::StrCat(PeerName(to), " refused this daemon's handshake, in ",
+                         "its words: ", status.message()));
       } else if (status.code() == absl::StatusCode::kUnimplemented) {
         // gRPC's answer for an unknown method carries no message.
         const std::string answer =

@@ -435,6 +435,24 @@ TEST(GrpcTransportTest, AMismatchedPeerIsRefusedNamingBothSides) {
   EXPECT_THAT(status.message(), HasSubstr("policy hash"));
   EXPECT_THAT(status.message(), HasSubstr("rank 1"));
   EXPECT_THAT(status.message(), HasSubstr("rank 0"));
+  // Rank 1 refused rank 0's Hello: its "this daemon" is rank 1.
+  EXPECT_THAT(status.message(),
+              HasSubstr(absl::StrCat("rank 1 (", cluster.address(1),
+                                     ") refused this daemon's handshake, in "
+                                     "its words: peer handshake refused")));
+}
+
+// Rank 1 is a daemon of another release, alike in every other field (the
+// same chart, policy and seed), that holds the address rank 0 dials.
+TEST(GrpcTransportTest, ADaemonOfAnotherPeerGroupIsRefused) {
+  Cluster cluster(2);
+  cluster.identity(0).group = "ns/train-a";
+  cluster.identity(1).group = "ns/train-b";
+  ASSERT_TRUE(cluster.Start(0).ok());
+  ASSERT_TRUE(cluster.Start(1).ok());
+  const absl::Status status = cluster.transport(0).WaitForPeers(Soon());
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("the peer group is 'ns/train-"));
 }
 
 TEST(GrpcTransportTest, AnAbsentPeerIsNamedAtTheStartupDeadline) {

@@ -17,9 +17,10 @@ for every codec and step:
   peers     gradcomp_peer_bytes_total{peer,direction="sent"} grew on every
             rank, to every peer, by exactly the bytes the collectives send:
             allgather (topk, qsgd) the rank's whole payload to each peer;
-            reduce-scatter + allgather (none) a 33-byte slice header plus
-            the slice to each peer, twice; "received" equals what the other
-            side sent;
+            reduce-scatter + allgather (none) the slice to each peer,
+            twice, after a 40-byte header (the payload's parameter block)
+            the first time and a 33-byte one the second; "received" equals
+            what the other side sent;
   metrics   gradcomp_wire_bytes_total{codec} grew by the sum of the
             responses' wire_bytes;
   link      the bytes every host's shaped link carried (tbf's count: IP/TCP
@@ -50,7 +51,11 @@ import shaped_net  # noqa: E402
 
 W = 4
 PEER_PORT = 50052
-SLICE_HEADER = 33  # 32-byte header + the 1-byte element type parameter
+# A reduce-scatter slice carries the payload's whole 8-byte parameter block
+# (its owner checks that every rank's matches); the owner's summed slice
+# the 1-byte element type alone.
+SCATTER_HEADER = 32 + 8
+GATHER_HEADER = 32 + 1
 LINK_OVERHEAD_MAX = 1.10
 
 
@@ -81,7 +86,8 @@ def expected_sent(tensors: dict, numel: dict, rank: int, peer: int) -> int:
     for name, t in tensors.items():
         if t["codec"] == "none":
             m = numel[name]
-            total += 2 * SLICE_HEADER + 4 * (slice_size(m, W, peer) + slice_size(m, W, rank))
+            total += (SCATTER_HEADER + GATHER_HEADER
+                      + 4 * (slice_size(m, W, peer) + slice_size(m, W, rank)))
         else:
             total += t["wire_bytes"]
     return total

@@ -240,6 +240,8 @@ class ChartTest(unittest.TestCase):
                           c["volumeMounts"], c["name"])
         self.assertEqual(config["listen"], "unix:/run/gradcomp/gradcomp.sock")
         self.assertIn("--health_listen=0.0.0.0:50051", container["args"])
+        # Daemons of another release refuse ours at the handshake.
+        self.assertIn(f"--peer_group={NAMESPACE}/{RELEASE}-gradcomp", container["args"])
         for c in pod["spec"]["containers"]:
             env = {e["name"]: e.get("value") for e in c.get("env", [])}
             if "GRADCOMP_TARGET" in env:
@@ -452,7 +454,9 @@ class ParentChartTest(unittest.TestCase):
         self.assertEqual([c["name"] for c in spec["containers"]], ["train", "gradcompd"])
         # The user's pod runs as root; the sidecar keeps its own uid, else
         # the kubelet refuses it (runAsNonRoot beside an inherited uid 0).
-        self.assertEqual(spec["securityContext"], {"runAsUser": 0})
+        # The pod gets the chart's fsGroup, through which the sidecar reads
+        # its TLS secret (0440) and non-root trainers reach its socket.
+        self.assertEqual(spec["securityContext"], {"runAsUser": 0, "fsGroup": 65532})
         sidecar_security = spec["containers"][1]["securityContext"]
         self.assertTrue(sidecar_security["runAsNonRoot"])
         self.assertEqual(sidecar_security["runAsUser"], 65532)

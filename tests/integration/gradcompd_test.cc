@@ -674,6 +674,43 @@ TEST(GradcompdConfigTest, ANegatedBooleanFlagOverridesTheConfigFile) {
   }
 }
 
+// A boolean flag takes its value after '=' only: "--NAME false" would turn
+// it on and leave "false" over, so a stray word stops the daemon instead.
+TEST(GradcompdConfigTest, AWordThatIsNotAFlagIsRefused) {
+  for (const char* flags :
+       {"--listen=0.0.0.0:50051 --allow_unauthenticated_tcp false",
+        "--allow_client_shm false", "stray"}) {
+    const CheckedConfig checked = CheckConfig("", flags);
+    EXPECT_NE(checked.status, 0) << flags << ": " << checked.output;
+    EXPECT_THAT(checked.output,
+                HasSubstr("gradcompd takes flags only, each value after '='"))
+        << flags;
+  }
+  const CheckedConfig both = CheckConfig("", "--allow_client_shm false true");
+  EXPECT_THAT(both.output, HasSubstr("unexpected arguments 'false' 'true'"));
+}
+
+// --check_config passes only what would start: the flags that are not
+// config fields are checked before it answers.
+TEST(GradcompdConfigTest, CheckConfigRefusesFlagsThatWouldNotStart) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"--collective_timeout=0s", "--collective_timeout is 0, expected"},
+      {"--peer_startup_timeout=-5s",
+       "--peer_startup_timeout is -5s, expected a duration above 0"},
+      {"--peer_buffer_bytes=0", "--peer_buffer_bytes is 0"},
+      {"--allow_client_shm --shm_owner_uids=abc",
+       "--shm_owner_uids has 'abc', expected numeric uids"},
+  };
+  for (const auto& [flags, message] : cases) {
+    const CheckedConfig checked = CheckConfig("", flags);
+    EXPECT_NE(checked.status, 0) << flags << ": " << checked.output;
+    EXPECT_THAT(checked.output, HasSubstr(message)) << flags;
+  }
+  EXPECT_EQ(
+      CheckConfig("", "--collective_timeout=1s --peer_buffer_bytes=1").status,
+      0);
+}
+
 // Flags from --flagfile cannot be told from defaults, so beside --config
 // they are refused rather than silently overruled by the file.
 TEST(GradcompdConfigTest, AFlagFileBesideAConfigFileIsRefused) {

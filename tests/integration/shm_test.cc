@@ -219,15 +219,20 @@ TEST(ShmIntegrationTest, TruncatedMidRequestFailsThatRequestAndRegionOnly) {
   std::thread request([&] {
     cut = (*owner)->ReduceShm("job", "w", 0, v1::DTYPE_FLOAT32, shape, in, out);
   });
+  // Held, and read: rank 0 waits for rank 1's message, so its payload is
+  // made. (A region in flight alone may not have been read yet; truncated
+  // then, it would read as zeros and rank 1 get 1.0.)
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   bool held = false;
   while (!held && absl::Now() < deadline) {
     auto listed = (*owner)->ShmStatus("grads");
+    auto page = HttpGet(cluster.daemon(0).metrics_port(), "/metrics");
     held = listed.ok() && listed->regions_size() == 1 &&
-           listed->regions(0).in_flight() > 0;
+           listed->regions(0).in_flight() > 0 && page.ok() &&
+           Sample(*page, "gradcomp_peer_waiting{peer=\"1\"}") == 1;
     if (!held) absl::SleepFor(absl::Milliseconds(10));
   }
-  ASSERT_TRUE(held) << "rank 0 never held the region";
+  ASSERT_TRUE(held) << "rank 0 never waited for rank 1 with the region held";
   const int fd = shm_open((*region)->key().c_str(), O_RDWR, 0);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(ftruncate(fd, 0), 0);

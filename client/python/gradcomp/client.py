@@ -232,22 +232,23 @@ def _as_parts(template: gradcomp_pb2.ReduceRequest,
     (job, step, dtype, codec, mode) with request_id = its index, holding a
     run of tensors in one batch of `batch_of` (by identity, as
     _batch_requests shares them) or in none, at most MAX_REQUEST_PARTS.
-    None unless every input lies in one region, every output in one
-    region, all of one dtype, each output at the same distance from its
-    input, and the input and output spans of each request do not overlap
-    (the daemon's conditions). Zero-element tensors have no bytes, so no
-    place in the layout: they go as parts at offset 0, which the daemon
-    sends inline. Built from the tensors directly, not from a request per
-    tensor: a client pays this on every step."""
+    None unless all are of one dtype (the template's: parts have none of
+    their own), every input lies in one region, every output in one
+    region, each output at the same distance from its input, and the input
+    and output spans of each request do not overlap (the daemon's
+    conditions). Zero-element tensors have no bytes, so no place in the
+    layout: they go as parts at offset 0, which the daemon sends inline.
+    Built from the tensors directly, not from a request per tensor: a
+    client pays this on every step."""
     holding = [entry for entry in tensors if entry[1].byte_size > 0]
-    if not holding:
+    if not holding or any(source.dtype != holding[0][1].dtype
+                          for _, source, _ in tensors):
         return None
     _, first_source, first_target = holding[0]
     delta = first_target.offset - first_source.offset
     for _, source, target in holding:
         if (source.region != first_source.region
                 or target.region != first_target.region
-                or source.dtype != first_source.dtype
                 or target.offset - source.offset != delta):
             return None
     groups: list[list[tuple[str, ShmTensor, ShmTensor]]] = []

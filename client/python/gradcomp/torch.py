@@ -323,7 +323,9 @@ class _CudaStaging:
     def probe(self) -> None:
         """Registers a buffer with no slots yet: GradcompError if the daemon
         cannot open this process's CUDA memory, OSError if the client cannot
-        make the regions' liveness lock object in /dev/shm."""
+        make the regions' liveness lock object in /dev/shm, ValueError if
+        torch's allocator gives memory without an IPC handle (expandable
+        segments), RuntimeError if torch cannot export it."""
         self._allocate(_CUDA_ALIGN)
 
     def slot(self, index: int, nbytes: int) -> tuple[str, int, int, torch.Tensor, torch.Tensor]:
@@ -392,7 +394,8 @@ class HookState:
       timeout: seconds one bucket may take, stragglers included.
       shm: True: shared memory or an error; False: inline bytes; None: shared
         memory if the daemon is on this host and accepts it, else inline.
-      client: an existing Client to use instead of connecting to `target`.
+      client: an existing Client to use instead of connecting to `target`;
+        close() leaves it open for its owner to close.
       batch_same_shape: like powerSGD_hook's batch_tensors_with_same_shape:
         a bucket's PowerSGD matrices of equal shape and dtype reduce their P
         and Q rounds in one collective per batch instead of one per tensor.
@@ -435,7 +438,10 @@ class HookState:
         if grad_scaler and gossip is not None:
             raise ValueError("grad_scaler=True averages gradients; gossip mode mixes "
                              "parameters and never sees the scaled gradients")
-        module = getattr(model, "module", model)
+        # The net, or DDP around it: its parameters are named as in the net.
+        module = (model.module
+                  if isinstance(model, torch.nn.parallel.DistributedDataParallel)
+                  else model)
         self.names = {id(p): name for name, p in module.named_parameters()}
         unknown = sorted(set(codecs or {}) - set(self.names.values()))
         if unknown:
@@ -446,6 +452,7 @@ class HookState:
         self.batch_gather = batch_gather
         self.gossip = gossip
         self.consensus_distance: float | None = None
+        self._own_client = client is None
         self.client = client or Client(target, timeout=timeout)
         self.step = 0
         self.stats = StepStats()
@@ -477,13 +484,14 @@ class HookState:
 
     def close(self) -> None:
         """Waits for the buckets in flight, unregisters the staging regions
-        and closes the client: every step, even after one fails (a daemon
-        gone); then raises the first error."""
+        and closes the client if this state made it: every step, even after
+        one fails (a daemon gone); then raises the first error."""
         self._executor.shutdown(wait=True)
         if self._flags is not None:
             self._flags.shutdown(wait=True)
         stagings = [s for s in (self._staging, self._cuda_staging) if s is not None]
-        _close_all([*(s.close for s in stagings), self.client.close])
+        _close_all([*(s.close for s in stagings),
+                    *([self.client.close] if self._own_client else [])])
 
     def state_dict(self) -> dict[str, Any]:
         """The step and the daemon's codec state of this job, for a checkpoint.
@@ -605,7 +613,9 @@ class HookState:
             staging = _CudaStaging(self.client, self.job, device)
             try:
                 staging.probe()
-            except (GradcompError, OSError) as error:  # OSError: no lock object
+            # OSError: no lock object; ValueError: no IPC handle for this
+            # memory (an expandable segment); RuntimeError: torch's export.
+            except (GradcompError, OSError, ValueError, RuntimeError) as error:
                 if self._cuda_wanted:
                     raise
                 reason = str(error)
@@ -828,14 +838,16 @@ def hook(state: HookState, bucket: torch.distributed.GradBucket
     future: torch.futures.Future[torch.Tensor] = (
         torch.futures.Future(devices=[buffer.device]) if buffer.is_cuda
         else torch.futures.Future())
+    # The step moves on after the last bucket even if that bucket is
+    # refused: the earlier buckets have sent this step's number.
+    step, last, index = state.step, bucket.is_last(), bucket.index()
+    if last:
+        state.step += 1
     try:
         tensors = state._tensors(bucket)
     except (TypeError, ValueError) as error:
         future.set_exception(error)
         return future
-    step, last, index = state.step, bucket.is_last(), bucket.index()
-    if last:
-        state.step += 1
     # Every gradient of the bucket is computed, so backward no longer reads
     # these parameters; DDP waits for this future before optimizer.step().
     params = ([p.detach() for p in bucket.parameters()]

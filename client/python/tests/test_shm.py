@@ -261,6 +261,24 @@ class ShmDaemonTest(unittest.TestCase):
             for name, grad in grads.items():
                 np.testing.assert_array_equal(results[name], grad, err_msg=name)
 
+    def test_an_empty_tensor_of_another_dtype_leads_the_bucket(self):
+        # The requests' dtype is every part's: an empty fp16 tensor first
+        # must not make the fp32 tensors behind it go as fp16 (which the
+        # daemon accepts: 4 fp16 values fit a 4-float slice).
+        self.client.register_shm("bucket", self.region)
+        tensors, grads = self._bucket([(4,), (16, 8)])
+        empty = self.region.array((0,), np.float16)
+        tensors = {"empty": (self.region.tensor("bucket", empty),
+                             self.region.tensor("bucket", empty)), **tensors}
+        self.assertIsNone(gradcomp.client._as_parts(
+            gradcomp_pb2.ReduceRequest(),
+            [(name, *pair) for name, pair in tensors.items()], {}))
+        stats = self.client.reduce_many_shm(tensors, step=0)
+        self.assertEqual(list(stats), ["empty", "t0", "t1"])
+        results = self._results(tensors)
+        for name, grad in grads.items():
+            np.testing.assert_array_equal(results[name], grad, err_msg=name)
+
     def test_a_bucket_goes_as_requests_with_parts(self):
         self.client.register_shm("bucket", self.region)
         # 300 tensors: three requests of at most 128 parts, and runs of two

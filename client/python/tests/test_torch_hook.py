@@ -40,6 +40,7 @@ try:
 except ImportError:
     torch = None
 
+import gradcomp
 from gradcomp.shm import ShmRegion
 from gradcomp.testing import Daemon, collectives, free_port, start_peered
 from tests import example_trainer
@@ -280,6 +281,61 @@ class HookStateTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, r"\['fc9.weight'\]"):
             gtorch.HookState(_model(), "127.0.0.1:1",
                              codecs={"fc9.weight": gtorch.Codec("topk")})
+
+    def test_parameters_are_named_as_in_the_net_given(self):
+        # Only a DDP wrapper is looked through: a net whose child is called
+        # `module` keeps that name in its parameters' names.
+        import gradcomp.torch as gtorch
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.module = torch.nn.Linear(3, 2)
+                self.head = torch.nn.Linear(2, 1)
+
+        net = Net()
+        state = gtorch.HookState(net, "127.0.0.1:1",
+                                 codecs={"head.weight": gtorch.Codec("topk")})
+        self.addCleanup(state.close)
+        self.assertEqual(sorted(state.names.values()),
+                         sorted(name for name, _ in net.named_parameters()))
+
+    def test_a_refused_last_bucket_still_ends_the_step(self):
+        import gradcomp.torch as gtorch
+        model = _model()  # alive: the state knows its parameters by id
+        state = gtorch.HookState(model, "127.0.0.1:1")
+        self.addCleanup(state.close)
+        stranger = torch.nn.Parameter(torch.zeros(3))  # not the model's
+
+        class Bucket:  # what the hook reads of a GradBucket
+            def buffer(self):
+                return torch.zeros(3)
+
+            def parameters(self):
+                return [stranger]
+
+            def gradients(self):
+                return [torch.zeros(3)]
+
+            def is_last(self):
+                return True
+
+            def index(self):
+                return 0
+
+        future = gtorch.hook(state, Bucket())
+        with self.assertRaisesRegex(ValueError, "not among the model's"):
+            future.wait()
+        self.assertEqual(state.step, 1)
+
+    def test_close_leaves_a_client_it_was_given_open(self):
+        import gradcomp.torch as gtorch
+        with mock.patch.object(gradcomp.Client, "close") as close:
+            client = gradcomp.Client("127.0.0.1:1")
+            gtorch.HookState(_model(), "127.0.0.1:1", client=client).close()
+            close.assert_not_called()
+            gtorch.HookState(_model(), "127.0.0.1:1").close()
+            close.assert_called_once()
 
     def test_checkpoint_of_another_job_is_refused(self):
         import gradcomp.torch as gtorch

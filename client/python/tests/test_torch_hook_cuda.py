@@ -42,6 +42,14 @@ def _cpu_handle(tensor) -> cuda_ipc.CudaIpcHandle:
                                   region_bytes=nbytes, offset=0)
 
 
+def _expandable_segment_handle(tensor) -> cuda_ipc.CudaIpcHandle:
+    """What cuda_ipc_handle does for memory from an expandable segment
+    (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): torch's handle has
+    type 'e', which has no cudaIpcMemHandle_t."""
+    cuda_ipc.memory_handle(bytes([1, ord("e")]) + bytes(cuda_ipc.HANDLE_BYTES))
+    raise AssertionError("memory_handle accepted an expandable segment")
+
+
 class _RecordingClient:
     """register_cuda_tensor / unregister_shm as calls in order; regions
     start at byte 512 of their allocation."""
@@ -156,9 +164,9 @@ class CudaTransportChoiceTest(unittest.TestCase):
         self.addCleanup(state.close)
         return state
 
-    def _choose(self, state) -> list[warnings.WarningMessage]:
+    def _choose(self, state, handle=_cpu_handle) -> list[warnings.WarningMessage]:
         with warnings.catch_warnings(record=True) as caught, \
-                mock.patch("gradcomp.cuda_ipc.cuda_ipc_handle", _cpu_handle):
+                mock.patch("gradcomp.cuda_ipc.cuda_ipc_handle", handle):
             warnings.simplefilter("always")
             state._choose_cuda_transport(torch.device("cpu"))
         return [w for w in caught if issubclass(w.category, RuntimeWarning)]
@@ -180,6 +188,20 @@ class CudaTransportChoiceTest(unittest.TestCase):
         with self.assertRaises(gradcomp.GradcompError) as error:
             self._choose(state)
         self.assertEqual(error.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertEqual(state.cuda_transport, "")
+
+    def test_an_expandable_segment_means_host_memory_and_one_warning(self):
+        # clients.md: auto mode falls back to host memory; cuda_ipc=True
+        # raises the reason.
+        state = self._state(self.daemon.target, None)
+        caught = self._choose(state, _expandable_segment_handle)
+        self.assertEqual(state.cuda_transport, "host")
+        self.assertIn("expandable segment", state.cuda_transport_reason)
+        self.assertEqual(len(caught), 1)
+        self.assertIn("expandable segment", str(caught[0].message))
+        state = self._state(self.daemon.target, True)
+        with self.assertRaisesRegex(ValueError, "expandable segment"):
+            self._choose(state, _expandable_segment_handle)
         self.assertEqual(state.cuda_transport, "")
 
     def test_cuda_ipc_off_asks_nothing_and_warns_nothing(self):

@@ -130,6 +130,9 @@ checksum/gradcomp-config: {{ include "gradcomp.config" . | sha256sum }}
     - --config=/etc/gradcomp/config/daemon.json
     - --rank=$(GRADCOMP_RANK)
     - --peer_listen=0.0.0.0:{{ int .Values.ports.peer }}
+    # A daemon of another release reached at an address one of ours had
+    # (a recycled pod IP) is refused at the handshake.
+    - --peer_group={{ .Release.Namespace }}/{{ include "gradcomp.fullname" . }}
     # The kubelet's gRPC probes need TCP; client API calls on this port are
     # served from loopback only (no token is configured).
     - --health_listen=0.0.0.0:{{ int .Values.ports.api }}
@@ -245,7 +248,9 @@ A pod spec with the sidecar added: the gradcompd container appended to
 .spec.containers, its volumes to .spec.volumes, and /dev/shm and the client
 socket's directory mounted in every container that does not mount them yet
 (volumes named dshm or gradcomp-socket in the given spec are replaced: the
-trainer and the daemon must share one /dev/shm and one socket directory).
+trainer and the daemon must share one /dev/shm and one socket directory),
+and the chart's podSecurityContext if the spec has none, or its fsGroup if
+the spec's securityContext has none.
 */}}
 {{- define "gradcomp.podSpec" -}}
 {{- $gc := .gradcomp -}}
@@ -277,6 +282,10 @@ trainer and the daemon must share one /dev/shm and one socket directory).
 {{- $_ := set $spec "volumes" (concat $volumes $ours) -}}
 {{- if not (hasKey $spec "securityContext") -}}
 {{- $_ := set $spec "securityContext" $gc.Values.podSecurityContext -}}
+{{- else if and (not (hasKey $spec.securityContext "fsGroup")) (hasKey $gc.Values.podSecurityContext "fsGroup") -}}
+{{- /* The sidecar reads its TLS secret (mode 0440) and the trainers reach
+its socket (mode 0660) through the pod's fsGroup. */ -}}
+{{- $_ := set $spec.securityContext "fsGroup" $gc.Values.podSecurityContext.fsGroup -}}
 {{- end -}}
 {{- toYaml $spec -}}
 {{- end -}}
