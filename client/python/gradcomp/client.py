@@ -594,8 +594,9 @@ class Client:
         requests = map(inline_wire.encode_request, headers, arrays)
         answers = _StreamAnswers(self.target, names)
         ended = None
+        call = self._reduce_stream(requests, timeout=self.timeout)
         try:
-            for reply, data in self._reduce_stream(requests, timeout=self.timeout):
+            for reply, data in call:
                 if reply.error_code != 0:
                     answers.failure(answers.sent(names, reply.request_id),
                                     reply.error_code, reply.error_message)
@@ -605,6 +606,11 @@ class Client:
                                self._result(reply.result, data, arrays[i].shape))
         except grpc.RpcError as error:
             ended = error
+        finally:
+            # A bad reply raises mid-stream: the daemon stops reducing, and
+            # gRPC sending, a bucket nobody waits for. After the last reply
+            # this does nothing.
+            call.cancel()
         answers.check(ended)
         return {name: answers.results[name] for name in names}
 
@@ -842,10 +848,11 @@ class Client:
                                ReduceStats.from_proto(reply.result.stats))
 
         ended = None
+        call = self._stub.ReduceStream(
+            iter(requests), timeout=self.timeout,
+            metadata=(("gradcomp-client-id", self.client_id),))
         try:
-            for reply in self._stub.ReduceStream(
-                    iter(requests), timeout=self.timeout,
-                    metadata=(("gradcomp-client-id", self.client_id),)):
+            for reply in call:
                 if chunks is None:
                     record(reply, names)
                     continue
@@ -859,5 +866,10 @@ class Client:
                         answers.failure(name, reply.error_code, reply.error_message)
         except grpc.RpcError as error:
             ended = error
+        finally:
+            # A bad reply raises mid-stream: the daemon stops reducing, and
+            # gRPC sending, a bucket nobody waits for. After the last reply
+            # this does nothing.
+            call.cancel()
         answers.check(ended)
         return {name: answers.results[name] for name in names}

@@ -3,6 +3,7 @@ against a stand-in for gradcompd served here (no daemon binary needed)
 whose replies each test scripts.
 """
 import concurrent.futures
+import threading
 import types
 import unittest
 from unittest import mock
@@ -188,6 +189,44 @@ class ReduceManyShmAnswersTest(StandInTest):
             self.client.reduce_many_shm(self.tensors, step=0, parts=False)
         self.assertEqual(caught.exception.code, grpc.StatusCode.INTERNAL)
         self.assertIn("a second answer for tensor 'b'", str(caught.exception))
+
+
+class BadReplyCancelsTheStreamTest(StandInTest):
+    """A bad reply ends the call at once, though the caller keeps the error
+    (and with its traceback the client's frame, which would otherwise keep
+    the stream open until the deadline)."""
+
+    def _answer_then_wait(self, reply):
+        ended = threading.Event()
+
+        def answer(requests, context):
+            context.add_callback(ended.set)
+            yield reply(requests)
+            ended.wait(20)  # until the client cancels; the deadline is 30 s
+        self.daemon.answer = answer
+        return ended
+
+    def test_after_reduce_many(self):
+        ended = self._answer_then_wait(lambda requests: _result(requests[0], 9))
+        kept = None
+        try:
+            self.client.reduce_many({"a": np.ones(4, np.float32)}, step=0)
+        except gradcomp.GradcompError as error:
+            kept = error
+        self.assertIn("request_id 9", str(kept))
+        self.assertTrue(ended.wait(10), "the stream was left open")
+
+    def test_after_reduce_many_shm(self):
+        ended = self._answer_then_wait(lambda requests: _result(requests[0], 9))
+        source = ShmTensor("r", 0, (4,), np.dtype(np.float32))
+        target = ShmTensor("r", 16, (4,), np.dtype(np.float32))
+        kept = None
+        try:
+            self.client.reduce_many_shm({"a": (source, target)}, step=0, parts=False)
+        except gradcomp.GradcompError as error:
+            kept = error
+        self.assertIn("request_id 9", str(kept))
+        self.assertTrue(ended.wait(10), "the stream was left open")
 
 
 class ArgumentTest(StandInTest):
