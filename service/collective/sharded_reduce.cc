@@ -35,6 +35,17 @@ std::string Where(const RoundKey& key, int slice) {
                       slice);
 }
 
+// Asks `keep` (if any) for room for `bytes` of payload copies; its error
+// names `where` and `what`.
+absl::Status KeepCopy(const KeepCopies& keep, uint64_t bytes,
+                      absl::string_view where, absl::string_view what) {
+  if (keep == nullptr) return absl::OkStatus();
+  absl::Status kept = keep(bytes);
+  if (kept.ok()) return kept;
+  return absl::Status(kept.code(),
+                      absl::StrCat(where, what, ": ", kept.message()));
+}
+
 }  // namespace
 
 std::string SliceStateName(absl::string_view tensor, int slice) {
@@ -164,12 +175,8 @@ absl::StatusOr<ShardedStats> ShardedReduce(
     if (stateful) encoded_parts.push_back(parts[j]);
     stats.wire_bytes += parts[j].size();
   }
-  if (stateful && keep) {
-    absl::Status kept = keep(stats.wire_bytes);
-    if (!kept.ok()) {
-      return absl::Status(kept.code(),
-                          absl::StrCat(Where(key, me), ": ", kept.message()));
-    }
+  if (stateful) {
+    GC_RETURN_IF_ERROR(KeepCopy(keep, stats.wire_bytes, Where(key, me), ""));
   }
   if (own_parts != nullptr && !stateful) *own_parts = parts;
   stats.encode_seconds += SecondsSince(t);
@@ -194,6 +201,16 @@ absl::StatusOr<ShardedStats> ShardedReduce(
   stats.decode_seconds += SecondsSince(t);
   t = Clock::now();
   const int64_t owner_shape[] = {static_cast<int64_t>(mine.size)};
+  // A stateful codec's re-encode, set once the owner's state has taken its
+  // step: what gives that state back if anything after fails.
+  std::optional<codecs::Bytes> owner_sent;
+  absl::Cleanup revert_owner = [&] {
+    if (!owner_sent.has_value()) return;
+    codecs::StateStore::Locked owner_state =
+        store.Acquire(key.job, OwnerStateName(key.tensor), owner_shape, 0);
+    codec.Revert(codecs::TensorView{average, owner_shape}, *owner_state,
+                 owner_ctx, *owner_sent);
+  };
   codecs::Bytes reencoded;
   {
     codecs::StateStore::Locked owner_state =
@@ -207,25 +224,11 @@ absl::StatusOr<ShardedStats> ShardedReduce(
                                        encoded.message()));
     }
   }
-  std::optional<codecs::Bytes> owner_sent;
   if (stateful) {
-    if (keep) {
-      absl::Status kept = keep(reencoded.size());
-      if (!kept.ok()) {
-        return absl::Status(
-            kept.code(), absl::StrCat(Where(key, me),
-                                      " (owner re-encode): ", kept.message()));
-      }
-    }
     owner_sent = reencoded;
+    GC_RETURN_IF_ERROR(
+        KeepCopy(keep, reencoded.size(), Where(key, me), " (owner re-encode)"));
   }
-  absl::Cleanup revert_owner = [&] {
-    if (!owner_sent.has_value()) return;
-    codecs::StateStore::Locked owner_state =
-        store.Acquire(key.job, OwnerStateName(key.tensor), owner_shape, 0);
-    codec.Revert(codecs::TensorView{average, owner_shape}, *owner_state,
-                 owner_ctx, *owner_sent);
-  };
   stats.wire_bytes += reencoded.size();
   stats.encode_seconds += SecondsSince(t);
 

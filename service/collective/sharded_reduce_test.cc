@@ -373,8 +373,9 @@ TEST(ShardedReduceTest, AMissingRankFailsTheOthersNamingIt) {
 // A sharded step of a stateful codec that fails after this rank encoded
 // gives every state back, as a session does: its slices' (the exchange of
 // parts failed) and, once it re-encoded its own slice, the owner's (the
-// allgather failed). Otherwise the residuals would have lost what the
-// failed step took from them.
+// allgather failed, or the memory budget refused the re-encode's copy).
+// Otherwise the residuals would have lost what the failed step took from
+// them.
 TEST(ShardedReduceTest, AFailedStepLeavesTheStatesAsTheyWere) {
   constexpr int kW = 2;
   constexpr size_t kN = 1000;
@@ -400,7 +401,14 @@ TEST(ShardedReduceTest, AFailedStepLeavesTheStatesAsTheyWere) {
     }
     return held;
   };
-  for (const bool peer_sends_parts : {false, true}) {
+  struct Case {
+    const char* what_failed;
+    bool peer_sends_parts;
+    bool owner_copy_refused;
+  };
+  for (const Case& c :
+       {Case{"exchange", false, false}, Case{"allgather", true, false},
+        Case{"owner's copy", true, true}}) {
     Group group(kW, absl::Milliseconds(300));
     std::vector<std::vector<std::vector<float>>> grads(1);
     for (int r = 0; r < kW; ++r) grads[0].push_back(Gradient(r, 0, 0, kN));
@@ -408,7 +416,7 @@ TEST(ShardedReduceTest, AFailedStepLeavesTheStatesAsTheyWere) {
     const std::vector<std::vector<float>> before = states(group);
     // Step 1: rank 1 sends its parts and then leaves, or never comes.
     std::thread peer([&] {
-      if (!peer_sends_parts) return;
+      if (!c.peer_sends_parts) return;
       const std::vector<float> g = Gradient(1, 0, 1, kN);
       std::vector<codecs::Bytes> parts(kW);
       codecs::TensorState scratch;
@@ -424,21 +432,35 @@ TEST(ShardedReduceTest, AFailedStepLeavesTheStatesAsTheyWere) {
     });
     const std::vector<float> g = Gradient(0, 0, 1, kN);
     std::vector<float> out(kN);
+    // The slices' copies are kept; the owner's, asked for second, only
+    // while the budget is not full.
+    int asked = 0;
+    const KeepCopies keep = [&](uint64_t) {
+      return ++asked == 2 && c.owner_copy_refused
+                 ? absl::ResourceExhaustedError("the memory budget is full")
+                 : absl::OkStatus();
+    };
     const absl::Status failed =
         ShardedReduce(group.collective(0), group.store(0), single,
                       {"job", "x0", 1, 0}, g, Context("x0", 1, 0, kW),
-                      absl::MakeSpan(out), nullptr)
+                      absl::MakeSpan(out), nullptr, keep)
             .status();
     peer.join();
-    // Rank 1 is missing from the collective that failed.
-    EXPECT_EQ(failed.code(), absl::StatusCode::kDeadlineExceeded) << failed;
+    if (c.owner_copy_refused) {
+      EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed;
+      EXPECT_THAT(std::string(failed.message()),
+                  HasSubstr("slice 0 (owner re-encode): the memory budget"));
+    } else {
+      // Rank 1 is missing from the collective that failed.
+      EXPECT_EQ(failed.code(), absl::StatusCode::kDeadlineExceeded) << failed;
+    }
     const std::vector<std::vector<float>> after = states(group);
     for (int j = 0; j <= kW; ++j) {
       ASSERT_EQ(after[j].size(), before[j].size());
       for (size_t i = 0; i < before[j].size(); ++i) {
         ASSERT_NEAR(after[j][i], before[j][i], 1e-7)
-            << (peer_sends_parts ? "allgather" : "exchange") << " failed; "
-            << (j < kW ? "slice " : "owner ") << j << " [" << i << "]";
+            << c.what_failed << " failed; " << (j < kW ? "slice " : "owner ")
+            << j << " [" << i << "]";
       }
     }
   }
