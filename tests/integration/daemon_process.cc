@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -160,6 +161,14 @@ absl::Status DaemonProcess::WaitServing(absl::Duration timeout) {
   return absl::DeadlineExceededError(absl::StrCat(
       "gradcompd did not answer GetInfo in ", absl::FormatDuration(timeout),
       " (last: ", status.ToString(), "); log:\n", Log()));
+}
+
+absl::StatusOr<std::unique_ptr<client::Client>> DaemonProcess::Connect(
+    client::ClientOptions options) const {
+  GC_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client,
+                      client::Client::Connect(target_, std::move(options)));
+  GC_RETURN_IF_ERROR(client->WaitForReady(absl::Seconds(30)));
+  return client;
 }
 
 bool DaemonProcess::Running() {

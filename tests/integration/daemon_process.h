@@ -3,7 +3,7 @@
 //
 //   GC_ASSIGN_OR_RETURN(std::unique_ptr<DaemonProcess> daemon,
 //                       DaemonProcess::Start(DaemonBinary(), {}));
-//   Client::Connect(daemon->target());   // "127.0.0.1:<port>"
+//   daemon->Connect();   // a Client of daemon->target(), "127.0.0.1:<port>"
 //   HttpGet(daemon->metrics_port(), "/metrics");
 #ifndef GRADCOMP_TESTS_INTEGRATION_DAEMON_PROCESS_H_
 #define GRADCOMP_TESTS_INTEGRATION_DAEMON_PROCESS_H_
@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "base/free_port.h"
+#include "client/cpp/client.h"
 
 namespace gradcomp::testing {
 
@@ -45,6 +46,13 @@ class DaemonProcess {
   DaemonProcess& operator=(const DaemonProcess&) = delete;
 
   std::string target() const { return target_; }
+  // A client of target() whose channel has connected, within 30 s. A call
+  // on a new channel fails at once if the channel's first connection
+  // attempt fails, which on a loaded machine one did (a CI run saw the
+  // port of a daemon that was serving refuse it); gRPC's reconnection,
+  // waited for here, rides that out.
+  absl::StatusOr<std::unique_ptr<client::Client>> Connect(
+      client::ClientOptions options = {}) const;
   int metrics_port() const { return metrics_port_; }
   pid_t pid() const { return pid_; }
   // False once the process has exited (reaping it).

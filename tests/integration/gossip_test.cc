@@ -77,7 +77,7 @@ class GossipTest : public ::testing::Test {
     const absl::Status up = cluster_->StartAll();
     ASSERT_TRUE(up.ok()) << up;
     for (int r = 0; r < kWorld; ++r) {
-      auto client = client::Client::Connect(cluster_->daemon(r).target());
+      auto client = cluster_->daemon(r).Connect();
       ASSERT_TRUE(client.ok()) << client.status();
       clients_[r] = std::move(*client).release();
     }

@@ -106,8 +106,7 @@ class GradcompdTest : public ::testing::Test {
         DaemonProcess::Start(*binary, {"--error_sample_rate=1"});
     ASSERT_TRUE(daemon.ok()) << daemon.status();
     daemon_ = daemon->release();
-    absl::StatusOr<std::unique_ptr<Client>> client =
-        Client::Connect(daemon_->target());
+    absl::StatusOr<std::unique_ptr<Client>> client = daemon_->Connect();
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = client->release();
     absl::StatusOr<v1::GetInfoResponse> info = client_->GetInfo();

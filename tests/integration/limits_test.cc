@@ -119,7 +119,7 @@ void ExpectEachJobsOwnMean(const std::vector<std::string>& jobs, int step,
   for (size_t j = 0; j < jobs.size(); ++j) {
     for (int r = 0; r < kWorld; ++r) {
       threads.emplace_back([&jobs, &got, j, r, step, n] {
-        auto client = client::Client::Connect(Daemon(r).target());
+        auto client = Daemon(r).Connect();
         ASSERT_TRUE(client.ok()) << client.status();
         v1::CodecSpec none;
         none.set_name("none");
@@ -164,7 +164,7 @@ TEST_F(LimitsTest, FloodIsRefusedWithResourceExhaustedAndTheDaemonServesOn) {
     std::vector<std::thread> threads;
     for (int c = 0; c < kClients; ++c) {
       threads.emplace_back([&unary, c] {
-        auto client = client::Client::Connect(Daemon(0).target());
+        auto client = Daemon(0).Connect();
         ASSERT_TRUE(client.ok());
         const std::vector<float> values(kFloats, 1.0f);
         const std::vector<int64_t> shape = {kFloats};

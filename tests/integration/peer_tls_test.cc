@@ -140,7 +140,7 @@ class PeerTlsTest : public ::testing::Test {
     std::vector<std::thread> threads;
     for (int r = 0; r < kWorld; ++r) {
       threads.emplace_back([&, r] {
-        auto client = client::Client::Connect(daemons_[r]->target());
+        auto client = daemons_[r]->Connect();
         if (!client.ok()) {
           results[r] = client.status();
           return;

@@ -51,6 +51,9 @@ int Main(int argc, char** argv) {
   options.rpc_timeout = absl::Seconds(120);
   auto client = client::Client::Connect(target, options);
   if (!client.ok()) return 2;
+  // One refused first connection would fail every call made on it at once
+  // (DaemonProcess::Connect says when); wait for the channel instead.
+  if (!(*client)->WaitForReady(absl::Seconds(30)).ok()) return 2;
 
   std::ofstream out(out_path, std::ios::binary);
   std::mt19937 rng(1234 + rank);

@@ -45,7 +45,6 @@
 namespace gradcomp::testing {
 namespace {
 
-using client::Client;
 using ::testing::HasSubstr;
 
 constexpr int kWorld = 4;
@@ -454,7 +453,7 @@ TEST(PeersDeclareTest, ADifferentTensorListIsRefusedNamingBothRanks) {
     std::vector<std::thread> threads;
     for (int r = 0; r < kWorld; ++r) {
       threads.emplace_back([&, r] {
-        auto client = client::Client::Connect(cluster.daemon(r).target());
+        auto client = cluster.daemon(r).Connect();
         if (!client.ok()) {
           got[r] = client.status();
           return;
@@ -558,8 +557,8 @@ TEST(PeersFaultTest, AKilledDaemonIsNamedAndTheNextStepWorksAfterRestart) {
 TEST(PeersFaultTest, AStepWhoseCollectiveFailsLeavesTheStateAsItWas) {
   Cluster cluster(2, absl::Seconds(2));
   ASSERT_TRUE(cluster.StartAll().ok());
-  auto zero = Client::Connect(cluster.daemon(0).target());
-  auto one = Client::Connect(cluster.daemon(1).target());
+  auto zero = cluster.daemon(0).Connect();
+  auto one = cluster.daemon(1).Connect();
   ASSERT_TRUE(zero.ok() && one.ok());
   v1::CodecSpec efsign;
   efsign.set_name("efsign");
@@ -697,7 +696,7 @@ TEST(PeersBatchTest, TwentySameShapeMatricesBatchedMatchUnbatched) {
     for (int64_t step = 0; step < kBatchSteps; ++step) {
       std::vector<std::thread> threads;
       for (int r = 0; r < kWorld; ++r) {
-        auto client = client::Client::Connect(cluster.daemon(r).target());
+        auto client = cluster.daemon(r).Connect();
         ASSERT_TRUE(client.ok()) << client.status();
         std::shared_ptr<client::Client> shared = std::move(*client);
         for (int m = 0; m < kMatrices; ++m) {

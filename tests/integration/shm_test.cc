@@ -25,7 +25,6 @@
 namespace gradcomp::testing {
 namespace {
 
-using client::Client;
 using client::ShmPart;
 using client::ShmRegion;
 using client::ShmSlice;
@@ -46,7 +45,7 @@ std::unique_ptr<DaemonProcess> StartDaemon(
 TEST(ShmIntegrationTest, OffUnlessTheFlagIsGiven) {
   std::unique_ptr<DaemonProcess> daemon = StartDaemon({});
   ASSERT_NE(daemon, nullptr);
-  auto client = Client::Connect(daemon->target());
+  auto client = daemon->Connect();
   ASSERT_TRUE(client.ok());
   auto region = ShmRegion::Create(4096, "shm-test");
   ASSERT_TRUE(region.ok()) << region.status();
@@ -59,7 +58,7 @@ TEST(ShmIntegrationTest, OffUnlessTheFlagIsGiven) {
 TEST(ShmIntegrationTest, ReducesThroughTheRegion) {
   std::unique_ptr<DaemonProcess> daemon = StartDaemon({"--allow_client_shm"});
   ASSERT_NE(daemon, nullptr);
-  auto client = Client::Connect(daemon->target());
+  auto client = daemon->Connect();
   ASSERT_TRUE(client.ok());
   const size_t n = 1 << 16;
   const uint64_t bytes = n * sizeof(float);
@@ -115,7 +114,7 @@ TEST(ShmIntegrationTest, ReducesThroughTheRegion) {
                 .status()
                 .code(),
             absl::StatusCode::kNotFound);
-  auto other = Client::Connect(daemon->target());
+  auto other = daemon->Connect();
   ASSERT_TRUE(other.ok());
   auto second = ShmRegion::Create(64, "shm-test");
   ASSERT_TRUE(second.ok());
@@ -139,7 +138,7 @@ TEST(ShmIntegrationTest, ReducesThroughTheRegion) {
 TEST(ShmIntegrationTest, ReducesABucketAsOneRequestWithParts) {
   std::unique_ptr<DaemonProcess> daemon = StartDaemon({"--allow_client_shm"});
   ASSERT_NE(daemon, nullptr);
-  auto client = Client::Connect(daemon->target());
+  auto client = daemon->Connect();
   ASSERT_TRUE(client.ok());
   // A 16 x 32 weight, a 32-vector bias and a 64-vector back to back: 2432
   // bytes of inputs at the region's start, outputs from byte 4096.
@@ -202,8 +201,8 @@ TEST(ShmIntegrationTest, ReducesABucketAsOneRequestWithParts) {
 TEST(ShmIntegrationTest, TruncatedMidRequestFailsThatRequestAndRegionOnly) {
   Cluster cluster(2, absl::Seconds(30), {"--allow_client_shm"});
   ASSERT_TRUE(cluster.StartAll().ok());
-  auto owner = Client::Connect(cluster.daemon(0).target());
-  auto peer = Client::Connect(cluster.daemon(1).target());
+  auto owner = cluster.daemon(0).Connect();
+  auto peer = cluster.daemon(1).Connect();
   ASSERT_TRUE(owner.ok() && peer.ok());
   const size_t n = 1 << 16;
   const uint64_t bytes = n * sizeof(float);
