@@ -4,6 +4,7 @@
 #include "service/gossip/choco_gossip.h"
 
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -294,6 +295,23 @@ TEST(ChocoGossipTest, RefusesStateOfAnotherSizeAndANeighbourOutOfStep) {
   s = restarted.Rounds({40}, xs, 2, 1, &lost);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(s.message(), HasSubstr("power step"));
+}
+
+// A step count no save wrote (a corrupt or edited import): refused, not
+// cast (undefined for NaN).
+TEST(ChocoGossipTest, RefusesAStepCountThatIsNotAWholeNumber) {
+  const Topology ring = Make("ring", 4);
+  std::vector<std::vector<float>> xs = RandomTensors(4, 40, 17);
+  std::vector<codecs::TensorState> states(4);
+  Network net(ring, Choco(0.1, 0.5));
+  ASSERT_TRUE(net.Rounds({40}, xs, 0, 2, &states).ok());
+  states[0].Buffer("gossip.choco", 2)[0] =
+      std::numeric_limits<float>::quiet_NaN();
+  Network imported(ring, Choco(0.1, 0.5), absl::Seconds(1));
+  const absl::Status s = imported.Rounds({40}, xs, 2, 1, &states);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(),
+              HasSubstr("its Choco state has step count halves nan and 0"));
 }
 
 }  // namespace

@@ -3,13 +3,14 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/crc32c.h"
 #include "base/status_macros.h"
 
 namespace gradcomp::service {
 namespace {
 
 constexpr uint32_t kMagic = 0x50534F47;  // "GOSP" little-endian
-constexpr uint8_t kVersion = 1;
+constexpr uint8_t kVersion = 2;
 
 void Store(uint64_t v, int bytes, char* p) {
   for (int i = 0; i < bytes; ++i) p[i] = static_cast<char>(v >> (8 * i));
@@ -45,6 +46,7 @@ void WriteHeader(const GossipMessageHeader& header, uint64_t count,
   Store(kVersion, 1, p + 4);
   Store(static_cast<uint8_t>(header.kind), 1, p + 5);
   Store(header.rank, 4, p + 8);
+  Store(header.shape_hash, 4, p + 12);
   Store(header.power_step, 8, p + 16);
   Store(count, 8, p + 24);
 }
@@ -67,6 +69,13 @@ absl::Status CheckHeader(absl::string_view bytes,
         "; expected the same gossip options, and a tensor of the same "
         "shape (a matrix, or 1-D), on both ends of an edge"));
   }
+  if (came.shape_hash != expected.shape_hash) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "neighbour's tensor has another shape (shape hash 0x",
+        absl::Hex(came.shape_hash, absl::kZeroPad8), ", this end's 0x",
+        absl::Hex(expected.shape_hash, absl::kZeroPad8),
+        "); expected the same shape on both ends of an edge"));
+  }
   if (came.power_step != expected.power_step) {
     return absl::InvalidArgumentError(absl::StrCat(
         "neighbour is at power step ", came.power_step,
@@ -88,6 +97,16 @@ absl::Status CheckHeader(absl::string_view bytes,
 
 }  // namespace
 
+uint32_t GossipShapeHash(absl::Span<const int64_t> shape) {
+  uint32_t crc = 0;
+  for (const int64_t d : shape) {
+    char le[8];
+    Store(static_cast<uint64_t>(d), 8, le);
+    crc = Crc32cExtend(crc, le, sizeof(le));
+  }
+  return crc;
+}
+
 absl::StatusOr<GossipMessageHeader> ReadGossipHeader(absl::string_view bytes) {
   if (bytes.size() < kGossipHeaderBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -100,13 +119,14 @@ absl::StatusOr<GossipMessageHeader> ReadGossipHeader(absl::string_view bytes) {
         absl::StrCat("not a gossip message of version ", kVersion, " (magic ",
                      Load(p, 4), ", version ", Load(p + 4, 1), ")"));
   }
-  if (Load(p + 6, 2) != 0 || Load(p + 12, 4) != 0) {
+  if (Load(p + 6, 2) != 0) {
     return absl::InvalidArgumentError(
         "gossip message has non-zero reserved bytes");
   }
   GossipMessageHeader header;
   header.kind = static_cast<GossipKind>(Load(p + 5, 1));
   header.rank = static_cast<uint32_t>(Load(p + 8, 4));
+  header.shape_hash = static_cast<uint32_t>(Load(p + 12, 4));
   header.power_step = Load(p + 16, 8);
   header.count = Load(p + 24, 8);
   return header;

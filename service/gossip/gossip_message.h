@@ -1,19 +1,20 @@
 // The bytes one rank sends a neighbour in one gossip step, and their
-// checked parsing: a receiver refuses a message whose kind, rank, power
-// step or length differ from what its own end of the edge expects, so two
-// ends that drifted apart (another policy or shape) fail loudly instead of
-// mixing unrelated numbers. (PowerGossip reads the header first and starts
-// an edge whose ends ran different power steps again; power_gossip.h.)
+// checked parsing: a receiver refuses a message whose kind, rank, tensor
+// shape, power step or length differ from what its own end of the edge
+// expects, so two ends that drifted apart (another policy or shape) fail
+// loudly instead of mixing unrelated numbers. (PowerGossip reads the header
+// first and starts an edge whose ends ran different power steps again;
+// power_gossip.h.)
 // Little-endian:
 //
 //   offset  size  field
 //        0     4  magic "GOSP"
-//        4     1  version (1)
+//        4     1  version (2)
 //        5     1  kind: 1 plain (the whole tensor), 2 X input (rows x r),
 //                 3 X^T input (cols x r), 4 sparse (Choco-Gossip's top-k)
 //        6     2  reserved, 0
 //        8     4  r (0 for plain)
-//       12     4  reserved, 0
+//       12     4  shape hash (GossipShapeHash of the tensor's shape)
 //       16     8  power step on this edge (1-based; 0 for plain)
 //       24     8  value count n
 //       32    4n  fp32 values
@@ -51,7 +52,14 @@ struct GossipMessageHeader {
   uint32_t rank = 0;
   uint64_t power_step = 0;
   uint64_t count = 0;
+  uint32_t shape_hash = 0;
 };
+
+// The CRC-32C of `shape`'s dimensions as little-endian int64s: two ends of
+// an edge whose tensors have the same element count, and even the same
+// rows, but another shape ([6,5] and [5,6]; [6,5] and [6,4], whose
+// left-step messages are both 6 x r) would otherwise mix their numbers.
+uint32_t GossipShapeHash(absl::Span<const int64_t> shape);
 
 void WriteGossipMessage(const GossipMessageHeader& header,
                         absl::Span<const float> values, codecs::Bytes* out);

@@ -23,13 +23,15 @@ TEST(GossipMessageTest, RoundTrips) {
 
 TEST(GossipMessageTest, TheHeaderReadsAloneAndOnlyIfWellFormed) {
   codecs::Bytes bytes;
-  WriteGossipMessage({GossipKind::kRight, 3, 9, 2}, {1.0f, 2.0f}, &bytes);
+  WriteGossipMessage({GossipKind::kRight, 3, 9, 2, 0xC0FFEE42}, {1.0f, 2.0f},
+                     &bytes);
   absl::StatusOr<GossipMessageHeader> header = ReadGossipHeader(bytes);
   ASSERT_TRUE(header.ok()) << header.status();
   EXPECT_EQ(header->kind, GossipKind::kRight);
   EXPECT_EQ(header->rank, 3u);
   EXPECT_EQ(header->power_step, 9u);
   EXPECT_EQ(header->count, 2u);
+  EXPECT_EQ(header->shape_hash, 0xC0FFEE42u);
   EXPECT_THAT(ReadGossipHeader(bytes.substr(0, 31)).status().message(),
               HasSubstr("shorter than its 32-byte header"));
   codecs::Bytes foreign = bytes;
@@ -37,7 +39,7 @@ TEST(GossipMessageTest, TheHeaderReadsAloneAndOnlyIfWellFormed) {
   EXPECT_THAT(ReadGossipHeader(foreign).status().message(),
               HasSubstr("not a gossip message"));
   codecs::Bytes reserved = bytes;
-  reserved[13] = 1;
+  reserved[6] = 1;
   EXPECT_THAT(ReadGossipHeader(reserved).status().message(),
               HasSubstr("non-zero reserved bytes"));
 }
@@ -60,6 +62,11 @@ TEST(GossipMessageTest, RefusesWhatTheOtherEndDoesNotExpect) {
                                 absl::MakeSpan(out))
                   .message(),
               HasSubstr("of rank 1, expected"));
+  EXPECT_THAT(ReadGossipMessage(bytes, {GossipKind::kRight, 1, 4, 4, 7},
+                                absl::MakeSpan(out))
+                  .message(),
+              HasSubstr("neighbour's tensor has another shape (shape hash "
+                        "0x00000000, this end's 0x00000007)"));
   // A plain message where a low-rank one was due (a 1-D tensor against a
   // matrix) is named as that, though the step counts differ too.
   codecs::Bytes plain;
@@ -97,6 +104,15 @@ TEST(GossipMessageTest, RefusesWhatTheOtherEndDoesNotExpect) {
       HasSubstr("reserved"));
   // Refused messages leave the output untouched.
   EXPECT_EQ(out, std::vector<float>(4, -1.0f));
+}
+
+TEST(GossipMessageTest, TheShapeHashTellsShapesOfOneSizeApart) {
+  const uint32_t h = GossipShapeHash({6, 5});
+  EXPECT_EQ(h, GossipShapeHash({6, 5}));
+  for (const std::vector<int64_t>& other :
+       std::vector<std::vector<int64_t>>{{5, 6}, {6, 4}, {30}, {6, 5, 1}, {}}) {
+    EXPECT_NE(GossipShapeHash(other), h) << other.size() << " dims";
+  }
 }
 
 TEST(GossipMessageTest, SparseRoundTripsAndRefusesBadIndices) {

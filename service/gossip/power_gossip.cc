@@ -50,6 +50,24 @@ constexpr absl::string_view kChocoMeta = "gossip.choco";
 constexpr size_t kMetaSize = 4;
 constexpr uint64_t kMetaHalf = uint64_t{1} << 24;
 
+// A scalar SaveEdges or SaveChoco wrote is a whole number in [0, limit); an
+// imported blob may hold anything (NaN, -1, 0.5), which a cast would not
+// survive.
+bool WholeBelow(float v, uint64_t limit) {
+  return v >= 0 && v < static_cast<float>(limit) && v == std::floor(v);
+}
+
+// Power steps, or Choco steps, from their two 24-bit halves.
+absl::StatusOr<uint64_t> StepCount(float low, float high,
+                                   absl::string_view what) {
+  if (!WholeBelow(low, kMetaHalf) || !WholeBelow(high, kMetaHalf)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " has step count halves ", low, " and ", high,
+                     ", expected whole numbers in [0, 2^24)"));
+  }
+  return static_cast<uint64_t>(low) + static_cast<uint64_t>(high) * kMetaHalf;
+}
+
 // One neighbour exchange of a gossip step, its error naming the tensor and
 // the step.
 absl::StatusOr<std::vector<codecs::Bytes>> Exchange(
@@ -66,14 +84,15 @@ absl::StatusOr<std::vector<codecs::Bytes>> Exchange(
   return got;
 }
 
-// A low-rank message of this edge's rank r that ran a different number of
-// power steps (or is at the other factor) than `mine`: the edge's ends are
-// out of step, not sending unrelated tensors.
+// A low-rank message of this edge's rank r and tensor shape that ran a
+// different number of power steps (or is at the other factor) than `mine`:
+// the edge's ends are out of step, not sending unrelated tensors.
 bool OutOfStep(const GossipMessageHeader& came,
                const GossipMessageHeader& mine) {
   const bool low_rank =
       came.kind == GossipKind::kLeft || came.kind == GossipKind::kRight;
   return low_rank && came.rank == mine.rank &&
+         came.shape_hash == mine.shape_hash &&
          (came.power_step != mine.power_step || came.kind != mine.kind);
 }
 
@@ -327,6 +346,15 @@ absl::Status GossipNode::LoadEdges(const codecs::TensorState& state,
       return absl::FailedPreconditionError(absl::StrCat(
           "the edge with rank ", j, " lacks its q factor or scalars"));
     }
+    const std::string edge_name = absl::StrCat("the edge with rank ", j);
+    GC_ASSIGN_OR_RETURN(const uint64_t power_steps,
+                        StepCount(meta[0], meta[1], edge_name));
+    if (!WholeBelow(meta[2], 2) || !WholeBelow(meta[3], kMetaHalf)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(edge_name, " has side ", meta[2], " and factor rank ",
+                       meta[3], ", expected 0 or 1 and a whole number"));
+    }
+    const bool next_uses_q = meta[2] != 0;
     const int r = static_cast<int>(meta[3]);
     // The rank this job's options give RoundOn, which sizes its buffers by
     // it: factors of another rank (state saved under other options) would
@@ -342,21 +370,23 @@ absl::Status GossipNode::LoadEdges(const codecs::TensorState& state,
     }
     const size_t want_p = static_cast<size_t>(rows) * r;
     const size_t want_q = static_cast<size_t>(cols) * r;
-    if (r < 1 || q->size() != want_q ||
-        (p != nullptr && !p->empty() && p->size() != want_p)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("the edge with rank ", j, " holds rank ", r,
-                       " factors of ", p == nullptr ? 0 : p->size(), " and ",
-                       q->size(), " values, expected ", want_p, " and ", want_q,
-                       " for shape [", absl::StrJoin(shape, ","), "]"));
+    // p is empty until the first step multiplies by q; a step that
+    // multiplies by p needs all of it.
+    const size_t p_size = p == nullptr ? 0 : p->size();
+    if (r < 1 || q->size() != want_q || (p_size != 0 && p_size != want_p) ||
+        (!next_uses_q && p_size == 0)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          edge_name, " holds rank ", r, " factors of ", p_size, " and ",
+          q->size(), " values, expected ", want_p, " and ", want_q,
+          " for shape [", absl::StrJoin(shape, ","), "]",
+          next_uses_q ? "" : " (its next step multiplies by p)"));
     }
     TensorGossip::Edge& edge = t.edges[e];
     edge.factors.rows = rows;
     edge.factors.cols = cols;
     edge.factors.rank = r;
-    edge.factors.power_steps = static_cast<uint64_t>(meta[0]) +
-                               static_cast<uint64_t>(meta[1]) * kMetaHalf;
-    edge.next_uses_q = meta[2] != 0;
+    edge.factors.power_steps = power_steps;
+    edge.next_uses_q = next_uses_q;
     if (p != nullptr) edge.factors.p = *p;
     edge.factors.q = *q;
   }
@@ -374,8 +404,8 @@ absl::Status GossipNode::LoadChoco(const codecs::TensorState& state,
         absl::StrCat("its Choco step count has ", meta->second.size(),
                      " values, expected 2"));
   }
-  t.choco_steps = static_cast<uint64_t>(meta->second[0]) +
-                  static_cast<uint64_t>(meta->second[1]) * kMetaHalf;
+  GC_ASSIGN_OR_RETURN(t.choco_steps, StepCount(meta->second[0], meta->second[1],
+                                               "its Choco state"));
   t.hats.resize(neighbours.size());
   for (size_t e = 0; e <= neighbours.size(); ++e) {
     const std::string name = e == neighbours.size()
@@ -464,6 +494,7 @@ absl::StatusOr<GossipStats> GossipNode::RoundOn(TensorGossip& tensor,
   if (options_.mode == GossipOptions::Mode::kChoco) {
     return ChocoRoundOn(*t, collective, key, x);
   }
+  const uint32_t shape_hash = GossipShapeHash(shape);
   const bool low_rank = options_.mode == GossipOptions::Mode::kPowerGossip &&
                         shape.size() >= 2 && shape[0] > 0;
   const int64_t rows = low_rank ? shape[0] : numel;
@@ -506,7 +537,8 @@ absl::StatusOr<GossipStats> GossipNode::RoundOn(TensorGossip& tensor,
       ranks[e] = neighbours[e].rank;
       GossipMessageHeader& h = headers[e];
       if (!low_rank) {
-        h = {GossipKind::kPlain, 0, 0, static_cast<uint64_t>(numel)};
+        h = {GossipKind::kPlain, 0, 0, static_cast<uint64_t>(numel),
+             shape_hash};
         WriteGossipMessage(h, own, &parts[e]);
       } else {
         TensorGossip::Edge& edge = t->edges[e];
@@ -539,7 +571,7 @@ absl::StatusOr<GossipStats> GossipNode::RoundOn(TensorGossip& tensor,
         }
         h = {left ? GossipKind::kLeft : GossipKind::kRight,
              static_cast<uint32_t>(r), f.power_steps + 1,
-             static_cast<uint64_t>(out_rows) * r};
+             static_cast<uint64_t>(out_rows) * r, shape_hash};
         WriteGossipMessage(h, message, &parts[e]);
       }
       stats.bytes_to_neighbour[e] += parts[e].size();
@@ -661,7 +693,8 @@ absl::StatusOr<GossipStats> GossipNode::ChocoRoundOn(TensorGossip& t,
       t.own_hat[indices[i]] += values[i];
     }
     const GossipMessageHeader header{GossipKind::kSparse, 0, t.choco_steps + 1,
-                                     static_cast<uint64_t>(k)};
+                                     static_cast<uint64_t>(k),
+                                     GossipShapeHash(t.shape)};
     std::vector<codecs::Bytes> parts(neighbours.size());
     for (size_t e = 0; e < neighbours.size(); ++e) {
       WriteSparseGossipMessage(header, indices, values, &parts[e]);

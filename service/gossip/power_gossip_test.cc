@@ -1,7 +1,9 @@
 #include "service/gossip/power_gossip.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -504,17 +506,35 @@ TEST(PowerGossipTest, ARoundThatFailedAtOneEndOnlyIsCaughtUpNextRound) {
   ExpectEdgesIdentical(net, 4, "w");
 }
 
+// Rank 3's tensor has another shape: the transpose (other rows), or as
+// many rows and another column count, whose left steps send as many values
+// as its neighbours' (both 6 x r). Exact gossip sees the transpose's
+// element count alike. Rank 3 and its neighbours fail, naming each other;
+// rank 1 mixes as usual.
 TEST(PowerGossipTest, ADifferentShapeIsAnErrorNamingTheNeighbour) {
-  Network net(Make("ring", 4), {}, absl::Seconds(2));
-  std::vector<std::vector<float>> xs = RandomTensors(4, 6 * 5, 6);
-  std::vector<absl::Status> status =
-      net.RoundsWithShapes("w", {{6, 5}, {6, 5}, {6, 5}, {5, 6}}, xs, 0, 1);
-  EXPECT_TRUE(status[1].ok()) << status[1];
-  EXPECT_THAT(status[0].message(),
-              HasSubstr("with rank 3: gossip message of 52 bytes says 5 "
-                        "values; expected 6 values"));
-  EXPECT_THAT(status[2].message(), HasSubstr("with rank 3"));
-  EXPECT_THAT(status[3].message(), HasSubstr("says 6 values; expected 5"));
+  GossipOptions exact;
+  exact.mode = GossipOptions::Mode::kExact;
+  for (const auto& [options, odd_shape] :
+       std::vector<std::pair<GossipOptions, std::vector<int64_t>>>{
+           {{}, {5, 6}}, {{}, {6, 4}}, {exact, {5, 6}}}) {
+    Network net(Make("ring", 4), options, absl::Seconds(2));
+    std::vector<std::vector<float>> xs = RandomTensors(4, 6 * 5, 6);
+    xs[3].resize(odd_shape[0] * odd_shape[1]);
+    std::vector<absl::Status> status = net.RoundsWithShapes(
+        "w", {{6, 5}, {6, 5}, {6, 5}, odd_shape}, xs, 0, 1);
+    const std::string odd = absl::StrCat(odd_shape[0], "x", odd_shape[1]);
+    EXPECT_TRUE(status[1].ok()) << odd << ": " << status[1];
+    for (const auto& [r, other] : std::vector<std::pair<int, std::string>>{
+             {0, "3"}, {2, "3"}, {3, ""}}) {
+      EXPECT_EQ(status[r].code(), absl::StatusCode::kInvalidArgument)
+          << odd << ": rank " << r << ": " << status[r];
+      EXPECT_THAT(status[r].message(),
+                  HasSubstr(absl::StrCat(other,
+                                         ": neighbour's tensor has "
+                                         "another shape")))
+          << odd << ": rank " << r;
+    }
+  }
 }
 
 TEST(PowerGossipTest, AMissingNeighbourIsNamedAtTheDeadline) {
@@ -652,6 +672,39 @@ TEST(PowerGossipTest, RefusesTensorStateOfAnotherFactorRank) {
   EXPECT_THAT(got.message(),
               HasSubstr("holds rank-1 factors, but this job's options give "
                         "rank 4 for shape [6,5]"));
+}
+
+// An imported blob's edge scalars and factors are checked before they are
+// used: a next step by p without p read through a null buffer (a crash),
+// and a cast of NaN or -1 is undefined.
+TEST(PowerGossipTest, RefusesEdgeStateThatCannotBeRead) {
+  struct Case {
+    const char* what;
+    std::vector<float> meta;  // step count halves, side, factor rank
+    int p_values;             // -1: no p buffer
+    const char* error;
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const Case& c : {
+           Case{"next step by p, no p", {1, 0, 0, 1}, -1, "(its next step"},
+           Case{"next step by p, empty p", {1, 0, 0, 1}, 0, "(its next step"},
+           Case{"NaN factor rank", {1, 0, 1, nan}, 6, "factor rank nan"},
+           Case{"half a side", {1, 0, 0.5f, 1}, 6, "has side 0.5"},
+           Case{"negative steps", {-1, 0, 1, 1}, 6, "halves -1 and 0"},
+           Case{"steps past 2^48", {0, 16777216.0f, 1, 1}, 6, "in [0, 2^24)"},
+       }) {
+    codecs::TensorState state;
+    for (int j : {0, 2}) {
+      const std::string edge = "gossip." + std::to_string(j) + ".";
+      absl::Span<float> meta = state.Buffer(edge + "meta", 4);
+      std::copy(c.meta.begin(), c.meta.end(), meta.begin());
+      state.Buffer(edge + "q", 5);  // cols x 1 for shape [6, 5]
+      if (c.p_values >= 0) state.Buffer(edge + "p", c.p_values);
+    }
+    const absl::Status got = RoundOnState({}, state);
+    EXPECT_EQ(got.code(), absl::StatusCode::kFailedPrecondition) << c.what;
+    EXPECT_THAT(got.message(), HasSubstr(c.error)) << c.what;
+  }
 }
 
 // Ranks 0 and 1 of a ring of 4 hold finite values 4e38 apart, which no
