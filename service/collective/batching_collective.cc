@@ -47,6 +47,21 @@ void WriteOne(codecs::ElemType type, char* out) {
   }
 }
 
+// The largest count of ranks `type` holds exactly: each member's presence
+// is summed with it, in its type, and the sum is compared with the world
+// size, so one rank's absence must show (bf16's 257 reads as 256).
+int ExactCountLimit(codecs::ElemType type) {
+  switch (type) {
+    case codecs::ElemType::kF16:
+      return 1 << 11;
+    case codecs::ElemType::kBF16:
+      return 1 << 8;
+    case codecs::ElemType::kF32:
+      break;
+  }
+  return 1 << 24;
+}
+
 // What the members of a batch must agree on, read from one SUM payload.
 // The parameter block too: a codec finishes a sum by its parameters
 // (fp16's prescale divisor), so the members summed as one must share them.
@@ -268,7 +283,7 @@ struct BatchingCollective::SumPlan {
 
 std::optional<BatchingCollective::SumPlan> BatchingCollective::OneSumPlan(
     const std::vector<codecs::Bytes>& payloads,
-    const std::vector<bool>& arrived, const std::vector<bool>& gather) {
+    const std::vector<bool>& arrived, const std::vector<bool>& gather) const {
   std::vector<codecs::ParsedPayload> parsed(payloads.size());
   std::optional<BodyShape> common;
   for (size_t i = 0; i < payloads.size(); ++i) {
@@ -281,7 +296,9 @@ std::optional<BatchingCollective::SumPlan> BatchingCollective::OneSumPlan(
     common = body->shape;
     parsed[i] = body->parsed;
   }
-  if (!common.has_value()) return std::nullopt;
+  if (!common.has_value() || world_size() > ExactCountLimit(common->type)) {
+    return std::nullopt;  // the members go in the gather message instead
+  }
   return SumPlan{std::move(parsed), *common};
 }
 

@@ -201,10 +201,12 @@ class BatchingCollective : public Collective {
                        const RoundGroup& group);
   struct SumPlan;
   // The plan of a round whose arrived members all send SUM rounds with one
-  // body shape; nullopt when some member gathers or the bodies differ.
-  static std::optional<SumPlan> OneSumPlan(
-      const std::vector<codecs::Bytes>& payloads,
-      const std::vector<bool>& arrived, const std::vector<bool>& gather);
+  // body shape; nullopt when some member gathers, the bodies differ, or
+  // their type cannot count the world size exactly (bf16 above 256 ranks,
+  // fp16 above 2048), which the presence sums need.
+  std::optional<SumPlan> OneSumPlan(const std::vector<codecs::Bytes>& payloads,
+                                    const std::vector<bool>& arrived,
+                                    const std::vector<bool>& gather) const;
   // The leader's work, outside the lock: concatenate the bodies of the
   // members that `arrived`, run the inner collective, return the sum.
   absl::StatusOr<Summed> Exchange(const RoundKey& key, const BatchSpec& batch,

@@ -181,6 +181,30 @@ TEST(BatchingCollectiveTest, EqualsPerTensorSumsWithOneCollectivePerRound) {
   }
 }
 
+// bf16 holds whole numbers exactly only to 256: summed in bf16, 257 ranks'
+// presence counts read 256, which looked like a rank that left. Such
+// members go in the gather message instead, and every rank gets the sum.
+TEST(BatchingCollectiveTest, Bf16MembersOfMoreRanksThanBf16CountsAreSummed) {
+  constexpr int kWorld = 257, kMembers = 2;
+  constexpr size_t kElements = 4;
+  Ranks ranks(kWorld, absl::Seconds(60));
+  const BatchSpec spec = Spec("bucket0", {"m0", "m1"});
+  std::vector<absl::StatusOr<codecs::RoundResult>> got(
+      kWorld * kMembers, absl::UnknownError("not run"));
+  OnThreads(kWorld, kMembers, [&](int r, int m) {
+    const std::vector<float> ones(kElements, 1.0f);
+    got[r * kMembers + m] = ranks.batching(r).RunBatched(
+        {"job", spec.members[m], 0, 0}, spec,
+        SumRound(0, ones, codecs::ElemType::kBF16));
+  });
+  for (int i = 0; i < kWorld * kMembers; ++i) {
+    ASSERT_TRUE(got[i].ok())
+        << "rank " << i / kMembers << ": " << got[i].status();
+    EXPECT_EQ(got[i]->world_size, kWorld);
+    for (float v : got[i]->sum) EXPECT_NEAR(v, kWorld, 2.0) << i;
+  }
+}
+
 // A member that leaves on every rank: the others go on without it.
 TEST(BatchingCollectiveTest, AMemberThatLeavesEverywhereLetsTheOthersGoOn) {
   constexpr int kWorld = 3;
