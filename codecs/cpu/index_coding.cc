@@ -105,10 +105,12 @@ absl::StatusOr<size_t> DecodeIndices(absl::string_view in, size_t count,
       const int64_t index = previous + 1 + static_cast<int64_t>(bits & mask);
       bits >>= width;
       filled -= width;
-      if (static_cast<uint64_t>(index) >= numel) {
+      if (static_cast<uint64_t>(index) >= numel ||
+          index > int64_t{UINT32_MAX}) {
         return absl::InvalidArgumentError(absl::StrFormat(
-            "indices: index %d at position %d is not below numel %d", index, j,
-            numel));
+            "indices: index %d at position %d is not below numel %d and "
+            "2^32",
+            index, j, numel));
       }
       (*out)[j] = static_cast<uint32_t>(index);
       previous = index;

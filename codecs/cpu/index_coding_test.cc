@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace gradcomp::codecs {
@@ -79,6 +80,20 @@ TEST(IndexCodingTest, RejectsWhatIsNotACanonicalSetBelowNumel) {
   EXPECT_FALSE(DecodeIndices("", 1, 10, &out).ok());
   // A huge count with a few bytes fails before allocating it.
   EXPECT_FALSE(DecodeIndices(good, 1u << 30, 1u << 31, &out).ok());
+}
+
+// Indices are 32-bit: in a tensor of more elements (no encoder sends one,
+// but a peer's bytes may say so) an index of 2^32 would be stored as 0.
+TEST(IndexCodingTest, RejectsAnIndexPast32BitsWhateverNumel) {
+  // Width 32; gaps 0 and 2^32 - 1: indices 0 and 2^32.
+  const std::string bytes =
+      std::string("\x20", 1) + std::string(4, '\0') + std::string(4, '\xff');
+  std::vector<uint32_t> out;
+  const absl::StatusOr<size_t> got =
+      DecodeIndices(bytes, 2, (uint64_t{1} << 32) + 10, &out);
+  ASSERT_FALSE(got.ok()) << "decoded as " << out[0] << ", " << out[1];
+  EXPECT_THAT(std::string(got.status().message()),
+              ::testing::HasSubstr("index 4294967296 at position 1"));
 }
 
 }  // namespace
