@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "Eigen/Dense"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "codecs/cpu/index_coding.h"
@@ -58,6 +59,15 @@ std::vector<float> ReadFloats(const char* data, size_t count) {
   return out;
 }
 
+// A finite gradient whose atoms, divided by their probability, leave float
+// range (values near FLT_MAX x the budget).
+absl::Status OutOfFloatRange(absl::string_view atoms, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "atomo: a ", atoms, " atom's ", what,
+      " divided by its probability leaves float range; expected gradient "
+      "values well below 3.4e38 times the budget (or a larger budget)"));
+}
+
 absl::Status EncodeSpectral(const TensorView& grad, const StepContext& ctx,
                             double budget, Bytes* payload) {
   const size_t n = grad.numel();
@@ -85,6 +95,9 @@ absl::Status EncodeSpectral(const TensorView& grad, const StepContext& ctx,
       ++count;
     }
   }
+  // Decoders refuse a value that is not finite; say so here, where it is
+  // known why.
+  if (!AllFinite(body)) return OutOfFloatRange("spectral", "singular value");
   char params[kParamBytes];
   WriteParams(AtomoAtoms::kSpectral, count, static_cast<uint64_t>(rows),
               params);
@@ -121,6 +134,7 @@ absl::Status EncodeEntry(const TensorView& grad, const StepContext& ctx,
       }
     }
   }
+  if (!AllFinite(values)) return OutOfFloatRange("entry", "value");
   const IndexPlan plan = PlanIndices(indices);
   char params[kParamBytes];
   WriteParams(AtomoAtoms::kEntry, static_cast<uint32_t>(indices.size()), 0,

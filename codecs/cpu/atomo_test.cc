@@ -5,11 +5,13 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "Eigen/Dense"
 #include "codecs/state.h"
 #include "codecs/wire.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace gradcomp::codecs {
@@ -269,6 +271,32 @@ TEST(AtomoCodecTest, RejectsNonFiniteGradients) {
                   ->Encode(TensorView{g, shape}, state, StepContext(), &payload)
                   .code(),
               absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// Finite gradients whose atoms, divided by their probability, pass
+// FLT_MAX: refused where they are encoded, not sent for every rank's
+// decoder to refuse.
+TEST(AtomoCodecTest, RefusesAtomsThatLeaveFloatRangeWhenScaled) {
+  TensorState state;
+  Bytes payload;
+  // 1000 entries of 1e37 at budget 0.01: p = 0.01, each kept one 1e39.
+  const std::vector<float> entries(1000, 1e37f);
+  const int64_t row[] = {1000};
+  // Singular value 4e38 at budget 1.
+  const std::vector<float> matrix(4, 2e38f);
+  const int64_t square[] = {2, 2};
+  for (const auto& [atoms, budget, g, shape] :
+       {std::tuple{"entry", "0.01", &entries, absl::MakeConstSpan(row)},
+        std::tuple{"spectral", "1", &matrix, absl::MakeConstSpan(square)}}) {
+    const absl::Status got =
+        Make(atoms, budget)
+            ->Encode(TensorView{*g, shape}, state, StepContext(), &payload);
+    EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument) << atoms;
+    EXPECT_THAT(std::string(got.message()),
+                ::testing::HasSubstr("divided by its probability leaves "
+                                     "float range"))
+        << atoms;
   }
 }
 
