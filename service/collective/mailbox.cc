@@ -99,7 +99,8 @@ Mailbox::Slot& Mailbox::SlotLocked(const MessageKey& key, absl::Time now) {
   return it->second;
 }
 
-void Mailbox::ExpireLocked(absl::Time now) {
+void Mailbox::ExpireDueLocked(absl::Time now) {
+  if (now < next_expiry_) return;
   next_expiry_ = now + options_.unclaimed_ttl / 4;
   const absl::Time cutoff = now - options_.unclaimed_ttl;
   for (auto it = slots_.begin(); it != slots_.end();) {
@@ -115,7 +116,7 @@ void Mailbox::ExpireLocked(absl::Time now) {
 void Mailbox::OnMessage(int from, const MessageKey& key, codecs::Bytes data) {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
-  if (now >= next_expiry_) ExpireLocked(now);
+  ExpireDueLocked(now);
   Slot* const arrival = ArrivalSlotLocked(key, now);
   if (arrival == nullptr) return;
   Slot& slot = *arrival;
@@ -198,7 +199,7 @@ void Mailbox::BeginStep(const std::string& job, const std::string& tensor,
                         int64_t step) {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
-  if (now >= next_expiry_) ExpireLocked(now);
+  ExpireDueLocked(now);
   current_step_[TensorKey(job, tensor)] = step;
   for (auto it = slots_.begin(); it != slots_.end();) {
     auto next = std::next(it);
@@ -217,7 +218,7 @@ absl::StatusOr<std::vector<codecs::Bytes>> Mailbox::Collect(
     const std::function<std::string(int)>& peer_name) {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
-  if (now >= next_expiry_) ExpireLocked(now);
+  ExpireDueLocked(now);
   Slot& slot = SlotLocked(key, now);
   if (slot.claimed) {
     return absl::FailedPreconditionError(

@@ -103,7 +103,9 @@ class Mailbox : public Receiver {
 
   void EraseLocked(absl::node_hash_map<MessageKey, Slot>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops unclaimed slots past their TTL, when the last sweep is a quarter
+  // TTL old at `now`.
+  void ExpireDueLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The slot of `key`, made at `now` if there is none.
   Slot& SlotLocked(const MessageKey& key, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
