@@ -154,11 +154,7 @@ absl::StatusOr<BatchSpec> MakeBatchSpec(std::string id,
         "batch id is empty, expected a name that is the same on every rank "
         "(such as 'bucket0:256x256')");
   }
-  if (id.size() > kMaxNameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("batch id has ", id.size(),
-                                                   " bytes, expected at most ",
-                                                   kMaxNameBytes));
-  }
+  GC_RETURN_IF_ERROR(CheckNameLength("batch id", id));
   if (members.size() > kMaxBatchMembers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch '", id, "' has ", members.size(), " members, expected at most ",

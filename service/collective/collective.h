@@ -16,7 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "codecs/codec.h"
 
@@ -26,6 +29,15 @@ namespace gradcomp::service {
 // key): names travel in every peer message of their tensor, in its first
 // frame, which the peers' gRPC reads whole.
 inline constexpr size_t kMaxNameBytes = 1024;
+
+// InvalidArgument if `name` is longer than kMaxNameBytes; `what` names it
+// ("job name", "batch id").
+inline absl::Status CheckNameLength(absl::string_view what,
+                                    absl::string_view name) {
+  if (name.size() <= kMaxNameBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, " has ", name.size(), " bytes, expected at most ", kMaxNameBytes));
+}
 
 // Rendezvous key: every worker's call for the same key meets in the same
 // collective, whatever order tensors arrive in.

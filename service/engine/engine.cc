@@ -125,19 +125,10 @@ class ResultFloats {
   absl::Span<float> values_;
 };
 
-absl::Status CheckNameLength(absl::string_view what, absl::string_view name) {
-  if (name.size() > kMaxNameBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " name has ", name.size(),
-                     " bytes, expected at most ", kMaxNameBytes));
-  }
-  return absl::OkStatus();
-}
-
 // The state store keys tensors by job + '\0' + tensor, so a job name with a
 // NUL could reach into another job's state.
 absl::Status CheckJobName(absl::string_view job) {
-  GC_RETURN_IF_ERROR(CheckNameLength("job", job));
+  GC_RETURN_IF_ERROR(CheckNameLength("job name", job));
   if (absl::StrContains(job, '\0')) {
     return absl::InvalidArgumentError(
         "job name holds a NUL character, expected a printable name");
@@ -153,7 +144,7 @@ absl::Status CheckNames(const ReduceInput& in) {
         "tensor name is empty, expected a name that is the same on every "
         "worker, such as 'fc1.weight'");
   }
-  GC_RETURN_IF_ERROR(CheckNameLength("tensor", in.tensor));
+  GC_RETURN_IF_ERROR(CheckNameLength("tensor name", in.tensor));
   if (in.step < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("step is ", in.step, ", expected >= 0"));
