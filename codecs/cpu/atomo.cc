@@ -68,6 +68,47 @@ absl::Status OutOfFloatRange(absl::string_view atoms, absl::string_view what) {
       "values well below 3.4e38 times the budget (or a larger budget)"));
 }
 
+// Checks that every atom's v (the cols values after its rows values of u
+// sigma / p) has entries of at most kMaxUnitEntry in magnitude, as a unit
+// vector's are.
+absl::Status CheckUnitVectors(const std::vector<float>& body, uint32_t count,
+                              uint64_t rows, uint64_t cols) {
+  for (uint32_t k = 0; k < count; ++k) {
+    const float* v = body.data() + k * (rows + cols) + rows;
+    for (uint64_t c = 0; c < cols; ++c) {
+      if (!(std::fabs(v[c]) <= kMaxUnitEntry)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "atomo: atom %d has v[%d] = %g; expected a unit vector (entries "
+            "at most 1 in magnitude)",
+            k, c, v[c]));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// With unit-sized v, |decode[r][c]| <= |alpha| * kMaxUnitEntry * the sum
+// over atoms of |u_k[r]|: a row whose bound passes FLT_MAX could decode to
+// Inf from finite atoms, and is refused. The encoder refuses to send one,
+// though the atoms' true sum may cancel to a finite row.
+absl::Status CheckRowSums(const std::vector<float>& body, uint32_t count,
+                          uint64_t rows, uint64_t cols, float alpha) {
+  const double scale = std::fabs(double{alpha}) * kMaxUnitEntry;
+  for (uint64_t r = 0; r < rows; ++r) {
+    double sum = 0;
+    for (uint32_t k = 0; k < count; ++k) {
+      sum += std::fabs(body[k * (rows + cols) + r]);
+    }
+    if (sum * scale > std::numeric_limits<float>::max()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "atomo: the atoms' u values of row %d add up to %g; expected a "
+          "sum whose decode stays finite",
+          r, sum));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status EncodeSpectral(const TensorView& grad, const StepContext& ctx,
                             double budget, Bytes* payload) {
   const size_t n = grad.numel();
@@ -95,9 +136,13 @@ absl::Status EncodeSpectral(const TensorView& grad, const StepContext& ctx,
       ++count;
     }
   }
-  // Decoders refuse a value that is not finite; say so here, where it is
-  // known why.
+  // Decoders refuse a value that is not finite, or a row whose atoms could
+  // add up past float range; say so here, where it is known why.
   if (!AllFinite(body)) return OutOfFloatRange("spectral", "singular value");
+  if (!CheckUnitVectors(body, count, rows, cols).ok() ||
+      !CheckRowSums(body, count, rows, cols, 1.0f).ok()) {
+    return OutOfFloatRange("spectral", "u values of one row, added up,");
+  }
   char params[kParamBytes];
   WriteParams(AtomoAtoms::kSpectral, count, static_cast<uint64_t>(rows),
               params);
@@ -147,47 +192,6 @@ absl::Status EncodeEntry(const TensorView& grad, const StepContext& ctx,
   EncodeIndices(indices, plan, out);
   if (!values.empty()) {
     std::memcpy(out + plan.bytes, values.data(), values.size() * sizeof(float));
-  }
-  return absl::OkStatus();
-}
-
-// Checks that every atom's v (the cols values after its rows values of u
-// sigma / p) has entries of at most kMaxUnitEntry in magnitude, as a unit
-// vector's are.
-absl::Status CheckUnitVectors(const std::vector<float>& body, uint32_t count,
-                              uint64_t rows, uint64_t cols) {
-  for (uint32_t k = 0; k < count; ++k) {
-    const float* v = body.data() + k * (rows + cols) + rows;
-    for (uint64_t c = 0; c < cols; ++c) {
-      if (!(std::fabs(v[c]) <= kMaxUnitEntry)) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "atomo: atom %d has v[%d] = %g; expected a unit vector (entries "
-            "at most 1 in magnitude)",
-            k, c, v[c]));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
-
-// With unit-sized v, |decode[r][c]| <= |alpha| * kMaxUnitEntry * the sum
-// over atoms of |u_k[r]|: a row whose bound passes FLT_MAX could decode to
-// Inf from finite atoms, and is refused. No encoder sends one: its own
-// decode would be Inf.
-absl::Status CheckRowSums(const std::vector<float>& body, uint32_t count,
-                          uint64_t rows, uint64_t cols, float alpha) {
-  const double scale = std::fabs(double{alpha}) * kMaxUnitEntry;
-  for (uint64_t r = 0; r < rows; ++r) {
-    double sum = 0;
-    for (uint32_t k = 0; k < count; ++k) {
-      sum += std::fabs(body[k * (rows + cols) + r]);
-    }
-    if (sum * scale > std::numeric_limits<float>::max()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "atomo: the atoms' u values of row %d add up to %g; expected a "
-          "sum whose decode stays finite",
-          r, sum));
-    }
   }
   return absl::OkStatus();
 }

@@ -300,6 +300,22 @@ TEST(AtomoCodecTest, RefusesAtomsThatLeaveFloatRangeWhenScaled) {
   }
 }
 
+// Every atom finite and kept (p = 1), but row 0's u sigma values add up to
+// about 4.03e38: every decoder refuses such a payload, though the true row
+// (2.12e38, -1.91e38) is finite. Refused where it is encoded.
+TEST(AtomoCodecTest, RefusesAtomsWhoseRowSumsTheDecoderRefuses) {
+  const std::vector<float> g = {2.12e38f, -1.91e38f, 2.12e38f, 1.91e38f};
+  const int64_t shape[] = {2, 2};
+  TensorState state;
+  Bytes payload;
+  const absl::Status got =
+      Make("spectral", "2")
+          ->Encode(TensorView{g, shape}, state, StepContext(), &payload);
+  EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument) << got;
+  EXPECT_THAT(std::string(got.message()),
+              ::testing::HasSubstr("u values of one row, added up,"));
+}
+
 // A spectral payload of a rows x cols tensor holding `atoms` (each u sigma /
 // p, then v).
 Bytes SpectralPayload(uint64_t rows, uint64_t cols,
