@@ -26,7 +26,7 @@ std::string Prefix(const BatchSpec& batch, const RoundKey& key) {
 }
 
 // Writes the value 1 as one element of `type` (little-endian), for the
-// presence slots.
+// absence slots.
 void WriteOne(codecs::ElemType type, char* out) {
   switch (type) {
     case codecs::ElemType::kF32: {
@@ -45,21 +45,6 @@ void WriteOne(codecs::ElemType type, char* out) {
       break;
     }
   }
-}
-
-// The largest count of ranks `type` holds exactly: each member's presence
-// is summed with it, in its type, and the sum is compared with the world
-// size, so one rank's absence must show (bf16's 257 reads as 256).
-int ExactCountLimit(codecs::ElemType type) {
-  switch (type) {
-    case codecs::ElemType::kF16:
-      return 1 << 11;
-    case codecs::ElemType::kBF16:
-      return 1 << 8;
-    case codecs::ElemType::kF32:
-      break;
-  }
-  return 1 << 24;
 }
 
 // What the members of a batch must agree on, read from one SUM payload.
@@ -279,7 +264,7 @@ struct BatchingCollective::SumPlan {
 
 std::optional<BatchingCollective::SumPlan> BatchingCollective::OneSumPlan(
     const std::vector<codecs::Bytes>& payloads,
-    const std::vector<bool>& arrived, const std::vector<bool>& gather) const {
+    const std::vector<bool>& arrived, const std::vector<bool>& gather) {
   std::vector<codecs::ParsedPayload> parsed(payloads.size());
   std::optional<BodyShape> common;
   for (size_t i = 0; i < payloads.size(); ++i) {
@@ -292,9 +277,7 @@ std::optional<BatchingCollective::SumPlan> BatchingCollective::OneSumPlan(
     common = body->shape;
     parsed[i] = body->parsed;
   }
-  if (!common.has_value() || world_size() > ExactCountLimit(common->type)) {
-    return std::nullopt;  // the members go in the gather message instead
-  }
+  if (!common.has_value()) return std::nullopt;
   return SumPlan{std::move(parsed), *common};
 }
 
@@ -316,15 +299,15 @@ absl::StatusOr<BatchingCollective::Summed> BatchingCollective::Exchange(
   round.collective = codecs::Collective::kSum;
   char* body = codecs::BeginPayload(
       header, params, (common.elements + 1) * members * width, &round.payload);
-  char* presence = body + slot_bytes * members;
+  char* absence = body + slot_bytes * members;
   for (size_t i = 0; i < members; ++i) {
     if (arrived[i]) {
       std::memcpy(body + i * slot_bytes, plan.parsed[i].body.data(),
                   slot_bytes);
-      WriteOne(common.type, presence + i * width);
+      std::memset(absence + i * width, 0, width);
     } else {
       std::memset(body + i * slot_bytes, 0, slot_bytes);
-      std::memset(presence + i * width, 0, width);
+      WriteOne(common.type, absence + i * width);
     }
   }
   // Its own key: a rank where the batch's GATHER members all left would
@@ -537,11 +520,14 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
     }
   } else {
     const size_t n = group.member_elements;
-    const float present = group.sum[members * n + index];
-    if (present != static_cast<float>(group.world_size)) {
+    // Counted as absences, not presences: any count of 1 or more stays
+    // non-zero in bf16 and fp16, where a count of presences would round
+    // (257 ranks read as 256, as if one had left).
+    const float absent = group.sum[members * n + index];
+    if (absent != 0.0f) {
       result = absl::FailedPreconditionError(absl::StrCat(
           Prefix(batch, key), "tensor '", key.tensor, "' was in the sum of ",
-          present, " of ", group.world_size,
+          group.world_size - absent, " of ", group.world_size,
           " ranks; it left the batch on the others (an error there)"));
     } else {
       codecs::RoundResult own;

@@ -22,12 +22,13 @@
 //   batching.Leave(key, batch);
 //
 // The SUM batch payload is the members' bodies in sorted-name order, then
-// one presence value per member (1 where this rank contributed it, 0 where
+// one absence value per member (0 where this rank contributed it, 1 where
 // the member left here): a member absent on some rank gets a zero slot, so
-// the concatenations line up on every rank, and the summed presence tells
-// each member whether all ranks contributed it. The GATHER batch message
-// is, per member in sorted-name order, a presence byte (1 or 0), the
-// payload's length (8 bytes, little-endian) and the payload
+// the concatenations line up on every rank, and a non-zero summed absence
+// tells a member that some rank did not contribute it (a count of absences,
+// unlike one of presences, stays non-zero in bf16 whatever the world size). The
+// GATHER batch message is, per member in sorted-name order, a presence byte (1
+// or 0), the payload's length (8 bytes, little-endian) and the payload
 // (gather_batch_message.h). A round that mixes SUM and GATHER members (a
 // top-k bucket's biases, which the policy sends dense), or SUM members
 // whose bodies differ in shape, travels as such a message too: each SUM
@@ -158,7 +159,7 @@ class BatchingCollective : public Collective {
     absl::Status status;
     int world_size = 0;
     size_t member_elements = 0;
-    std::vector<float> sum;  // SUM: members' slices, then the presence sums
+    std::vector<float> sum;  // SUM: members' slices, then the absence sums
     // GATHER: per member, every rank's payload in rank order, how many
     // ranks sent one and the ranks that left it out.
     std::vector<std::vector<codecs::Bytes>> gathered;
@@ -201,12 +202,10 @@ class BatchingCollective : public Collective {
                        const RoundGroup& group);
   struct SumPlan;
   // The plan of a round whose arrived members all send SUM rounds with one
-  // body shape; nullopt when some member gathers, the bodies differ, or
-  // their type cannot count the world size exactly (bf16 above 256 ranks,
-  // fp16 above 2048), which the presence sums need.
-  std::optional<SumPlan> OneSumPlan(const std::vector<codecs::Bytes>& payloads,
-                                    const std::vector<bool>& arrived,
-                                    const std::vector<bool>& gather) const;
+  // body shape; nullopt when some member gathers or the bodies differ.
+  static std::optional<SumPlan> OneSumPlan(
+      const std::vector<codecs::Bytes>& payloads,
+      const std::vector<bool>& arrived, const std::vector<bool>& gather);
   // The leader's work, outside the lock: concatenate the bodies of the
   // members that `arrived`, run the inner collective, return the sum.
   absl::StatusOr<Summed> Exchange(const RoundKey& key, const BatchSpec& batch,

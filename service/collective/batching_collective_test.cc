@@ -181,27 +181,40 @@ TEST(BatchingCollectiveTest, EqualsPerTensorSumsWithOneCollectivePerRound) {
   }
 }
 
-// bf16 holds whole numbers exactly only to 256: summed in bf16, 257 ranks'
-// presence counts read 256, which looked like a rank that left. Such
-// members go in the gather message instead, and every rank gets the sum.
+// bf16 holds whole numbers exactly only to 256: 257 ranks' presences,
+// summed in bf16, read 256, as if a rank had left. The batch counts
+// absences instead, which stay non-zero: at 257 ranks one summed round
+// still tells a member present everywhere from one that left on one rank.
 TEST(BatchingCollectiveTest, Bf16MembersOfMoreRanksThanBf16CountsAreSummed) {
-  constexpr int kWorld = 257, kMembers = 2;
+  constexpr int kWorld = 257, kMembers = 2, kLeaver = 5;
   constexpr size_t kElements = 4;
   Ranks ranks(kWorld, absl::Seconds(60));
   const BatchSpec spec = Spec("bucket0", {"m0", "m1"});
   std::vector<absl::StatusOr<codecs::RoundResult>> got(
       kWorld * kMembers, absl::UnknownError("not run"));
   OnThreads(kWorld, kMembers, [&](int r, int m) {
+    if (r == kLeaver && m == 1) {
+      ranks.batching(r).Leave({"job", "m1", 0, 0}, spec);
+      return;
+    }
     const std::vector<float> ones(kElements, 1.0f);
     got[r * kMembers + m] = ranks.batching(r).RunBatched(
         {"job", spec.members[m], 0, 0}, spec,
         SumRound(0, ones, codecs::ElemType::kBF16));
   });
-  for (int i = 0; i < kWorld * kMembers; ++i) {
-    ASSERT_TRUE(got[i].ok())
-        << "rank " << i / kMembers << ": " << got[i].status();
-    EXPECT_EQ(got[i]->world_size, kWorld);
-    for (float v : got[i]->sum) EXPECT_NEAR(v, kWorld, 2.0) << i;
+  for (int r = 0; r < kWorld; ++r) {
+    const absl::StatusOr<codecs::RoundResult>& m0 = got[r * kMembers];
+    ASSERT_TRUE(m0.ok()) << "rank " << r << ": " << m0.status();
+    EXPECT_EQ(m0->world_size, kWorld);
+    for (float v : m0->sum) EXPECT_NEAR(v, kWorld, 2.0) << "rank " << r;
+    if (r != kLeaver) {
+      const absl::StatusOr<codecs::RoundResult>& m1 = got[r * kMembers + 1];
+      EXPECT_EQ(m1.status().code(), absl::StatusCode::kFailedPrecondition)
+          << "rank " << r << ": " << m1.status();
+      EXPECT_THAT(m1.status().message(),
+                  HasSubstr("'m1' was in the sum of 256 of 257 ranks"));
+    }
+    EXPECT_EQ(ranks.inner_runs(r), 1) << "rank " << r;
   }
 }
 
@@ -339,7 +352,7 @@ TEST(BatchingCollectiveTest, SumMembersOfDifferentShapesShareOneAllgather) {
   for (int r = 0; r < kWorld; ++r) EXPECT_EQ(ranks.inner_runs(r), 1);
 }
 
-// fp16 bodies keep their type in the batch payload (presence slots too).
+// fp16 bodies keep their type in the batch payload (absence slots too).
 TEST(BatchingCollectiveTest, HalfPrecisionBodiesSumAsTheyWould) {
   constexpr int kWorld = 2;
   Ranks ranks(kWorld, absl::Seconds(60));

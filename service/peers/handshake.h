@@ -18,7 +18,9 @@ namespace gradcomp::service {
 
 // Bumped when peer.proto's messages change meaning.
 // 2: chunks carry a CRC-32C.
-inline constexpr uint32_t kPeerProtocolVersion = 2;
+// 3: a SUM round's reduce-scatter head carries the codec's parameter block;
+//    a batch's summed slots count absences, not presences.
+inline constexpr uint32_t kPeerProtocolVersion = 3;
 
 struct PeerIdentity {
   std::string version;
