@@ -395,6 +395,13 @@ absl::Status Run(const std::set<std::string>& named_flags) {
   PeerMetrics peer_metrics(rank, world_size);
   MailboxOptions mailbox_options;
   mailbox_options.max_unclaimed_bytes = absl::GetFlag(FLAGS_peer_buffer_bytes);
+  // A message waits for this rank's call at least as long as its sender
+  // waits for this rank: a rank later than the expiry but within a long
+  // --collective_timeout would otherwise free it as its own step begins,
+  // then wait for it in vain.
+  mailbox_options.unclaimed_ttl =
+      std::max(mailbox_options.unclaimed_ttl,
+               2 * absl::GetFlag(FLAGS_collective_timeout));
   Mailbox mailbox(world_size, mailbox_options, &peer_metrics);
   std::unique_ptr<GrpcTransport> transport;
   std::unique_ptr<Collective> collective;
