@@ -693,6 +693,7 @@ class Client:
                        gradcomp_pb2.RegisterSystemSharedMemoryRequest(
                            name=name, shm_key=region.key, offset=offset,
                            byte_size=size))
+        region.registered[name] = (offset, size)
 
     def unregister_shm(self, name: str = "") -> None:
         """Unregisters region `name`, or every region of this client if empty.

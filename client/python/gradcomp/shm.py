@@ -115,6 +115,9 @@ class ShmRegion:
             os.unlink(_SHM_DIR + self.key)
             raise
         self._base = np.frombuffer(self._map, dtype=np.uint8)
+        # Client.register_shm's (offset, byte_size) per name: the daemon
+        # reads a slice's offset from the start of its registered range.
+        self.registered: dict[str, tuple[int, int]] = {}
 
     def __enter__(self) -> "ShmRegion":
         return self
@@ -154,15 +157,23 @@ class ShmRegion:
 
     def tensor(self, region: str, view: np.ndarray) -> ShmTensor:
         """The slice of registered region `region` that `view` (from array())
-        covers, for Client.reduce_shm."""
+        covers, for Client.reduce_shm: its offset counts from the start of
+        what register_shm registered as `region` (the whole region if it
+        did not register that name)."""
         base = self._base.__array_interface__["data"][0]
         start = view.__array_interface__["data"][0] - base
         if (not view.flags.c_contiguous or start < 0
                 or start + view.nbytes > self.byte_size):
             raise ValueError(f"the array is not a C-contiguous view inside "
                              f"region {self.key}; make it with array()")
-        return ShmTensor(region=region, offset=start, shape=tuple(view.shape),
-                         dtype=view.dtype)
+        first, size = self.registered.get(region, (0, self.byte_size))
+        if start < first or start + view.nbytes > first + size:
+            raise ValueError(f"the array covers bytes [{start}, "
+                             f"{start + view.nbytes}) of {self.key}, outside "
+                             f"[{first}, {first + size}) registered as "
+                             f"'{region}'")
+        return ShmTensor(region=region, offset=start - first,
+                         shape=tuple(view.shape), dtype=view.dtype)
 
     def release(self) -> None:
         """Unmaps and unlinks the region; BufferError, releasing nothing, if

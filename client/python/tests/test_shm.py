@@ -201,6 +201,23 @@ class ShmDaemonTest(unittest.TestCase):
         self.assertLess(np.linalg.norm(target - grad) / np.linalg.norm(grad), 0.1)
         del source, target
 
+    def test_a_region_registered_from_an_offset_reads_and_writes_its_views(self):
+        self.client.register_shm("grads", self.region, offset=4096, byte_size=8192)
+        before = self.region.array(1024, offset=0)
+        before[...] = 7.0
+        grad = _gradient((1024,), seed=3)
+        source = self.region.array(grad.shape, offset=4096)
+        target = self.region.array(grad.shape, offset=8192)
+        source[...] = grad
+        self.assertEqual(self.region.tensor("grads", source).offset, 0)
+        self.client.reduce_shm("bias", 0, self.region.tensor("grads", source),
+                               self.region.tensor("grads", target))
+        np.testing.assert_array_equal(target, grad)
+        np.testing.assert_array_equal(before, np.full(1024, 7.0, np.float32))
+        with self.assertRaisesRegex(ValueError, r"outside \[4096, 12288\)"):
+            self.region.tensor("grads", before)
+        del before, source, target
+
     def test_reduce_many_shm_over_one_stream(self):
         self.client.register_shm("bucket", self.region)
         tensors, expected, offset = {}, {}, 0
