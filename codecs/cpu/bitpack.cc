@@ -103,6 +103,12 @@ double PackSigns(absl::Span<const float> x, char* out) {
               });
   double total = 0;
   for (double p : partial) total += p;
+  // Not finite: x holds NaN or Inf (the double sum is then too), or a lane
+  // overflowed on finite values.
+  if (!std::isfinite(total)) {
+    total = 0;
+    for (float v : x) total += std::fabs(static_cast<double>(v));
+  }
   return total;
 }
 

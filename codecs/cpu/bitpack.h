@@ -23,7 +23,9 @@ inline size_t SignBytes(size_t n) { return 8 * ((n + 63) / 64); }
 // Writes SignBytes(x.size()) bytes to `out` (any alignment) and returns
 // sum |x[i]|. The sum's order is fixed (8 fp32 lanes per 64 values, each
 // block folded into a double, blocks added in index order through per-chunk
-// partial sums), so it does not depend on the number of threads.
+// partial sums), so it does not depend on the number of threads. Where an
+// fp32 lane overflows on finite values (two near FLT_MAX), the sum is taken
+// again in double, in index order.
 double PackSigns(absl::Span<const float> x, char* out);
 
 // acc[i] += (bit i of `in`) ? neg : pos, for every i < acc.size().

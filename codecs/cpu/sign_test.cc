@@ -166,6 +166,22 @@ TEST(SignSgdTest, NonFiniteGradientIsRejected) {
   }
 }
 
+// g[0] and g[8] share an fp32 lane of the |g| sum, which overflows to Inf
+// though ||g||_1 / n = 4e38 / 9 is finite: summed again in double.
+TEST(SignSgdTest, FiniteValuesWhoseLaneSumOverflowsAreSent) {
+  auto codec = Make("signsgd");
+  std::vector<float> g(9, 0.0f);
+  g[0] = 2e38f;
+  g[8] = -2e38f;
+  std::vector<TensorState> states(1);
+  absl::StatusOr<SimulatedStep> step = Step(*codec, {g}, states);
+  ASSERT_TRUE(step.ok()) << step.status();
+  const float s = static_cast<float>(
+      (std::fabs(double{g[0]}) + std::fabs(double{g[8]})) / 9);
+  EXPECT_EQ(step->own[0][0], s);
+  EXPECT_EQ(step->own[0][8], -s);
+}
+
 TEST(SignumTest, SendsTheSignOfTheMomentumAndKeepsIt) {
   auto codec = Make("signum", CodecParams({{"momentum", "0.5"}}));
   std::vector<TensorState> states(1);

@@ -526,8 +526,11 @@ class CudaSign : public CudaCodec {
         const auto scale_of = [len](double sum) {
           return static_cast<float>(sum / len);
         };
-        scale = scale_of(l1[b]);
-        if (std::isfinite(l1[b])) {
+        if (!std::isfinite(l1[b])) {
+          // NaN or Inf in x, or an fp32 lane that overflowed on finite
+          // values, which PackSigns sums again in double.
+          GC_ASSIGN_OR_RETURN(scale, HostScale(x + begin, len));
+        } else {
           const SumInterval in = SumIntervalOf(l1[b], 8 * ((len + 63) / 64));
           if (scale_of(in.lo) != scale_of(in.hi)) {
             GC_ASSIGN_OR_RETURN(scale, HostScale(x + begin, len));
