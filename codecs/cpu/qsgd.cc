@@ -263,9 +263,7 @@ absl::Status QsgdCodec::Encode(const TensorView& grad, TensorState& /*state*/,
     });
   });
   if (std::find(finite.begin(), finite.end(), 0) != finite.end()) {
-    return absl::InvalidArgumentError(
-        "qsgd: the gradient holds NaN or Inf (a bucket's norm is not "
-        "finite); expected finite values");
+    return absl::InvalidArgumentError(kQsgdNonFiniteNorm);
   }
   return absl::OkStatus();
 }

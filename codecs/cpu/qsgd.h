@@ -73,6 +73,13 @@ class QsgdCodec : public SingleRoundCodec {
 
 CodecInfo QsgdInfo();
 
+// Why an encode fails (CPU and GPU alike): a bucket's norm goes on the wire
+// in fp32, so a bucket of finite values whose norm passes FLT_MAX cannot go.
+inline constexpr char kQsgdNonFiniteNorm[] =
+    "qsgd: a bucket's L2 norm is not finite: the gradient holds NaN or Inf, "
+    "or a bucket's norm passes float range (3.4e38); expected finite values "
+    "of smaller size";
+
 // A qsgd payload for a tensor of n elements, checked as DecodeAdd checks it
 // (the GPU decoder, codecs/cuda, uses the same checks).
 struct QsgdPayload {

@@ -203,6 +203,14 @@ TEST(QsgdCodecTest, EncodeRejectsNonFiniteValues) {
   EXPECT_EQ(codec->Encode(TensorView{g, shape}, state, StepContext(), &payload)
                 .code(),
             absl::StatusCode::kInvalidArgument);
+  // Finite, but the bucket's norm (4.2e38) has no fp32: the message says so.
+  g[5] = g[6] = 3e38f;
+  const absl::Status status =
+      codec->Encode(TensorView{g, shape}, state, StepContext(), &payload);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("norm passes float range"),
+            absl::string_view::npos)
+      << status;
 }
 
 TEST(QsgdCodecTest, EncodesFiniteValuesWhoseSquaresOverflowFp32) {

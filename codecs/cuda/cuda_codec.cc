@@ -284,8 +284,7 @@ class CudaQsgd : public CudaCodec {
     return EncodeBucketed(
         CodecId::kQsgd, bucket, static_cast<uint8_t>(bits), n,
         4 * ((n + bucket - 1) / bucket), (n * bits + 7) / 8, ctx,
-        "qsgd: the gradient holds NaN or Inf (a bucket's norm is not "
-        "finite); expected finite values",
+        kQsgdNonFiniteNorm,
         [&](const PhiloxWords& rng, void* norms, uint8_t* codes, int* flag) {
           return LaunchQsgdEncode(grad, n, bucket, bits, rng, norms, codes,
                                   flag, nullptr);
