@@ -81,7 +81,13 @@ bool EncodeRange(const EncodeJob& job, size_t begin, size_t end) {
     std::memcpy(job.ranges + 8 * (b0 / job.bucket), &lo, 4);
     std::memcpy(job.ranges + 8 * (b0 / job.bucket) + 4, &hi, 4);
     const BucketScale s = ScaleOf(lo, hi);
-    const float offset = lo * s.inverse;
+    // The level from x - lo, not x * inverse - lo * inverse: where the
+    // bucket sits far from 0 next to its range, those two products round by
+    // whole levels and cancel, and the rounding is no longer unbiased. Both
+    // halved where the range passes FLT_MAX, so the difference stays finite.
+    const float half = 1.0f / s.unit;
+    const float lo_half = lo * half;
+    const float inverse_half = s.inverse * s.unit;
     uint8_t* q = job.codes + b0;
     if (s.inverse == 0) {
       std::fill(q, q + len, 0);
@@ -89,7 +95,8 @@ bool EncodeRange(const EncodeJob& job, size_t begin, size_t end) {
     }
     if (job.rng == nullptr) {
       for (size_t i = 0; i < len; ++i) {
-        const float level = std::max(x[i] * s.inverse - offset, 0.0f) + 0.5f;
+        const float level =
+            std::max((x[i] * half - lo_half) * inverse_half, 0.0f) + 0.5f;
         q[i] = static_cast<uint8_t>(std::min(level, 255.0f));
       }
       continue;
@@ -99,7 +106,8 @@ bool EncodeRange(const EncodeJob& job, size_t begin, size_t end) {
       job.rng->FillUniform(b0 + c0, absl::MakeSpan(uniforms, c1 - c0));
       for (size_t i = c0; i < c1; ++i) {
         const float level =
-            std::max(x[i] * s.inverse - offset, 0.0f) + uniforms[i - c0];
+            std::max((x[i] * half - lo_half) * inverse_half, 0.0f) +
+            uniforms[i - c0];
         q[i] = static_cast<uint8_t>(std::min(level, 255.0f));
       }
     }

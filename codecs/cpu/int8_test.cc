@@ -151,6 +151,50 @@ TEST(Int8CodecTest, StochasticIsUnbiasedWithTheVarianceOfTheRounding) {
   EXPECT_NEAR(z2 / count, 1.0, 0.23);
 }
 
+// Buckets far from 0 next to their range (1e5 + 0.01 i; fp32's spacing
+// is 1 at lo * 255 / range = 1e7): the levels sent must still be the
+// exact (x - lo) * 255 / range, nearest or unbiased. Checked on the level
+// bytes, since a decode near 1e5 rounds to fp32's grid of 1/128 there.
+TEST(Int8CodecTest, LevelsOfBucketsFarFromZeroAreExactOnAverage) {
+  constexpr size_t kBucket = 256;
+  constexpr int kTrials = 2000;
+  std::vector<float> g(2 * kBucket);
+  for (size_t i = 0; i < g.size(); ++i) {
+    g[i] = static_cast<float>((i < kBucket ? 1e5 : -3e4) + 0.01 * i);
+  }
+  // The exact level of each value, in double.
+  std::vector<double> level(g.size());
+  for (size_t b = 0; b < g.size(); b += kBucket) {
+    const auto [lo, hi] =
+        std::minmax_element(g.begin() + b, g.begin() + b + kBucket);
+    for (size_t i = b; i < b + kBucket; ++i) {
+      level[i] = (double{g[i]} - *lo) * 255 / (double{*hi} - *lo);
+    }
+  }
+  const auto codes = [&](const Int8Codec& codec, int64_t step) {
+    const Bytes payload = Encode(codec, g, step);
+    const absl::StatusOr<Int8Payload> parsed =
+        ParseInt8Payload(payload, g.size());
+    EXPECT_TRUE(parsed.ok()) << parsed.status();
+    const absl::string_view bytes = parsed->body.substr(8 * parsed->buckets);
+    return std::vector<uint8_t>(bytes.begin(), bytes.end());
+  };
+  const std::vector<uint8_t> nearest = codes(*Make(kBucket, false), 0);
+  for (size_t i = 0; i < g.size(); ++i) {
+    EXPECT_LE(std::fabs(nearest[i] - level[i]), 0.5 + 1e-3) << i;
+  }
+  // Each mean of kTrials draws has sd at most 0.5 / sqrt(kTrials) = 0.011.
+  const auto stochastic = Make(kBucket, true);
+  std::vector<double> sum(g.size(), 0.0);
+  for (int t = 0; t < kTrials; ++t) {
+    const std::vector<uint8_t> q = codes(*stochastic, t);
+    for (size_t i = 0; i < g.size(); ++i) sum[i] += q[i];
+  }
+  for (size_t i = 0; i < g.size(); ++i) {
+    EXPECT_NEAR(sum[i] / kTrials, level[i], 0.06) << i;
+  }
+}
+
 TEST(Int8CodecTest, NearestIsDeterministicAndStochasticFollowsTheStream) {
   const std::vector<float> g = Normal(4096, 4);
   EXPECT_EQ(Encode(*Make(512, false), g, 1), Encode(*Make(512, false), g, 2));

@@ -72,23 +72,34 @@ __device__ Extremes BlockExtremes(const float* x, size_t len) {
   return all;
 }
 
-// codecs/cpu/int8.cc ScaleOf: the range in double.
+// codecs/cpu/int8.cc ScaleOf and EncodeRange: the range in double, and the
+// level from (x - lo) * inverse, both halved where the range passes
+// FLT_MAX (half = 0.5, lo_half = lo / 2, inverse_half = 2 inverse).
 struct BucketScale {
-  float inverse;
+  float inverse;  // 0 for a constant bucket
+  float half;
+  float lo_half;
+  float inverse_half;
 };
 
 __device__ BucketScale ScaleOf(float lo, float hi) {
   const double range = static_cast<double>(hi) - static_cast<double>(lo);
   float inverse = range > 0 ? static_cast<float>(255.0 / range) : 0.0f;
   if (!isfinite(inverse)) inverse = 0;
-  return BucketScale{inverse};
+  const float unit = range > static_cast<double>(FLT_MAX) ? 2.0f : 1.0f;
+  const float half = __fdiv_rn(1.0f, unit);
+  return BucketScale{inverse, half, __fmul_rn(lo, half),
+                     __fmul_rn(inverse, unit)};
 }
 
-// The level byte of x in a bucket with the given inverse and offset
-// (inverse != 0), rounding up with probability `add` - 0.5 (0.5: nearest).
-__device__ uint8_t Int8Level(float x, float inverse, float offset, float add) {
-  const float level =
-      __fadd_rn(fmaxf(__fsub_rn(__fmul_rn(x, inverse), offset), 0.0f), add);
+// The level byte of x in a bucket of scale `s` (s.inverse != 0), rounding
+// up with probability `add` - 0.5 (0.5: nearest).
+__device__ uint8_t Int8Level(float x, const BucketScale& s, float add) {
+  const float level = __fadd_rn(
+      fmaxf(
+          __fmul_rn(__fsub_rn(__fmul_rn(x, s.half), s.lo_half), s.inverse_half),
+          0.0f),
+      add);
   return static_cast<uint8_t>(fminf(level, 255.0f));
 }
 
@@ -110,8 +121,8 @@ __global__ void Int8EncodeKernel(const float* __restrict__ x, size_t n,
       ranges[2 * b] = e.lo;
       ranges[2 * b + 1] = e.hi;
     }
-    const float inverse = ScaleOf(e.lo, e.hi).inverse;
-    const float offset = __fmul_rn(e.lo, inverse);
+    const BucketScale scale = ScaleOf(e.lo, e.hi);
+    const float inverse = scale.inverse;
     // One thread per group of 8 elements that shares a Philox block.
     const size_t g0 = b0 / 8;
     const size_t g1 = (b1 + 7) / 8;
@@ -126,7 +137,7 @@ __global__ void Int8EncodeKernel(const float* __restrict__ x, size_t n,
           continue;
         }
         const float add = stochastic ? ToUniform(words[i % 8]) : 0.5f;
-        codes[i] = Int8Level(x[i], inverse, offset, add);
+        codes[i] = Int8Level(x[i], scale, add);
       }
     }
   }
@@ -149,8 +160,7 @@ __global__ void __launch_bounds__(kGroupThreads, 8)
                    int* nonfinite) {
   __shared__ Extremes warp_results[kTileWarps];
   // At most kTile / 256 buckets per tile.
-  __shared__ float bucket_inverse[kTileWarps];
-  __shared__ float bucket_offset[kTileWarps];
+  __shared__ BucketScale bucket_scale[kTileWarps];
   const uint32_t per_tile = kTile / bucket;
   const size_t first_bucket = static_cast<size_t>(blockIdx.x) * per_tile;
   const uint32_t local = threadIdx.x * kGroup;  // offset in the tile
@@ -191,24 +201,20 @@ __global__ void __launch_bounds__(kGroupThreads, 8)
       ranges[2 * b] = all.lo;
       ranges[2 * b + 1] = all.hi;
     }
-    const float inverse = ScaleOf(all.lo, all.hi).inverse;
-    bucket_inverse[q] = inverse;
-    bucket_offset[q] = __fmul_rn(all.lo, inverse);
+    bucket_scale[q] = ScaleOf(all.lo, all.hi);
   }
   __syncthreads();
   if (count == 0) return;
-  const float inverse = bucket_inverse[local / bucket];
-  const float offset = bucket_offset[local / bucket];
+  const BucketScale scale = bucket_scale[local / bucket];
   uint64_t packed = 0;
-  if (inverse != 0) {
+  if (scale.inverse != 0) {
     uint32_t words[kGroup];
     if (stochastic) PhiloxBlock(rng, i0 / kGroup, words);
 #pragma unroll
     for (int j = 0; j < kGroup; ++j) {
       if (j == count) break;  // a last, partial group
       const float add = stochastic ? ToUniform(words[j]) : 0.5f;
-      packed |= static_cast<uint64_t>(Int8Level(v[j], inverse, offset, add))
-                << (8 * j);
+      packed |= static_cast<uint64_t>(Int8Level(v[j], scale, add)) << (8 * j);
     }
   }
   StoreBytes(codes + i0, packed, count);
