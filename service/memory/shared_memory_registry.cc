@@ -54,19 +54,33 @@ SharedMemorySlice::~SharedMemorySlice() {
   if (region_ != nullptr) region_->in_flight.fetch_sub(1);
 }
 
-namespace {
-
-// Half of the soft open-file limit, at least 64.
-size_t DefaultMaxRegions() {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 ||
-      limit.rlim_cur == RLIM_INFINITY) {
-    return size_t{1} << 16;
+size_t MaxShmRegionsFor(std::optional<uint64_t> open_files,
+                        std::optional<uint64_t> max_map_count) {
+  size_t bound = size_t{1} << 16;
+  if (open_files.has_value()) bound = static_cast<size_t>(*open_files / 2);
+  // Past vm.max_map_count every mmap of the process fails: the heap's,
+  // thread stacks', the SIGBUS guard's. A quarter leaves the rest of them.
+  if (max_map_count.has_value()) {
+    bound = std::min(bound, static_cast<size_t>(*max_map_count / 4));
   }
-  return std::max<size_t>(64, static_cast<size_t>(limit.rlim_cur / 2));
+  return std::max<size_t>(64, bound);
 }
 
-}  // namespace
+size_t DefaultMaxShmRegions() {
+  std::optional<uint64_t> open_files;
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 &&
+      limit.rlim_cur != RLIM_INFINITY) {
+    open_files = limit.rlim_cur;
+  }
+  std::optional<uint64_t> max_map_count;
+  if (std::FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
+    unsigned long long maps = 0;
+    if (std::fscanf(f, "%llu", &maps) == 1) max_map_count = maps;
+    std::fclose(f);
+  }
+  return MaxShmRegionsFor(open_files, max_map_count);
+}
 
 SharedMemoryRegistry::SharedMemoryRegistry(const SharedMemoryOptions& options,
                                            Metrics* metrics)
@@ -75,7 +89,7 @@ SharedMemoryRegistry::SharedMemoryRegistry(const SharedMemoryOptions& options,
       owner_uids_(options.owner_uids),
       device_region_opener_(options.device_region_opener),
       max_regions_(options.max_regions != 0 ? options.max_regions
-                                            : DefaultMaxRegions()) {
+                                            : DefaultMaxShmRegions()) {
   if (options.reclaim_interval > absl::ZeroDuration()) {
     reclaimer_ = std::thread(
         [this, interval = options.reclaim_interval] { ReclaimLoop(interval); });
@@ -96,8 +110,8 @@ absl::Status SharedMemoryRegistry::FullError(absl::string_view name) const {
   return absl::ResourceExhaustedError(absl::StrCat(
       "shared-memory region '", name, "': ", max_regions_,
       " regions are registered on this daemon, its bound (half its "
-      "open-file limit); expected regions reused, or unregistered once no "
-      "longer used"));
+      "open-file limit or a quarter of vm.max_map_count, the smaller); "
+      "expected regions reused, or unregistered once no longer used"));
 }
 
 absl::Status SharedMemoryRegistry::CheckNewName(absl::string_view client,

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -72,12 +73,20 @@ struct SharedMemoryOptions {
   // Opens CUDA regions. A FailedPrecondition from it means "no usable CUDA
   // device": logged and counted once.
   DeviceRegionOpener device_region_opener = CudaIpcRegion::Open;
-  // The most regions registered at once. Each holds a file descriptor, so
-  // a client that registers without end would take the descriptors the
-  // daemon's connections need. 0: half of the process's open-file limit
-  // (RLIMIT_NOFILE), at least 64.
+  // The most regions registered at once. Each holds a file descriptor and
+  // a mapping, so a client that registers without end would take the
+  // descriptors the daemon's connections need, or the mappings its heap and
+  // threads need. 0: DefaultMaxShmRegions().
   size_t max_regions = 0;
 };
+
+// Half of the process's open-file limit (RLIMIT_NOFILE) or a quarter of
+// vm.max_map_count, the smaller, at least 64: MaxShmRegionsFor of this
+// process's figures (an unknown one, or an unlimited open-file limit, is
+// left out; 2^16 if both are).
+size_t DefaultMaxShmRegions();
+size_t MaxShmRegionsFor(std::optional<uint64_t> open_files,
+                        std::optional<uint64_t> max_map_count);
 
 struct SharedMemoryRegionInfo {
   std::string name;

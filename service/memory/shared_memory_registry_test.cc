@@ -187,6 +187,20 @@ TEST_F(SharedMemoryRegistryTest, UnknownRegionsAndBadRegistrations) {
   EXPECT_EQ(Metric("gradcomp_shm_regions"), 0);
 }
 
+// With open files to spare (containers often allow 2^20), the mappings
+// bound the regions: past vm.max_map_count (65530 by default) every mmap of
+// the daemon would fail, its heap's included.
+TEST(MaxShmRegionsTest, TheSmallerOfHalfTheFilesAndAQuarterOfTheMappings) {
+  EXPECT_EQ(MaxShmRegionsFor(uint64_t{1} << 20, 65530), 16382u);
+  EXPECT_EQ(MaxShmRegionsFor(20000, 65530), 10000u);
+  EXPECT_EQ(MaxShmRegionsFor(std::nullopt, 65530), 16382u);
+  EXPECT_EQ(MaxShmRegionsFor(uint64_t{1} << 20, std::nullopt),
+            uint64_t{1} << 19);
+  EXPECT_EQ(MaxShmRegionsFor(std::nullopt, std::nullopt), 65536u);
+  EXPECT_EQ(MaxShmRegionsFor(100, 65530), 64u);
+  EXPECT_EQ(MaxShmRegionsFor(20000, 100), 64u);
+}
+
 // Each region holds a file descriptor: past the bound a registration is
 // refused (and counted) before its object is opened; an unregistered
 // region makes room again.
