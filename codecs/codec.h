@@ -75,6 +75,10 @@ struct StepContext {
   uint64_t seed = 0;       // job seed, the same on every rank
   uint64_t tensor_id = 0;  // TensorId(name), random.h
   int64_t step = 0;
+  // Steps of dense warm-up the daemon's policy ran before this codec took
+  // the tensor: a codec's own warm-up schedule (DGC's density stages)
+  // starts after them, at step - warmup_offset, not at step 0.
+  int64_t warmup_offset = 0;
   int rank = 0;
   int world_size = 1;
   // Whether the caller may call DecodeOwn. When false, a single-round

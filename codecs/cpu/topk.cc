@@ -163,7 +163,7 @@ absl::Status TopKCodec::EncodeWith(const TensorView& grad, TensorState& state,
   absl::Span<float> v = momentum_.Accumulate(grad.values, scale, state);
   const PhiloxStream rng(ctx.seed, ctx.tensor_id, ctx.step, /*round=*/0);
   absl::StatusOr<TopKSelection> selected =
-      select(v, KAt(n, ctx.step), options_.sample, rng);
+      select(v, KAt(n, ctx.step - ctx.warmup_offset), options_.sample, rng);
   if (!selected.ok()) {
     // The GPU's selection can fail (device memory, a CUDA error): the step
     // then took nothing, and its accumulation is given back.

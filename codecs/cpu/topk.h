@@ -99,7 +99,8 @@ class TopKCodec : public SingleRoundCodec {
                           const StepContext& ctx, Selector select,
                           Bytes* payload) const;
 
-  // The density at `step` under the warm-up schedule.
+  // The density at `step` of the warm-up schedule (StepContext::step less
+  // its warmup_offset).
   double DensityAt(int64_t step) const;
   // k = ceil(density * numel) at `step`, at least 1 for a nonempty tensor.
   size_t KAt(size_t numel, int64_t step) const;

@@ -548,6 +548,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   // for its own decode hands its payload over instead of copying it.
   const bool sample_error = nonfinite.count == 0 && sample;
   codecs::StepContext ctx = StepContextOf(in);
+  ctx.warmup_offset = decision.warmup_offset;
   ctx.keep_own = sample_error;
   const codecs::TensorView view{grad, in.shape};
 
@@ -774,7 +775,8 @@ absl::StatusOr<ReduceOutput> Engine::ReduceOnDevice(const ReduceInput& in,
   codecs::StateStore::Locked state =
       store_->Acquire(in.job, in.tensor, in.shape, static_cast<int>(in.dtype));
   absl::Cleanup record_state = [&] { RecordState(in.job, in.tensor, *state); };
-  const codecs::StepContext ctx = StepContextOf(in);
+  codecs::StepContext ctx = StepContextOf(in);
+  ctx.warmup_offset = plan.decision.warmup_offset;
 
   Clock::time_point t = Clock::now();
   codecs::Round round;

@@ -500,6 +500,30 @@ TEST_F(EngineTest, PolicyDecidesAndRequestOverrideWins) {
   EXPECT_EQ(Metric("gradcomp_stage_duration_seconds", {{"stage", "total"}}), 4);
 }
 
+// DGC's density stages start where the policy's dense warm-up ends: at
+// step 4, after 4 dense steps, top-k sends its first stage's 25 % (1024 of
+// 4096 values), not the third stage's 1.56 % it would send counting from
+// step 0, a drop from dense to 1.56 % in one step.
+TEST_F(EngineTest, TopKWarmupStagesStartAfterThePolicysDenseWarmup) {
+  Policy policy;
+  policy.warmup_steps = 4;
+  policy.default_codec = {
+      "topk", {{"ratio", "0.001"}, {"warmup_steps_per_stage", "2"}}};
+  Build(EngineOptions(), policy);
+  const std::string data = FloatBytes(Ramp(4096));
+  auto dense = engine_->Reduce(Matrix(data, 3));
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  EXPECT_EQ(dense->stats.dense_reason, "warmup");
+  auto first = engine_->Reduce(Matrix(data, 4));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->stats.codec, "topk");
+  // 1024 fp32 values alone; 64 values and their indices fit in 512 bytes.
+  EXPECT_GT(first->stats.wire_bytes, 1024u * 4);
+  auto third = engine_->Reduce(Matrix(data, 8));
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_LT(third->stats.wire_bytes, 1024u);
+}
+
 TEST_F(EngineTest, SetPolicyValidatesBeforeSwapping) {
   const std::string before = engine_->policy()->hash;
   Policy bad;

@@ -1,5 +1,7 @@
 #include "service/engine/policy.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -24,10 +26,13 @@ PolicyDecision Dense(std::string reason) {
   return {CodecSpec{std::string(kDenseCodec), {}}, std::move(reason)};
 }
 
-PolicyDecision FromSpec(const CodecSpec& spec, absl::string_view reason,
-                        Aggregation aggregation) {
-  return {spec, spec.name == kDenseCodec ? std::string(reason) : "",
-          aggregation};
+// The policy's choice of `spec`, whose own warm-up starts once the
+// policy's dense warm-up is over.
+PolicyDecision FromSpec(const Policy& policy, const CodecSpec& spec,
+                        absl::string_view reason, Aggregation aggregation) {
+  return {
+      spec, spec.name == kDenseCodec ? std::string(reason) : "", aggregation,
+      static_cast<int64_t>(std::min<uint64_t>(policy.warmup_steps, INT64_MAX))};
 }
 
 std::string RuleLabel(size_t index, const PolicyRule& rule) {
@@ -78,11 +83,11 @@ PolicyDecision Decide(const Policy& policy, const TensorFacts& tensor) {
   if (policy.dense_1d && tensor.ndim == 1) return Dense("1-d");
   for (const PolicyRule& rule : policy.rules) {
     if (RuleMatches(rule, tensor)) {
-      return FromSpec(rule.codec, "rule",
+      return FromSpec(policy, rule.codec, "rule",
                       rule.aggregation.value_or(policy.aggregation));
     }
   }
-  return FromSpec(policy.default_codec, "default", policy.aggregation);
+  return FromSpec(policy, policy.default_codec, "default", policy.aggregation);
 }
 
 absl::StatusOr<std::unique_ptr<codecs::Codec>> CreateCodec(

@@ -88,6 +88,9 @@ struct PolicyDecision {
   // metric label.
   std::string dense_reason;
   Aggregation aggregation = Aggregation::kAllgather;
+  // The policy's dense warm-up steps, after which a codec's own warm-up
+  // schedule starts (StepContext::warmup_offset); 0 for a request's codec.
+  int64_t warmup_offset = 0;
 };
 
 // Warm-up, then the size and 1-D defaults, then the rules in order, then

@@ -91,6 +91,8 @@ TEST(PolicyTest, WarmupStepsGoDenseThenTheRulesApply) {
   PolicyDecision after = Decide(policy, Matrix("w", 3));
   EXPECT_EQ(after.codec.name, "fp16");
   EXPECT_EQ(after.dense_reason, "");
+  // The codec's own warm-up (DGC's stages) counts from here.
+  EXPECT_EQ(after.warmup_offset, 3);
 }
 
 TEST(PolicyTest, ValidateAcceptsKnownCodecs) {
