@@ -15,6 +15,9 @@
   target form of a unix socket or loopback (dns:, ipv4:, ipv6:).
 - A bf16 model's bucket fails through the hook's Future (as DDP expects),
   with an error that names the dtype and those gradcomp reduces.
+- Dense tensors through the hook train as DDP's own allreduce does (W = 2,
+  several buckets, with and without gradient_as_bucket_view), to fp32
+  rounding: the hook hands back the mean.
 - A short Fashion-MNIST training (W = 2 workers, each with its own daemon,
   one epoch on a subset) reaches an accuracy that a broken reduce (zeros)
   does not.
@@ -207,6 +210,42 @@ def _gather_batch_scenario(rank: int, port: int, targets: list, out: str) -> Non
     dist.destroy_process_group()
     torch.save(results, out)
 
+
+
+def _dense_scale_scenario(rank: int, port: int, targets: list, out: str) -> None:
+    """Runs in one of 2 spawned processes (a Gloo group of 2, each rank with
+    its own peered daemon): 3 SGD steps from one initial model on batches
+    that differ by rank, with DDP's own allreduce, then through the hook
+    (the daemons' default policy: every tensor dense), then through the hook
+    with gradient_as_bucket_view; several buckets (bucket_cap_mb=0.001).
+    Saves each run's model."""
+    import gradcomp.torch as gtorch
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      GLOO_SOCKET_IFNAME="lo")
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    results = {}
+    for run in ("ddp", "hook", "hook-bucket-view"):
+        model = _model()
+        ddp = nn.parallel.DistributedDataParallel(
+            model, bucket_cap_mb=0.001,
+            gradient_as_bucket_view=run == "hook-bucket-view")
+        state = None
+        if run != "ddp":
+            state = gtorch.HookState(model, targets[rank], job=f"scale-{run}")
+            ddp.register_comm_hook(state, gtorch.hook)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            x, y = _batch(100 * rank + step)  # the ranks' gradients differ
+            optimizer.zero_grad()
+            F.cross_entropy(ddp(x), y).backward()
+            optimizer.step()
+        results[run] = copy.deepcopy(model.state_dict())
+        if state is not None:
+            state.close()
+    dist.destroy_process_group()
+    torch.save(results, out)
 
 
 def _overflow_scenario(rank: int, port: int, targets: list, out: str) -> None:
@@ -477,6 +516,28 @@ class HookGatherBatchTest(unittest.TestCase):
             for name, value in results[0][False]["model"].items():
                 self.assertTrue(torch.equal(results[r][True]["model"][name], value),
                                 f"rank {r}: {name} differs with batch_gather")
+
+
+@unittest.skipIf(torch is None, "needs torch (Debian: python3-torch)")
+class HookScaleTest(unittest.TestCase):
+    """Through the hook with dense tensors, W = 2, training is DDP's own:
+    the hook hands back the mean (not the sum, nor the mean divided again),
+    in every bucket, with and without gradient_as_bucket_view. Summed in
+    another order than Gloo's, so equal to fp32 rounding, not bit for bit;
+    a sum instead of the mean would double the step (differences near 1e-2)."""
+
+    def test_dense_steps_through_the_hook_equal_ddps_allreduce(self):
+        daemons = start_peered(2, self.addCleanup)
+        results = _run_two_ranks(self, _dense_scale_scenario, daemons)
+        for r in range(2):
+            for run in ("hook", "hook-bucket-view"):
+                for name, value in results[r]["ddp"].items():
+                    torch.testing.assert_close(
+                        results[r][run][name], value, rtol=1e-5, atol=1e-6,
+                        msg=f"rank {r}, {run}: {name}")
+            for name, value in results[0]["hook"].items():
+                self.assertTrue(torch.equal(results[r]["hook"][name], value),
+                                f"ranks 0 and {r} differ in {name}")
 
 
 class _Bucket:
