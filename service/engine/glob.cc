@@ -1,8 +1,27 @@
 #include "service/engine/glob.h"
 
+#include <algorithm>
 #include <cstddef>
 
 namespace gradcomp::service {
+namespace {
+
+// Bytes of the UTF-8 character that starts at name[i] (1 for a byte that
+// starts none), so that `?` and a `*` that grows take whole characters.
+size_t CharBytes(absl::string_view name, size_t i) {
+  const unsigned char c = static_cast<unsigned char>(name[i]);
+  size_t bytes = 1;
+  if ((c >> 5) == 0x6) {
+    bytes = 2;
+  } else if ((c >> 4) == 0xE) {
+    bytes = 3;
+  } else if ((c >> 3) == 0x1E) {
+    bytes = 4;
+  }
+  return std::min(bytes, name.size() - i);
+}
+
+}  // namespace
 
 bool GlobMatch(absl::string_view pattern, absl::string_view name) {
   if (pattern.empty()) return true;
@@ -11,7 +30,10 @@ bool GlobMatch(absl::string_view pattern, absl::string_view name) {
   size_t p = 0, n = 0;
   size_t star = absl::string_view::npos, star_n = 0;
   while (n < name.size()) {
-    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == name[n])) {
+    if (p < pattern.size() && pattern[p] == '?') {
+      ++p;
+      n += CharBytes(name, n);
+    } else if (p < pattern.size() && pattern[p] == name[n]) {
       ++p;
       ++n;
     } else if (p < pattern.size() && pattern[p] == '*') {
@@ -19,7 +41,8 @@ bool GlobMatch(absl::string_view pattern, absl::string_view name) {
       star_n = n;
     } else if (star != absl::string_view::npos) {
       p = star + 1;
-      n = ++star_n;
+      star_n += CharBytes(name, star_n);
+      n = star_n;
     } else {
       return false;
     }

@@ -1,5 +1,7 @@
 // Shell-style name patterns for policy rules: `*` matches any run of
-// characters (dots included), `?` exactly one, everything else itself.
+// characters (dots included), `?` exactly one (a whole UTF-8 character),
+// everything else itself. No character classes: ValidatePolicy refuses a
+// pattern with `[`.
 //
 //   GlobMatch("*.weight", "layer1.conv.weight");  // true
 //   GlobMatch("fc?.bias", "fc1.bias");            // true

@@ -32,6 +32,14 @@ TEST(GlobTest, QuestionMarkIsExactlyOneCharacter) {
   EXPECT_TRUE(GlobMatch("fc?.bias", "fc1.bias"));
   EXPECT_FALSE(GlobMatch("fc?.bias", "fc.bias"));
   EXPECT_FALSE(GlobMatch("fc?.bias", "fc12.bias"));
+  // A character, not a byte: e-acute is 2 bytes, the CJK one 3.
+  EXPECT_TRUE(GlobMatch("?.w", "\xC3\xA9.w"));
+  EXPECT_FALSE(GlobMatch("??.w", "\xC3\xA9.w"));
+  EXPECT_TRUE(GlobMatch("a?b",
+                        "a\xE6\x97\xA5"
+                        "b"));
+  EXPECT_TRUE(GlobMatch("*?.w", "x\xC3\xA9.w"));
+  EXPECT_FALSE(GlobMatch("*???.w", "x\xC3\xA9.w"));
 }
 
 }  // namespace

@@ -104,6 +104,15 @@ absl::Status ValidatePolicy(const Policy& policy,
                             const codecs::CodecRegistry& registry) {
   for (size_t i = 0; i < policy.rules.size(); ++i) {
     const PolicyRule& rule = policy.rules[i];
+    if (rule.name_glob.find('[') != std::string::npos) {
+      // fnmatch would read "layer[0-3].*" as a class; here it would match
+      // only a literal '[', silently no tensor at all.
+      return absl::InvalidArgumentError(absl::StrCat(
+          RuleLabel(i, rule),
+          ": '[' starts a character class, which name_glob does not "
+          "support; expected only * (any run of characters) and ? (one "
+          "character)"));
+    }
     if (rule.max_numel != 0 && rule.min_numel > rule.max_numel) {
       return absl::InvalidArgumentError(absl::StrCat(
           RuleLabel(i, rule), ": min_numel ", rule.min_numel,

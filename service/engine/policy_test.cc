@@ -130,6 +130,12 @@ TEST(PolicyTest, ValidateRejectsBadParamsAndRanges) {
   ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("min_numel 10 is above max_numel 5"));
 
+  Policy classes;
+  classes.rules.push_back(Rule("layer[0-3].*", "fp16"));
+  s = ValidatePolicy(classes, codecs::BuiltinCodecs());
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("'[' starts a character class"));
+
   Policy empty_name;
   empty_name.rules.push_back(Rule("*", ""));
   EXPECT_EQ(ValidatePolicy(empty_name, codecs::BuiltinCodecs()).code(),
