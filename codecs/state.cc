@@ -238,7 +238,7 @@ std::shared_ptr<StateStore::Entry> StateStore::NewEntry(
 StateStore::Locked StateStore::Acquire(absl::string_view job,
                                        absl::string_view tensor,
                                        absl::Span<const int64_t> shape,
-                                       int dtype) {
+                                       int dtype, absl::string_view owner) {
   std::shared_ptr<Entry> entry;
   {
     absl::MutexLock lock(&mu_);
@@ -249,7 +249,9 @@ StateStore::Locked StateStore::Acquire(absl::string_view job,
   // The store's lock is released before the tensor's is taken: a thread that
   // holds a tensor for long never blocks access to the others.
   Locked locked(entry);
-  if (entry->dtype != dtype ||
+  const bool other_owner =
+      !owner.empty() && !entry->owner.empty() && entry->owner != owner;
+  if (entry->dtype != dtype || other_owner ||
       !std::equal(entry->shape.begin(), entry->shape.end(), shape.begin(),
                   shape.end())) {
     entry->state.Clear();
@@ -257,6 +259,7 @@ StateStore::Locked StateStore::Acquire(absl::string_view job,
     entry->dtype = dtype;
     resets_.fetch_add(1, std::memory_order_relaxed);
   }
+  if (!owner.empty()) entry->owner = std::string(owner);
   return locked;
 }
 
@@ -349,6 +352,7 @@ absl::Status StateStore::Import(absl::string_view job, absl::string_view blob,
     absl::MutexLock lock(&entry->mu);
     entry->shape = std::move(tensor.shape);
     entry->dtype = tensor.dtype;
+    entry->owner.clear();
     entry->state = std::move(tensor.state);
     entry->bytes.store(entry->state.ByteSize(), std::memory_order_relaxed);
   }

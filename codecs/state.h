@@ -59,6 +59,7 @@ class StateStore {
     absl::Mutex mu;
     std::vector<int64_t> shape ABSL_GUARDED_BY(mu);
     int dtype ABSL_GUARDED_BY(mu) = 0;
+    std::string owner ABSL_GUARDED_BY(mu);  // Acquire's last non-empty one
     // state.ByteSize() as of the last unlock: read without the lock, so that
     // a metrics scrape never waits for a tensor whose step is in a collective.
     std::atomic<size_t> bytes{0};
@@ -86,11 +87,18 @@ class StateStore {
 
   // Locks the state of (job, tensor), creating it empty, or resetting it
   // (and counting the reset) when `shape` or `dtype` (the caller's opaque
-  // element-type code) differs from the last call's.
+  // element-type code) differs from the last call's, or when a non-empty
+  // `owner` (the codec about to use the state) differs from the last
+  // non-empty one: another codec's buffers would otherwise hold memory for
+  // ever and come back stale when it does. An empty owner (a dense codec,
+  // which keeps none) leaves the state to the next codec that has one;
+  // imported state has none until its first owner.
   Locked Acquire(absl::string_view job, absl::string_view tensor,
-                 absl::Span<const int64_t> shape, int dtype);
+                 absl::Span<const int64_t> shape, int dtype,
+                 absl::string_view owner = {});
 
-  // Number of resets caused by a change of shape, since start.
+  // Number of resets caused by a change of shape, dtype or owner, since
+  // start.
   uint64_t resets() const;
   // Bytes held by every tensor's state.
   size_t ByteSize() const;

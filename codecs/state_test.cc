@@ -110,6 +110,39 @@ TEST(StateStoreTest, ShapeOrDtypeChangeResetsAndCounts) {
   EXPECT_EQ(store.resets(), 2u);
 }
 
+// Another codec's buffers go (topk's momenta under qsgd would hold memory
+// for ever, and come back stale if topk did); no owner (a dense step)
+// keeps them for the owner after it.
+TEST(StateStoreTest, AnotherOwnerResetsAndNoOwnerKeeps) {
+  StateStore store;
+  store.Acquire("job", "w", kShape, 1, "topk")->Buffer("dgc.v", 2)[0] = 1.0f;
+  EXPECT_TRUE(store.Acquire("job", "w", kShape, 1)->Find("dgc.v").has_value());
+  EXPECT_TRUE(
+      store.Acquire("job", "w", kShape, 1, "topk")->Find("dgc.v").has_value());
+  EXPECT_EQ(store.resets(), 0u);
+  EXPECT_FALSE(
+      store.Acquire("job", "w", kShape, 1, "qsgd")->Find("dgc.v").has_value());
+  EXPECT_EQ(store.resets(), 1u);
+  EXPECT_FALSE(
+      store.Acquire("job", "w", kShape, 1, "topk")->Find("dgc.v").has_value());
+  EXPECT_EQ(store.resets(), 2u);
+  EXPECT_EQ(store.ByteSize(), 0u);
+}
+
+// Imported state has no owner: the first codec to use it keeps it.
+TEST(StateStoreTest, ImportedStateGoesToItsFirstOwner) {
+  StateStore source;
+  source.Acquire("job", "w", kShape, 1, "topk")->Buffer("dgc.v", 2)[1] = 3.0f;
+  absl::StatusOr<Bytes> blob = source.Export("job");
+  ASSERT_TRUE(blob.ok()) << blob.status();
+  StateStore target;
+  target.Acquire("job", "w", kShape, 1, "qsgd");
+  ASSERT_TRUE(target.Import("job", *blob).ok());
+  EXPECT_EQ((*target.Acquire("job", "w", kShape, 1, "topk")->Find("dgc.v"))[1],
+            3.0f);
+  EXPECT_EQ(target.resets(), 0u);
+}
+
 TEST(StateStoreTest, LockedIsExclusive) {
   StateStore store;
   constexpr int kThreads = 4, kIncrements = 2000;

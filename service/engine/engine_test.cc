@@ -524,6 +524,28 @@ TEST_F(EngineTest, TopKWarmupStagesStartAfterThePolicysDenseWarmup) {
   EXPECT_LT(third->stats.wire_bytes, 1024u);
 }
 
+// A tensor that moves from topk to qsgd drops topk's momenta (3 x 4096
+// floats) instead of holding them; a dense step between keeps them.
+TEST_F(EngineTest, AnotherCompressingCodecDropsTheStateADenseStepKeeps) {
+  const std::string data = FloatBytes(Ramp(4096));
+  const auto reduce = [&](int64_t step, const std::string& codec) {
+    ReduceInput in = Matrix(data, step);
+    in.codec = CodecSpec{codec, {}};
+    absl::StatusOr<ReduceOutput> out = engine_->Reduce(in);
+    ASSERT_TRUE(out.ok()) << codec << ": " << out.status();
+    EXPECT_EQ(out->stats.codec, codec);
+  };
+  const std::vector<std::string> tensor = {"fc1.weight"};
+  reduce(0, "topk");
+  const size_t topk_bytes = store_.ByteSizeOf("job", tensor);
+  EXPECT_GE(topk_bytes, 2u * 4096 * 4);
+  reduce(1, "none");
+  EXPECT_EQ(store_.ByteSizeOf("job", tensor), topk_bytes);
+  reduce(2, "qsgd");
+  EXPECT_EQ(store_.ByteSizeOf("job", tensor), 0u);
+  EXPECT_EQ(Metric("gradcomp_state_resets_total"), 1);
+}
+
 TEST_F(EngineTest, SetPolicyValidatesBeforeSwapping) {
   const std::string before = engine_->policy()->hash;
   Policy bad;

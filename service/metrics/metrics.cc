@@ -61,7 +61,8 @@ class Metrics::Collector : public prometheus::Collectable {
     if (state_ != nullptr) {
       families.push_back(OneValue(
           "gradcomp_state_resets_total",
-          "Per-tensor codec states reset by a change of shape or dtype.",
+          "Per-tensor codec states reset by a change of shape, dtype or "
+          "compressing codec.",
           prometheus::MetricType::Counter,
           static_cast<double>(state_->resets())));
       families.push_back(OneValue(
