@@ -65,9 +65,11 @@ def _batch(step: int) -> tuple:
     return torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
 
 
-def _train_steps(ddp, optimizer, first: int, count: int) -> None:
+def _train_steps(ddp, optimizer, first: int, count: int, rank: int = 0) -> None:
+    """Steps `first` .. `first + count - 1`; rank r's batches differ from
+    rank 0's (rank 0's are _batch(step))."""
     for step in range(first, first + count):
-        x, y = _batch(step)
+        x, y = _batch(100 * rank + step)
         optimizer.zero_grad()
         F.cross_entropy(ddp(x), y).backward()
         optimizer.step()
@@ -198,11 +200,7 @@ def _gather_batch_scenario(rank: int, port: int, targets: list, out: str) -> Non
                                  codecs=codecs, batch_gather=batch_gather)
         ddp.register_comm_hook(state, gtorch.hook)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        for step in range(5):
-            x, y = _batch(100 * rank + step)  # the ranks' gradients differ
-            optimizer.zero_grad()
-            F.cross_entropy(ddp(x), y).backward()
-            optimizer.step()
+        _train_steps(ddp, optimizer, 0, 5, rank)  # the ranks' gradients differ
         results[batch_gather] = {"model": copy.deepcopy(model.state_dict()),
                                  "batched": state.stats.batched,
                                  "codecs": dict(state.last_codecs)}
@@ -236,11 +234,7 @@ def _dense_scale_scenario(rank: int, port: int, targets: list, out: str) -> None
             state = gtorch.HookState(model, targets[rank], job=f"scale-{run}")
             ddp.register_comm_hook(state, gtorch.hook)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        for step in range(3):
-            x, y = _batch(100 * rank + step)  # the ranks' gradients differ
-            optimizer.zero_grad()
-            F.cross_entropy(ddp(x), y).backward()
-            optimizer.step()
+        _train_steps(ddp, optimizer, 0, 3, rank)  # the ranks' gradients differ
         results[run] = copy.deepcopy(model.state_dict())
         if state is not None:
             state.close()
