@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -68,7 +69,7 @@ bool IsKeyChar(char c) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(
-    uint64_t byte_size, absl::string_view tag) {
+    uint64_t byte_size, absl::string_view tag, mode_t mode) {
   // ftruncate and mmap take the size as an off_t: a larger one would come
   // back as an EINVAL that does not say which argument was wrong.
   constexpr uint64_t kMaxSize = std::numeric_limits<off_t>::max();
@@ -83,6 +84,12 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(
         absl::StrCat("shared-memory tag '", tag,
                      "': expected 1 to 128 letters, digits, '-', '_' or '.'"));
   }
+  if ((mode & ~mode_t{0777}) != 0 || (mode & 0600) != 0600) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "shared-memory mode %#o: expected permission bits (at most 0777) that "
+        "let the owner read and write (0600 at least)",
+        mode));
+  }
   std::random_device random;
   const std::string key = absl::StrFormat("/gradcomp.%s.%d.%08x%08x", tag,
                                           getpid(), random(), random());
@@ -91,7 +98,8 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(
   if (fd < 0) return ErrnoError("shm_open", key);
   absl::Status status;
   void* base = MAP_FAILED;
-  if (ftruncate(fd, static_cast<off_t>(byte_size)) != 0) {
+  if (fchmod(fd, mode) != 0) status = ErrnoError("fchmod", key);
+  if (status.ok() && ftruncate(fd, static_cast<off_t>(byte_size)) != 0) {
     status = ErrnoError("ftruncate", key);
   }
   if (status.ok()) status = ReservePages(fd, byte_size, key);

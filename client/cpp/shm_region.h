@@ -33,9 +33,13 @@ class ShmRegion {
   // letters, digits, '-', '_' and '.'. The object's pages are reserved
   // here: a /dev/shm too small for it (Docker's default is 64 MiB) is a
   // ResourceExhausted now rather than a SIGBUS on the first write. A size
-  // of 0 or above the largest off_t is an InvalidArgument.
+  // of 0 or above the largest off_t is an InvalidArgument. `mode` is set as
+  // given, whatever the umask: a gradcompd of another uid (its
+  // --shm_owner_uids) opens the object read-write, so give it a group or
+  // other read-write bit (0660 with a group both share, 0666 in a pod's
+  // own /dev/shm); it must keep 0600 for the creator.
   static absl::StatusOr<std::unique_ptr<ShmRegion>> Create(
-      uint64_t byte_size, absl::string_view tag = "region");
+      uint64_t byte_size, absl::string_view tag = "region", mode_t mode = 0600);
 
   ShmRegion(const ShmRegion&) = delete;
   ShmRegion& operator=(const ShmRegion&) = delete;

@@ -131,5 +131,24 @@ TEST(ShmRegionTest, RejectsZeroOrOversizedSizesAndBadTags) {
   }
 }
 
+// The mode as given, whatever the umask (0666 under umask 022 would be
+// 0644, which a daemon of another uid could not open read-write); the
+// creator must keep read and write.
+TEST(ShmRegionTest, TakesItsModeWhateverTheUmask) {
+  const mode_t umask_before = umask(022);
+  absl::StatusOr<std::unique_ptr<ShmRegion>> shared =
+      ShmRegion::Create(64, "mode", 0666);
+  umask(umask_before);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  struct stat st {};
+  ASSERT_EQ(stat(("/dev/shm" + (*shared)->key()).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0666u);
+  for (mode_t mode : {mode_t{0400}, mode_t{0200}, mode_t{04600}}) {
+    absl::Status status = ShmRegion::Create(64, "mode", mode).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << mode;
+    EXPECT_THAT(status.message(), HasSubstr("0600 at least")) << mode;
+  }
+}
+
 }  // namespace
 }  // namespace gradcomp::client

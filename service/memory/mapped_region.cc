@@ -66,7 +66,16 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> MappedRegion::Map(
           "; expected an object the client created with shm_open "
           "(is /dev/shm shared between the client and gradcompd?)"));
     }
-    if (error == EACCES) return absl::PermissionDeniedError(message);
+    if (error == EACCES) {
+      const uid_t uid = geteuid();
+      return absl::PermissionDeniedError(absl::StrCat(
+          message, "; this daemon runs as uid ", uid,
+          " and opens it read-write: expected an object whose mode lets uid ",
+          uid,
+          " read and write it (gradcomp's helpers: mode=0o666 or "
+          "Client(shm_mode=...)), or a client of uid ",
+          uid));
+    }
     // Out of descriptors is a shortage to retry later, not a bad request.
     if (error == EMFILE || error == ENFILE) {
       return absl::ResourceExhaustedError(message);

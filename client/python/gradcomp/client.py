@@ -424,16 +424,24 @@ class Client:
       token: sent as "authorization: Bearer <token>" on every call, for a
         daemon on TCP with --client_token_file; default $GRADCOMP_TOKEN if
         set. A daemon on its unix socket needs none.
+      shm_mode: permission bits of the shared-memory objects made for this
+        client (the torch hook's regions, the CUDA liveness lock); 0o600 by
+        default. A daemon that runs as another uid (with --shm_owner_uids)
+        must be able to open them read-write: e.g. 0o666 in a pod's own
+        /dev/shm.
     """
 
     def __init__(self, target: str | None = None, timeout: float = 60.0,
-                 token: str | None = None):
+                 token: str | None = None, shm_mode: int = 0o600):
         if target is None:
             target = os.environ.get("GRADCOMP_TARGET") or DEFAULT_TARGET
         if not target:
             raise ValueError("empty gradcompd target; expected host:port or unix:/path")
         self.target = target
         self.timeout = timeout
+        # The mode of the shared-memory objects made for this client (the
+        # torch hook's regions, the CUDA liveness lock): see ShmRegion.
+        self.shm_mode = shm_mode
         if token is None:
             token = os.environ.get("GRADCOMP_TOKEN") or None
         self._channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
@@ -714,7 +722,7 @@ class Client:
         forked meanwhile inherits the lock and keeps them alive too."""
         with self._cuda_lock_guard:
             if self._cuda_lock is None:
-                self._cuda_lock = ShmRegion(1, tag="cuda-lock")
+                self._cuda_lock = ShmRegion(1, tag="cuda-lock", mode=self.shm_mode)
             return self._cuda_lock.key
 
     def register_cuda_shm(self, name: str, raw_handle: bytes, device_id: int,

@@ -90,15 +90,23 @@ class ShmRegion:
     Only the creating process unlinks it: a forked child that releases or
     drops its copy unmaps and closes only its own, and the flock stays
     while the parent holds its descriptor.
+    `mode` (0o600: this uid only) is set as given, whatever the umask: a
+    daemon of another uid (gradcompd --shm_owner_uids) opens the object
+    read-write, so give it a group or other read-write bit (0o660 with a
+    group both share, or 0o666 in a pod's own /dev/shm).
     """
 
-    def __init__(self, byte_size: int, tag: str = "region"):
+    def __init__(self, byte_size: int, tag: str = "region", mode: int = 0o600):
         if byte_size <= 0:
             raise ValueError(f"shared-memory region of {byte_size} bytes, "
                              f"expected a positive size")
         if not _TAG.fullmatch(tag):
             raise ValueError(f"shared-memory tag {tag!r}: expected 1 to 128 "
                              f"letters, digits, '-', '_' or '.'")
+        if mode & ~0o777 or mode & 0o600 != 0o600:
+            raise ValueError(f"shared-memory mode {mode:#o}: expected permission "
+                             f"bits (at most 0o777) that let the owner read and "
+                             f"write (0o600 at least)")
         self._creator = os.getpid()
         self.key = f"/gradcomp.{tag}.{self._creator}.{secrets.token_hex(8)}"
         self.byte_size = byte_size
@@ -106,6 +114,7 @@ class ShmRegion:
         self._fd = os.open(_SHM_DIR + self.key,
                            os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
+            os.fchmod(self._fd, mode)
             os.ftruncate(self._fd, byte_size)
             _reserve_pages(self._fd, byte_size, self.key)
             fcntl.flock(self._fd, fcntl.LOCK_SH)

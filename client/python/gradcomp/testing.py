@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import pathlib
 import random
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -132,17 +133,27 @@ class Daemon:
 
     It listens on loopback TCP, or with `unix_socket` on a socket in its
     temporary directory. With `token` it requires that bearer token from TCP
-    clients (--client_token_file).
+    clients (--client_token_file). With `user` (root only) it runs as that
+    uid.
     """
 
     def __init__(self, extra_args: Sequence[str] = (), start_timeout: float = 30.0,
-                 token: str | None = None, unix_socket: bool = False):
+                 token: str | None = None, unix_socket: bool = False,
+                 user: int | None = None):
         self.extra_args = list(extra_args)
         self.start_timeout = start_timeout
         self.token = token
         self.unix_socket = unix_socket
+        self.user = user
         self.binary = daemon_binary()
         self._dir = tempfile.TemporaryDirectory(prefix="gradcompd-test-")
+        if user is not None:
+            # Run as another uid (needs root): from a copy that uid can
+            # reach (the build output may sit under a private home).
+            os.chmod(self._dir.name, 0o755)
+            copy = pathlib.Path(self._dir.name) / "gradcompd"
+            shutil.copy(self.binary, copy)
+            self.binary = copy
         self.log_path = pathlib.Path(self._dir.name) / "gradcompd.log"
         self.socket_path = pathlib.Path(self._dir.name) / "run" / "gradcomp.sock"
         self.process: subprocess.Popen | None = None
@@ -180,7 +191,7 @@ class Daemon:
                     [str(self.binary), f"--listen={self.target}",
                      f"--metrics_listen=127.0.0.1:{self.metrics_port}",
                      "--world_size=1", *self.extra_args],
-                    stdout=log, stderr=subprocess.STDOUT)
+                    stdout=log, stderr=subprocess.STDOUT, user=self.user)
             if self._wait_serving():
                 return self
             # Exited early: most likely a port taken between free_port() and

@@ -231,7 +231,7 @@ class _ShmStaging:
             return current
         if current is not None:
             self._drop(index)
-        region = ShmRegion(2 * nbytes, tag="torch-hook")
+        region = ShmRegion(2 * nbytes, tag="torch-hook", mode=self._client.shm_mode)
         return self._register(index, region), region
 
     def renew(self, index: int) -> str:

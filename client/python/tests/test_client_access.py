@@ -182,6 +182,35 @@ class ShmPrefixTest(unittest.TestCase):
             daemon.close()
             trusting.close()
 
+    def test_a_daemon_of_another_uid_opens_objects_of_a_mode_that_lets_it(self):
+        # The chart's setup: the daemon runs as 65532, the trainer (here
+        # root) as another uid, trusted with --shm_owner_uids. A 0600 object
+        # is the trainer's alone: the daemon cannot open it.
+        if os.geteuid() != 0:
+            self.skipTest("running the daemon as another user needs root")
+        daemon = Daemon(["--allow_client_shm", "--shm_owner_uids=0"], user=65532).start()
+        try:
+            with gradcomp.Client(daemon.target, timeout=10.0) as client, \
+                    ShmRegion(4096, tag="private") as private, \
+                    ShmRegion(4096, tag="shared", mode=0o666) as shared:
+                self.assertEqual(os.stat("/dev/shm" + shared.key).st_mode & 0o777, 0o666)
+                with self.assertRaises(gradcomp.GradcompError) as raised:
+                    client.register_shm("private", private)
+                self.assertEqual(raised.exception.code, grpc.StatusCode.PERMISSION_DENIED)
+                self.assertIn("this daemon runs as uid 65532 and opens it read-write",
+                              str(raised.exception))
+                client.register_shm("shared", shared)
+                source = shared.array(16)
+                target = shared.array(16, offset=64)
+                source[...] = 2.5
+                client.reduce_shm("w", 0, shared.tensor("shared", source),
+                                  shared.tensor("shared", target))
+                self.assertTrue((target == 2.5).all())
+                del source, target
+                client.unregister_shm("shared")
+        finally:
+            daemon.close()
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -30,6 +30,18 @@ def _gradient(shape, seed):
 
 class ShmRegionTest(unittest.TestCase):
 
+    def test_mode_is_set_whatever_the_umask_and_keeps_the_owners_access(self):
+        before = os.umask(0o022)
+        try:
+            region = ShmRegion(64, tag="py-test", mode=0o666)
+        finally:
+            os.umask(before)
+        self.addCleanup(region.release)
+        self.assertEqual(os.stat("/dev/shm" + region.key).st_mode & 0o777, 0o666)
+        for mode in (0o400, 0o200, 0o4600):
+            with self.assertRaisesRegex(ValueError, "0o600 at least"):
+                ShmRegion(64, tag="py-test", mode=mode)
+
     def test_views_slices_and_release(self):
         region = ShmRegion(4096, tag="py-test")
         self.assertTrue(region.key.startswith(f"/gradcomp.py-test.{os.getpid()}."))
