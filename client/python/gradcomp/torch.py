@@ -862,8 +862,14 @@ def hook(state: HookState, bucket: torch.distributed.GradBucket
     def run() -> None:
         try:
             state._run_bucket(index, buffer, params, tensors, step, last, ready)
-        except Exception as error:  # handed to DDP, which raises it in backward
-            future.set_exception(error)
+        except BaseException as error:  # noqa: B036
+            # Handed to DDP, which raises it in backward. torch's Future
+            # takes only an Exception: anything else (a library's SystemExit)
+            # goes wrapped, where the executor would have kept it and left
+            # DDP waiting for the future for ever.
+            future.set_exception(
+                error if isinstance(error, Exception)
+                else RuntimeError(f"gradcomp hook: bucket {index}: {error!r}"))
             return
         future.set_result(buffer)
 

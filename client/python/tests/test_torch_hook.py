@@ -361,6 +361,36 @@ class HookStateTest(unittest.TestCase):
             future.wait()
         self.assertEqual(state.step, 1)
 
+    def test_a_bucket_that_raises_any_exception_fails_its_future(self):
+        import gradcomp.torch as gtorch
+        model = _model()
+        state = gtorch.HookState(model, "127.0.0.1:1")
+        self.addCleanup(state.close)
+        weight = model[0].weight
+        flat = torch.zeros(weight.numel())
+
+        class Bucket:
+            def buffer(self):
+                return flat
+
+            def parameters(self):
+                return [weight]
+
+            def gradients(self):
+                return [flat.view(weight.shape)]
+
+            def is_last(self):
+                return True
+
+            def index(self):
+                return 0
+
+        with mock.patch.object(gtorch.HookState, "_run_bucket",
+                               side_effect=SystemExit(3)):
+            future = gtorch.hook(state, Bucket())
+            with self.assertRaisesRegex(RuntimeError, r"bucket 0: SystemExit\(3\)"):
+                future.wait()
+
     def test_close_leaves_a_client_it_was_given_open(self):
         import gradcomp.torch as gtorch
         with mock.patch.object(gradcomp.Client, "close") as close:
