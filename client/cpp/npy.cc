@@ -1,13 +1,18 @@
 #include "client/cpp/npy.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
 #include <optional>
-#include <sstream>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
@@ -306,17 +311,37 @@ absl::StatusOr<std::string> SerializeNpy(const NpyArray& array) {
 }
 
 absl::StatusOr<std::string> ReadFileBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  // POSIX calls, not an ifstream: its rdbuf copy swallows a read error (a
+  // directory opens, then reads as ""), and `policy --set=<dir>` would send
+  // an empty policy.
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
     return absl::NotFoundError(
         absl::StrCat("cannot open '", path, "': ", std::strerror(errno)));
   }
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  if (in.bad()) {
-    return absl::DataLossError(absl::StrCat("error reading '", path, "'"));
+  absl::Cleanup close_fd = [fd] { close(fd); };
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    return absl::DataLossError(
+        absl::StrCat("cannot stat '", path, "': ", std::strerror(errno)));
   }
-  return contents.str();
+  if (S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", path, "' is a directory, expected a file"));
+  }
+  std::string contents;
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::DataLossError(
+          absl::StrCat("error reading '", path, "': ", std::strerror(errno)));
+    }
+    contents.append(buffer, static_cast<size_t>(n));
+  }
+  return contents;
 }
 
 absl::StatusOr<NpyArray> ReadNpyFile(const std::string& path) {
@@ -334,7 +359,9 @@ absl::Status WriteNpyFile(const std::string& path, const NpyArray& array) {
   return WriteFileBytes(path, bytes);
 }
 
-absl::Status WriteFileBytes(const std::string& path, absl::string_view bytes) {
+namespace {
+
+absl::Status WriteInPlace(const std::string& path, absl::string_view bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) {
     return absl::PermissionDeniedError(
@@ -346,6 +373,26 @@ absl::Status WriteFileBytes(const std::string& path, absl::string_view bytes) {
     return absl::DataLossError(absl::StrCat("error writing '", path, "'"));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WriteFileBytes(const std::string& path, absl::string_view bytes) {
+  // A regular file (an earlier checkpoint, say) is replaced only once the
+  // new bytes are all written: a full disk or a kill leaves it as it was.
+  // Anything else (/dev/stdout, a FIFO) is written in place.
+  struct stat st {};
+  if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    return WriteInPlace(path, bytes);
+  }
+  const std::string temporary = absl::StrCat(path, ".tmp.", getpid());
+  absl::Status status = WriteInPlace(temporary, bytes);
+  if (status.ok() && std::rename(temporary.c_str(), path.c_str()) != 0) {
+    status = absl::PermissionDeniedError(
+        absl::StrCat("cannot replace '", path, "': ", std::strerror(errno)));
+  }
+  if (!status.ok()) std::remove(temporary.c_str());
+  return status;
 }
 
 }  // namespace gradcomp::client

@@ -1,5 +1,7 @@
 #include "client/cpp/npy.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -216,6 +218,32 @@ TEST(NpyTest, FilesRoundTripAndMissingFileIsNotFound) {
   absl::Status missing = ReadNpyFile(path).status();
   EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(missing.message(), HasSubstr(path));
+}
+
+// A directory opens as a stream and read as "": gradcompctl policy --set
+// given one sent an empty policy and said it had set it.
+TEST(FileBytesTest, ADirectoryIsNoFile) {
+  absl::Status status = ReadFileBytes(::testing::TempDir()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(status.message(), HasSubstr("is a directory"));
+}
+
+// A file is replaced whole, and nothing is left beside it; where it cannot
+// be written, what was there stays.
+TEST(FileBytesTest, ReplacesAFileWholeOrNotAtAll) {
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/file_bytes_test.bin");
+  ASSERT_TRUE(WriteFileBytes(path, "first").ok());
+  ASSERT_TRUE(WriteFileBytes(path, "second, longer").ok());
+  EXPECT_EQ(*ReadFileBytes(path), "second, longer");
+  EXPECT_EQ(
+      ReadFileBytes(absl::StrCat(path, ".tmp.", getpid())).status().code(),
+      absl::StatusCode::kNotFound);
+  std::remove(path.c_str());
+  const std::string nowhere = absl::StrCat(path, ".missing/dir/file.bin");
+  EXPECT_FALSE(WriteFileBytes(nowhere, "x").ok());
+  EXPECT_EQ(WriteFileBytes("/dev/null", "in place").code(),
+            absl::StatusCode::kOk);
 }
 
 }  // namespace
