@@ -451,22 +451,30 @@ class ParentChartTest(unittest.TestCase):
         statefulset = find(objects, "StatefulSet", "resnet")
         self.assertEqual(statefulset["spec"]["serviceName"], find(objects, "Service")["metadata"]["name"])
         spec = statefulset["spec"]["template"]["spec"]
-        self.assertEqual([c["name"] for c in spec["containers"]], ["train", "gradcompd"])
+        self.assertEqual([c["name"] for c in spec["containers"]],
+                         ["train", "loader", "gradcompd"])
         # The user's pod runs as root; the sidecar keeps its own uid, else
         # the kubelet refuses it (runAsNonRoot beside an inherited uid 0).
         # The pod gets the chart's fsGroup, through which the sidecar reads
         # its TLS secret (0440) and non-root trainers reach its socket.
         self.assertEqual(spec["securityContext"], {"runAsUser": 0, "fsGroup": 65532})
-        sidecar_security = spec["containers"][1]["securityContext"]
+        sidecar_security = spec["containers"][2]["securityContext"]
         self.assertTrue(sidecar_security["runAsNonRoot"])
         self.assertEqual(sidecar_security["runAsUser"], 65532)
         self.assertEqual(sidecar_security["runAsGroup"], 65532)
+        self.assertEqual(sidecar_security["seccompProfile"], {"type": "RuntimeDefault"})
+        # One /dev/shm and one socket directory for every container, the
+        # loader's own "shm" mount included.
+        for container in spec["containers"]:
+            mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+            self.assertEqual(mounts["/dev/shm"], "dshm", container["name"])
+            self.assertEqual(mounts["/run/gradcomp"], "gradcomp-socket", container["name"])
         self.assertEqual(spec["containers"][0]["args"], ["--epochs=90"])
         self.assertIn({"name": "dshm", "mountPath": "/dev/shm"}, spec["containers"][0]["volumeMounts"])
         self.assertIn({"name": "gradcomp-socket", "mountPath": "/run/gradcomp"},
                       spec["containers"][0]["volumeMounts"])
         self.assertEqual(sorted(v["name"] for v in spec["volumes"]),
-                         ["data", "dshm", "gradcomp-config", "gradcomp-socket"])
+                         ["data", "dshm", "gradcomp-config", "gradcomp-socket", "shm"])
         config = json.loads(find(objects, "ConfigMap", "-config")["data"]["daemon.json"])
         self.assertEqual(config["peers"], [
             f"resnet-{r}.resnet-peers.{NAMESPACE}.svc.cluster.local:50052" for r in range(2)])

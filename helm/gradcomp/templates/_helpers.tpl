@@ -197,6 +197,10 @@ checksum/gradcomp-config: {{ include "gradcomp.config" . | sha256sum }}
     allowPrivilegeEscalation: false
     capabilities:
       drop: ["ALL"]
+    # Its own, not only the chart's pod-level one: in a pod of yours the
+    # sidecar would otherwise run Unconfined.
+    seccompProfile:
+      type: RuntimeDefault
   volumeMounts:
     - name: gradcomp-config
       mountPath: /etc/gradcomp/config
@@ -246,9 +250,12 @@ checksum/gradcomp-config: {{ include "gradcomp.config" . | sha256sum }}
 {{/*
 A pod spec with the sidecar added: the gradcompd container appended to
 .spec.containers, its volumes to .spec.volumes, and /dev/shm and the client
-socket's directory mounted in every container that does not mount them yet
-(volumes named dshm or gradcomp-socket in the given spec are replaced: the
-trainer and the daemon must share one /dev/shm and one socket directory),
+socket's directory mounted in every container from the chart's volumes
+dshm and gradcomp-socket: a container that mounts them from a volume of
+another name is switched to the chart's (that volume stays, for any other
+use), and volumes named dshm or gradcomp-socket in the given spec are
+replaced: the trainer and the daemon must share one /dev/shm and one
+socket directory),
 and the chart's podSecurityContext if the spec has none, or its fsGroup if
 the spec's securityContext has none.
 */}}
@@ -256,16 +263,25 @@ the spec's securityContext has none.
 {{- $gc := .gradcomp -}}
 {{- $spec := deepCopy .spec -}}
 {{- $containers := list -}}
+{{- $socketDir := include "gradcomp.socketDir" $gc -}}
 {{- range (default list $spec.containers) -}}
-{{- $mounts := default list .volumeMounts -}}
+{{- $mounts := list -}}
 {{- $hasShm := false -}}
-{{- range $mounts -}}{{- if eq .mountPath "/dev/shm" -}}{{- $hasShm = true -}}{{- end -}}{{- end -}}
+{{- $hasSocket := false -}}
+{{- range (default list .volumeMounts) -}}
+{{- $mount := deepCopy . -}}
+{{- if eq $mount.mountPath "/dev/shm" -}}
+{{- $_ := set $mount "name" "dshm" -}}
+{{- $hasShm = true -}}
+{{- else if eq $mount.mountPath $socketDir -}}
+{{- $_ := set $mount "name" "gradcomp-socket" -}}
+{{- $hasSocket = true -}}
+{{- end -}}
+{{- $mounts = append $mounts $mount -}}
+{{- end -}}
 {{- if not $hasShm -}}
 {{- $mounts = append $mounts (dict "name" "dshm" "mountPath" "/dev/shm") -}}
 {{- end -}}
-{{- $socketDir := include "gradcomp.socketDir" $gc -}}
-{{- $hasSocket := false -}}
-{{- range $mounts -}}{{- if eq .mountPath $socketDir -}}{{- $hasSocket = true -}}{{- end -}}{{- end -}}
 {{- if not $hasSocket -}}
 {{- $mounts = append $mounts (dict "name" "gradcomp-socket" "mountPath" $socketDir) -}}
 {{- end -}}
