@@ -61,8 +61,10 @@ Float32ReduceResult ToFloat32(ReduceResult raw, size_t n) {
   return result;
 }
 
+// Saturating: an infinite timeout is time_point::max(), which gRPC reads as
+// no deadline (now() + nanoseconds::max() overflowed).
 std::chrono::system_clock::time_point DeadlineAfter(absl::Duration timeout) {
-  return std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout);
+  return absl::ToChronoTime(absl::Now() + timeout);
 }
 
 // What the client can tell of a gossip request before it is sent; the

@@ -227,6 +227,10 @@ absl::Status Validate(const CtlArgs& args) {
         return absl::InvalidArgumentError(
             "--shape is for raw input; an .npy file carries its own shape");
       }
+      if (npy && args.raw_dtype) {
+        return absl::InvalidArgumentError(
+            "--dtype is for raw input; an .npy file carries its own dtype");
+      }
       if (!npy && !args.shape) {
         return absl::InvalidArgumentError(absl::StrCat(
             "raw input '", args.input,

@@ -51,7 +51,7 @@ struct CtlArgs {
   std::string tensor;
   int64_t step = 0;
   std::optional<std::vector<int64_t>> shape;  // for raw input
-  NpyDType raw_dtype = NpyDType::kFloat32;    // for raw input
+  std::optional<NpyDType> raw_dtype;          // for raw input; float32 if unset
 
   // bench
   int64_t numel = 0;

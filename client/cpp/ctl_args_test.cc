@@ -83,6 +83,10 @@ TEST(CtlArgsTest, ReduceRawNeedsShape) {
 TEST(CtlArgsTest, ReduceRejectsShapeForNpyAndBadShapes) {
   EXPECT_THAT(ErrorOf({"reduce", "--input=g.npy", "--tensor=t", "--shape=3"}),
               HasSubstr("carries its own shape"));
+  // It was ignored: the file's dtype won, whatever the command line said.
+  EXPECT_THAT(
+      ErrorOf({"reduce", "--input=g.npy", "--tensor=t", "--dtype=float16"}),
+      HasSubstr("carries its own dtype"));
   EXPECT_THAT(ErrorOf({"reduce", "--input=g.raw", "--tensor=t", "--shape=3,x"}),
               HasSubstr("--shape=3,x: expected comma-separated"));
   EXPECT_THAT(ErrorOf({"reduce", "--input=g.raw", "--tensor=t", "--shape=-1"}),

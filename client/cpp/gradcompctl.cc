@@ -135,7 +135,7 @@ absl::Status RunPolicy(Client& client, const CtlArgs& args) {
 absl::Status RunReduce(Client& client, const CtlArgs& args) {
   NpyArray input;
   if (args.shape) {
-    input.dtype = args.raw_dtype;
+    input.dtype = args.raw_dtype.value_or(NpyDType::kFloat32);
     input.shape = *args.shape;
     GC_ASSIGN_OR_RETURN(input.data, ReadFileBytes(args.input));
     GC_ASSIGN_OR_RETURN(const int64_t numel, NumElements(input.shape));
