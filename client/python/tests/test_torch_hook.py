@@ -136,10 +136,10 @@ class _FullShm(ShmRegion):
     """A /dev/shm with room for the transport probe only: any larger region
     fails as ShmRegion fails on a full /dev/shm (ENOSPC)."""
 
-    def __init__(self, byte_size: int, tag: str = "region"):
+    def __init__(self, byte_size: int, tag: str = "region", mode: int = 0o600):
         if byte_size > 64:
             raise OSError(errno.ENOSPC, f"no room for {byte_size} bytes in /dev/shm")
-        super().__init__(byte_size, tag)
+        super().__init__(byte_size, tag, mode)
 
 
 def _shm_scenario(rank: int, out: str) -> None:
