@@ -254,21 +254,13 @@ absl::StatusOr<v1::ReduceResponse> GradcompService::DoReduce(
         "request ", request.request_id(), " has ", request.parts_size(),
         " parts; send requests with parts over ReduceStream"));
   }
-  // The request's bytes count against the memory budget until it returns.
-  absl::StatusOr<MemoryBudget::Reservation> own = MemoryBudget::Reservation();
-  if (held == nullptr) {
-    own = ReserveInline(request);
-    if (own.ok()) held = &*own;
-  }
   // Held until the reduce returns: the regions stay mapped and count as in
   // flight, so Unregister refuses them meanwhile.
   std::optional<SharedMemorySlice> input_slice, output_slice;
   HostStaging staging;
   const std::shared_ptr<const BatchSpec> batch_of_part = batch;
-  absl::StatusOr<ReduceInput> input =
-      own.ok() ? ResolveInput(request, client, std::move(batch), &input_slice,
-                              &output_slice, &staging)
-               : own.status();
+  absl::StatusOr<ReduceInput> input = ResolveInput(
+      request, client, std::move(batch), &input_slice, &output_slice, &staging);
   if (!input.ok()) {
     // Refused before the engine saw it; counted here so that every request
     // shows in gradcomp_reduce_total.
@@ -276,7 +268,11 @@ absl::StatusOr<v1::ReduceResponse> GradcompService::DoReduce(
     LeaveBatch(request, batch_of_part);
     return Prefixed(input.status(), TensorLabel(request));
   }
+  // The request's bytes count against the memory budget until it returns:
+  // a stream's are held since it arrived; a unary call's the engine
+  // reserves with its working memory.
   input->reservation = held;
+  if (held == nullptr) input->unreserved_input_bytes = request.data().size();
   // Counted by the engine once this has run: a result the client does not
   // get is a failed reduce.
   const auto deliver = [&]() -> absl::Status {

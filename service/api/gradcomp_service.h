@@ -105,7 +105,8 @@ class GradcompService final : public v1::Gradcomp::Service {
 
   // One Reduce in core terms for `client` (ClientId of the call); the
   // status is what the client sees. `held` holds the request's inline
-  // bytes in the memory budget; null: DoReduce reserves them itself.
+  // bytes in the memory budget; null: the engine reserves them with the
+  // reduce's working memory, in one piece.
   // `batch`: the batch of a request's parts (SplitRequest), for a part.
   absl::StatusOr<v1::ReduceResponse> DoReduce(
       const v1::ReduceRequest& request, const ShmClient& client,
@@ -125,7 +126,8 @@ class GradcompService final : public v1::Gradcomp::Service {
   // the last is in; a request SplitParts refuses is answered with its error.
   void ScheduleParts(const v1::ReduceRequest& request, const AnswerFn& send,
                      const ScheduleFn& schedule);
-  // Reserves `request`'s inline input in the engine's memory budget.
+  // Reserves `request`'s inline input in the engine's memory budget, for a
+  // stream's request that waits in the queue.
   absl::StatusOr<MemoryBudget::Reservation> ReserveInline(
       const v1::ReduceRequest& request);
   // `request` was refused before the engine saw it: if it is a member of a

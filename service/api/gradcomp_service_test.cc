@@ -67,9 +67,11 @@ v1::ReduceRequest Request(const std::string& tensor, std::vector<int64_t> shape,
 
 class GradcompServiceTest : public ::testing::Test {
  protected:
+  virtual EngineOptions Options() const { return EngineOptions(); }
+
   void SetUp() override {
-    auto engine = Engine::Create(EngineOptions(), codecs::BuiltinCodecs(),
-                                 &store_, &collective_, &metrics_, Policy());
+    auto engine = Engine::Create(Options(), codecs::BuiltinCodecs(), &store_,
+                                 &collective_, &metrics_, Policy());
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = std::move(*engine);
     DaemonSettings settings;
@@ -441,6 +443,45 @@ TEST_F(GradcompServiceTest, ReleaseJobSaysWhatItFreed) {
   grpc::ClientContext context;
   EXPECT_EQ(stub_->ReleaseJob(&context, release, &released).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// A daemon whose memory budget is 1 MiB; its reduces wait 50 ms for room.
+class GradcompServiceBudgetTest : public GradcompServiceTest {
+ protected:
+  static constexpr uint64_t kBudget = 1 << 20;
+  EngineOptions Options() const override {
+    EngineOptions options;
+    options.memory_budget_bytes = kBudget;
+    options.memory_wait = absl::Milliseconds(50);
+    return options;
+  }
+};
+
+TEST_F(GradcompServiceBudgetTest, AUnaryReduceHoldsNothingWhileItWaits) {
+  // Room for the request's 16 KiB input but not for its working memory. Had
+  // it reserved the input first, it would have held it while waiting for
+  // the rest (keeping it from others: concurrent arrivals that each held
+  // an input could all wait, and be refused, with room enough for some).
+  constexpr int kFloats = 4096;
+  constexpr uint64_t kInput = kFloats * sizeof(float);
+  constexpr uint64_t kBlocked = kBudget - kInput - 1;
+  absl::StatusOr<MemoryBudget::Reservation> blocker =
+      engine_->ReserveInput(kBlocked, "the test's blocker");
+  ASSERT_TRUE(blocker.ok()) << blocker.status();
+
+  v1::ReduceResponse response;
+  const grpc::Status status =
+      Reduce(Request("w", {kFloats}, Ramp(kFloats)), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(
+      status.error_message(),
+      HasSubstr(absl::StrCat("bytes, but ", kBlocked, " of the budget's ",
+                             kBudget, " bytes are in use")));
+  EXPECT_EQ(Metric("gradcomp_memory_budget_in_use_bytes", {}), kBlocked);
+
+  blocker->Release();
+  ASSERT_TRUE(Reduce(Request("w", {kFloats}, Ramp(kFloats)), &response).ok());
+  EXPECT_EQ(Metric("gradcomp_memory_budget_in_use_bytes", {}), 0);
 }
 
 TEST_F(GradcompServiceTest, SharedMemoryIsOffByDefault) {

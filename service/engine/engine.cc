@@ -433,7 +433,8 @@ absl::Status Engine::ReserveWorkingMemory(const ReduceInput& in, uint64_t numel,
                                   "this reduce", options_.memory_wait);
   }
   GC_ASSIGN_OR_RETURN(
-      *own, budget_.Reserve(bytes, "this reduce", options_.memory_wait));
+      *own, budget_.Reserve(in.unreserved_input_bytes + bytes, "this reduce",
+                            options_.memory_wait));
   return absl::OkStatus();
 }
 

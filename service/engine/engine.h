@@ -98,8 +98,13 @@ struct ReduceInput {
   std::shared_ptr<const BatchSpec> batch;
   // Bytes of the memory budget the caller already holds for this request
   // (its inline input, reserved when it arrived); the engine grows it by
-  // the reduce's own working memory. Null: the engine reserves on its own.
+  // the reduce's own working memory. Null: the engine reserves on its own,
+  // `unreserved_input_bytes` (what the caller holds of the request and has
+  // not reserved) with its working memory in one piece: a reduce that held
+  // its input while it waited for the rest would keep others from the room
+  // they need (concurrent arrivals could each hold an input and all wait).
   MemoryBudget::Reservation* reservation = nullptr;
+  uint64_t unreserved_input_bytes = 0;
   // kGossip: the result is this worker's tensor mixed with its neighbours'
   // on `gossip`'s topology (gossip_jobs.h) instead of the average; `codec`
   // and the policy are not used, and `batch` is refused.
