@@ -449,9 +449,10 @@ absl::Status Run(const std::set<std::string>& named_flags) {
   EngineOptions engine_options = EngineOptionsFromConfig(*config);
   // Members of a batch wait for each other as long as ranks do.
   engine_options.batch_timeout = absl::GetFlag(FLAGS_collective_timeout);
+  GC_ASSIGN_OR_RETURN(Policy policy, PolicyFromProto(config->policy()));
   GC_ASSIGN_OR_RETURN(
       engine, Engine::Create(engine_options, registry, &store, collective.get(),
-                             &metrics, PolicyFromProto(config->policy())));
+                             &metrics, std::move(policy)));
   if (transport != nullptr) GC_RETURN_IF_ERROR(transport->Start());
   std::unique_ptr<prometheus::Exposer> exposer;
   std::string metrics_address = "metrics off";

@@ -484,8 +484,9 @@ grpc::Status GradcompService::GetPolicy(grpc::ServerContext* /*context*/,
 grpc::Status GradcompService::SetPolicy(grpc::ServerContext* /*context*/,
                                         const v1::SetPolicyRequest* request,
                                         v1::SetPolicyResponse* response) {
-  absl::StatusOr<std::string> hash =
-      engine_->SetPolicy(PolicyFromProto(request->policy()));
+  absl::StatusOr<Policy> policy = PolicyFromProto(request->policy());
+  if (!policy.ok()) return ToGrpcStatus(policy.status());
+  absl::StatusOr<std::string> hash = engine_->SetPolicy(*std::move(policy));
   if (!hash.ok()) return ToGrpcStatus(hash.status());
   response->set_hash(*hash);
   return grpc::Status::OK;

@@ -365,7 +365,8 @@ absl::Status ValidateConfig(const v1::DaemonConfig& config,
   }
   GC_RETURN_IF_ERROR(ValidateLimits(config));
   GC_RETURN_IF_ERROR(CheckPeerTlsFiles(PeerTlsFilesFromConfig(config)));
-  return ValidatePolicy(PolicyFromProto(config.policy()), registry);
+  GC_ASSIGN_OR_RETURN(const Policy policy, PolicyFromProto(config.policy()));
+  return ValidatePolicy(policy, registry);
 }
 
 absl::StatusOr<v1::DaemonConfig> LoadConfig(
@@ -377,7 +378,8 @@ absl::StatusOr<v1::DaemonConfig> LoadConfig(
   }
   ApplyFlags(flags, &config);
   GC_RETURN_IF_ERROR(ValidateConfig(config, registry));
-  *config.mutable_policy() = PolicyToProto(PolicyFromProto(config.policy()));
+  GC_ASSIGN_OR_RETURN(const Policy policy, PolicyFromProto(config.policy()));
+  *config.mutable_policy() = PolicyToProto(policy);
   return config;
 }
 

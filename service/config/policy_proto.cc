@@ -3,11 +3,21 @@
 #include <optional>
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "base/status_macros.h"
+
 namespace gradcomp::service {
 namespace {
 
-std::optional<Aggregation> AggregationFromProto(v1::Aggregation a) {
+// Unset (UNSPECIFIED) is nullopt; a number this build does not know (a
+// newer client's) is refused, naming `field`.
+absl::StatusOr<std::optional<Aggregation>> AggregationFromProto(
+    v1::Aggregation a, absl::string_view field) {
   switch (a) {
+    case v1::AGGREGATION_UNSPECIFIED:
+      return std::nullopt;
     case v1::AGGREGATION_ALLGATHER:
       return Aggregation::kAllgather;
     case v1::AGGREGATION_SHARDED:
@@ -15,7 +25,10 @@ std::optional<Aggregation> AggregationFromProto(v1::Aggregation a) {
     case v1::AGGREGATION_AUTO:
       return Aggregation::kAuto;
     default:
-      return std::nullopt;
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " is ", static_cast<int>(a),
+          ", expected AGGREGATION_ALLGATHER (1), AGGREGATION_SHARDED (2) or "
+          "AGGREGATION_AUTO (3), or none"));
   }
 }
 
@@ -47,9 +60,10 @@ v1::CodecSpec CodecSpecToProto(const CodecSpec& spec) {
   return out;
 }
 
-Policy PolicyFromProto(const v1::Policy& policy) {
+absl::StatusOr<Policy> PolicyFromProto(const v1::Policy& policy) {
   Policy out;
-  for (const v1::PolicyRule& rule : policy.rules()) {
+  for (int i = 0; i < policy.rules_size(); ++i) {
+    const v1::PolicyRule& rule = policy.rules(i);
     PolicyRule r;
     r.name_glob = rule.name_glob();
     r.min_numel = rule.min_numel();
@@ -58,7 +72,10 @@ Policy PolicyFromProto(const v1::Policy& policy) {
     r.max_ndim = rule.max_ndim();
     r.dtype = DTypeFromProto(rule.dtype());
     r.codec = CodecSpecFromProto(rule.codec());
-    r.aggregation = AggregationFromProto(rule.aggregation());
+    GC_ASSIGN_OR_RETURN(
+        r.aggregation,
+        AggregationFromProto(rule.aggregation(),
+                             absl::StrCat("policy rule ", i, " aggregation")));
     out.rules.push_back(std::move(r));
   }
   if (policy.has_dense_below_numel()) {
@@ -68,9 +85,19 @@ Policy PolicyFromProto(const v1::Policy& policy) {
   out.warmup_steps = policy.warmup_steps();
   if (!policy.default_codec().name().empty()) {
     out.default_codec = CodecSpecFromProto(policy.default_codec());
+  } else if (!policy.default_codec().params().empty()) {
+    // Dropping them would run "none" where the user meant a codec.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "policy default_codec has params (",
+        policy.default_codec().params().begin()->first,
+        ", ...) but no name; expected the codec's name with them, or "
+        "neither for \"",
+        kDenseCodec, "\""));
   }
-  out.aggregation = AggregationFromProto(policy.aggregation())
-                        .value_or(Aggregation::kAllgather);
+  GC_ASSIGN_OR_RETURN(
+      const std::optional<Aggregation> aggregation,
+      AggregationFromProto(policy.aggregation(), "policy aggregation"));
+  out.aggregation = aggregation.value_or(Aggregation::kAllgather);
   return out;
 }
 

@@ -3,11 +3,12 @@
 // shell. PolicyFromProto applies the documented defaults of unset fields;
 // PolicyToProto writes every field, so what GetPolicy shows is what runs.
 //
-//   Policy core = PolicyFromProto(request.policy());
+//   GC_ASSIGN_OR_RETURN(Policy core, PolicyFromProto(request.policy()));
 //   v1::Policy shown = PolicyToProto(core);
 #ifndef GRADCOMP_SERVICE_CONFIG_POLICY_PROTO_H_
 #define GRADCOMP_SERVICE_CONFIG_POLICY_PROTO_H_
 
+#include "absl/status/statusor.h"
 #include "gradcomp/v1/gradcomp.pb.h"
 #include "service/engine/dtype.h"
 #include "service/engine/policy.h"
@@ -29,7 +30,9 @@ CodecSpec CodecSpecFromProto(const v1::CodecSpec& spec);
 v1::CodecSpec CodecSpecToProto(const CodecSpec& spec);
 
 // An empty default_codec name means "none", unset optionals their defaults.
-Policy PolicyFromProto(const v1::Policy& policy);
+// InvalidArgument for what a Policy cannot hold: default_codec params
+// without a name, an aggregation number this build does not know.
+absl::StatusOr<Policy> PolicyFromProto(const v1::Policy& policy);
 v1::Policy PolicyToProto(const Policy& policy);
 
 }  // namespace gradcomp::service

@@ -1,12 +1,17 @@
 #include "service/config/policy_proto.h"
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace gradcomp::service {
 namespace {
 
+using ::testing::HasSubstr;
+
 TEST(PolicyProtoTest, UnsetFieldsTakeTheDefaults) {
-  Policy policy = PolicyFromProto(v1::Policy());
+  const absl::StatusOr<Policy> parsed = PolicyFromProto(v1::Policy());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const Policy& policy = *parsed;
   EXPECT_EQ(policy.dense_below_numel, 1024u);
   EXPECT_TRUE(policy.dense_1d);
   EXPECT_EQ(policy.warmup_steps, 0u);
@@ -19,9 +24,10 @@ TEST(PolicyProtoTest, ExplicitZeroAndFalseAreKept) {
   v1::Policy proto;
   proto.set_dense_below_numel(0);
   proto.set_dense_1d(false);
-  Policy policy = PolicyFromProto(proto);
-  EXPECT_EQ(policy.dense_below_numel, 0u);
-  EXPECT_FALSE(policy.dense_1d);
+  const absl::StatusOr<Policy> policy = PolicyFromProto(proto);
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  EXPECT_EQ(policy->dense_below_numel, 0u);
+  EXPECT_FALSE(policy->dense_1d);
 }
 
 TEST(PolicyProtoTest, RoundTripKeepsEveryField) {
@@ -42,7 +48,9 @@ TEST(PolicyProtoTest, RoundTripKeepsEveryField) {
   proto.mutable_default_codec()->set_name("fp16");
   proto.set_aggregation(v1::AGGREGATION_SHARDED);
 
-  const Policy policy = PolicyFromProto(proto);
+  const absl::StatusOr<Policy> parsed = PolicyFromProto(proto);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const Policy& policy = *parsed;
   ASSERT_EQ(policy.rules.size(), 1u);
   EXPECT_EQ(policy.rules[0].dtype, DType::kBFloat16);
   EXPECT_EQ(policy.rules[0].codec.params.at("ratio"), "0.01");
@@ -50,6 +58,31 @@ TEST(PolicyProtoTest, RoundTripKeepsEveryField) {
   EXPECT_EQ(policy.aggregation, Aggregation::kSharded);
   EXPECT_EQ(PolicyToProto(policy).SerializeAsString(),
             proto.SerializeAsString());
+}
+
+TEST(PolicyProtoTest, WhatAPolicyCannotHoldIsRefused) {
+  // Params without a name would have run "none" where a codec was meant.
+  v1::Policy proto;
+  (*proto.mutable_default_codec()->mutable_params())["ratio"] = "0.01";
+  absl::StatusOr<Policy> policy = PolicyFromProto(proto);
+  EXPECT_EQ(policy.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(policy.status().message(),
+              HasSubstr("default_codec has params (ratio, ...) but no name"));
+
+  // A newer client's aggregation would have run as the default.
+  proto = v1::Policy();
+  proto.set_aggregation(static_cast<v1::Aggregation>(7));
+  policy = PolicyFromProto(proto);
+  EXPECT_EQ(policy.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(policy.status().message(), HasSubstr("policy aggregation is 7"));
+
+  proto = v1::Policy();
+  proto.add_rules()->mutable_codec()->set_name("fp16");
+  proto.add_rules()->set_aggregation(static_cast<v1::Aggregation>(9));
+  policy = PolicyFromProto(proto);
+  EXPECT_EQ(policy.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(policy.status().message(),
+              HasSubstr("policy rule 1 aggregation is 9"));
 }
 
 }  // namespace

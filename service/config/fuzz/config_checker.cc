@@ -47,7 +47,15 @@ absl::Status CheckConfigBytes(const uint8_t* data, size_t size) {
     return valid;
   }
   // What LoadConfig hands the daemon, and what --check_config prints.
-  *config.mutable_policy() = PolicyToProto(PolicyFromProto(config.policy()));
+  const absl::StatusOr<Policy> policy = PolicyFromProto(config.policy());
+  if (!policy.ok()) {
+    Fail(
+        "a config ValidateConfig accepts has a policy PolicyFromProto "
+        "refuses: " +
+            policy.status().ToString(),
+        text);
+  }
+  *config.mutable_policy() = PolicyToProto(*policy);
   const std::string json = ConfigToJson(config);
   v1::DaemonConfig again = DefaultConfig();
   const absl::Status reparsed = MergeConfigText("printed.json", json, &again);
