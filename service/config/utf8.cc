@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/utf8.h"
 #include "google/protobuf/descriptor.h"
 
 namespace gradcomp::service {
@@ -55,37 +56,6 @@ absl::Status CheckMessage(const std::string& prefix, const Message& message) {
 }
 
 }  // namespace
-
-size_t FirstInvalidUtf8Byte(absl::string_view text) {
-  size_t i = 0;
-  while (i < text.size()) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    int extra = 0;
-    unsigned char low = 0x80, high = 0xBF;  // range of the second byte
-    if (c < 0x80) {
-      extra = 0;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-      extra = 1;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      extra = 2;
-      if (c == 0xE0) low = 0xA0;   // overlong
-      if (c == 0xED) high = 0x9F;  // surrogates
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      extra = 3;
-      if (c == 0xF0) low = 0x90;   // overlong
-      if (c == 0xF4) high = 0x8F;  // above U+10FFFF
-    } else {
-      return i;
-    }
-    for (int k = 1; k <= extra; ++k) {
-      if (i + k >= text.size()) return i;
-      const auto b = static_cast<unsigned char>(text[i + k]);
-      if (k == 1 ? (b < low || b > high) : (b >> 6) != 0x2) return i;
-    }
-    i += 1 + extra;
-  }
-  return text.size();
-}
 
 absl::Status CheckStringsAreUtf8(const Message& message) {
   return CheckMessage("", message);

@@ -4,27 +4,14 @@
 // only fails later, when it is used; so validation refuses them, naming
 // the field.
 //
-//   if (!IsValidUtf8(text)) ...;
 //   GC_RETURN_IF_ERROR(CheckStringsAreUtf8(config));
 #ifndef GRADCOMP_SERVICE_CONFIG_UTF8_H_
 #define GRADCOMP_SERVICE_CONFIG_UTF8_H_
 
-#include <cstddef>
-
 #include "absl/status/status.h"
-#include "absl/strings/string_view.h"
 #include "google/protobuf/message.h"
 
 namespace gradcomp::service {
-
-// The offset of the first byte of `text` that is not part of well-formed
-// UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing above
-// U+10FFFF), or text.size() when it is all well formed.
-size_t FirstInvalidUtf8Byte(absl::string_view text);
-
-inline bool IsValidUtf8(absl::string_view text) {
-  return FirstInvalidUtf8Byte(text) == text.size();
-}
 
 // Every string field of `message` and of the messages in it (repeated
 // fields and maps included): INVALID_ARGUMENT naming the first that is not

@@ -3,22 +3,15 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "base/utf8.h"
+
 namespace gradcomp::service {
 namespace {
 
 // Bytes of the UTF-8 character that starts at name[i] (1 for a byte that
 // starts none), so that `?` and a `*` that grows take whole characters.
 size_t CharBytes(absl::string_view name, size_t i) {
-  const unsigned char c = static_cast<unsigned char>(name[i]);
-  size_t bytes = 1;
-  if ((c >> 5) == 0x6) {
-    bytes = 2;
-  } else if ((c >> 4) == 0xE) {
-    bytes = 3;
-  } else if ((c >> 3) == 0x1E) {
-    bytes = 4;
-  }
-  return std::min(bytes, name.size() - i);
+  return std::max<size_t>(Utf8SequenceBytes(name, i), 1);
 }
 
 }  // namespace
