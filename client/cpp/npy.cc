@@ -4,12 +4,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -375,6 +377,50 @@ absl::Status WriteInPlace(const std::string& path, absl::string_view bytes) {
   return absl::OkStatus();
 }
 
+// An open file of its own beside the one it is to replace; closed when
+// destroyed.
+struct TemporaryFile {
+  TemporaryFile(std::string p, int f) : path(std::move(p)), fd(f) {}
+  TemporaryFile(TemporaryFile&& other) noexcept
+      : path(std::move(other.path)), fd(std::exchange(other.fd, -1)) {}
+  TemporaryFile& operator=(TemporaryFile&&) = delete;
+  ~TemporaryFile() {
+    if (fd >= 0) close(fd);
+  }
+  std::string path;
+  int fd;
+};
+
+// `path`.tmp.<pid>.<n>, created exclusively: n counts the process's calls,
+// so that threads (or a stale file of an earlier process with this pid)
+// never share one.
+absl::StatusOr<TemporaryFile> CreateTemporaryBeside(const std::string& path) {
+  static std::atomic<uint64_t> next{0};
+  for (;;) {
+    std::string name = absl::StrCat(path, ".tmp.", getpid(), ".", next++);
+    const int fd =
+        open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd >= 0) return TemporaryFile(std::move(name), fd);
+    if (errno != EEXIST) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot create '", name, "': ", std::strerror(errno)));
+    }
+  }
+}
+
+absl::Status WriteAll(const TemporaryFile& file, absl::string_view bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = write(file.fd, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return absl::DataLossError(absl::StrCat("error writing '", file.path,
+                                              "': ", std::strerror(errno)));
+    }
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status WriteFileBytes(const std::string& path, absl::string_view bytes) {
@@ -382,17 +428,24 @@ absl::Status WriteFileBytes(const std::string& path, absl::string_view bytes) {
   // new bytes are all written: a full disk or a kill leaves it as it was.
   // Anything else (/dev/stdout, a FIFO) is written in place.
   struct stat st {};
-  if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-    return WriteInPlace(path, bytes);
+  const bool exists = stat(path.c_str(), &st) == 0;
+  if (exists && !S_ISREG(st.st_mode)) return WriteInPlace(path, bytes);
+  GC_ASSIGN_OR_RETURN(TemporaryFile temporary, CreateTemporaryBeside(path));
+  absl::Cleanup removed = [&temporary] { std::remove(temporary.path.c_str()); };
+  // The file keeps its permission bits (a 0600 checkpoint stays private);
+  // a new one gets 0666 less the umask, as any other.
+  if (exists && fchmod(temporary.fd, st.st_mode & 07777) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot set the mode of '", temporary.path,
+                     "': ", std::strerror(errno)));
   }
-  const std::string temporary = absl::StrCat(path, ".tmp.", getpid());
-  absl::Status status = WriteInPlace(temporary, bytes);
-  if (status.ok() && std::rename(temporary.c_str(), path.c_str()) != 0) {
-    status = absl::PermissionDeniedError(
+  GC_RETURN_IF_ERROR(WriteAll(temporary, bytes));
+  if (std::rename(temporary.path.c_str(), path.c_str()) != 0) {
+    return absl::PermissionDeniedError(
         absl::StrCat("cannot replace '", path, "': ", std::strerror(errno)));
   }
-  if (!status.ok()) std::remove(temporary.c_str());
-  return status;
+  std::move(removed).Cancel();
+  return absl::OkStatus();
 }
 
 }  // namespace gradcomp::client

@@ -50,8 +50,9 @@ absl::StatusOr<std::string> SerializeNpy(const NpyArray& array);
 // InvalidArgument for a directory, DataLoss for a read error.
 absl::StatusOr<std::string> ReadFileBytes(const std::string& path);
 // Creates or replaces `path` with `bytes`; a regular file that was there
-// is replaced only once the new bytes are written in full (through
-// `path`.tmp.<pid> and a rename).
+// is replaced only once the new bytes are written in full (through a
+// temporary file of the call's own beside it and a rename), and keeps its
+// permission bits. Thread-safe: concurrent calls leave one call's bytes.
 absl::Status WriteFileBytes(const std::string& path, absl::string_view bytes);
 
 absl::StatusOr<NpyArray> ReadNpyFile(const std::string& path);

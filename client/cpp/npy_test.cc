@@ -1,19 +1,25 @@
 #include "client/cpp/npy.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace gradcomp::client {
 namespace {
 
+using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -228,22 +234,68 @@ TEST(FileBytesTest, ADirectoryIsNoFile) {
   EXPECT_THAT(status.message(), HasSubstr("is a directory"));
 }
 
+// The names in `path`'s directory that start with its own: the file and
+// any temporary left beside it.
+std::vector<std::string> FilesBeside(const std::string& path) {
+  const std::filesystem::path file(path);
+  std::vector<std::string> names;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(file.parent_path())) {
+    const std::string name = entry.path().filename().string();
+    if (absl::StartsWith(name, file.filename().string())) {
+      names.push_back(name);
+    }
+  }
+  return names;
+}
+
 // A file is replaced whole, and nothing is left beside it; where it cannot
 // be written, what was there stays.
 TEST(FileBytesTest, ReplacesAFileWholeOrNotAtAll) {
   const std::string path =
       absl::StrCat(::testing::TempDir(), "/file_bytes_test.bin");
   ASSERT_TRUE(WriteFileBytes(path, "first").ok());
+  ASSERT_TRUE(chmod(path.c_str(), 0600) == 0);
   ASSERT_TRUE(WriteFileBytes(path, "second, longer").ok());
   EXPECT_EQ(*ReadFileBytes(path), "second, longer");
-  EXPECT_EQ(
-      ReadFileBytes(absl::StrCat(path, ".tmp.", getpid())).status().code(),
-      absl::StatusCode::kNotFound);
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u) << "a private file stays private";
+  EXPECT_EQ(FilesBeside(path), std::vector<std::string>{"file_bytes_test.bin"});
   std::remove(path.c_str());
   const std::string nowhere = absl::StrCat(path, ".missing/dir/file.bin");
   EXPECT_FALSE(WriteFileBytes(nowhere, "x").ok());
   EXPECT_EQ(WriteFileBytes("/dev/null", "in place").code(),
             absl::StatusCode::kOk);
+}
+
+// Threads replacing one file each write a temporary of their own: the
+// file ends as one of them wrote it, and every call succeeds.
+TEST(FileBytesTest, ConcurrentReplacementsLeaveOneWholeFile) {
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/file_bytes_race.bin");
+  const std::vector<std::string> contents = {std::string(1 << 16, 'a'),
+                                             std::string(1 << 10, 'b')};
+  std::vector<absl::Status> failed;
+  absl::Mutex mu;
+  std::vector<std::thread> threads;
+  for (const std::string& bytes : contents) {
+    threads.emplace_back([&, bytes] {
+      for (int i = 0; i < 200; ++i) {
+        absl::Status status = WriteFileBytes(path, bytes);
+        if (status.ok()) continue;
+        absl::MutexLock lock(&mu);
+        failed.push_back(std::move(status));
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_TRUE(failed.empty()) << failed.front();
+  const absl::StatusOr<std::string> written = ReadFileBytes(path);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_THAT(contents, Contains(*written));
+  EXPECT_EQ(FilesBeside(path), std::vector<std::string>{"file_bytes_race.bin"});
+  std::remove(path.c_str());
 }
 
 }  // namespace
