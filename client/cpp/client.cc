@@ -404,9 +404,11 @@ absl::StatusOr<v1::GetPolicyResponse> Client::GetPolicy() {
   return response;
 }
 
-absl::StatusOr<std::string> Client::SetPolicy(const v1::Policy& policy) {
+absl::StatusOr<std::string> Client::SetPolicy(
+    const v1::Policy& policy, std::optional<int64_t> from_step) {
   v1::SetPolicyRequest request;
   *request.mutable_policy() = policy;
+  if (from_step.has_value()) request.set_from_step(*from_step);
   v1::SetPolicyResponse response;
   GC_RETURN_IF_ERROR(
       FromGrpcStatus(stub_->SetPolicy(NewContext().get(), request, &response),

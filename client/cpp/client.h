@@ -166,8 +166,12 @@ class Client {
 
   absl::StatusOr<v1::GetInfoResponse> GetInfo();
   absl::StatusOr<v1::GetPolicyResponse> GetPolicy();
-  // Returns the new policy's hash.
-  absl::StatusOr<std::string> SetPolicy(const v1::Policy& policy);
+  // Returns the new policy's hash. With `from_step` it decides steps >=
+  // *from_step only (SetPolicyRequest.from_step): sent to every rank, all
+  // switch at that step.
+  absl::StatusOr<std::string> SetPolicy(
+      const v1::Policy& policy,
+      std::optional<int64_t> from_step = std::nullopt);
 
   // Declares the job's tensor list (every worker must declare the same one;
   // the daemons compare them). Returns the list's hash.

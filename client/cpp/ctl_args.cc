@@ -163,6 +163,12 @@ const std::vector<FlagSpec>& Flags() {
          return absl::OkStatus();
        }},
       {"set", {C::kPolicy}, StoreString(&CtlArgs::policy_file)},
+      {"from_step",
+       {C::kPolicy},
+       [](absl::string_view v, CtlArgs& a) {
+         GC_ASSIGN_OR_RETURN(a.from_step, ParseInt("from_step", v, 0));
+         return absl::OkStatus();
+       }},
       {"input", {C::kReduce, C::kImportState}, StoreString(&CtlArgs::input)},
       {"output", {C::kReduce, C::kExportState}, StoreString(&CtlArgs::output)},
       {"tensor", {C::kReduce}, StoreString(&CtlArgs::tensor)},
@@ -213,6 +219,10 @@ absl::Status Validate(const CtlArgs& args) {
   if (args.codec && args.codec->name().empty()) {
     return absl::InvalidArgumentError(
         "--param needs --codec to name the codec");
+  }
+  if (args.from_step && args.policy_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--from_step needs --set=FILE: it says when the new policy starts");
   }
   switch (args.command) {
     case CtlCommand::kReduce: {
@@ -341,6 +351,8 @@ commands:
   policy    print the daemon's policy (text format)
               --set=FILE      replace it with a gradcomp.v1.Policy from FILE
                               (.json: protobuf JSON; otherwise text format)
+              --from_step=N   the new policy decides steps >= N only (send
+                              the same to every rank: all switch at step N)
   reduce    reduce one tensor and print its stats
               --input=FILE    .npy (float16/32/64, C order), or raw
                               little-endian bytes with --shape and --dtype

@@ -43,6 +43,7 @@ struct CtlArgs {
 
   // policy
   std::string policy_file;  // --set: a gradcomp.v1.Policy in text or JSON
+  std::optional<int64_t> from_step;  // --from_step: the step it starts at
 
   // reduce: .npy, or raw little-endian bytes with --shape; export-state and
   // import-state: the state blob

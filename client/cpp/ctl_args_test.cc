@@ -139,6 +139,16 @@ TEST(CtlArgsTest, PolicySet) {
   ASSERT_TRUE(args.ok()) << args.status();
   EXPECT_EQ(args->command, CtlCommand::kPolicy);
   EXPECT_EQ(args->policy_file, "p.textproto");
+  EXPECT_FALSE(args->from_step.has_value());
+
+  args = Parse({"policy", "--set=p.json", "--from_step=1000"});
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_EQ(args->from_step, 1000);
+  EXPECT_THAT(Parse({"policy", "--from_step=1000"}).status().message(),
+              HasSubstr("--from_step needs --set=FILE"));
+  EXPECT_THAT(
+      Parse({"policy", "--set=p.json", "--from_step=-1"}).status().message(),
+      HasSubstr("an integer >= 0"));
 }
 
 TEST(CtlArgsTest, StateExportAndImportNeedTheirFile) {

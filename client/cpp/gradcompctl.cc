@@ -121,14 +121,25 @@ absl::Status RunPolicy(Client& client, const CtlArgs& args) {
           args.policy_file,
           ": not a gradcomp.v1.Policy in text format (see stderr for where)"));
     }
-    GC_ASSIGN_OR_RETURN(std::string hash, client.SetPolicy(policy));
-    absl::PrintF("policy set; hash %s\n", hash);
+    GC_ASSIGN_OR_RETURN(std::string hash,
+                        client.SetPolicy(policy, args.from_step));
+    if (args.from_step) {
+      absl::PrintF("policy set from step %d; hash %s\n", *args.from_step, hash);
+    } else {
+      absl::PrintF("policy set; hash %s\n", hash);
+    }
     return absl::OkStatus();
   }
   GC_ASSIGN_OR_RETURN(v1::GetPolicyResponse response, client.GetPolicy());
   std::string text;
   google::protobuf::TextFormat::PrintToString(response.policy(), &text);
-  absl::PrintF("# hash %s\n%s", response.hash(), text);
+  absl::PrintF("# hash %s\n", response.hash());
+  if (response.has_from_step()) {
+    absl::PrintF(
+        "# decides steps >= %d (earlier ones keep the policy before)\n",
+        response.from_step());
+  }
+  absl::PrintF("%s", text);
   return absl::OkStatus();
 }
 

@@ -478,6 +478,9 @@ grpc::Status GradcompService::GetPolicy(grpc::ServerContext* /*context*/,
   std::shared_ptr<const Engine::PolicySnapshot> snapshot = engine_->policy();
   *response->mutable_policy() = PolicyToProto(snapshot->policy);
   response->set_hash(snapshot->hash);
+  if (snapshot->from_step.has_value()) {
+    response->set_from_step(*snapshot->from_step);
+  }
   return grpc::Status::OK;
 }
 
@@ -486,7 +489,10 @@ grpc::Status GradcompService::SetPolicy(grpc::ServerContext* /*context*/,
                                         v1::SetPolicyResponse* response) {
   absl::StatusOr<Policy> policy = PolicyFromProto(request->policy());
   if (!policy.ok()) return ToGrpcStatus(policy.status());
-  absl::StatusOr<std::string> hash = engine_->SetPolicy(*std::move(policy));
+  absl::StatusOr<std::string> hash = engine_->SetPolicy(
+      *std::move(policy), request->has_from_step()
+                              ? std::optional<int64_t>(request->from_step())
+                              : std::nullopt);
   if (!hash.ok()) return ToGrpcStatus(hash.status());
   response->set_hash(*hash);
   return grpc::Status::OK;

@@ -15,6 +15,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -347,6 +348,42 @@ TEST_F(GradcompServiceTest, SetPolicyValidatesThenSwaps) {
   v1::ReduceResponse response;
   ASSERT_TRUE(Reduce(Request("w", {64, 64}, Ramp(4096)), &response).ok());
   EXPECT_EQ(response.stats().codec(), "fp16");
+}
+
+TEST_F(GradcompServiceTest, SetPolicyFromAStepLeavesEarlierStepsAsTheyWere) {
+  // The call reaches this rank before its step 4 (another rank's, say,
+  // after): step 4 still runs the old policy on both, step 5 the new one.
+  v1::SetPolicyRequest scheduled;
+  scheduled.mutable_policy()->mutable_default_codec()->set_name("fp16");
+  scheduled.set_from_step(5);
+  v1::SetPolicyResponse set;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub_->SetPolicy(&context, scheduled, &set).ok());
+  }
+  v1::GetPolicyResponse shown;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(
+        stub_->GetPolicy(&context, v1::GetPolicyRequest(), &shown).ok());
+  }
+  EXPECT_EQ(shown.hash(), set.hash());
+  EXPECT_EQ(shown.from_step(), 5);
+
+  v1::ReduceRequest request = Request("w", {64, 64}, Ramp(4096));
+  for (const auto& [step, codec] :
+       {std::pair{4, "none"}, {5, "fp16"}, {9, "fp16"}}) {
+    request.set_step(step);
+    v1::ReduceResponse response;
+    ASSERT_TRUE(Reduce(request, &response).ok());
+    EXPECT_EQ(response.stats().codec(), codec) << "step " << step;
+  }
+
+  scheduled.set_from_step(-1);
+  grpc::ClientContext context;
+  const grpc::Status status = stub_->SetPolicy(&context, scheduled, &set);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("from_step is -1"));
 }
 
 TEST_F(GradcompServiceTest, DeclaredTensorListGuardsTheJob) {

@@ -194,17 +194,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
         "memory_budget_bytes is 0, expected a positive byte count");
   }
   GC_RETURN_IF_ERROR(ValidatePolicy(policy, registry));
-  std::string hash = PolicyHash(policy);
-  auto snapshot = std::make_shared<const PolicySnapshot>(
-      PolicySnapshot{std::move(policy), std::move(hash)});
   return std::unique_ptr<Engine>(new Engine(
-      options, registry, store, collective, metrics, std::move(snapshot)));
+      options, registry, store, collective, metrics, std::move(policy)));
 }
 
 Engine::Engine(const EngineOptions& options,
                const codecs::CodecRegistry& registry, codecs::StateStore* store,
-               Collective* collective, Metrics* metrics,
-               std::shared_ptr<const PolicySnapshot> policy)
+               Collective* collective, Metrics* metrics, Policy policy)
     : options_(options),
       registry_(registry),
       store_(store),
@@ -215,21 +211,18 @@ Engine::Engine(const EngineOptions& options,
       budget_(options.memory_budget_bytes, metrics),
       quotas_(options.quotas, metrics),
       gossip_(collective, options.seed),
-      policy_(std::move(policy)) {}
+      policies_(std::move(policy)) {}
 
-std::shared_ptr<const Engine::PolicySnapshot> Engine::policy() const {
-  absl::MutexLock lock(&mu_);
-  return policy_;
-}
-
-absl::StatusOr<std::string> Engine::SetPolicy(Policy policy) {
+absl::StatusOr<std::string> Engine::SetPolicy(
+    Policy policy, std::optional<int64_t> from_step) {
+  if (from_step.has_value() && *from_step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("from_step is ", *from_step,
+                     ", expected a step >= 0 (or none, for "
+                     "every step from now on)"));
+  }
   GC_RETURN_IF_ERROR(ValidatePolicy(policy, registry_));
-  std::string hash = PolicyHash(policy);
-  auto snapshot = std::make_shared<const PolicySnapshot>(
-      PolicySnapshot{std::move(policy), hash});
-  absl::MutexLock lock(&mu_);
-  policy_ = std::move(snapshot);
-  return hash;
+  return policies_.Set(std::move(policy), from_step);
 }
 
 absl::StatusOr<std::string> Engine::DeclareTensors(
@@ -700,15 +693,17 @@ codecs::StepContext Engine::StepContextOf(const ReduceInput& in) const {
 
 PolicyDecision Engine::DecideCodec(const ReduceInput& in,
                                    uint64_t numel) const {
+  const std::shared_ptr<const PolicySnapshot> scheduled =
+      policies_.For(in.step);
   if (!in.codec.has_value()) {
-    return Decide(policy()->policy,
+    return Decide(scheduled->policy,
                   {in.tensor, numel, static_cast<uint32_t>(in.shape.size()),
                    in.dtype, in.step});
   }
   PolicyDecision decision;
   decision.codec = *in.codec;
   if (decision.codec.name == kDenseCodec) decision.dense_reason = "request";
-  decision.aggregation = policy()->policy.aggregation;
+  decision.aggregation = scheduled->policy.aggregation;
   return decision;
 }
 

@@ -38,6 +38,7 @@
 #include "service/engine/job_quotas.h"
 #include "service/engine/memory_budget.h"
 #include "service/engine/policy.h"
+#include "service/engine/policy_schedule.h"
 #include "service/engine/tensor_list.h"
 #include "service/metrics/metrics.h"
 
@@ -163,15 +164,20 @@ class Engine {
   absl::StatusOr<ReduceOutput> Reduce(const ReduceInput& input,
                                       const Deliver& deliver = nullptr);
 
-  struct PolicySnapshot {
-    Policy policy;
-    std::string hash;  // PolicyHash(policy)
-  };
-  std::shared_ptr<const PolicySnapshot> policy() const ABSL_LOCKS_EXCLUDED(mu_);
+  using PolicySnapshot = PolicySchedule::Entry;
+  // The policy set last (policy_schedule.h): what GetPolicy shows and what
+  // peers compare at their handshake.
+  std::shared_ptr<const PolicySnapshot> policy() const {
+    return policies_.Latest();
+  }
 
   // Validates `policy` first and swaps it in atomically: a Reduce sees the
-  // old policy or the new one, never a mix. Returns the new hash.
-  absl::StatusOr<std::string> SetPolicy(Policy policy) ABSL_LOCKS_EXCLUDED(mu_);
+  // old policy or the new one, never a mix. Without `from_step` it decides
+  // every reduce from now on; with it, those of steps >= *from_step (>= 0),
+  // so that ranks sent the same call switch at the same step whenever the
+  // call reaches each. Returns the new hash.
+  absl::StatusOr<std::string> SetPolicy(
+      Policy policy, std::optional<int64_t> from_step = std::nullopt);
 
   // Checks that every rank of the job declares the same tensor list (an
   // allgather of the lists, met by `generation`: declare again with a new
@@ -216,7 +222,7 @@ class Engine {
  private:
   Engine(const EngineOptions& options, const codecs::CodecRegistry& registry,
          codecs::StateStore* store, Collective* collective, Metrics* metrics,
-         std::shared_ptr<const PolicySnapshot> policy);
+         Policy policy);
 
   // The pipeline; `codec_label` is set once the codec is known, for the
   // metrics Reduce records whatever the outcome.
@@ -290,9 +296,7 @@ class Engine {
   JobQuotas quotas_;
   GossipJobs gossip_;
   std::atomic<uint64_t> reduces_{0};
-
-  mutable absl::Mutex mu_;
-  std::shared_ptr<const PolicySnapshot> policy_ ABSL_GUARDED_BY(mu_);
+  PolicySchedule policies_;
 };
 
 }  // namespace gradcomp::service

@@ -631,9 +631,16 @@ class Client:
         response = self._call("GetPolicy", gradcomp_pb2.GetPolicyRequest())
         return response.policy, response.hash
 
-    def set_policy(self, policy: gradcomp_pb2.Policy) -> str:
-        """Replaces the daemon's policy; returns the new hash."""
-        response = self._call("SetPolicy", gradcomp_pb2.SetPolicyRequest(policy=policy))
+    def set_policy(self, policy: gradcomp_pb2.Policy,
+                   from_step: int | None = None) -> str:
+        """Replaces the daemon's policy; returns the new hash. With
+        `from_step` it decides steps >= from_step only, and earlier steps
+        keep the policy they had: send the same call to every rank, with a
+        step none has reached, and all switch at that step."""
+        request = gradcomp_pb2.SetPolicyRequest(policy=policy)
+        if from_step is not None:
+            request.from_step = from_step
+        response = self._call("SetPolicy", request)
         return response.hash
 
     def declare_tensors(self, tensors: Mapping[str, tuple[Sequence[int], object]],

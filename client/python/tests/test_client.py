@@ -211,6 +211,25 @@ class ClientTest(unittest.TestCase):
         finally:
             self.assertEqual(self.client.set_policy(original), original_hash)
 
+    def test_policy_from_a_step(self):
+        original, original_hash = self.client.get_policy()
+        policy = gradcomp_pb2.Policy(
+            rules=[gradcomp_pb2.PolicyRule(
+                name_glob="scheduled/*",
+                codec=gradcomp_pb2.CodecSpec(name="fp16"))],
+            dense_below_numel=16, dense_1d=False)
+        try:
+            new_hash = self.client.set_policy(policy, from_step=5)
+            self.assertEqual(self.client.get_policy()[1], new_hash)
+            for step, codec in ((4, "none"), (5, "fp16"), (6, "fp16")):
+                _, stats = self.client.reduce(_gradient((64,)), "scheduled/w", step=step)
+                self.assertEqual(stats.codec, codec, f"step {step}")
+        finally:
+            # Without a step it replaces the schedule: every step again.
+            self.assertEqual(self.client.set_policy(original), original_hash)
+        _, stats = self.client.reduce(_gradient((64,)), "scheduled/w", step=7)
+        self.assertEqual(stats.codec, "none")
+
     def test_metrics_count_reduces_and_bytes(self):
         before = metrics.scrape(self.daemon.metrics_url)
         x = _gradient((50, 20))

@@ -1,0 +1,64 @@
+// The policies a daemon holds, each from the step it applies to. SetPolicy
+// without a step replaces them all at once; with `from_step` it schedules
+// a policy for that step and later ones, while earlier steps (in flight,
+// or a late rank's) keep the one they had. Every rank that is sent the
+// same schedule picks the same codec for every step, however the calls
+// interleave with its reduces.
+//
+//   PolicySchedule schedule(std::move(initial));
+//   schedule.Set(next, /*from_step=*/1000);
+//   std::shared_ptr<const PolicySchedule::Entry> e = schedule.For(step);
+#ifndef GRADCOMP_SERVICE_ENGINE_POLICY_SCHEDULE_H_
+#define GRADCOMP_SERVICE_ENGINE_POLICY_SCHEDULE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "service/engine/policy.h"
+
+namespace gradcomp::service {
+
+class PolicySchedule {
+ public:
+  struct Entry {
+    Policy policy;
+    std::string hash;  // PolicyHash(policy)
+    // The first step it applies to; unset: every step.
+    std::optional<int64_t> from_step;
+  };
+
+  // Scheduled policies kept: a step below the oldest one's from_step is
+  // decided by that oldest one.
+  static constexpr size_t kMaxEntries = 16;
+
+  // `initial` (already validated) applies to every step.
+  explicit PolicySchedule(Policy initial);
+
+  // Thread-safe. Unset `from_step`: `policy` applies to every step from
+  // now on, replacing all others. Set: to steps >= *from_step, replacing
+  // those scheduled at or after it. `policy` must be valid (ValidatePolicy).
+  // Returns its hash.
+  std::string Set(Policy policy, std::optional<int64_t> from_step)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The policy that decides `step`.
+  std::shared_ptr<const Entry> For(int64_t step) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The one set last (its from_step the highest): what GetPolicy shows and
+  // peers compare.
+  std::shared_ptr<const Entry> Latest() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  mutable absl::Mutex mu_;
+  // By from_step; an entry for every step has key INT64_MIN. Never empty.
+  std::map<int64_t, std::shared_ptr<const Entry>> entries_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gradcomp::service
+
+#endif  // GRADCOMP_SERVICE_ENGINE_POLICY_SCHEDULE_H_
