@@ -647,6 +647,44 @@ TEST(PeersMismatchTest, RanksThatForceCollectivesOfDifferentKindsAreTold) {
   for (const int code : RunWorkers(cluster, alike)) EXPECT_EQ(code, 0);
 }
 
+// SetPolicy reaches each daemon at its own moment. Scheduled from step 1,
+// it reaches rank 0 before step 0 and rank 1 only after it: step 0 still
+// runs the old policy on both (at once, it would have run fp16 on rank 0
+// and none on rank 1, and failed), step 1 the new one on both.
+TEST(PeersPolicyTest, APolicyFromAStepSwitchesEveryRankAtThatStep) {
+  Cluster cluster(2, absl::Seconds(10));
+  ASSERT_TRUE(cluster.StartAll().ok());
+  auto zero = cluster.daemon(0).Connect();
+  auto one = cluster.daemon(1).Connect();
+  ASSERT_TRUE(zero.ok() && one.ok());
+  v1::Policy fp16;
+  fp16.mutable_default_codec()->set_name("fp16");
+  ASSERT_TRUE((*zero)->SetPolicy(fp16, /*from_step=*/1).ok());
+
+  const std::vector<int64_t> shape = {64, 64};
+  const auto step = [&](int64_t s, const std::string& codec) {
+    std::vector<float> g0(64 * 64), g1(64 * 64);
+    for (size_t i = 0; i < g0.size(); ++i) {
+      g0[i] = std::sin(0.1f * i + s);
+      g1[i] = std::cos(0.3f * i - s);
+    }
+    absl::StatusOr<client::Float32ReduceResult> second;
+    std::thread peer(
+        [&] { second = (*one)->Reduce("job", "w", s, g1, shape); });
+    auto first = (*zero)->Reduce("job", "w", s, g0, shape);
+    peer.join();
+    ASSERT_TRUE(first.ok()) << "step " << s << ": " << first.status();
+    ASSERT_TRUE(second.ok()) << "step " << s << ": " << second.status();
+    EXPECT_EQ(first->stats.codec(), codec) << "step " << s;
+    EXPECT_EQ(second->stats.codec(), codec) << "step " << s;
+    EXPECT_EQ(first->values, second->values) << "step " << s;
+  };
+  step(0, "none");
+  ASSERT_TRUE((*one)->SetPolicy(fp16, /*from_step=*/1).ok());
+  step(1, "fp16");
+  step(2, "fp16");
+}
+
 // Collectives this daemon has run (gradcomp_collective_duration_seconds'
 // counts, every algorithm).
 double CollectivesRun(DaemonProcess& daemon) {
