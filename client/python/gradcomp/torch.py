@@ -381,12 +381,27 @@ class _CudaStaging:
             self._forget()
 
 
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The net inside DDP and torch.compile's OptimizedModule (which holds it
+    as `_orig_mod`), in any nesting: its parameters are named as in the net,
+    whichever wrapper a rank hands the hook, so that names match across ranks
+    and the policy's globs see "fc.weight", not "_orig_mod.fc.weight"."""
+    while True:
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
 class HookState:
     """The state register_comm_hook passes to `hook`.
 
     Args:
-      model: the module DDP wraps (or the DDP model itself); its
-        named_parameters() give the tensor names the daemons meet by.
+      model: the module DDP wraps (or the DDP model itself, or either
+        compiled with torch.compile); the net's named_parameters() give the
+        tensor names the daemons meet by.
       target: the local gradcompd, "host:port" or "unix:/path".
       job: the daemon's job; codec state and rendezvous are per job.
       codecs: optional codec per parameter name; names not in it are left to
@@ -438,11 +453,7 @@ class HookState:
         if grad_scaler and gossip is not None:
             raise ValueError("grad_scaler=True averages gradients; gossip mode mixes "
                              "parameters and never sees the scaled gradients")
-        # The net, or DDP around it: its parameters are named as in the net.
-        module = (model.module
-                  if isinstance(model, torch.nn.parallel.DistributedDataParallel)
-                  else model)
-        self.names = {id(p): name for name, p in module.named_parameters()}
+        self.names = {id(p): name for name, p in _unwrapped(model).named_parameters()}
         unknown = sorted(set(codecs or {}) - set(self.names.values()))
         if unknown:
             raise ValueError(f"codecs name parameters the model does not have: {unknown}")

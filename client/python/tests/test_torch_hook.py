@@ -333,6 +333,27 @@ class HookStateTest(unittest.TestCase):
         self.assertEqual(sorted(state.names.values()),
                          sorted(name for name, _ in net.named_parameters()))
 
+    def test_a_compiled_net_is_named_as_the_net(self):
+        # torch 2's torch.compile returns an OptimizedModule that holds the
+        # net as its `_orig_mod` child (torch 1.13 here has none, so a module
+        # built the same way stands in): its parameters would otherwise be
+        # "_orig_mod.fc1.weight", which no policy glob of the net matches.
+        import gradcomp.torch as gtorch
+
+        class Compiled(torch.nn.Module):
+            def __init__(self, net):
+                super().__init__()
+                self._orig_mod = net
+
+        net = _model()
+        self.assertTrue(all(name.startswith("_orig_mod.")
+                            for name, _ in Compiled(net).named_parameters()))
+        state = gtorch.HookState(Compiled(net), "127.0.0.1:1",
+                                 codecs={"0.weight": gtorch.Codec("topk")})
+        self.addCleanup(state.close)
+        self.assertEqual(sorted(state.names.values()),
+                         sorted(name for name, _ in net.named_parameters()))
+
     def test_a_refused_last_bucket_still_ends_the_step(self):
         import gradcomp.torch as gtorch
         model = _model()  # alive: the state knows its parameters by id
