@@ -19,6 +19,14 @@ def _gradient(shape, seed=0, dtype=np.float32):
     return (rng.standard_t(3.0, size=shape) * 1e-3).astype(dtype)
 
 
+def _fp16_policy(glob: str) -> gradcomp_pb2.Policy:
+    """fp16 for the tensors `glob` matches, dense from 16 elements, 1-D too."""
+    return gradcomp_pb2.Policy(
+        rules=[gradcomp_pb2.PolicyRule(name_glob=glob,
+                                       codec=gradcomp_pb2.CodecSpec(name="fp16"))],
+        dense_below_numel=16, dense_1d=False)
+
+
 class ClientTest(unittest.TestCase):
 
     @classmethod
@@ -192,11 +200,7 @@ class ClientTest(unittest.TestCase):
     def test_policy_round_trip(self):
         original, original_hash = self.client.get_policy()
         self.assertEqual(original_hash, self.info.policy_hash)
-        policy = gradcomp_pb2.Policy(
-            rules=[gradcomp_pb2.PolicyRule(
-                name_glob="policy-test/*",
-                codec=gradcomp_pb2.CodecSpec(name="fp16"))],
-            dense_below_numel=16, dense_1d=False)
+        policy = _fp16_policy("policy-test/*")
         try:
             new_hash = self.client.set_policy(policy)
             self.assertNotEqual(new_hash, original_hash)
@@ -213,11 +217,7 @@ class ClientTest(unittest.TestCase):
 
     def test_policy_from_a_step(self):
         original, original_hash = self.client.get_policy()
-        policy = gradcomp_pb2.Policy(
-            rules=[gradcomp_pb2.PolicyRule(
-                name_glob="scheduled/*",
-                codec=gradcomp_pb2.CodecSpec(name="fp16"))],
-            dense_below_numel=16, dense_1d=False)
+        policy = _fp16_policy("scheduled/*")
         try:
             new_hash = self.client.set_policy(policy, from_step=5)
             self.assertEqual(self.client.get_policy()[1], new_hash)
