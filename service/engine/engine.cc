@@ -405,6 +405,7 @@ absl::StatusOr<MemoryBudget::Reservation> Engine::ReserveInput(
 
 absl::Status Engine::ReserveWorkingMemory(const ReduceInput& in, uint64_t numel,
                                           size_t width, bool sample_error,
+                                          uint64_t extra,
                                           MemoryBudget::Reservation* own) {
   // An estimate of what ReduceImpl allocates: the payload and the fp32
   // average always; the converted input, the response's data and the fp32
@@ -421,13 +422,16 @@ absl::Status Engine::ReserveWorkingMemory(const ReduceInput& in, uint64_t numel,
                         : IsAlignedFloat32(in.dtype, in.output.data());
   if (!result_aligned) bytes += fp32;
   if (sample_error) bytes += 2 * fp32;
+  bytes += extra;
+  const absl::string_view what =
+      extra > 0 ? "this reduce, its gossip messages and copies included,"
+                : "this reduce";
   if (in.reservation != nullptr) {
-    return in.reservation->GrowTo(in.reservation->bytes() + bytes,
-                                  "this reduce", options_.memory_wait);
+    return in.reservation->GrowTo(in.reservation->bytes() + bytes, what,
+                                  options_.memory_wait);
   }
-  GC_ASSIGN_OR_RETURN(
-      *own, budget_.Reserve(in.unreserved_input_bytes + bytes, "this reduce",
-                            options_.memory_wait));
+  GC_ASSIGN_OR_RETURN(*own, budget_.Reserve(in.unreserved_input_bytes + bytes,
+                                            what, options_.memory_wait));
   return absl::OkStatus();
 }
 
@@ -487,16 +491,24 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
     return out;
   }
 
-  // Limits: the job's quotas, then the memory this reduce allocates,
-  // reserved before any of it is (docs/daemon.md, "Limits").
-  GC_ASSIGN_OR_RETURN(const JobQuotas::Ticket ticket,
-                      quotas_.Admit(in.job, in.tensor));
+  // Limits: the memory this reduce allocates, reserved before any of it
+  // is, then the job's quotas (docs/daemon.md, "Limits"); in this order, a
+  // unary request's input counts while it waits for an import of its job.
+  // Gossip's messages and copies are known now and join the reservation.
+  GossipNode* gossip_node = nullptr;
+  uint64_t gossip_bytes = 0;
+  if (in.mode == ReduceMode::kGossip) {
+    GC_ASSIGN_OR_RETURN(gossip_node, gossip_.Node(in.job, in.gossip));
+    gossip_bytes = gossip_node->WorkingBytes(in.shape);
+  }
   // Decided first, as the sample takes memory of its own; a tensor that
   // then holds NaN or Inf is not measured.
-  const bool sample = SampleError();
+  const bool sample = in.mode != ReduceMode::kGossip && SampleError();
   MemoryBudget::Reservation own_reservation;
-  GC_RETURN_IF_ERROR(
-      ReserveWorkingMemory(in, numel, width, sample, &own_reservation));
+  GC_RETURN_IF_ERROR(ReserveWorkingMemory(in, numel, width, sample,
+                                          gossip_bytes, &own_reservation));
+  GC_ASSIGN_OR_RETURN(const JobQuotas::Ticket ticket,
+                      quotas_.Admit(in.job, in.tensor));
   // What the reduce reserves as it goes: the caller's, which holds its
   // input too, or its own.
   MemoryBudget::Reservation* const held =
@@ -524,7 +536,8 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
           "); gossip would send them to the neighbours and keep them in its "
           "edge state, expected finite values"));
     }
-    return GossipReduce(in, grad, width, held, std::move(out), codec_label);
+    return GossipReduce(in, gossip_node, grad, width, std::move(out),
+                        codec_label);
   }
 
   PolicyDecision decision = DecideCodec(in, numel);
@@ -751,7 +764,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceOnDevice(const ReduceInput& in,
   // Host memory: this worker's payload and the collective's result.
   MemoryBudget::Reservation own_reservation;
   GC_RETURN_IF_ERROR(ReserveWorkingMemory(in, numel, sizeof(float),
-                                          /*sample_error=*/false,
+                                          /*sample_error=*/false, /*extra=*/0,
                                           &own_reservation));
 
   const codecs::CodecInfo& info = plan.codec->info();
@@ -857,13 +870,8 @@ absl::StatusOr<ReduceOutput> Engine::ReduceStaged(const ReduceInput& in,
 }
 
 absl::StatusOr<ReduceOutput> Engine::GossipReduce(
-    const ReduceInput& in, absl::Span<const float> grad, size_t width,
-    MemoryBudget::Reservation* held, ReduceOutput out,
-    std::string* codec_label) {
-  GC_ASSIGN_OR_RETURN(GossipNode * node, gossip_.Node(in.job, in.gossip));
-  GC_RETURN_IF_ERROR(held->GrowTo(held->bytes() + node->WorkingBytes(in.shape),
-                                  "its gossip messages and copies",
-                                  options_.memory_wait));
+    const ReduceInput& in, GossipNode* node, absl::Span<const float> grad,
+    size_t width, ReduceOutput out, std::string* codec_label) {
   const GossipOptions::Mode mode = node->options().mode;
   ReduceStats& stats = out.stats;
   *codec_label = mode == GossipOptions::Mode::kExact   ? "gossip"

@@ -105,7 +105,7 @@ struct ReduceInput {
   // its input while it waited for the rest would keep others from the room
   // they need (concurrent arrivals could each hold an input and all wait).
   MemoryBudget::Reservation* reservation = nullptr;
-  uint64_t unreserved_input_bytes = 0;
+  uint64_t unreserved_input_bytes = 0;  // used only without `reservation`
   // kGossip: the result is this worker's tensor mixed with its neighbours'
   // on `gossip`'s topology (gossip_jobs.h) instead of the average; `codec`
   // and the policy are not used, and `batch` is refused.
@@ -234,10 +234,12 @@ class Engine {
   absl::StatusOr<std::shared_ptr<const BatchSpec>> ResolveBatch(
       const ReduceInput& in) const;
   // Reserves the memory budget for the buffers ReduceImpl allocates (with
-  // the error sample's when `sample_error`): into `in.reservation` when the
-  // caller holds one, else into `own`.
+  // the error sample's when `sample_error`, and `extra` more: gossip's
+  // messages and copies): into `in.reservation` when the caller holds one,
+  // else into `own`, with `in.unreserved_input_bytes`, in one piece.
   absl::Status ReserveWorkingMemory(const ReduceInput& in, uint64_t numel,
                                     size_t width, bool sample_error,
+                                    uint64_t extra,
                                     MemoryBudget::Reservation* own);
   // What a device tensor's reduce would run on the GPU; `twin` is null
   // when it must be staged through the host instead.
@@ -265,13 +267,12 @@ class Engine {
   absl::StatusOr<uint64_t> CheckSize(const ReduceInput& in, size_t width,
                                      uint64_t data_bytes,
                                      uint64_t output_bytes);
-  // ReduceImpl's gossip mode, from the input as fp32 (`grad`) on; `held`
-  // (the reduce's reservation) grows by the round's messages.
+  // ReduceImpl's gossip mode on `node` (the job's), from the input as fp32
+  // (`grad`) on; the round's messages are reserved already.
   absl::StatusOr<ReduceOutput> GossipReduce(const ReduceInput& in,
+                                            GossipNode* node,
                                             absl::Span<const float> grad,
-                                            size_t width,
-                                            MemoryBudget::Reservation* held,
-                                            ReduceOutput out,
+                                            size_t width, ReduceOutput out,
                                             std::string* codec_label);
   // Counts against the job's quota and the memory budget the codec state
   // (job, tensor) holds now, `state` being its entry (whose lock the caller

@@ -115,10 +115,10 @@ class EngineGossipTest : public ::testing::Test {
 };
 
 // Exact gossip sends a copy of the tensor to each neighbour and gets one
-// from each: the round reserves them in the memory budget first. A 4 KiB
-// tensor on a ring: 20 KiB for the reduce itself (with its error sample),
-// 24 KiB more for the round (2 messages each way, this end's and the
-// neighbour's x).
+// from each: the reduce reserves them in the memory budget first, with its
+// own buffers, in one piece. A 4 KiB tensor on a ring: 12 KiB for the
+// reduce itself (gossip samples no error), 24 KiB more for the round (2
+// messages each way, this end's and the neighbour's x).
 TEST_F(EngineGossipTest, TheMessagesCountAgainstTheMemoryBudget) {
   const GossipSpec spec{"ring"};
   for (const uint64_t budget : {32 << 10, 48 << 10}) {
@@ -141,7 +141,9 @@ TEST_F(EngineGossipTest, TheMessagesCountAgainstTheMemoryBudget) {
       EXPECT_EQ(status[r].code(), absl::StatusCode::kResourceExhausted)
           << status[r];
       EXPECT_THAT(status[r].message(),
-                  HasSubstr("its gossip messages and copies"));
+                  HasSubstr("this reduce, its gossip messages and copies "
+                            "included, needs 36864 bytes"))
+          << status[r];
     }
   }
 }
