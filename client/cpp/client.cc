@@ -413,6 +413,15 @@ absl::StatusOr<std::string> Client::SetPolicy(
   GC_RETURN_IF_ERROR(
       FromGrpcStatus(stub_->SetPolicy(NewContext().get(), request, &response),
                      "SetPolicy", target_));
+  if (from_step.has_value() && !response.has_from_step()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "SetPolicy to gradcompd at ", target_,
+        ": the daemon does not know from_step (a version before it) and "
+        "applied the policy (hash ",
+        response.hash(),
+        ") to every step at once; upgrade it, or set the policy only while "
+        "no step runs"));
+  }
   return response.hash();
 }
 

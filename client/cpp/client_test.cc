@@ -135,6 +135,14 @@ class RecordingServer final : public v1::Gradcomp::Service {
     return grpc::Status::OK;
   }
 
+  // As a daemon that predates SetPolicyRequest.from_step: it applies the
+  // policy at once and echoes no step.
+  grpc::Status SetPolicy(grpc::ServerContext*, const v1::SetPolicyRequest*,
+                         v1::SetPolicyResponse* response) override {
+    response->set_hash("0123456789abcdef");
+    return grpc::Status::OK;
+  }
+
   grpc::Status ReduceStream(
       grpc::ServerContext*,
       grpc::ServerReaderWriter<v1::ReduceStreamResponse, v1::ReduceRequest>*
@@ -250,6 +258,16 @@ TEST(ClientGossipTest, BadSpecsAreRefusedBeforeAnythingIsSent) {
 
 // The daemon answers in the request's dtype; a reply in another would be
 // read as the wrong type.
+TEST(ClientPolicyTest, AStepADaemonIgnoredIsAnError) {
+  RecordingServer server;
+  auto client = Client::Connect(server.target());
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ(*(*client)->SetPolicy(v1::Policy()), "0123456789abcdef");
+  absl::Status status = (*client)->SetPolicy(v1::Policy(), 100).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_THAT(status.message(), HasSubstr("does not know from_step"));
+}
+
 TEST(ClientReduceTest, AReplyInAnotherDTypeIsInternal) {
   RecordingServer server;
   server.AnswerReduceIn(v1::DTYPE_FLOAT16);

@@ -80,6 +80,11 @@ absl::Status RunInfo(Client& client) {
   absl::PrintF("device           %s\n", info.device());
   absl::PrintF("transports       %s\n", absl::StrJoin(info.transports(), ", "));
   absl::PrintF("policy hash      %s\n", info.policy_hash());
+  if (info.has_policy_from_step()) {
+    absl::PrintF(
+        "policy from      step %d (earlier steps keep the one before)\n",
+        info.policy_from_step());
+  }
   // std::map orders the flags, so the output is stable.
   const std::map<std::string, std::string> flags(info.flags().begin(),
                                                  info.flags().end());
@@ -90,7 +95,7 @@ absl::Status RunInfo(Client& client) {
   absl::PrintF("flags            %s\n", absl::StrJoin(flag_words, " "));
   std::string policy;
   google::protobuf::TextFormat::PrintToString(info.policy(), &policy);
-  absl::PrintF("\npolicy in force (text format):\n%s", policy);
+  absl::PrintF("\npolicy set last (text format):\n%s", policy);
   absl::PrintF("\neffective config at start (JSON):\n%s\n\n",
                info.config_json());
   absl::PrintF("%-12s %4s  %-16s %-8s %-8s %-8s %6s  %s\n", "codec", "id",

@@ -408,16 +408,22 @@ absl::StatusOr<TemporaryFile> CreateTemporaryBeside(const std::string& path) {
   }
 }
 
-absl::Status WriteAll(const TemporaryFile& file, absl::string_view bytes) {
+// Writes `bytes` and closes the file, which then holds them on disk: an
+// error that only the flush or the close reports (a full disk, NFS, a
+// quota) fails the call before anything replaces the old file.
+absl::Status WriteAllAndClose(TemporaryFile& file, absl::string_view bytes) {
+  const auto failed = [&file](absl::string_view what) {
+    return absl::DataLossError(
+        absl::StrCat(what, " '", file.path, "': ", std::strerror(errno)));
+  };
   while (!bytes.empty()) {
     const ssize_t n = write(file.fd, bytes.data(), bytes.size());
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      return absl::DataLossError(absl::StrCat("error writing '", file.path,
-                                              "': ", std::strerror(errno)));
-    }
+    if (n < 0) return failed("error writing");
     bytes.remove_prefix(static_cast<size_t>(n));
   }
+  if (fsync(file.fd) != 0) return failed("error flushing");
+  if (close(std::exchange(file.fd, -1)) != 0) return failed("error closing");
   return absl::OkStatus();
 }
 
@@ -439,7 +445,7 @@ absl::Status WriteFileBytes(const std::string& path, absl::string_view bytes) {
         absl::StrCat("cannot set the mode of '", temporary.path,
                      "': ", std::strerror(errno)));
   }
-  GC_RETURN_IF_ERROR(WriteAll(temporary, bytes));
+  GC_RETURN_IF_ERROR(WriteAllAndClose(temporary, bytes));
   if (std::rename(temporary.path.c_str(), path.c_str()) != 0) {
     return absl::PermissionDeniedError(
         absl::StrCat("cannot replace '", path, "': ", std::strerror(errno)));

@@ -466,6 +466,9 @@ grpc::Status GradcompService::GetInfo(grpc::ServerContext* /*context*/,
   std::shared_ptr<const Engine::PolicySnapshot> policy = engine_->policy();
   response->set_policy_hash(policy->hash);
   *response->mutable_policy() = PolicyToProto(policy->policy);
+  if (policy->from_step.has_value()) {
+    response->set_policy_from_step(*policy->from_step);
+  }
   response->set_config_json(settings_.config_json);
   response->mutable_flags()->insert(settings_.flags.begin(),
                                     settings_.flags.end());
@@ -495,6 +498,7 @@ grpc::Status GradcompService::SetPolicy(grpc::ServerContext* /*context*/,
                               : std::nullopt);
   if (!hash.ok()) return ToGrpcStatus(hash.status());
   response->set_hash(*hash);
+  if (request->has_from_step()) response->set_from_step(request->from_step());
   return grpc::Status::OK;
 }
 

@@ -1,33 +1,51 @@
 #include "service/engine/policy_schedule.h"
 
+#include <iterator>
 #include <limits>
 #include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace gradcomp::service {
 
 PolicySchedule::PolicySchedule(Policy initial) {
-  Set(std::move(initial), std::nullopt);
+  std::string hash = PolicyHash(initial);
+  entries_.emplace(std::numeric_limits<int64_t>::min(),
+                   std::make_shared<const Entry>(
+                       Entry{std::move(initial), std::move(hash), {}}));
 }
 
-std::string PolicySchedule::Set(Policy policy,
-                                std::optional<int64_t> from_step) {
+absl::StatusOr<std::string> PolicySchedule::Set(
+    Policy policy, std::optional<int64_t> from_step) {
   std::string hash = PolicyHash(policy);
   auto entry =
       std::make_shared<const Entry>(Entry{std::move(policy), hash, from_step});
   const int64_t key = from_step.value_or(std::numeric_limits<int64_t>::min());
   absl::MutexLock lock(&mu_);
-  entries_.erase(entries_.lower_bound(key), entries_.end());
+  const auto replaced = entries_.lower_bound(key);
+  const size_t kept =
+      static_cast<size_t>(std::distance(entries_.begin(), replaced));
+  if (kept + 1 > kMaxEntries) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the daemon holds ", kept,
+        " policies by step already, the most it "
+        "keeps with one more (",
+        kMaxEntries,
+        "); expected a policy set "
+        "without from_step (it replaces them all) while no step runs, or one "
+        "from an earlier step (it replaces those at or after it)"));
+  }
+  entries_.erase(replaced, entries_.end());
   entries_.emplace(key, std::move(entry));
-  while (entries_.size() > kMaxEntries) entries_.erase(entries_.begin());
   return hash;
 }
 
 std::shared_ptr<const PolicySchedule::Entry> PolicySchedule::For(
     int64_t step) const {
   absl::MutexLock lock(&mu_);
-  auto after = entries_.upper_bound(step);
-  if (after == entries_.begin()) return after->second;
-  return std::prev(after)->second;
+  // The INT64_MIN entry is always there: some entry is at or below `step`.
+  return std::prev(entries_.upper_bound(step))->second;
 }
 
 std::shared_ptr<const PolicySchedule::Entry> PolicySchedule::Latest() const {

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "service/engine/policy.h"
 
@@ -33,18 +34,21 @@ class PolicySchedule {
     std::optional<int64_t> from_step;
   };
 
-  // Scheduled policies kept: a step below the oldest one's from_step is
-  // decided by that oldest one.
-  static constexpr size_t kMaxEntries = 16;
+  // Policies held at once, the one for every step included: a schedule
+  // takes a change every so many steps for a whole run.
+  static constexpr size_t kMaxEntries = 64;
 
   // `initial` (already validated) applies to every step.
   explicit PolicySchedule(Policy initial);
 
   // Thread-safe. Unset `from_step`: `policy` applies to every step from
   // now on, replacing all others. Set: to steps >= *from_step, replacing
-  // those scheduled at or after it. `policy` must be valid (ValidatePolicy).
-  // Returns its hash.
-  std::string Set(Policy policy, std::optional<int64_t> from_step)
+  // those scheduled at or after it; ResourceExhausted, changing nothing,
+  // when that would hold more than kMaxEntries (none is dropped: steps
+  // would silently run another policy). `policy` must be valid
+  // (ValidatePolicy). Returns its hash.
+  absl::StatusOr<std::string> Set(Policy policy,
+                                  std::optional<int64_t> from_step)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // The policy that decides `step`.
@@ -55,7 +59,8 @@ class PolicySchedule {
 
  private:
   mutable absl::Mutex mu_;
-  // By from_step; an entry for every step has key INT64_MIN. Never empty.
+  // By from_step; the policy for every step (none set) has key INT64_MIN,
+  // and there is always one.
   std::map<int64_t, std::shared_ptr<const Entry>> entries_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -3,10 +3,14 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/statusor.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace gradcomp::service {
 namespace {
+
+using ::testing::HasSubstr;
 
 Policy DefaultCodec(const std::string& name) {
   Policy policy;
@@ -20,13 +24,15 @@ std::string CodecAt(const PolicySchedule& schedule, int64_t step) {
 
 TEST(PolicyScheduleTest, AScheduledPolicyDecidesItsStepsAndLaterOnesOnly) {
   PolicySchedule schedule(DefaultCodec("none"));
-  const std::string hash = schedule.Set(DefaultCodec("fp16"), 100);
-  EXPECT_EQ(hash, PolicyHash(DefaultCodec("fp16")));
+  const absl::StatusOr<std::string> hash =
+      schedule.Set(DefaultCodec("fp16"), 100);
+  ASSERT_TRUE(hash.ok()) << hash.status();
+  EXPECT_EQ(*hash, PolicyHash(DefaultCodec("fp16")));
   EXPECT_EQ(CodecAt(schedule, 0), "none");
   EXPECT_EQ(CodecAt(schedule, 99), "none");
   EXPECT_EQ(CodecAt(schedule, 100), "fp16");
   EXPECT_EQ(CodecAt(schedule, 1 << 30), "fp16");
-  EXPECT_EQ(schedule.Latest()->hash, hash);
+  EXPECT_EQ(schedule.Latest()->hash, *hash);
   EXPECT_EQ(schedule.Latest()->from_step, 100);
 
   // A later schedule keeps what comes before it.
@@ -52,18 +58,24 @@ TEST(PolicyScheduleTest, APolicyWithoutAStepReplacesEveryOther) {
   EXPECT_FALSE(schedule.Latest()->from_step.has_value());
 }
 
-TEST(PolicyScheduleTest, OnlyTheLastEntriesAreKept) {
+TEST(PolicyScheduleTest, AFullScheduleRefusesMoreAndDropsNothing) {
   PolicySchedule schedule(DefaultCodec("none"));
-  for (int64_t i = 1; i <= static_cast<int64_t>(PolicySchedule::kMaxEntries);
-       ++i) {
-    schedule.Set(DefaultCodec(i % 2 == 0 ? "fp16" : "bf16"), 10 * i);
+  const int64_t full = PolicySchedule::kMaxEntries - 1;
+  for (int64_t i = 1; i <= full; ++i) {
+    ASSERT_TRUE(schedule.Set(DefaultCodec("fp16"), 10 * i).ok()) << i;
   }
-  // The initial policy went first: step 0 falls to the oldest kept (10).
-  EXPECT_EQ(CodecAt(schedule, 0), "bf16");
-  EXPECT_EQ(CodecAt(schedule, 19), "bf16");
-  EXPECT_EQ(CodecAt(schedule, 20), "fp16");
-  EXPECT_EQ(CodecAt(schedule, 1 << 20),
-            PolicySchedule::kMaxEntries % 2 == 0 ? "fp16" : "bf16");
+  const absl::StatusOr<std::string> refused =
+      schedule.Set(DefaultCodec("bf16"), 10 * (full + 1));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("holds 64 policies by step already"));
+  EXPECT_EQ(CodecAt(schedule, 0), "none") << "the first is kept";
+  EXPECT_EQ(CodecAt(schedule, 1 << 20), "fp16");
+
+  // One from an earlier step replaces those after it, and so makes room.
+  ASSERT_TRUE(schedule.Set(DefaultCodec("bf16"), 15).ok());
+  EXPECT_EQ(CodecAt(schedule, 12), "fp16");
+  EXPECT_EQ(CodecAt(schedule, 1 << 20), "bf16");
 }
 
 }  // namespace

@@ -641,6 +641,12 @@ class Client:
         if from_step is not None:
             request.from_step = from_step
         response = self._call("SetPolicy", request)
+        if from_step is not None and not response.HasField("from_step"):
+            raise GradcompError(
+                "SetPolicy", self.target, grpc.StatusCode.FAILED_PRECONDITION,
+                f"the daemon does not know from_step (a version before it) and "
+                f"applied the policy (hash {response.hash}) to every step at "
+                f"once; upgrade it, or set the policy only while no step runs")
         return response.hash
 
     def declare_tensors(self, tensors: Mapping[str, tuple[Sequence[int], object]],

@@ -42,6 +42,11 @@ class _Daemon(gradcomp_pb2_grpc.GradcompServicer):
     def ReduceStream(self, request_iterator, context):
         yield from self.answer(list(request_iterator), context)
 
+    def SetPolicy(self, request, context):
+        # As a daemon that predates SetPolicyRequest.from_step: it applies
+        # the policy at once and echoes no step.
+        return gradcomp_pb2.SetPolicyResponse(hash="0123456789abcdef")
+
 
 class StandInTest(unittest.TestCase):
 
@@ -61,6 +66,17 @@ class StandInTest(unittest.TestCase):
 
     def setUp(self):
         self.daemon.answer = None
+
+
+class OlderDaemonTest(StandInTest):
+
+    def test_a_step_a_daemon_ignored_is_an_error(self):
+        policy = gradcomp_pb2.Policy()
+        self.assertEqual(self.client.set_policy(policy), "0123456789abcdef")
+        with self.assertRaises(gradcomp.GradcompError) as caught:
+            self.client.set_policy(policy, from_step=100)
+        self.assertEqual(caught.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("does not know from_step", str(caught.exception))
 
 
 class ReduceManyAnswersTest(StandInTest):
