@@ -409,7 +409,9 @@ TEST(ShardedReduceTest, AFailedStepLeavesTheStatesAsTheyWere) {
   for (const Case& c :
        {Case{"exchange", false, false}, Case{"allgather", true, false},
         Case{"owner's copy", true, true}}) {
-    Group group(kW, absl::Milliseconds(300));
+    // Long enough for a loaded machine's step 0 and for the peer thread's
+    // parts; the failing cases wait it out once.
+    Group group(kW, absl::Seconds(3));
     std::vector<std::vector<std::vector<float>>> grads(1);
     for (int r = 0; r < kW; ++r) grads[0].push_back(Gradient(r, 0, 0, kN));
     Reduce(group, *codec, "x", 0, grads, true);

@@ -291,7 +291,7 @@ TEST(ChocoGossipTest, RefusesStateOfAnotherSizeAndANeighbourOutOfStep) {
   // the step counts.
   std::vector<codecs::TensorState> lost = states;
   lost[0].Clear();
-  Network restarted(ring, Choco(0.1, 0.5), absl::Seconds(1));
+  Network restarted(ring, Choco(0.1, 0.5), absl::Seconds(5));
   s = restarted.Rounds({40}, xs, 2, 1, &lost);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(s.message(), HasSubstr("power step"));

@@ -491,7 +491,7 @@ TEST(PowerGossipTest, AnEdgeOutOfStepStartsAgainAtBothEnds) {
 // every later round, and the failure spread to the whole ring. Now the
 // next round starts them again and every rank goes on.
 TEST(PowerGossipTest, ARoundThatFailedAtOneEndOnlyIsCaughtUpNextRound) {
-  Network net(Make("ring", 4), {}, absl::Seconds(1));
+  Network net(Make("ring", 4), {}, absl::Seconds(5));
   std::vector<std::vector<float>> xs = RandomTensors(4, 6 * 5, 9);
   std::vector<absl::Status> missing =
       net.Rounds("w", {6, 5}, xs, 0, 1, {0, 1, 2});
@@ -517,7 +517,7 @@ TEST(PowerGossipTest, ADifferentShapeIsAnErrorNamingTheNeighbour) {
   for (const auto& [options, odd_shape] :
        std::vector<std::pair<GossipOptions, std::vector<int64_t>>>{
            {{}, {5, 6}}, {{}, {6, 4}}, {exact, {5, 6}}}) {
-    Network net(Make("ring", 4), options, absl::Seconds(2));
+    Network net(Make("ring", 4), options, absl::Seconds(5));
     std::vector<std::vector<float>> xs = RandomTensors(4, 6 * 5, 6);
     xs[3].resize(odd_shape[0] * odd_shape[1]);
     std::vector<absl::Status> status = net.RoundsWithShapes(
@@ -538,7 +538,7 @@ TEST(PowerGossipTest, ADifferentShapeIsAnErrorNamingTheNeighbour) {
 }
 
 TEST(PowerGossipTest, AMissingNeighbourIsNamedAtTheDeadline) {
-  Network net(Make("ring", 4), {}, absl::Seconds(1));
+  Network net(Make("ring", 4), {}, absl::Seconds(5));
   std::vector<std::vector<float>> xs = RandomTensors(4, 6 * 5, 6);
   std::vector<absl::Status> status =
       net.Rounds("w", {6, 5}, xs, 0, 1, /*ranks=*/{0, 1, 2});

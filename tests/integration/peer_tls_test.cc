@@ -180,9 +180,10 @@ TEST_F(PeerTlsTest, PeersWithCertificatesFromTheJobCaReduceCorrectly) {
 }
 
 TEST_F(PeerTlsTest, APeerWithACertificateFromAnotherCaIsRefusedAndNamed) {
-  ASSERT_TRUE(Start(0, TlsArgs(Files(*job_ca_, "ca0")), absl::Seconds(4)).ok());
   ASSERT_TRUE(
-      Start(1, TlsArgs(Files(*other_ca_, "ca1")), absl::Seconds(4)).ok());
+      Start(0, TlsArgs(Files(*job_ca_, "ca0")), absl::Seconds(10)).ok());
+  ASSERT_TRUE(
+      Start(1, TlsArgs(Files(*other_ca_, "ca1")), absl::Seconds(10)).ok());
   const std::string log = WaitExit(0);
   EXPECT_THAT(log, HasSubstr(absl::StrCat("could not reach 1 of 1 peers before "
                                           "the deadline: rank 1 (",
@@ -194,8 +195,9 @@ TEST_F(PeerTlsTest, APeerWithACertificateFromAnotherCaIsRefusedAndNamed) {
 }
 
 TEST_F(PeerTlsTest, APlaintextPeerIsRefusedAndNamed) {
-  ASSERT_TRUE(Start(0, TlsArgs(Files(*job_ca_, "pt0")), absl::Seconds(4)).ok());
-  ASSERT_TRUE(Start(1, {}, absl::Seconds(4)).ok());
+  ASSERT_TRUE(
+      Start(0, TlsArgs(Files(*job_ca_, "pt0")), absl::Seconds(10)).ok());
+  ASSERT_TRUE(Start(1, {}, absl::Seconds(10)).ok());
   const std::string log = WaitExit(0);
   EXPECT_THAT(log, HasSubstr(absl::StrCat("could not reach 1 of 1 peers before "
                                           "the deadline: rank 1 (",
