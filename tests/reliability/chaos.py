@@ -23,7 +23,8 @@ injected a random 0-100 ms into the step:
 A step on which a worker neither returns nor fails within
 --hang_seconds (default 2 x collective timeout + 15 s) is a hang and fails
 the run. After the last fault the driver waits until every daemon has its
-3 peers up again (the recovery time), then runs --final_steps steps that
+3 peers up again and every worker is ready (the recovery time; a worker
+killed at the last fault is a new process), then runs --final_steps steps that
 must succeed on every rank. Prints and returns: steps attempted and
 completed, faults by kind, failures reported (by status code), wrong
 results, the slowest failure, the recovery time. Exits 1 on a wrong result,
@@ -73,6 +74,7 @@ class Chaos:
         self.interrupted = 0  # steps a killed worker never finished
 
     def start_worker(self, rank: int, first_step: int) -> None:
+        (self.clock / f"ready.{rank}").unlink(missing_ok=True)
         env = dict(os.environ, PYTHONPATH=str(REPO / "client/python"))
         with open(self.work / f"worker.{rank}.out", "ab") as out:
             self.workers[rank] = subprocess.Popen(
@@ -118,6 +120,18 @@ class Chaos:
             self.start_worker(killed_worker, step + 1)
         return done
 
+    def wait_workers_ready(self, seconds: float) -> None:
+        """Until every worker has written its ready file (worker.py)."""
+        deadline = time.monotonic() + seconds
+        while not all((self.clock / f"ready.{r}").exists() for r in range(WORLD)):
+            exited = [f"worker {r} exited {w.returncode}"
+                      for r, w in enumerate(self.workers) if w.poll() is not None]
+            if exited:
+                raise RuntimeError("before the final steps: " + "; ".join(exited))
+            if time.monotonic() > deadline:
+                raise Hang(f"workers not ready within {seconds} s")
+            time.sleep(0.05)
+
     def wait_done(self, step: int, skip: int | None) -> dict[int, dict]:
         deadline = time.monotonic() + self.args.hang_seconds
         done: dict[int, dict] = {}
@@ -155,9 +169,11 @@ class Chaos:
                 print(f"step {step}: " + " ".join(
                     f"{r}:{'ok' if d['ok'] else 'ERR'}" for r, d in sorted(done.items()))
                     + (f"  <- {fault[0]} rank {fault[1]}" if fault else ""), flush=True)
-        # Recovery: every daemon has its peers back, then clean steps.
+        # Recovery: every daemon has its peers back and every worker (one
+        # restarted after the last fault too) is ready, then clean steps.
         t_recover = time.monotonic()
         self.cluster.wait_peers_up(120)
+        self.wait_workers_ready(120)
         recovery = time.monotonic() - t_recover
         final_ok = 0
         first_final = step + 1

@@ -21,9 +21,10 @@ With --batch the stream declares batches as the DDP hook does by default
 one collective per batch.
 
 With --clock DIR the steps are paced by a driver (chaos.py): the worker
-waits for DIR/go.<t> (a JSON object: {"disconnect": [ranks]} tells this
-rank to close its channel while the step is in flight and reconnect), runs
-step t, then writes DIR/done.<t>.<rank>. Without --clock it runs --steps
+writes DIR/ready.<rank> once it can take part in a step, waits for
+DIR/go.<t> (a JSON object: {"disconnect": [ranks]} tells this rank to close
+its channel while the step is in flight and reconnect), runs step t, then
+writes DIR/done.<t>.<rank>. Without --clock it runs --steps
 steps back to back (soak.py), writes its progress to --progress, and
 stops early before the step that --stop_file names once it exists.
 """
@@ -164,6 +165,11 @@ def run_free(runner: Runner, args: argparse.Namespace) -> None:
 
 def run_clocked(runner: Runner, args: argparse.Namespace) -> None:
     clock = pathlib.Path(args.clock)
+    # Imports done, workload built and the daemon answering: the driver may
+    # start a step this rank must take part in (a restarted worker needs
+    # seconds to get here on a busy machine).
+    runner.client.info()
+    cluster.write_atomic(clock / f"ready.{args.rank}", str(args.start_step))
     step = args.start_step
     while True:
         go = clock / f"go.{step}"
