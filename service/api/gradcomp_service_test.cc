@@ -265,8 +265,12 @@ TEST_F(GradcompServiceTest, ReduceStreamReportsABadTensorAndGoesOn) {
   // The pool's threads go idle once their answers are queued, and its
   // gauges say so (bounded wait: a thread may still be on its way back).
   const std::map<std::string, std::string> idle = {{"state", "idle"}};
-  for (int i = 0; i < 6000 && Metric("gradcomp_stream_workers", idle) < 1;
-       ++i) {
+  const auto settled = [&] {
+    return Metric("gradcomp_stream_workers", idle) >= 1 &&
+           Metric("gradcomp_stream_workers", {{"state", "running"}}) == 0 &&
+           Metric("gradcomp_stream_workers", {{"state", "waiting"}}) == 0;
+  };
+  for (int i = 0; i < 6000 && !settled(); ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_GE(Metric("gradcomp_stream_workers", idle), 1);

@@ -68,11 +68,14 @@ absl::Status GetInfoWithToken(const std::string& target,
   return (*client)->GetInfo().status();
 }
 
-// grpc.health.v1.Health/Check for the whole server, with no metadata.
+// grpc.health.v1.Health/Check for the whole server, with no metadata. It
+// waits for the server to listen: the daemon opens its health address
+// after the API's, which is all that DaemonProcess waits for.
 grpc::Status HealthCheck(const std::string& target) {
   grpc::GenericStub stub(
       grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
+  context.set_wait_for_ready(true);
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(10));
   grpc::ByteBuffer request(nullptr, 0);  // HealthCheckRequest{service: ""}

@@ -269,7 +269,8 @@ class PeeredStreamTest(unittest.TestCase):
         clients[0].reduce_many({"warm-up": x}, step=0, codec="none")
         warm_up.result()
         only_a = reduce_on_rank1("a")
-        clients[0].timeout = 5.0
+        # Long enough for "a" on a busy machine; "b" waits it out.
+        clients[0].timeout = 20.0
         with self.assertRaises(gradcomp.GradcompError) as caught:
             clients[0].reduce_many({"a": x, "b": x}, step=0, codec="none")
         self.assertEqual(list(only_a.result()), ["a"])
