@@ -108,9 +108,10 @@ ABSL_FLAG(std::string, peer_listen, "",
           "resolves to this host.");
 ABSL_FLAG(std::string, peer_group, "",
           "A name every daemon of this job shares (the Helm chart gives "
-          "<namespace>/<release>); the peer handshake refuses a daemon of "
+          "<namespace>/<fullname>); the peer handshake refuses a daemon of "
           "another group, such as one reached at an address another job's "
-          "pod held before. Empty: not checked beyond the other fields.");
+          "pod held before. Empty is a group too: it meets only daemons "
+          "without one.");
 ABSL_FLAG(std::string, peer_tls_cert, "",
           "PEM certificate chain this daemon shows its peers; with "
           "--peer_tls_key and --peer_tls_ca it turns on mutual TLS on the "
@@ -345,6 +346,14 @@ absl::Status CheckFlagValues() {
     return absl::InvalidArgumentError(
         "--peer_buffer_bytes is 0, expected room for the messages peers send "
         "ahead of this rank (default 1 GiB)");
+  }
+  // Checked again where the credentials are made (world size above 1);
+  // here too, so that --check_config refuses it on every rank.
+  const absl::Duration refresh = absl::GetFlag(FLAGS_peer_tls_refresh);
+  if (refresh < absl::Seconds(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--peer_tls_refresh is ", absl::FormatDuration(refresh),
+                     ", expected at least 1s (default 60s)"));
   }
   return absl::OkStatus();
 }

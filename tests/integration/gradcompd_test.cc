@@ -697,6 +697,8 @@ TEST(GradcompdConfigTest, CheckConfigRefusesFlagsThatWouldNotStart) {
       {"--peer_startup_timeout=-5s",
        "--peer_startup_timeout is -5s, expected a duration above 0"},
       {"--peer_buffer_bytes=0", "--peer_buffer_bytes is 0"},
+      {"--peer_tls_refresh=100ms",
+       "--peer_tls_refresh is 100ms, expected at least 1s"},
       {"--allow_client_shm --shm_owner_uids=abc",
        "--shm_owner_uids has 'abc', expected numeric uids"},
   };

@@ -133,8 +133,8 @@ checksum/gradcomp-config: {{ include "gradcomp.config" . | sha256sum }}
     # A daemon of another release reached at an address one of ours had
     # (a recycled pod IP) is refused at the handshake.
     - --peer_group={{ .Release.Namespace }}/{{ include "gradcomp.fullname" . }}
-    # The kubelet's gRPC probes need TCP; client API calls on this port are
-    # served from loopback only (no token is configured).
+    # The kubelet's gRPC probes need TCP: this port serves health only; the
+    # client API is not served on it.
     - --health_listen=0.0.0.0:{{ int .Values.ports.api }}
     - --collective_timeout={{ .Values.peerTimeouts.collective }}
     - --peer_startup_timeout={{ .Values.peerTimeouts.startup }}
