@@ -1,6 +1,7 @@
 #include "service/api/gradcomp_service.h"
 
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -239,14 +240,29 @@ void GradcompService::LeaveBatch(
   engine_->LeaveBatch(request.job(), request.tensor(), request.step(), *spec);
 }
 
-absl::StatusOr<MemoryBudget::Reservation> GradcompService::ReserveInline(
-    const v1::ReduceRequest& request) {
-  return engine_->ReserveInput(request.data().size(), "its inline input");
+absl::StatusOr<MemoryBudget::Reservation> GradcompService::ReserveQueued(
+    const v1::ReduceRequest& request, uint64_t* working) {
+  // The element count its shape says (what the reduce checks, and refuses
+  // when it does not match the bytes); 0 when it overflows.
+  uint64_t numel = 1;
+  for (const int64_t d : request.shape()) {
+    if (d < 0 || (d > 0 && numel > std::numeric_limits<uint64_t>::max() /
+                                       static_cast<uint64_t>(d))) {
+      numel = 0;
+      break;
+    }
+    numel *= static_cast<uint64_t>(d);
+  }
+  *working = engine_->WorkingBytesAhead(DTypeFromProto(request.dtype()), numel,
+                                        !request.has_output_shm());
+  return engine_->ReserveInput(request.data().size() + *working,
+                               "its inline input and working memory");
 }
 
 absl::StatusOr<v1::ReduceResponse> GradcompService::DoReduce(
     const v1::ReduceRequest& request, const ShmClient& client,
-    MemoryBudget::Reservation* held, std::shared_ptr<const BatchSpec> batch) {
+    MemoryBudget::Reservation* held, uint64_t held_working,
+    std::shared_ptr<const BatchSpec> batch) {
   if (request.parts_size() > 0) {
     // ReduceStream splits them (SplitParts); one answer cannot hold many.
     metrics_->CountReduce("unresolved", absl::StatusCode::kInvalidArgument);
@@ -272,6 +288,7 @@ absl::StatusOr<v1::ReduceResponse> GradcompService::DoReduce(
   // a stream's are held since it arrived; a unary call's the engine
   // reserves with its working memory.
   input->reservation = held;
+  input->reserved_working_bytes = held_working;
   if (held == nullptr) input->unreserved_input_bytes = request.data().size();
   // Counted by the engine once this has run: a result the client does not
   // get is a failed reduce.
@@ -338,13 +355,15 @@ grpc::Status GradcompService::ReduceStream(
   };
   // Queues one tensor's reduce; `done` gets its answer, on a worker or, when
   // the memory budget or the bounded queue refuses it, here (the stream
-  // goes on). A queued tensor's inline bytes count against the budget while
-  // it waits.
+  // goes on). A queued tensor's inline bytes and the estimate of its
+  // working memory count against the budget while it waits.
   auto schedule = [this, &mu, &pending, &client](
                       v1::ReduceRequest request,
                       std::shared_ptr<const BatchSpec> batch, AnswerFn done) {
     const v1::ReduceRequest named = NamedPart(request);
-    absl::StatusOr<MemoryBudget::Reservation> reserved = ReserveInline(request);
+    uint64_t working = 0;
+    absl::StatusOr<MemoryBudget::Reservation> reserved =
+        ReserveQueued(request, &working);
     if (!reserved.ok()) {
       metrics_->CountReduce("unresolved", reserved.status().code());
       LeaveBatch(named, batch);
@@ -360,10 +379,10 @@ grpc::Status GradcompService::ReduceStream(
       ++pending;
     }
     const bool queued =
-        stream_pool_.TrySchedule([this, &mu, &pending, &client, held, done,
-                                  request = std::move(request), batch] {
+        stream_pool_.TrySchedule([this, &mu, &pending, &client, held, working,
+                                  done, request = std::move(request), batch] {
           v1::ReduceStreamResponse answer = StreamAnswer(
-              request, DoReduce(request, client, held.get(), batch));
+              request, DoReduce(request, client, held.get(), working, batch));
           // The reduce's working copies are gone; its answer stays in the
           // budget until the client reads it, so that a client that does
           // not read cannot have the daemon hold unbudgeted answers.

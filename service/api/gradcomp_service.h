@@ -105,12 +105,13 @@ class GradcompService final : public v1::Gradcomp::Service {
 
   // One Reduce in core terms for `client` (ClientId of the call); the
   // status is what the client sees. `held` holds the request's inline
-  // bytes in the memory budget; null: the engine reserves them with the
-  // reduce's working memory, in one piece.
+  // bytes in the memory budget and `held_working` bytes of its working
+  // memory (ReserveQueued); null: the engine reserves them all, in one
+  // piece.
   // `batch`: the batch of a request's parts (SplitRequest), for a part.
   absl::StatusOr<v1::ReduceResponse> DoReduce(
       const v1::ReduceRequest& request, const ShmClient& client,
-      MemoryBudget::Reservation* held = nullptr,
+      MemoryBudget::Reservation* held = nullptr, uint64_t held_working = 0,
       std::shared_ptr<const BatchSpec> batch = nullptr);
   // Queues one ReduceStream tensor's reduce (with its batch when it is a
   // part: DoReduce); `done` gets its answer, from a worker or, when the
@@ -126,10 +127,13 @@ class GradcompService final : public v1::Gradcomp::Service {
   // the last is in; a request SplitParts refuses is answered with its error.
   void ScheduleParts(const v1::ReduceRequest& request, const AnswerFn& send,
                      const ScheduleFn& schedule);
-  // Reserves `request`'s inline input in the engine's memory budget, for a
-  // stream's request that waits in the queue.
-  absl::StatusOr<MemoryBudget::Reservation> ReserveInline(
-      const v1::ReduceRequest& request);
+  // Reserves, for a stream's request that may wait in the queue, its
+  // inline input and the estimate of its working memory (set in
+  // `*working`) in one piece of the engine's memory budget: a request that
+  // held only its input would keep the workers from the room they grow
+  // into.
+  absl::StatusOr<MemoryBudget::Reservation> ReserveQueued(
+      const v1::ReduceRequest& request, uint64_t* working);
   // `request` was refused before the engine saw it: if it is a member of a
   // batch (its own, or `batch` as a part's), the other members go on
   // without it rather than wait for it until the batch's deadline.

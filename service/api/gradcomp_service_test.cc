@@ -66,6 +66,39 @@ v1::ReduceRequest Request(const std::string& tensor, std::vector<int64_t> shape,
   return r;
 }
 
+// A LocalCollective whose rounds wait while the gate is closed, so a
+// request can be held in flight.
+class GatedCollective : public LocalCollective {
+ public:
+  explicit GatedCollective(bool open = false) : open_(open) {}
+  absl::StatusOr<codecs::RoundResult> Run(const RoundKey& key,
+                                          codecs::Round round) override {
+    {
+      absl::MutexLock lock(&mu_);
+      entered_ = true;
+      mu_.Await(absl::Condition(&open_));
+    }
+    return LocalCollective::Run(key, std::move(round));
+  }
+  void Open() {
+    absl::MutexLock lock(&mu_);
+    open_ = true;
+  }
+  void Close() {
+    absl::MutexLock lock(&mu_);
+    open_ = false;
+  }
+  void WaitUntilEntered() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&entered_));
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool entered_ = false;
+  bool open_;
+};
+
 class GradcompServiceTest : public ::testing::Test {
  protected:
   virtual EngineOptions Options() const { return EngineOptions(); }
@@ -111,7 +144,7 @@ class GradcompServiceTest : public ::testing::Test {
 
   codecs::StateStore store_;
   Metrics metrics_{&store_, "test"};
-  LocalCollective collective_;
+  GatedCollective collective_{/*open=*/true};
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<GradcompService> service_;
   std::unique_ptr<grpc::Server> server_;
@@ -525,6 +558,59 @@ TEST_F(GradcompServiceBudgetTest, AUnaryReduceHoldsNothingWhileItWaits) {
   EXPECT_EQ(Metric("gradcomp_memory_budget_in_use_bytes", {}), 0);
 }
 
+// Room for two whole reduces of a 16 KiB tensor (its input, payload,
+// average and response: 64 KiB), no error samples, and reduces held in
+// their collective until the test opens it.
+class GradcompServiceStreamBudgetTest : public GradcompServiceTest {
+ protected:
+  static constexpr int kFloats = 4096;
+  static constexpr uint64_t kWhole = 4 * kFloats * sizeof(float);
+  EngineOptions Options() const override {
+    EngineOptions options;
+    options.memory_budget_bytes = 2 * kWhole;
+    options.memory_wait = absl::Milliseconds(300);
+    options.error_sample_rate = 0;
+    return options;
+  }
+};
+
+TEST_F(GradcompServiceStreamBudgetTest, ATensorThatArrivesReservesItWhole) {
+  // Four tensors over one stream while the first ones hold their memory.
+  // Reserved whole when they arrive, two fit and the other two are refused
+  // at the door. Had they reserved only their inputs (all four fit), the
+  // workers would have grown into the rest one by one, and the second
+  // could find the other inputs holding its room.
+  collective_.Close();
+  grpc::ClientContext context;
+  auto stream = stub_->ReduceStream(&context);
+  const std::vector<float> g = Ramp(kFloats);
+  for (uint64_t id = 0; id < 4; ++id) {
+    v1::ReduceRequest request = Request(absl::StrCat("t", id), {kFloats}, g);
+    request.set_request_id(id);
+    ASSERT_TRUE(stream->Write(request));
+  }
+  stream->WritesDone();
+  v1::ReduceStreamResponse response;
+  for (int refused = 0; refused < 2; ++refused) {
+    ASSERT_TRUE(stream->Read(&response));
+    EXPECT_EQ(response.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(response.error_message(),
+                HasSubstr(absl::StrCat("its inline input and working memory "
+                                       "needs ",
+                                       kWhole, " bytes")));
+    EXPECT_THAT(response.tensor(), ::testing::AnyOf("t2", "t3"));
+  }
+  collective_.Open();
+  std::set<std::string> reduced;
+  while (stream->Read(&response)) {
+    EXPECT_EQ(response.error_code(), 0) << response.error_message();
+    EXPECT_EQ(response.result().data(), FloatBytes(g));
+    reduced.insert(response.result().tensor());
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(reduced, (std::set<std::string>{"t0", "t1"}));
+}
+
 TEST_F(GradcompServiceTest, SharedMemoryIsOffByDefault) {
   {
     grpc::ClientContext context;
@@ -591,34 +677,6 @@ TEST_F(GradcompServiceTest, HealthCheckIsServing) {
   }
   EXPECT_EQ(bytes, std::string("\x08\x01", 2));
 }
-
-// A LocalCollective whose rounds wait until the test opens the gate, so a
-// request can be held in flight.
-class GatedCollective : public LocalCollective {
- public:
-  absl::StatusOr<codecs::RoundResult> Run(const RoundKey& key,
-                                          codecs::Round round) override {
-    {
-      absl::MutexLock lock(&mu_);
-      entered_ = true;
-      mu_.Await(absl::Condition(&open_));
-    }
-    return LocalCollective::Run(key, std::move(round));
-  }
-  void Open() {
-    absl::MutexLock lock(&mu_);
-    open_ = true;
-  }
-  void WaitUntilEntered() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(&entered_));
-  }
-
- private:
-  absl::Mutex mu_;
-  bool entered_ = false;
-  bool open_ = false;
-};
 
 // The service with --allow_client_shm: a registry, and clients that name
 // themselves with the gradcomp-client-id metadata.

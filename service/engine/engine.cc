@@ -403,32 +403,64 @@ absl::StatusOr<MemoryBudget::Reservation> Engine::ReserveInput(
   return budget_.Reserve(bytes, what, options_.memory_wait);
 }
 
+namespace {
+
+// An estimate of what ReduceImpl allocates for `numel` elements `width`
+// bytes wide: the payload and the fp32 average always; the converted input
+// (an input that is not aligned fp32), the response's data (a result not
+// written to the caller's output) and the fp32 scratch of a result that is
+// not aligned fp32 (ResultFloats) when it needs them; for an error sample,
+// the session's copy of its payload (a dense one is tensor-sized) and the
+// decode of it. Other ranks' payloads are not counted: their size is not
+// known before they arrive.
+uint64_t WorkingBytes(uint64_t numel, size_t width, bool input_converted,
+                      bool output_inline, bool result_scratch,
+                      bool sample_error) {
+  const uint64_t fp32 = numel * sizeof(float);
+  uint64_t bytes = 2 * fp32;
+  if (input_converted) bytes += fp32;
+  if (output_inline) bytes += numel * width;
+  if (result_scratch) bytes += fp32;
+  if (sample_error) bytes += 2 * fp32;
+  return bytes;
+}
+
+}  // namespace
+
+uint64_t Engine::WorkingBytesAhead(DType dtype, uint64_t numel,
+                                   bool output_inline) const {
+  const absl::StatusOr<size_t> width = DTypeBytes(dtype);
+  if (!width.ok() || numel > options_.max_tensor_bytes / *width) return 0;
+  const bool fp32 = dtype == DType::kFloat32;
+  return WorkingBytes(numel, *width, /*input_converted=*/!fp32, output_inline,
+                      /*result_scratch=*/!fp32, /*sample_error=*/false);
+}
+
 absl::Status Engine::ReserveWorkingMemory(const ReduceInput& in, uint64_t numel,
                                           size_t width, bool sample_error,
                                           uint64_t extra,
                                           MemoryBudget::Reservation* own) {
-  // An estimate of what ReduceImpl allocates: the payload and the fp32
-  // average always; the converted input, the response's data and the fp32
-  // scratch of a result that is not aligned fp32 (ResultFloats) when it
-  // needs them; for an error sample, the session's copy of its payload (a
-  // dense one is tensor-sized) and the decode of it. Other ranks' payloads
-  // are not counted: their size is not known before they arrive.
-  const uint64_t fp32 = numel * sizeof(float);
-  uint64_t bytes = 2 * fp32;
-  if (!IsAlignedFloat32(in.dtype, in.data.data())) bytes += fp32;
-  if (in.output.empty()) bytes += numel * width;
   const bool result_aligned =
       in.output.empty() ? in.dtype == DType::kFloat32
                         : IsAlignedFloat32(in.dtype, in.output.data());
-  if (!result_aligned) bytes += fp32;
-  if (sample_error) bytes += 2 * fp32;
-  bytes += extra;
+  const uint64_t bytes =
+      WorkingBytes(numel, width, !IsAlignedFloat32(in.dtype, in.data.data()),
+                   in.output.empty(), !result_aligned, sample_error) +
+      extra;
   const absl::string_view what =
       extra > 0 ? "this reduce, its gossip messages and copies included,"
                 : "this reduce";
   if (in.reservation != nullptr) {
-    return in.reservation->GrowTo(in.reservation->bytes() + bytes, what,
-                                  options_.memory_wait);
+    // What the caller reserved ahead counts; an estimate above the need is
+    // given back.
+    MemoryBudget::Reservation& held = *in.reservation;
+    const uint64_t ahead = std::min(in.reserved_working_bytes, held.bytes());
+    if (bytes <= ahead) {
+      held.ShrinkTo(held.bytes() - (ahead - bytes));
+      return absl::OkStatus();
+    }
+    return held.GrowTo(held.bytes() + (bytes - ahead), what,
+                       options_.memory_wait);
   }
   GC_ASSIGN_OR_RETURN(*own, budget_.Reserve(in.unreserved_input_bytes + bytes,
                                             what, options_.memory_wait));

@@ -105,6 +105,10 @@ struct ReduceInput {
   // its input while it waited for the rest would keep others from the room
   // they need (concurrent arrivals could each hold an input and all wait).
   MemoryBudget::Reservation* reservation = nullptr;
+  // Of `reservation`, what the caller reserved for the working memory
+  // ahead (WorkingBytesAhead): the engine grows it by what more the reduce
+  // takes, or gives back what it takes less.
+  uint64_t reserved_working_bytes = 0;
   uint64_t unreserved_input_bytes = 0;  // used only without `reservation`
   // kGossip: the result is this worker's tensor mixed with its neighbours'
   // on `gossip`'s topology (gossip_jobs.h) instead of the average; `codec`
@@ -210,6 +214,15 @@ class Engine {
   // in the error); hand it to Reduce in ReduceInput::reservation.
   absl::StatusOr<MemoryBudget::Reservation> ReserveInput(
       uint64_t bytes, absl::string_view what);
+  // The working memory a reduce of `numel` elements of `dtype` takes, as
+  // Reduce reserves it for an aligned input without an error sample or
+  // gossip: what a caller reserves with a request's input when the request
+  // arrives (ReduceInput::reserved_working_bytes), so that a request that
+  // waits for a worker never holds its input while the worker waits for
+  // the rest. `output_inline`: the result goes into the response. 0 for a
+  // dtype or a size the reduce refuses.
+  uint64_t WorkingBytesAhead(DType dtype, uint64_t numel,
+                             bool output_inline) const;
 
   // Member `tensor` of `batch` takes part in no round >= `round` of `step`:
   // the batch's other members go on without it at once instead of waiting
