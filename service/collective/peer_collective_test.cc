@@ -340,7 +340,11 @@ TEST(PeerCollectiveTest, AMissingRankFailsTheOthersAtTheDeadlineNamingIt) {
   for (std::thread& thread : threads) thread.join();
   for (int r = 0; r < kW - 1; ++r) {
     EXPECT_EQ(status[r].code(), absl::StatusCode::kDeadlineExceeded);
-    EXPECT_THAT(status[r].message(), HasSubstr("no message from rank 3"));
+    // A live rank that a loaded machine held back past the deadline is
+    // named beside it.
+    EXPECT_THAT(
+        std::string(status[r].message()),
+        ::testing::ContainsRegex("no message from (rank [0-9], )*rank 3"));
     EXPECT_THAT(status[r].message(), HasSubstr("tensor 'fc1.weight' step 9"));
   }
 }
