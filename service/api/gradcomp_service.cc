@@ -1,7 +1,6 @@
 #include "service/api/gradcomp_service.h"
 
 #include <functional>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -242,19 +241,11 @@ void GradcompService::LeaveBatch(
 
 absl::StatusOr<MemoryBudget::Reservation> GradcompService::ReserveQueued(
     const v1::ReduceRequest& request, uint64_t* working) {
-  // The element count its shape says (what the reduce checks, and refuses
-  // when it does not match the bytes); 0 when it overflows.
-  uint64_t numel = 1;
-  for (const int64_t d : request.shape()) {
-    if (d < 0 || (d > 0 && numel > std::numeric_limits<uint64_t>::max() /
-                                       static_cast<uint64_t>(d))) {
-      numel = 0;
-      break;
-    }
-    numel *= static_cast<uint64_t>(d);
-  }
-  *working = engine_->WorkingBytesAhead(DTypeFromProto(request.dtype()), numel,
-                                        !request.has_output_shm());
+  // By its shape, which the reduce checks against its bytes.
+  *working = engine_->WorkingBytesAhead(
+      DTypeFromProto(request.dtype()),
+      absl::MakeConstSpan(request.shape().data(), request.shape().size()),
+      !request.has_output_shm());
   return engine_->ReserveInput(request.data().size() + *working,
                                "its inline input and working memory");
 }

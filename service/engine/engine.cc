@@ -427,12 +427,15 @@ uint64_t WorkingBytes(uint64_t numel, size_t width, bool input_converted,
 
 }  // namespace
 
-uint64_t Engine::WorkingBytesAhead(DType dtype, uint64_t numel,
+uint64_t Engine::WorkingBytesAhead(DType dtype, absl::Span<const int64_t> shape,
                                    bool output_inline) const {
   const absl::StatusOr<size_t> width = DTypeBytes(dtype);
-  if (!width.ok() || numel > options_.max_tensor_bytes / *width) return 0;
+  if (!width.ok()) return 0;
+  const absl::StatusOr<uint64_t> numel =
+      CheckedNumel(shape, *width, options_.max_tensor_bytes);
+  if (!numel.ok()) return 0;
   const bool fp32 = dtype == DType::kFloat32;
-  return WorkingBytes(numel, *width, /*input_converted=*/!fp32, output_inline,
+  return WorkingBytes(*numel, *width, /*input_converted=*/!fp32, output_inline,
                       /*result_scratch=*/!fp32, /*sample_error=*/false);
 }
 
