@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -32,7 +31,9 @@ class Network {
  public:
   Network(const Topology& topology, GossipOptions options,
           absl::Duration timeout = absl::Seconds(60))
-      : group_(topology.world_size(), timeout) {
+      : group_(topology.world_size(), timeout),
+        bytes_(topology.world_size()),
+        resynced_(topology.world_size()) {
     for (int r = 0; r < topology.world_size(); ++r) {
       nodes_.push_back(
           std::make_unique<GossipNode>(topology, r, options, kSeed));
@@ -104,8 +105,10 @@ class Network {
  private:
   InProcessGroup group_;
   std::vector<std::unique_ptr<GossipNode>> nodes_;
-  std::map<int, uint64_t> bytes_;
-  std::map<int, std::vector<EdgeResync>> resynced_;
+  // By rank, sized up front: each rank's thread writes only its own entry
+  // (a map's insertions from those threads raced, and crashed a CI run).
+  std::vector<uint64_t> bytes_;
+  std::vector<std::vector<EdgeResync>> resynced_;
 };
 
 // Both ends of every edge of a ring of `w` hold the same factors.
