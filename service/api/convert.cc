@@ -18,6 +18,15 @@ absl::StatusOr<std::shared_ptr<const BatchSpec>> BatchSpecFromProto(
   return std::make_shared<const BatchSpec>(std::move(spec));
 }
 
+GossipSpec GossipSpecFromProto(const v1::GossipSpec& spec) {
+  return GossipSpec{spec.topology(),
+                    spec.rank(),
+                    spec.power_steps(),
+                    spec.diffusion(),
+                    spec.choco_topk_fraction(),
+                    spec.fresh_factors()};
+}
+
 absl::StatusOr<ReduceInput> ReduceInputFromProto(
     const v1::ReduceRequest& request, const MappedSlices& slices,
     std::shared_ptr<const BatchSpec> batch) {
@@ -64,12 +73,7 @@ absl::StatusOr<ReduceInput> ReduceInputFromProto(
       break;
     case v1::REDUCE_MODE_GOSSIP:
       input.mode = ReduceMode::kGossip;
-      input.gossip = GossipSpec{request.gossip().topology(),
-                                request.gossip().rank(),
-                                request.gossip().power_steps(),
-                                request.gossip().diffusion(),
-                                request.gossip().choco_topk_fraction(),
-                                request.gossip().fresh_factors()};
+      input.gossip = GossipSpecFromProto(request.gossip());
       break;
     default:
       return absl::InvalidArgumentError(absl::StrCat(

@@ -39,6 +39,9 @@ absl::StatusOr<ReduceInput> ReduceInputFromProto(
     const v1::ReduceRequest& request, const MappedSlices& slices = {},
     std::shared_ptr<const BatchSpec> batch = nullptr);
 
+// The engine's form of a request's gossip spec (zeros: the defaults).
+GossipSpec GossipSpecFromProto(const v1::GossipSpec& spec);
+
 // MakeBatchSpec of a request's batch, to be shared by its parts.
 absl::StatusOr<std::shared_ptr<const BatchSpec>> BatchSpecFromProto(
     const v1::ReduceBatch& batch);

@@ -241,11 +241,17 @@ void GradcompService::LeaveBatch(
 
 absl::StatusOr<MemoryBudget::Reservation> GradcompService::ReserveQueued(
     const v1::ReduceRequest& request, uint64_t* working) {
-  // By its shape, which the reduce checks against its bytes.
+  // By its shape, which the reduce checks against its bytes; a gossip
+  // request's messages with it. A mode the reduce refuses is estimated as
+  // average.
+  const std::optional<GossipSpec> gossip =
+      request.mode() == v1::REDUCE_MODE_GOSSIP
+          ? std::optional<GossipSpec>(GossipSpecFromProto(request.gossip()))
+          : std::nullopt;
   *working = engine_->WorkingBytesAhead(
-      DTypeFromProto(request.dtype()),
+      request.job(), DTypeFromProto(request.dtype()),
       absl::MakeConstSpan(request.shape().data(), request.shape().size()),
-      !request.has_output_shm());
+      !request.has_output_shm(), gossip.has_value() ? &*gossip : nullptr);
   return engine_->ReserveInput(request.data().size() + *working,
                                "its inline input and working memory");
 }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -67,10 +68,15 @@ v1::ReduceRequest Request(const std::string& tensor, std::vector<int64_t> shape,
 }
 
 // A LocalCollective whose rounds wait while the gate is closed, so a
-// request can be held in flight.
+// request can be held in flight. With a mirror peer (before the engine is
+// made) the world has a second rank that sends in every neighbour exchange
+// what this rank sent, as an identical worker would: gossip then has a
+// neighbour (a ring of 2, one edge) and waits at the gate.
 class GatedCollective : public LocalCollective {
  public:
   explicit GatedCollective(bool open = false) : open_(open) {}
+  void AddMirrorPeer() { mirror_peer_ = true; }
+  int world_size() const override { return mirror_peer_ ? 2 : 1; }
   absl::StatusOr<codecs::RoundResult> Run(const RoundKey& key,
                                           codecs::Round round) override {
     {
@@ -79,6 +85,18 @@ class GatedCollective : public LocalCollective {
       mu_.Await(absl::Condition(&open_));
     }
     return LocalCollective::Run(key, std::move(round));
+  }
+  absl::StatusOr<std::vector<codecs::Bytes>> ExchangeWithNeighbours(
+      const RoundKey& key, absl::Span<const int> neighbours,
+      std::vector<codecs::Bytes> parts) override {
+    {
+      absl::MutexLock lock(&mu_);
+      entered_ = true;
+      mu_.Await(absl::Condition(&open_));
+    }
+    if (mirror_peer_) return parts;
+    return LocalCollective::ExchangeWithNeighbours(key, neighbours,
+                                                   std::move(parts));
   }
   void Open() {
     absl::MutexLock lock(&mu_);
@@ -97,6 +115,7 @@ class GatedCollective : public LocalCollective {
   absl::Mutex mu_;
   bool entered_ = false;
   bool open_;
+  bool mirror_peer_ = false;
 };
 
 class GradcompServiceTest : public ::testing::Test {
@@ -609,6 +628,68 @@ TEST_F(GradcompServiceStreamBudgetTest, ATensorThatArrivesReservesItWhole) {
   }
   EXPECT_TRUE(stream->Finish().ok());
   EXPECT_EQ(reduced, (std::set<std::string>{"t0", "t1"}));
+}
+
+// The same daemon as rank 0 of 2, beside a mirror peer, so that gossip
+// has a neighbour.
+class GradcompServiceGossipBudgetTest : public GradcompServiceStreamBudgetTest {
+ protected:
+  void SetUp() override {
+    collective_.AddMirrorPeer();
+    GradcompServiceStreamBudgetTest::SetUp();
+  }
+};
+
+TEST_F(GradcompServiceGossipBudgetTest, ATensorThatArrivesReservesItsMessages) {
+  // In exact gossip a round holds a copy of the tensor to and from each
+  // neighbour and two at hand: with one neighbour, four tensors more than
+  // an average, 128 KiB in all, the whole budget. One fits; the others are
+  // refused at the door. Had the estimate left the messages out, two would
+  // have been admitted at 64 KiB, and each worker, growing into the rest,
+  // would have waited on the other's input until both were refused.
+  constexpr uint64_t kWholeGossip = kWhole + 4 * kFloats * sizeof(float);
+  const std::vector<float> g = Ramp(kFloats);
+  // Step 0 estimates by the request's spec, before the job's first round
+  // has built its node; step 1 by the node.
+  for (int64_t step = 0; step < 2; ++step) {
+    SCOPED_TRACE(absl::StrCat("step ", step));
+    collective_.Close();
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(30));
+    auto stream = stub_->ReduceStream(&context);
+    for (uint64_t id = 0; id < 4; ++id) {
+      v1::ReduceRequest request = Request(absl::StrCat("t", id), {kFloats}, g);
+      request.set_step(step);
+      request.set_request_id(id);
+      request.set_mode(v1::REDUCE_MODE_GOSSIP);
+      request.mutable_gossip()->set_topology("ring");
+      ASSERT_TRUE(stream->Write(request));
+    }
+    stream->WritesDone();
+    v1::ReduceStreamResponse response;
+    std::set<std::string> refused;
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(stream->Read(&response));
+      EXPECT_EQ(response.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+          << response.result().tensor();
+      EXPECT_THAT(response.error_message(),
+                  HasSubstr(absl::StrCat("its inline input and working memory "
+                                         "needs ",
+                                         kWholeGossip, " bytes")));
+      refused.insert(response.tensor());
+    }
+    EXPECT_EQ(refused, (std::set<std::string>{"t1", "t2", "t3"}));
+    collective_.Open();
+    ASSERT_TRUE(stream->Read(&response));
+    EXPECT_EQ(response.error_code(), 0) << response.error_message();
+    EXPECT_EQ(response.result().tensor(), "t0");
+    EXPECT_EQ(response.result().stats().codec(), "gossip");
+    // Mixed with an identical neighbour: unchanged.
+    EXPECT_EQ(response.result().data(), FloatBytes(g));
+    EXPECT_FALSE(stream->Read(&response));
+    EXPECT_TRUE(stream->Finish().ok());
+  }
 }
 
 TEST_F(GradcompServiceTest, SharedMemoryIsOffByDefault) {

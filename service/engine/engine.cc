@@ -427,16 +427,21 @@ uint64_t WorkingBytes(uint64_t numel, size_t width, bool input_converted,
 
 }  // namespace
 
-uint64_t Engine::WorkingBytesAhead(DType dtype, absl::Span<const int64_t> shape,
-                                   bool output_inline) const {
+uint64_t Engine::WorkingBytesAhead(absl::string_view job, DType dtype,
+                                   absl::Span<const int64_t> shape,
+                                   bool output_inline,
+                                   const GossipSpec* gossip) {
   const absl::StatusOr<size_t> width = DTypeBytes(dtype);
   if (!width.ok()) return 0;
   const absl::StatusOr<uint64_t> numel =
       CheckedNumel(shape, *width, options_.max_tensor_bytes);
   if (!numel.ok()) return 0;
   const bool fp32 = dtype == DType::kFloat32;
-  return WorkingBytes(*numel, *width, /*input_converted=*/!fp32, output_inline,
-                      /*result_scratch=*/!fp32, /*sample_error=*/false);
+  const uint64_t bytes =
+      WorkingBytes(*numel, *width, /*input_converted=*/!fp32, output_inline,
+                   /*result_scratch=*/!fp32, /*sample_error=*/false);
+  if (gossip == nullptr || *numel == 0) return bytes;
+  return bytes + gossip_.WorkingBytesAhead(job, *gossip, shape);
 }
 
 absl::Status Engine::ReserveWorkingMemory(const ReduceInput& in, uint64_t numel,

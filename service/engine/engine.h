@@ -215,14 +215,17 @@ class Engine {
   absl::StatusOr<MemoryBudget::Reservation> ReserveInput(
       uint64_t bytes, absl::string_view what);
   // The working memory a reduce of `shape` x `dtype` takes, as
-  // Reduce reserves it for an aligned input without an error sample or
-  // gossip: what a caller reserves with a request's input when the request
-  // arrives (ReduceInput::reserved_working_bytes), so that a request that
-  // waits for a worker never holds its input while the worker waits for
-  // the rest. `output_inline`: the result goes into the response. 0 for a
-  // dtype or a shape the reduce refuses.
-  uint64_t WorkingBytesAhead(DType dtype, absl::Span<const int64_t> shape,
-                             bool output_inline) const;
+  // Reduce reserves it for an aligned input without an error sample: what
+  // a caller reserves with a request's input when the request arrives
+  // (ReduceInput::reserved_working_bytes), so that a request that waits
+  // for a worker never holds its input while the worker waits for the
+  // rest. `output_inline`: the result goes into the response. `gossip`
+  // (null in average mode): the request gossips in job `job` with this
+  // spec, and its messages and copies count too. 0 for a dtype or a shape
+  // the reduce refuses.
+  uint64_t WorkingBytesAhead(absl::string_view job, DType dtype,
+                             absl::Span<const int64_t> shape,
+                             bool output_inline, const GossipSpec* gossip);
 
   // Member `tensor` of `batch` takes part in no round >= `round` of `step`:
   // the batch's other members go on without it at once instead of waiting

@@ -162,6 +162,33 @@ void GossipJobs::Erase(absl::string_view job) {
   jobs_.erase(job);
 }
 
+uint64_t GossipJobs::WorkingBytesAhead(absl::string_view job,
+                                       const GossipSpec& spec,
+                                       absl::Span<const int64_t> shape) {
+  std::shared_ptr<Job> entry;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job);
+    if (it != jobs_.end()) entry = it->second;
+  }
+  // A job's lock is held through its spec check, which waits for the other
+  // ranks: then, as before the check, the spec is read on its own.
+  if (entry != nullptr && entry->mu.TryLock()) {
+    const bool built =
+        entry->node != nullptr && entry->spec == DescribeGossipSpec(spec);
+    const uint64_t bytes = built ? entry->node->WorkingBytes(shape) : 0;
+    entry->mu.Unlock();
+    if (built) return bytes;
+  }
+  const absl::StatusOr<GossipOptions> options = GossipOptionsFromSpec(spec);
+  if (!options.ok()) return 0;
+  const absl::StatusOr<Topology> topology =
+      Topology::Parse(spec.topology, collective_->world_size());
+  if (!topology.ok()) return 0;
+  return GossipWorkingBytes(
+      *options, topology->neighbours(collective_->rank()).size(), shape);
+}
+
 absl::StatusOr<GossipNode*> GossipJobs::Node(absl::string_view job,
                                              const GossipSpec& spec) {
   GC_ASSIGN_OR_RETURN(const GossipOptions options, GossipOptionsFromSpec(spec));

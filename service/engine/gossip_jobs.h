@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "service/collective/collective.h"
 #include "service/gossip/power_gossip.h"
 
@@ -75,6 +76,16 @@ class GossipJobs {
   // in average mode on this rank, or when the topology does not fit.
   absl::StatusOr<GossipNode*> Node(absl::string_view job,
                                    const GossipSpec& spec)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // GossipWorkingBytes of a gossip request of `job` naming `spec`, for a
+  // tensor of `shape` on this rank, with no spec check and no wait: what a
+  // caller reserves with the request when it arrives
+  // (Engine::WorkingBytesAhead). By the job's node once it is built, else
+  // by `spec`'s own topology for the collective's world size. 0 for a spec
+  // the request would be refused for.
+  uint64_t WorkingBytesAhead(absl::string_view job, const GossipSpec& spec,
+                             absl::Span<const int64_t> shape)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Records that `job` reduces in average mode; InvalidArgument when it

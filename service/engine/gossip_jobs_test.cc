@@ -135,6 +135,28 @@ TEST_F(GossipJobsTest, RanksThatAgreeGetOneNodePerJob) {
   EXPECT_EQ(*again, *got[2]);
 }
 
+TEST_F(GossipJobsTest, WorkingBytesAheadBeforeAndAfterTheJobsNode) {
+  // PowerGossip r = 2 on a ring of 4 (2 neighbours), an [8, 6] tensor: per
+  // edge 4 factor-sized buffers of (8 + 6) x 2 floats, and the tensor.
+  const GossipSpec ring{"ring", 2};
+  const std::vector<int64_t> shape = {8, 6};
+  constexpr uint64_t kBytes = 2 * 4 * (8 + 6) * 2 * 4 + 8 * 6 * 4;
+  EXPECT_EQ(jobs_[0]->WorkingBytesAhead("job", ring, shape), kBytes);
+  auto got = NodeOnEveryRank(jobs_, "job", std::vector<GossipSpec>(4, ring));
+  ASSERT_TRUE(got[0].ok()) << got[0].status();
+  EXPECT_EQ(jobs_[0]->WorkingBytesAhead("job", ring, shape), kBytes);
+  EXPECT_EQ((*got[0])->WorkingBytes(shape), kBytes);
+  // Another spec than the node's is estimated by its own (the request will
+  // be refused); one that does not parse, or does not fit 4 workers, is 0.
+  EXPECT_EQ(jobs_[0]->WorkingBytesAhead("job", GossipSpec{"full"}, shape),
+            (2 * 3 + 2) * 8 * 6 * 4);
+  EXPECT_EQ(jobs_[0]->WorkingBytesAhead("job", GossipSpec{"star"}, shape), 0);
+  EXPECT_EQ(jobs_[0]->WorkingBytesAhead("job", GossipSpec{"torus:3x3"}, shape),
+            0);
+  EXPECT_EQ(jobs_[0]->WorkingBytesAhead("job", GossipSpec{"ring", 5000}, shape),
+            0);
+}
+
 TEST_F(GossipJobsTest, RanksThatDisagreeAreRefusedNamingBoth) {
   std::vector<GossipSpec> specs(4, GossipSpec{"ring", 1});
   specs[3].topology = "full";

@@ -228,6 +228,36 @@ GossipNode::GossipNode(Topology topology, int rank, GossipOptions options,
 
 GossipNode::~GossipNode() = default;
 
+uint64_t GossipWorkingBytes(const GossipOptions& options, size_t degree,
+                            absl::Span<const int64_t> shape) {
+  uint64_t numel = 1;
+  for (int64_t d : shape) numel *= static_cast<uint64_t>(d);
+  const uint64_t tensor = numel * sizeof(float);
+  if (options.mode == GossipOptions::Mode::kChoco) {
+    // The copies x_hat of this rank and each neighbour, loaded from the
+    // state; the difference and its index order; k pairs each way per
+    // neighbour.
+    const uint64_t k = static_cast<uint64_t>(
+        ChocoK(options.choco_fraction, static_cast<int64_t>(numel)));
+    return (degree + 2) * tensor + numel * sizeof(uint32_t) +
+           2 * degree * k * 8;
+  }
+  const bool low_rank = options.mode == GossipOptions::Mode::kPowerGossip &&
+                        shape.size() >= 2 && shape[0] > 0;
+  if (!low_rank) {
+    // A copy of x to every neighbour and one from each; this end's x and
+    // the neighbour's at hand.
+    return (2 * degree + 2) * tensor;
+  }
+  const uint64_t rows = static_cast<uint64_t>(shape[0]);
+  const uint64_t cols = numel / rows;
+  const uint64_t r =
+      std::min<uint64_t>({static_cast<uint64_t>(options.rank), rows, cols});
+  // Per edge its factors (loaded from the state), a factor-sized input and
+  // message each way; this end's x.
+  return degree * 4 * (rows + cols) * r * sizeof(float) + tensor;
+}
+
 absl::StatusOr<GossipNode::TensorGossip*> GossipNode::Tensor(
     const std::string& name) {
   absl::MutexLock lock(&mu_);
@@ -248,33 +278,8 @@ absl::StatusOr<GossipNode::TensorGossip*> GossipNode::Existing(
 }
 
 uint64_t GossipNode::WorkingBytes(absl::Span<const int64_t> shape) const {
-  uint64_t numel = 1;
-  for (int64_t d : shape) numel *= static_cast<uint64_t>(d);
-  const uint64_t degree = topology_.neighbours(rank_).size();
-  const uint64_t tensor = numel * sizeof(float);
-  if (options_.mode == GossipOptions::Mode::kChoco) {
-    // The copies x_hat of this rank and each neighbour, loaded from the
-    // state; the difference and its index order; k pairs each way per
-    // neighbour.
-    const uint64_t k = static_cast<uint64_t>(
-        ChocoK(options_.choco_fraction, static_cast<int64_t>(numel)));
-    return (degree + 2) * tensor + numel * sizeof(uint32_t) +
-           2 * degree * k * 8;
-  }
-  const bool low_rank = options_.mode == GossipOptions::Mode::kPowerGossip &&
-                        shape.size() >= 2 && shape[0] > 0;
-  if (!low_rank) {
-    // A copy of x to every neighbour and one from each; this end's x and
-    // the neighbour's at hand.
-    return (2 * degree + 2) * tensor;
-  }
-  const uint64_t rows = static_cast<uint64_t>(shape[0]);
-  const uint64_t cols = numel / rows;
-  const uint64_t r =
-      std::min<uint64_t>({static_cast<uint64_t>(options_.rank), rows, cols});
-  // Per edge its factors (loaded from the state), a factor-sized input and
-  // message each way; this end's x.
-  return degree * 4 * (rows + cols) * r * sizeof(float) + tensor;
+  return GossipWorkingBytes(options_, topology_.neighbours(rank_).size(),
+                            shape);
 }
 
 absl::StatusOr<GossipStats> GossipNode::Round(Collective& collective,

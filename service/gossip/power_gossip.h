@@ -102,6 +102,14 @@ double MaxEdgeWeight(const Topology& topology);
 // w_ii) (0 without edges).
 double MaxNeighbourWeightSum(const Topology& topology);
 
+// An estimate of the bytes a round of a tensor of `shape` allocates besides
+// the tensor itself, on a rank with `degree` neighbours: the messages to
+// and from every neighbour (a tensor each for exact gossip), and Choco's
+// copies of its state. GossipNode::WorkingBytes for the node's own rank;
+// alone, for a caller that has the options and the topology but no node.
+uint64_t GossipWorkingBytes(const GossipOptions& options, size_t degree,
+                            absl::Span<const int64_t> shape);
+
 // One edge's PowerGossip factors for one tensor, identical at both ends.
 struct EdgeFactors {
   int64_t rows = 0;
@@ -175,9 +183,8 @@ class GossipNode {
                                                int owner) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // An estimate of the bytes a state-backed Round of a tensor of `shape`
-  // allocates besides `x`: the messages to and from every neighbour (a
-  // tensor each for exact gossip), and Choco's copies of its state.
+  // GossipWorkingBytes of this node's options and rank: what a
+  // state-backed Round of a tensor of `shape` allocates besides `x`.
   uint64_t WorkingBytes(absl::Span<const int64_t> shape) const;
 
   const Topology& topology() const { return topology_; }
