@@ -42,9 +42,17 @@ _PB_DTYPE = {
 _NP_DTYPE = {pb: np_dtype for np_dtype, pb in _PB_DTYPE.items()}
 
 # Tensors are sent inline, so lift gRPC's 4 MiB default in both directions.
+# A daemon that restarts is dialled again within about a second of coming
+# back: with gRPC's defaults (reconnect backoff growing to 2 minutes, and
+# the name resolved again at most every 30 s) every call failed at once
+# with UNAVAILABLE for 9-10 s after a restarted daemon listened again (the
+# daemon is a local sidecar, so trying every second costs nothing).
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", -1),
     ("grpc.max_receive_message_length", -1),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.dns_min_time_between_resolutions_ms", 200),
 ]
 
 
@@ -462,6 +470,8 @@ class Client:
         # would let the daemon reclaim the regions registered on it.
         self._cuda_lock: ShmRegion | None = None
         self._cuda_lock_guard = threading.Lock()
+        # Registrations that named the lock: done, or still in flight.
+        self._cuda_lock_users = 0
         # Sent as "gradcomp-client-id" metadata with the shared-memory calls:
         # the daemon's regions belong to it. Unique per Client object; made
         # here, not on first use, so that threads sharing the client agree.
@@ -658,9 +668,12 @@ class Client:
         `generation` to change the list. Returns the list's hash."""
         declarations = []
         for name, (shape, dtype) in tensors.items():
-            pb_dtype = _PB_DTYPE.get(np.dtype(dtype).newbyteorder("<"))
+            try:
+                pb_dtype = _PB_DTYPE.get(np.dtype(dtype).newbyteorder("<"))
+            except TypeError:  # not a numpy dtype at all ("bfloat16", say)
+                pb_dtype = None
             if pb_dtype is None:
-                raise TypeError(f"tensor {name!r}: dtype {np.dtype(dtype)} is not "
+                raise TypeError(f"tensor {name!r}: dtype {dtype} is not "
                                 "one of float16, float32, float64")
             declarations.append(gradcomp_pb2.TensorDeclaration(
                 name=name, dtype=pb_dtype, shape=[int(d) for d in shape]))
@@ -736,7 +749,18 @@ class Client:
         with self._cuda_lock_guard:
             if self._cuda_lock is None:
                 self._cuda_lock = ShmRegion(1, tag="cuda-lock", mode=self.shm_mode)
+            self._cuda_lock_users += 1
             return self._cuda_lock.key
+
+    def _cuda_lock_unused(self) -> None:
+        """A registration that named the lock failed: with no other one
+        done or in flight, the lock goes (the daemon never learnt its key,
+        so nothing would reclaim it should this process be killed)."""
+        with self._cuda_lock_guard:
+            self._cuda_lock_users -= 1
+            if self._cuda_lock_users == 0 and self._cuda_lock is not None:
+                self._cuda_lock.release()
+                self._cuda_lock = None
 
     def register_cuda_shm(self, name: str, raw_handle: bytes, device_id: int,
                           byte_size: int) -> None:
@@ -746,11 +770,15 @@ class Client:
         this client is closed or its process exits).
         FAILED_PRECONDITION "this gradcompd has no usable CUDA device" on a
         daemon without a GPU; INVALID_ARGUMENT for a handle it cannot open."""
-        self._shm_call("RegisterCudaSharedMemory",
-                       gradcomp_pb2.RegisterCudaSharedMemoryRequest(
-                           name=name, raw_handle=raw_handle,
-                           device_id=device_id, byte_size=byte_size,
-                           lock_key=self._cuda_lock_key()))
+        request = gradcomp_pb2.RegisterCudaSharedMemoryRequest(
+            name=name, raw_handle=raw_handle, device_id=device_id,
+            byte_size=byte_size)
+        request.lock_key = self._cuda_lock_key()
+        try:
+            self._shm_call("RegisterCudaSharedMemory", request)
+        except BaseException:
+            self._cuda_lock_unused()
+            raise
 
     def register_cuda_tensor(self, name: str, tensor) -> ShmTensor:
         """Registers a contiguous torch CUDA tensor's memory as region `name`

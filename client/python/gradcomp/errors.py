@@ -39,8 +39,22 @@ class GradcompError(Exception):
         super().__init__(f"{rpc} to gradcompd at {target} failed: "
                          f"{code.name}: {details}")
 
+    def __reduce__(self):
+        # Pickled whole (a worker process's error reaches its pool as it
+        # was raised): the default pickles only the message.
+        return (_rebuild, (type(self), self.rpc, self.target, self.code,
+                           self.details, self.failures, self.completed))
+
     @classmethod
     def from_rpc_error(cls, rpc: str, target: str,
                        error: grpc.RpcError) -> "GradcompError":
         # Every RpcError a grpc stub raises is also a grpc.Call.
         return cls(rpc, target, error.code(), error.details() or "")
+
+
+def _rebuild(cls: type, rpc: str, target: str, code: grpc.StatusCode, details: str,
+             failures: Mapping[str, tuple[grpc.StatusCode, str]],
+             completed: dict) -> GradcompError:
+    error = cls(rpc, target, code, details, failures)
+    error.completed = completed
+    return error

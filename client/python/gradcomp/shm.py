@@ -158,6 +158,8 @@ class ShmRegion:
         self._mapping()
         dtype = np.dtype(dtype)
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        if any(d < 0 for d in shape):
+            raise ValueError(f"shape {list(shape)} has a negative dimension")
         count = int(np.prod(shape, dtype=np.int64))
         if offset < 0 or offset + count * dtype.itemsize > self.byte_size:
             raise ValueError(f"{count} x {dtype} at offset {offset} does not fit "
@@ -169,6 +171,7 @@ class ShmRegion:
         covers, for Client.reduce_shm: its offset counts from the start of
         what register_shm registered as `region` (the whole region if it
         did not register that name)."""
+        self._mapping()
         base = self._base.__array_interface__["data"][0]
         start = view.__array_interface__["data"][0] - base
         if (not view.flags.c_contiguous or start < 0

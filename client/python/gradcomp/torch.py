@@ -166,6 +166,14 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _transient(error: Exception) -> bool:
+    """Whether a transport probe failed for a reason that says nothing of
+    the transport: the daemon was not there (starting, restarting) or did
+    not answer in time. Such a probe is asked again, not taken as a no."""
+    return isinstance(error, GradcompError) and error.code in (
+        grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
 def _is_local(target: str) -> bool:
     """Whether gRPC target `target` is on this host: a unix socket, or
     loopback as host:port, dns:[//authority/]host:port or an ipv4:/ipv6:
@@ -544,7 +552,9 @@ class HookState:
                 raise ValueError(f"a bucket holds a parameter of shape "
                                  f"{list(param.shape)} that is not among the "
                                  f"model's named_parameters()")
-            offset = grad.data_ptr() - base
+            # An empty gradient has no storage (data_ptr() is 0): it takes
+            # no room, and any place in the buffer holds it.
+            offset = grad.data_ptr() - base if grad.numel() else 0
             if not 0 <= offset <= size - grad.numel() * grad.element_size():
                 raise ValueError(f"gradient of '{name}' is not a view of its "
                                  f"bucket's buffer (byte offset {offset} of {size})")
@@ -604,8 +614,8 @@ class HookState:
             staging.region(-1, 4)  # a probe: does the daemon map our regions?
             staging.close()
         except (GradcompError, OSError) as error:
-            if self._shm_wanted:
-                raise
+            if self._shm_wanted or _transient(error):
+                raise  # undecided: the next bucket asks again
             self.transport, self.transport_reason = "inline", str(error)
             return
         self._staging = staging
@@ -627,8 +637,8 @@ class HookState:
             # OSError: no lock object; ValueError: no IPC handle for this
             # memory (an expandable segment); RuntimeError: torch's export.
             except (GradcompError, OSError, ValueError, RuntimeError) as error:
-                if self._cuda_wanted:
-                    raise
+                if self._cuda_wanted or _transient(error):
+                    raise  # undecided: the next bucket asks again
                 reason = str(error)
             else:
                 self._cuda_staging = staging
@@ -736,8 +746,6 @@ class HookState:
                 name, functools.partial(self._staging.renew, index),
                 0, buffer.nbytes, tensors, step)
             buffer[...] = region.array(buffer.shape, buffer.dtype, offset=buffer.nbytes)
-            if last:
-                self._staging.drop_after(index)
         else:
             for codec, group in self._groups(tensors):
                 batches = self._batches(codec, group)
@@ -750,6 +758,8 @@ class HookState:
                 for t in group:
                     average, stats[t.name] = results[t.name]
                     t.view(buffer)[...] = average  # the view writes through to the bucket
+        if last and self._staging is not None:
+            self._staging.drop_after(index)
         self._record(stats, batched, last)
 
     def _staged_region(self, index: int, nbytes: int) -> tuple[str, ShmRegion] | None:
@@ -758,8 +768,8 @@ class HookState:
         (shm=None) and /dev/shm has no room for the region (a container's
         64 MiB default holds a bucket or two): the hook then goes inline
         for good, with a warning, instead of failing every step."""
-        if self._staging is None:
-            return None
+        if self._staging is None or nbytes == 0:
+            return None  # an empty bucket (zero-element parameters) has nothing to map
         try:
             return self._staging.region(index, nbytes)
         except OSError as error:

@@ -190,6 +190,9 @@ class ClientTest(unittest.TestCase):
         self.assertIn("declared list", str(caught.exception))
         with self.assertRaisesRegex(TypeError, "int32"):
             self.client.declare_tensors({"i": ((2,), np.int32)}, job="declared")
+        # Not numpy's bare "data type not understood": the tensor is named.
+        with self.assertRaisesRegex(TypeError, "tensor 'b': dtype bfloat16 is not one of"):
+            self.client.declare_tensors({"b": ((2,), "bfloat16")}, job="declared")
 
     def test_client_side_type_errors(self):
         with self.assertRaisesRegex(TypeError, "int32"):

@@ -3,6 +3,7 @@ against a stand-in for gradcompd served here (no daemon binary needed)
 whose replies each test scripts.
 """
 import concurrent.futures
+import pickle
 import threading
 import types
 import unittest
@@ -243,6 +244,21 @@ class BadReplyCancelsTheStreamTest(StandInTest):
             kept = error
         self.assertIn("request_id 9", str(kept))
         self.assertTrue(ended.wait(10), "the stream was left open")
+
+
+class GradcompErrorTest(unittest.TestCase):
+
+    def test_it_pickles_whole(self):
+        # As a worker process's error reaches its pool.
+        error = gradcomp.GradcompError(
+            "ReduceStream", "127.0.0.1:1", grpc.StatusCode.INVALID_ARGUMENT,
+            "bad", {"w": (grpc.StatusCode.INVALID_ARGUMENT, "bad")})
+        error.completed = {"b": "its stats"}
+        again = pickle.loads(pickle.dumps(error))
+        self.assertIsInstance(again, gradcomp.GradcompError)
+        self.assertEqual(str(again), str(error))
+        for field in ("rpc", "target", "code", "details", "failures", "completed"):
+            self.assertEqual(getattr(again, field), getattr(error, field), field)
 
 
 class ArgumentTest(StandInTest):

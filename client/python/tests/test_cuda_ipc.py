@@ -121,18 +121,23 @@ class CudaLivenessLockTest(_DaemonTest):
             send = client._shm_call
 
             def recording(rpc, request):
-                sent.append(request)
+                sent.append((request, lock_held(request.lock_key)))
                 return send(rpc, request)
 
             client._shm_call = recording
             with self.assertRaises(gradcomp.GradcompError):
                 client.register_cuda_shm("dev", bytes(64), 0, 4096)
             # The request names the client's lock, made for the call and
-            # held while the client lives.
+            # held during it.
             self.assertEqual(len(sent), 1)
-            self.assertIsNotNone(client._cuda_lock)
-            self.assertEqual(sent[0].lock_key, client._cuda_lock.key)
-            self.assertTrue(lock_held(sent[0].lock_key))
+            request, held = sent[0]
+            self.assertTrue(request.lock_key.startswith("/gradcomp.cuda-lock."))
+            self.assertTrue(held)
+            # The daemon registered nothing on it, so it is gone at once: a
+            # process killed later would otherwise leave it in /dev/shm,
+            # where nothing reclaims a key the daemon never learnt.
+            self.assertIsNone(client._cuda_lock)
+            self.assertFalse(os.path.exists("/dev/shm" + request.lock_key))
 
     def test_bad_lock_keys_are_refused_before_the_device(self):
         cases = (("/gradcomp.absent-lock", grpc.StatusCode.NOT_FOUND, "lock_key: "),

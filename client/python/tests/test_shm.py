@@ -55,6 +55,9 @@ class ShmRegionTest(unittest.TestCase):
         self.assertEqual(t.byte_size, 128)
         with self.assertRaises(ValueError):
             region.array(1025)  # 4100 bytes
+        for shape in ((-1,), (-2, 2)):  # a view of another size than named
+            with self.assertRaisesRegex(ValueError, "negative dimension"):
+                region.array(shape)
         with self.assertRaises(ValueError):
             region.tensor("r", np.zeros(4, np.float32))  # not in the region
         with self.assertRaises(BufferError):
@@ -63,8 +66,10 @@ class ShmRegionTest(unittest.TestCase):
         region.release()
         region.release()
         self.assertFalse(os.path.exists("/dev/shm" + region.key))
-        with self.assertRaises(ValueError):
+        with self.assertRaisesRegex(ValueError, "was released"):
             region.array(4)
+        with self.assertRaisesRegex(ValueError, "was released"):
+            region.tensor("r", np.zeros(4, np.float32))
 
     def test_a_region_dropped_before_its_views_unlinks_its_name(self):
         region = ShmRegion(64, tag="py-test")

@@ -30,6 +30,7 @@ import copy
 import errno
 import os
 import tempfile
+import time
 import unittest
 import warnings
 from unittest import mock
@@ -42,6 +43,8 @@ try:
     import torch.nn.functional as F
 except ImportError:
     torch = None
+
+import grpc
 
 import gradcomp
 from gradcomp.shm import ShmRegion
@@ -494,6 +497,99 @@ class HookDtypeTest(GlooGroupOfOne):
         self.assertEqual(len(futures), 1)  # the hook returned its Future
         with self.assertRaisesRegex(TypeError, expected):
             futures[0].wait()
+
+
+class _WithEmpty(nn.Module if torch is not None else object):
+    """A model with a zero-element parameter, whose gradient has no
+    storage (data_ptr() 0) in DDP's bucket."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(64, 10)
+        self.empty = nn.Parameter(torch.zeros(0))
+
+    def forward(self, x):
+        return self.fc(x) + self.empty.sum()
+
+
+@unittest.skipIf(torch is None, "needs torch (Debian: python3-torch)")
+class HookEmptyGradientTest(GlooGroupOfOne):
+
+    def test_a_model_with_an_empty_parameter_steps_as_plain_ddp(self):
+        import gradcomp.torch as gtorch
+        with Daemon(["--allow_client_shm"]) as daemon:
+            for shm in (False, True):
+                with self.subTest(shm=shm):
+                    models = []
+                    for hooked in (False, True):
+                        model = _WithEmpty()
+                        ddp = nn.parallel.DistributedDataParallel(model)
+                        if hooked:
+                            state = gtorch.HookState(model, daemon.target,
+                                                     job=f"empty-{shm}", shm=shm,
+                                                     codecs=dict.fromkeys(
+                                                         ("fc.weight", "fc.bias", "empty"),
+                                                         gtorch.Codec("none")))
+                            ddp.register_comm_hook(state, gtorch.hook)
+                        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                        try:
+                            _train_steps(ddp, optimizer, 0, 2)
+                        finally:
+                            if hooked:
+                                state.close()  # while the daemon runs
+                        models.append(model)
+                    self.assertEqual(state.stats.steps, 2)
+                    self.assertEqual(state.transport, "shm" if shm else "inline")
+                    for (name, plain), hooked in zip(models[0].state_dict().items(),
+                                                     models[1].state_dict().values()):
+                        self.assertTrue(torch.equal(plain, hooked), name)
+
+    def test_a_bucket_of_empty_gradients_passes_in_shm_mode(self):
+        import gradcomp.torch as gtorch
+        model = _WithEmpty()
+        with Daemon(["--allow_client_shm"]) as daemon:
+            state = gtorch.HookState(model, daemon.target, job="empty", shm=True)
+            try:
+                buckets = [[model.fc.weight, model.fc.bias], [model.empty]]
+                for index, held in enumerate(buckets):
+                    gtorch.hook(state, _Bucket(held, index, len(buckets))).wait()
+                self.assertEqual(state.stats.steps, 1)
+                self.assertEqual(daemon.metric("gradcomp_shm_regions"), 1)
+            finally:
+                state.close()
+
+
+@unittest.skipIf(torch is None, "needs torch (Debian: python3-torch)")
+class HookTransportProbeTest(unittest.TestCase):
+
+    def test_a_daemon_not_up_yet_leaves_the_transport_to_the_next_bucket(self):
+        """The first bucket finds no daemon: it fails, as it must, but
+        the hook does not take that for a daemon that refuses shared
+        memory; once the daemon is up, the hook picks shared memory."""
+        import gradcomp.torch as gtorch
+        model = _model()
+        params = list(model.parameters())
+        daemon = Daemon(["--allow_client_shm"], unix_socket=True)
+        self.addCleanup(daemon.close)
+        state = gtorch.HookState(model, daemon.target, job="probe")
+        self.addCleanup(state.close)  # first: cleanups run last in, first out
+        with self.assertRaises(gradcomp.GradcompError) as error:
+            gtorch.hook(state, _Bucket(params, 0, 1)).wait()
+        self.assertEqual(error.exception.code, grpc.StatusCode.UNAVAILABLE)
+        self.assertEqual(state.transport, "")
+        daemon.start()
+        # The client's channel dials again within about a second; until
+        # then a bucket fails as above.
+        for _ in range(100):
+            try:
+                gtorch.hook(state, _Bucket(params, 0, 1)).wait()
+                break
+            except gradcomp.GradcompError as unavailable:
+                self.assertEqual(unavailable.code, grpc.StatusCode.UNAVAILABLE)
+                time.sleep(0.1)
+        self.assertEqual(state.transport, "shm", state.transport_reason)
+        self.assertEqual(daemon.metric("gradcomp_shm_regions"), 1)
 
 
 @unittest.skipIf(torch is None, "needs torch (Debian: python3-torch)")
