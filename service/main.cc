@@ -565,9 +565,16 @@ absl::Status Run(const std::set<std::string>& named_flags) {
   std::fprintf(stderr, "gradcompd: %s received, shutting down\n",
                signal == SIGTERM ? "SIGTERM" : "SIGINT");
   // Health turns NOT_SERVING first so that probes stop routing here, then
-  // in-flight calls get a few seconds to finish.
+  // in-flight calls get a few seconds to finish: those waiting for peers
+  // end at once, which would otherwise hold the server's shutdown until
+  // their deadline (--collective_timeout, 60 s by default, past a
+  // Kubernetes pod's 30 s grace period).
   server->GetHealthCheckService()->Shutdown();
   if (health != nullptr) health->GetHealthCheckService()->Shutdown();
+  engine->Shutdown(absl::UnavailableError(
+      absl::StrCat("rank ", rank, " is shutting down (",
+                   signal == SIGTERM ? "SIGTERM" : "SIGINT",
+                   "); its in-flight reduces end")));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   server->Wait();
   if (health != nullptr) health->Shutdown(std::chrono::system_clock::now());

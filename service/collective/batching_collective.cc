@@ -372,6 +372,7 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
   const absl::Time deadline = absl::Now() + timeout_;
 
   absl::MutexLock lock(&mu_);
+  if (!shutdown_.ok()) return shutdown_;
   GC_ASSIGN_OR_RETURN(StepBatch * step_batch, FindOrAdd(key, batch));
   if (step_batch->left_from[index] <= key.round) {
     return absl::FailedPreconditionError(
@@ -391,8 +392,8 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
   group.payloads[index] = std::move(round.payload);
   ++group.waiting;
 
-  auto ready = [&] {
-    return group.finished ||
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return group.finished || (!group.started && !shutdown_.ok()) ||
            (!group.started && Complete(*step_batch, key.round, group));
   };
   auto finished = [&] { return group.finished; };
@@ -406,7 +407,12 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
             +[](decltype(ready)* f) { return (*f)(); }, &ready),
         deadline);
   }
-  if (!group.finished && !group.started && ready()) {
+  if (!group.finished && !group.started && !shutdown_.ok()) {
+    // The daemon is stopping: the members that came fail, not waiting for
+    // the rest.
+    group.status = shutdown_;
+    group.finished = true;
+  } else if (!group.finished && !group.started && ready()) {
     // The last member to arrive (or the one woken by the last Leave) runs
     // the batch's one collective for everybody.
     group.started = true;
@@ -542,6 +548,14 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
     MaybeErase(key, batch, *step_batch);
   }
   return result;
+}
+
+void BatchingCollective::Shutdown(const absl::Status& why) {
+  {
+    absl::MutexLock lock(&mu_);
+    shutdown_ = why;
+  }
+  inner_->Shutdown(why);
 }
 
 void BatchingCollective::ForgetJob(const std::string& job) {

@@ -119,6 +119,9 @@ class BatchingCollective : public Collective {
   // the mailbox leaves a waiting Collect. The inner collective forgets the
   // job too.
   void ForgetJob(const std::string& job) override ABSL_LOCKS_EXCLUDED(mu_);
+  // Members waiting for the rest of their batch fail with `why` at once, as
+  // do later ones; the inner collective is shut down too.
+  void Shutdown(const absl::Status& why) override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Round `key.round` of member `key.tensor` of `batch` (a MakeBatchSpec
   // result) at `key.step`. Errors: DeadlineExceeded naming the members that
@@ -222,6 +225,7 @@ class BatchingCollective : public Collective {
   const absl::Duration timeout_;
   absl::Mutex mu_;
   std::map<StepKey, StepBatch> batches_ ABSL_GUARDED_BY(mu_);
+  absl::Status shutdown_ ABSL_GUARDED_BY(mu_);  // Shutdown's reason
 };
 
 }  // namespace gradcomp::service

@@ -739,6 +739,48 @@ TEST(BatchingCollectiveTest, ForgetJobLeavesAWaitingMemberAlone) {
   for (const absl::Status& s : status) EXPECT_TRUE(s.ok()) << s;
 }
 
+// Shutdown ends the waits of a batch at once: a member waiting for the
+// rest of its batch (member 'b' never comes), and the batch's collective
+// waiting for a peer (rank 1 never comes). The pause lets them wait first
+// in nearly every run; in the other order they are refused at once with
+// the same reason. Without it they would wait for the 60 s deadlines.
+TEST(BatchingCollectiveTest, ShutdownEndsTheWaitsForMembersAndPeers) {
+  constexpr int kWorld = 2;
+  Ranks ranks(kWorld, absl::Seconds(60));
+  const absl::Status stopping =
+      absl::UnavailableError("rank 0 is shutting down (SIGTERM)");
+  const BatchSpec alone = Spec("alone", {"a", "b"});
+  const BatchSpec whole = Spec("whole", {"c", "d"});
+  std::vector<absl::Status> status(3);
+  std::vector<std::thread> members;
+  members.emplace_back([&] {
+    status[0] = ranks.batching(0)
+                    .RunBatched({"job", "a", 0, 0}, alone,
+                                SumRound(0, Values(0, 0, 0, 0, 4)))
+                    .status();
+  });
+  for (int m = 0; m < 2; ++m) {
+    members.emplace_back([&, m] {
+      status[1 + m] = ranks.batching(0)
+                          .RunBatched({"job", whole.members[m], 0, 0}, whole,
+                                      SumRound(0, Values(0, m, 0, 0, 4)))
+                          .status();
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  ranks.batching(0).Shutdown(stopping);
+  for (std::thread& t : members) t.join();
+  for (const absl::Status& s : status) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_THAT(s.message(), HasSubstr("rank 0 is shutting down")) << s;
+  }
+  EXPECT_EQ(ranks.batching(0)
+                .RunBatched({"job", "b", 1, 0}, alone,
+                            SumRound(0, Values(0, 1, 0, 1, 4)))
+                .status(),
+            stopping);
+}
+
 // The plain exchanges reach the inner collective unchanged.
 TEST(BatchingCollectiveTest, OtherExchangesPassThrough) {
   constexpr int kWorld = 2;

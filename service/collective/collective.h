@@ -88,6 +88,12 @@ class Collective {
   // keeps per job (rendezvous steps, early messages) may go. Nothing by
   // default, for collectives that keep nothing per job.
   virtual void ForgetJob(const std::string& /*job*/) {}
+
+  // The daemon is stopping: every call waiting for peers ends at once with
+  // `why`, and later calls fail with it, so that in-flight requests answer
+  // and the daemon exits within its grace period instead of at their
+  // deadlines. Nothing by default, for collectives that never wait.
+  virtual void Shutdown(const absl::Status& /*why*/) {}
 };
 
 }  // namespace gradcomp::service

@@ -49,6 +49,7 @@ class CountingCollective : public Collective {
     }
     inner_->ForgetJob(job);
   }
+  void Shutdown(const absl::Status& why) override { inner_->Shutdown(why); }
 
   int runs() const { return runs_.load(std::memory_order_relaxed); }
   void Reset() { runs_.store(0, std::memory_order_relaxed); }

@@ -183,6 +183,14 @@ void Mailbox::OnPeerLost(int rank, const absl::Status& why) {
   }
 }
 
+void Mailbox::Close(const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  closed_ = why;
+  for (auto& [key, slot] : slots_) {
+    if (slot.claimed && slot.error.ok()) slot.error = why;
+  }
+}
+
 void Mailbox::ForgetJob(const std::string& job) {
   absl::MutexLock lock(&mu_);
   absl::erase_if(current_step_, [&job](const auto& entry) {
@@ -217,6 +225,7 @@ absl::StatusOr<std::vector<codecs::Bytes>> Mailbox::Collect(
     const MessageKey& key, absl::Span<const int> from, absl::Time deadline,
     const std::function<std::string(int)>& peer_name) {
   absl::MutexLock lock(&mu_);
+  if (!closed_.ok()) return closed_;
   const absl::Time now = absl::Now();
   ExpireDueLocked(now);
   Slot& slot = SlotLocked(key, now);

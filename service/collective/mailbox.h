@@ -64,6 +64,10 @@ class Mailbox : public Receiver {
   // freed. A Collect that waits on one of its keys is left alone.
   void ForgetJob(const std::string& job) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Every Collect, waiting or to come, fails with `why` (not OK): the
+  // daemon is stopping.
+  void Close(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Waits until a message for `key` has come from every rank in `from`, and
   // returns them indexed by rank (world_size entries; empty for ranks not in
   // `from`). DeadlineExceeded when `deadline` passes, Unavailable when a
@@ -135,6 +139,7 @@ class Mailbox : public Receiver {
   mutable absl::Mutex mu_;
   // Node map: a waiting Collect holds a pointer to its slot.
   absl::node_hash_map<MessageKey, Slot> slots_ ABSL_GUARDED_BY(mu_);
+  absl::Status closed_ ABSL_GUARDED_BY(mu_);  // Close's reason
   absl::flat_hash_map<TensorKey, int64_t> current_step_ ABSL_GUARDED_BY(mu_);
   uint64_t unclaimed_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time next_expiry_ ABSL_GUARDED_BY(mu_);

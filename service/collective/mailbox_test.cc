@@ -66,6 +66,31 @@ TEST(MailboxTest, ADamagedMessageFailsItsCollectBeforeOrDuringTheCall) {
   EXPECT_EQ(mailbox.unclaimed_bytes(), 0u);
 }
 
+TEST(MailboxTest, CloseEndsAWaitingCollectAndRefusesLaterOnes) {
+  PeerMetrics metrics(0, 2);
+  Mailbox mailbox(2, {}, &metrics);
+  const absl::Status stopping =
+      absl::UnavailableError("rank 0 is shutting down (SIGTERM)");
+  std::thread closer([&] {
+    // Once the Collect below waits for rank 1.
+    while (MetricValue(*metrics.collectable(), "gradcomp_peer_waiting",
+                       {{"peer", "1"}}) != 1) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    mailbox.Close(stopping);
+  });
+  auto waiting = mailbox.Collect(Key(0), {1}, absl::InfiniteFuture(), Name);
+  closer.join();
+  EXPECT_EQ(waiting.status(), stopping);
+  EXPECT_EQ(MetricValue(*metrics.collectable(), "gradcomp_peer_waiting",
+                        {{"peer", "1"}}),
+            0);
+  // Even with every message there.
+  mailbox.OnMessage(1, Key(1), "here");
+  EXPECT_EQ(mailbox.Collect(Key(1), {1}, absl::InfiniteFuture(), Name).status(),
+            stopping);
+}
+
 TEST(MailboxTest, DeadlineErrorNamesTheMissingRanksAndTheArrivedOnes) {
   PeerMetrics metrics(0, 4);
   Mailbox mailbox(4, {}, &metrics);

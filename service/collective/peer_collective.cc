@@ -429,4 +429,6 @@ void PeerCollective::ForgetJob(const std::string& job) {
   mailbox_->ForgetJob(job);
 }
 
+void PeerCollective::Shutdown(const absl::Status& why) { mailbox_->Close(why); }
+
 }  // namespace gradcomp::service

@@ -53,6 +53,7 @@ class PeerCollective : public Collective {
   // --- end gossip.
 
   void ForgetJob(const std::string& job) override;
+  void Shutdown(const absl::Status& why) override;
 
  private:
   absl::StatusOr<std::vector<codecs::Bytes>> AllgatherPhase(

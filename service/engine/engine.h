@@ -205,6 +205,11 @@ class Engine {
   // while a reduce or an import of the job is in flight here.
   absl::StatusOr<ReleasedJob> ReleaseJob(absl::string_view job);
 
+  // The daemon is stopping: reduces waiting for peers or batch members fail
+  // at once with `why` (Collective::Shutdown), as do later ones that reach
+  // their collective.
+  void Shutdown(const absl::Status& why) { batching_.Shutdown(why); }
+
   int rank() const { return collective_->rank(); }
   int world_size() const { return collective_->world_size(); }
   const codecs::CodecRegistry& registry() const { return registry_; }

@@ -3,6 +3,8 @@
 Needs the daemon binary: `bazel build //service:gradcompd`, or $GRADCOMPD.
 """
 import concurrent.futures
+import signal
+import time
 import unittest
 
 import grpc
@@ -283,6 +285,31 @@ class PeeredStreamTest(unittest.TestCase):
         self.assertEqual(list(error.completed), ["a"])
         np.testing.assert_array_equal(error.completed["a"][0], x)
         self.assertIn("the stream ended without an answer for ['b']", str(error))
+
+
+class DaemonShutdownTest(unittest.TestCase):
+
+    def test_sigterm_ends_a_reduce_waiting_for_a_peer(self):
+        """A stopping daemon answers a reduce that waits for a peer at
+        once, instead of holding its exit until the collective's deadline
+        (10 minutes here; a pod's grace period is 30 s)."""
+        daemons = start_peered(2, self.addCleanup, ["--collective_timeout=10m"])
+        client = gradcomp.Client(daemons[0].target, timeout=900.0)
+        self.addCleanup(client.close)
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        self.addCleanup(pool.shutdown)
+        waiting = pool.submit(client.reduce, _gradient((8,)), "w", 0, codec="none")
+        while daemons[0].metric("gradcomp_peer_waiting", peer="1") != 1:
+            self.assertFalse(waiting.done(), waiting.done() and waiting.exception())
+            time.sleep(0.05)
+        daemons[0].process.send_signal(signal.SIGTERM)
+        # Bounds a hang only: without the shutdown it took the 10 minutes.
+        self.assertEqual(daemons[0].process.wait(timeout=120), 0, daemons[0].log())
+        with self.assertRaises(gradcomp.GradcompError) as caught:
+            waiting.result(timeout=60)
+        self.assertEqual(caught.exception.code, grpc.StatusCode.UNAVAILABLE)
+        self.assertIn("rank 0 is shutting down (SIGTERM); its in-flight reduces end",
+                      caught.exception.details)
 
 
 class NoDaemonTest(unittest.TestCase):
