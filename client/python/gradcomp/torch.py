@@ -414,7 +414,9 @@ class HookState:
       job: the daemon's job; codec state and rendezvous are per job.
       codecs: optional codec per parameter name; names not in it are left to
         the daemon's policy (which must be the same on every rank).
-      timeout: seconds one bucket may take, stragglers included.
+      timeout: seconds one call to the daemon may take, stragglers
+        included (a bucket makes one per codec group, and one more after a
+        daemon restart); with `client`, that client's timeout applies.
       shm: True: shared memory or an error; False: inline bytes; None: shared
         memory if the daemon is on this host and accepts it, else inline.
       client: an existing Client to use instead of connecting to `target`;
