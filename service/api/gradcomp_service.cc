@@ -38,9 +38,11 @@ constexpr char kClientIdKey[] = "gradcomp-client-id";
 // address of its connection (which changes if the channel reconnects).
 // None for a caller without an id on a unix socket, whose address is the
 // same "unix:" for every connection (UnidentifiedClient says what to do).
+// An empty id is no id: every caller that sent one would be one client.
 std::optional<std::string> ClientId(const grpc::ServerContext& context) {
   const auto& metadata = context.client_metadata();
-  if (auto it = metadata.find(kClientIdKey); it != metadata.end()) {
+  if (auto it = metadata.find(kClientIdKey);
+      it != metadata.end() && !it->second.empty()) {
     return std::string(it->second.data(), it->second.size());
   }
   std::string peer = context.peer();
@@ -251,6 +253,8 @@ absl::StatusOr<MemoryBudget::Reservation> GradcompService::ReserveQueued(
   *working = engine_->WorkingBytesAhead(
       request.job(), DTypeFromProto(request.dtype()),
       absl::MakeConstSpan(request.shape().data(), request.shape().size()),
+      request.has_input_shm() ? request.input_shm().byte_size()
+                              : request.data().size(),
       !request.has_output_shm(), gossip.has_value() ? &*gossip : nullptr);
   return engine_->ReserveInput(request.data().size() + *working,
                                "its inline input and working memory");

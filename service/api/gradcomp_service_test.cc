@@ -630,6 +630,27 @@ TEST_F(GradcompServiceStreamBudgetTest, ATensorThatArrivesReservesItWhole) {
   EXPECT_EQ(reduced, (std::set<std::string>{"t0", "t1"}));
 }
 
+TEST_F(GradcompServiceStreamBudgetTest, ABadlySizedTensorIsRefusedForItsSize) {
+  // A shape of 128 KiB with 4 bytes of data: reserved by its shape (4x,
+  // over the whole budget), it was refused as memory exhausted and counted
+  // so, where a unary reduce says what is wrong with it.
+  grpc::ClientContext context;
+  auto stream = stub_->ReduceStream(&context);
+  v1::ReduceRequest request = Request("w", {8 * kFloats}, {1.0f});
+  ASSERT_TRUE(stream->Write(request));
+  stream->WritesDone();
+  v1::ReduceStreamResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(response.error_message(),
+              HasSubstr(absl::StrCat("data has 4 bytes, expected ",
+                                     8 * kFloats * sizeof(float))));
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(
+      Metric("gradcomp_resource_exhausted_total", {{"resource", "memory"}}), 0);
+  EXPECT_EQ(Metric("gradcomp_memory_budget_in_use_bytes", {}), 0);
+}
+
 // The same daemon as rank 0 of 2, beside a mirror peer, so that gossip
 // has a neighbour.
 class GradcompServiceGossipBudgetTest : public GradcompServiceStreamBudgetTest {
@@ -1062,6 +1083,11 @@ TEST_F(GradcompShmTest, UnixCallersWithoutAnIdAreRefusedSharedMemory) {
       stub->RegisterSystemSharedMemory(&anonymous, request, &response);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(refused.error_message(), HasSubstr("'gradcomp-client-id'"));
+  // An empty id names nobody: every caller that sent one would share it.
+  const grpc::Status empty =
+      stub->RegisterSystemSharedMemory(As("").get(), request, &response);
+  EXPECT_EQ(empty.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(empty.error_message(), HasSubstr("'gradcomp-client-id'"));
   grpc::ClientContext listing;
   v1::SharedMemoryStatusResponse listed;
   EXPECT_EQ(stub->SharedMemoryStatus(&listing, v1::SharedMemoryStatusRequest(),

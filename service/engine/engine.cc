@@ -429,13 +429,13 @@ uint64_t WorkingBytes(uint64_t numel, size_t width, bool input_converted,
 
 uint64_t Engine::WorkingBytesAhead(absl::string_view job, DType dtype,
                                    absl::Span<const int64_t> shape,
-                                   bool output_inline,
+                                   uint64_t input_bytes, bool output_inline,
                                    const GossipSpec* gossip) {
   const absl::StatusOr<size_t> width = DTypeBytes(dtype);
   if (!width.ok()) return 0;
   const absl::StatusOr<uint64_t> numel =
       CheckedNumel(shape, *width, options_.max_tensor_bytes);
-  if (!numel.ok()) return 0;
+  if (!numel.ok() || input_bytes != *numel * *width) return 0;
   const bool fp32 = dtype == DType::kFloat32;
   const uint64_t bytes =
       WorkingBytes(*numel, *width, /*input_converted=*/!fp32, output_inline,

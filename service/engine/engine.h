@@ -224,13 +224,17 @@ class Engine {
   // a caller reserves with a request's input when the request arrives
   // (ReduceInput::reserved_working_bytes), so that a request that waits
   // for a worker never holds its input while the worker waits for the
-  // rest. `output_inline`: the result goes into the response. `gossip`
+  // rest. `input_bytes`: what the request brings (inline or in shared
+  // memory). `output_inline`: the result goes into the response. `gossip`
   // (null in average mode): the request gossips in job `job` with this
   // spec, and its messages and copies count too. 0 for a dtype or a shape
-  // the reduce refuses.
+  // the reduce refuses, and for input bytes the shape does not need (a
+  // malformed request holds no more than its own bytes until the reduce
+  // refuses it, InvalidArgument, as a unary one is).
   uint64_t WorkingBytesAhead(absl::string_view job, DType dtype,
                              absl::Span<const int64_t> shape,
-                             bool output_inline, const GossipSpec* gossip);
+                             uint64_t input_bytes, bool output_inline,
+                             const GossipSpec* gossip);
 
   // Member `tensor` of `batch` takes part in no round >= `round` of `step`:
   // the batch's other members go on without it at once instead of waiting

@@ -72,7 +72,10 @@ absl::StatusOr<JobQuotas::Ticket> JobQuotas::Admit(absl::string_view job,
                                  "); tensor '", tensor, "' cannot be added"));
     }
   }
-  if (it == jobs_.end()) it = jobs_.try_emplace(job).first;
+  if (it == jobs_.end()) {
+    it = jobs_.try_emplace(job).first;
+    it->second.name = it->first;
+  }
   Job& entry = it->second;
   if (!new_tensor) return EnterLocked(&entry);
   entry.tensors.try_emplace(tensor);
@@ -98,7 +101,13 @@ void JobQuotas::Leave(Job* job, const std::string& new_tensor, bool import) {
     auto t = job->tensors.find(new_tensor);
     if (t != job->tensors.end() && !t->second.recorded) job->tensors.erase(t);
   }
-  if (--job->in_flight == 0) --active_jobs_;
+  if (--job->in_flight == 0) {
+    --active_jobs_;
+    // A job none of whose reduces got as far as recording a tensor (all
+    // refused, say for NaN) holds nothing: it goes, instead of counting in
+    // gradcomp_jobs_held for good.
+    if (job->tensors.empty()) jobs_.erase(std::string(job->name));
+  }
   PublishLocked();
 }
 
@@ -124,6 +133,7 @@ absl::StatusOr<JobQuotas::Ticket> JobQuotas::AdmitImport(
     const std::function<absl::Status(int64_t)>& reserve) {
   absl::MutexLock lock(&mu_);
   const auto [it, created] = jobs_.try_emplace(job);
+  if (created) it->second.name = it->first;
   // A refused import into a job this daemon did not know leaves none.
   absl::Cleanup forget = [&, it = it, created = created] {
     if (created) jobs_.erase(it);

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -55,6 +56,7 @@ class JobQuotas {
     bool recorded = false;
   };
   struct Job {
+    std::string_view name;   // its key in jobs_ (a node_hash_map: stable)
     uint64_t in_flight = 0;  // reduces and imports
     uint64_t importing = 0;  // imports: a reduce waits for them
     uint64_t state_bytes = 0;

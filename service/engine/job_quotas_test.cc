@@ -14,6 +14,15 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// One reduce of (job, tensor) that records `bytes` of codec state while its
+// ticket lives, as the engine's do; the change it recorded.
+int64_t Reduced(JobQuotas& quotas, const std::string& job,
+                const std::string& tensor, uint64_t bytes) {
+  absl::StatusOr<JobQuotas::Ticket> ticket = quotas.Admit(job, tensor);
+  EXPECT_TRUE(ticket.ok()) << ticket.status();
+  return quotas.RecordState(job, tensor, bytes);
+}
+
 double Refusals(const Metrics& metrics, const std::string& resource) {
   return MetricValue(*metrics.collectable(),
                      "gradcomp_resource_exhausted_total",
@@ -51,10 +60,8 @@ TEST(JobQuotasTest, TensorsPerJobAreCappedButKnownTensorsGoOn) {
   options.max_tensors_per_job = 2;
   JobQuotas quotas(options, &metrics);
   // Each reduce records its tensor's state (0 bytes: a stateless codec).
-  ASSERT_TRUE(quotas.Admit("job", "a").ok());
-  quotas.RecordState("job", "a", 0);
-  ASSERT_TRUE(quotas.Admit("job", "b").ok());
-  quotas.RecordState("job", "b", 0);
+  Reduced(quotas, "job", "a", 0);
+  Reduced(quotas, "job", "b", 0);
   auto third = quotas.Admit("job", "c");
   ASSERT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(third.status().message(),
@@ -70,18 +77,15 @@ TEST(JobQuotasTest, StateQuotaStopsNewTensorsAndRecordsDeltas) {
   JobQuotaOptions options;
   options.max_state_bytes_per_job = 1000;
   JobQuotas quotas(options, &metrics);
-  ASSERT_TRUE(quotas.Admit("job", "a").ok());
-  EXPECT_EQ(quotas.RecordState("job", "a", 600), 600);
-  ASSERT_TRUE(quotas.Admit("job", "b").ok());
-  EXPECT_EQ(quotas.RecordState("job", "b", 500), 500);
+  EXPECT_EQ(Reduced(quotas, "job", "a", 600), 600);
+  EXPECT_EQ(Reduced(quotas, "job", "b", 500), 500);
   auto refused = quotas.Admit("job", "c");
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(refused.status().message(),
               HasSubstr("holds 1100 bytes of codec state"));
   EXPECT_EQ(Refusals(metrics, "job_state_bytes"), 1);
-  EXPECT_TRUE(quotas.Admit("job", "a").ok());
   // A state that shrank (a reset) gives its bytes back.
-  EXPECT_EQ(quotas.RecordState("job", "a", 0), -600);
+  EXPECT_EQ(Reduced(quotas, "job", "a", 0), -600);
   EXPECT_TRUE(quotas.Admit("job", "c").ok());
   EXPECT_EQ(quotas.RecordState("unknown", "a", 10), 0);
 }
@@ -94,8 +98,7 @@ TEST(JobQuotasTest, AnImportIsAdmittedAgainstBothQuotasAndTheReserve) {
   options.max_tensors_per_job = 3;
   options.max_state_bytes_per_job = 1000;
   JobQuotas quotas(options, &metrics);
-  ASSERT_TRUE(quotas.Admit("job", "a").ok());
-  EXPECT_EQ(quotas.RecordState("job", "a", 600), 600);
+  EXPECT_EQ(Reduced(quotas, "job", "a", 600), 600);
   int64_t reserved = 0;
   auto reserve = [&](int64_t delta) {
     reserved += delta;
@@ -199,6 +202,33 @@ TEST(JobQuotasTest, ANewTensorThatRecordedNothingGivesItsSlotBack) {
   EXPECT_EQ(quotas.RecordState("job", "a", 40), -60);
 }
 
+// A job none of whose reduces recorded a tensor (each refused, say for a
+// NaN, before its codec state) is not held once they end; one that
+// recorded a tensor, even with no state (a stateless codec), still is.
+TEST(JobQuotasTest, AJobWhoseReducesRecordedNothingIsNotHeld) {
+  Metrics metrics(nullptr, "test");
+  JobQuotas quotas(JobQuotaOptions(), &metrics);
+  auto held = [&] {
+    return MetricValue(*metrics.collectable(), "gradcomp_jobs_held");
+  };
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<JobQuotas::Ticket> refused =
+        quotas.Admit(absl::StrCat("job", i), "w");
+    ASSERT_TRUE(refused.ok()) << refused.status();
+    EXPECT_EQ(held(), 1);  // while it is in flight
+  }
+  EXPECT_EQ(held(), 0);
+  {
+    absl::StatusOr<JobQuotas::Ticket> reduced = quotas.Admit("kept", "w");
+    ASSERT_TRUE(reduced.ok()) << reduced.status();
+    EXPECT_EQ(quotas.RecordState("kept", "w", 0), 0);
+  }
+  EXPECT_EQ(held(), 1);
+  absl::StatusOr<ReleasedJob> released = quotas.Release("kept", [] {});
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_EQ(released->tensors, 1u);
+}
+
 // Release forgets a job's tensors and bytes (a new tensor is admitted again
 // under a tensor quota the job had filled) and erases its state under the
 // lock; a job with a reduce or an import in flight is refused unchanged.
@@ -207,10 +237,8 @@ TEST(JobQuotasTest, ReleaseForgetsAnIdleJobAndRefusesABusyOne) {
   JobQuotaOptions options;
   options.max_tensors_per_job = 2;
   JobQuotas quotas(options, &metrics);
-  ASSERT_TRUE(quotas.Admit("job", "a").ok());
-  ASSERT_TRUE(quotas.Admit("job", "b").ok());
-  EXPECT_EQ(quotas.RecordState("job", "a", 100), 100);
-  EXPECT_EQ(quotas.RecordState("job", "b", 20), 20);
+  EXPECT_EQ(Reduced(quotas, "job", "a", 100), 100);
+  EXPECT_EQ(Reduced(quotas, "job", "b", 20), 20);
   EXPECT_FALSE(quotas.Admit("job", "c").ok());
   int erased = 0;
   auto erase = [&] { ++erased; };
@@ -241,8 +269,7 @@ TEST(JobQuotasTest, ReleaseForgetsAnIdleJobAndRefusesABusyOne) {
   EXPECT_EQ(released->state_bytes, 120u);
   EXPECT_EQ(erased, 1);
   EXPECT_EQ(quotas.active_jobs(), 0u);
-  ASSERT_TRUE(quotas.Admit("job", "c").ok());
-  EXPECT_EQ(quotas.RecordState("job", "c", 8), 8);
+  EXPECT_EQ(Reduced(quotas, "job", "c", 8), 8);
 
   absl::StatusOr<ReleasedJob> unknown = quotas.Release("other", erase);
   ASSERT_TRUE(unknown.ok());
