@@ -896,5 +896,10 @@ def hook(state: HookState, bucket: torch.distributed.GradBucket
             return
         future.set_result(buffer)
 
-    state._executor.submit(run)
+    try:
+        state._executor.submit(run)
+    except RuntimeError:  # the executor is shut down: close() was called
+        future.set_exception(RuntimeError(
+            f"gradcomp hook: bucket {index}: the HookState of job '{state.job}' "
+            f"is closed; make a new one to train on"))
     return future

@@ -415,6 +415,15 @@ class HookStateTest(unittest.TestCase):
             with self.assertRaisesRegex(RuntimeError, r"bucket 0: SystemExit\(3\)"):
                 future.wait()
 
+    def test_a_bucket_after_close_fails_its_future_saying_so(self):
+        import gradcomp.torch as gtorch
+        model = _model()
+        state = gtorch.HookState(model, "127.0.0.1:1")  # never called
+        state.close()
+        future = gtorch.hook(state, _Bucket(list(model.parameters()), 0, 1))
+        with self.assertRaisesRegex(RuntimeError, "HookState of job 'default' is closed"):
+            future.wait()
+
     def test_close_leaves_a_client_it_was_given_open(self):
         import gradcomp.torch as gtorch
         with mock.patch.object(gradcomp.Client, "close") as close:
