@@ -128,15 +128,34 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
         absl::StrCat("rpc_timeout must be positive, got ",
                      absl::FormatDuration(options.rpc_timeout)));
   }
+  // gRPC aborts the process on metadata it cannot send: refused here.
+  for (const char c : options.client_id) {
+    if (!absl::ascii_isprint(static_cast<unsigned char>(c))) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "client_id holds byte 0x%02x; expected printable ASCII",
+          static_cast<unsigned char>(c)));
+    }
+  }
   if (options.client_id.empty()) {
     char host[256] = "host";
     gethostname(host, sizeof(host) - 1);
     std::random_device random;
     options.client_id = absl::StrFormat("%s.%d.%08x", host, getpid(), random());
   }
-  if (options.token.empty()) {
+  const bool from_env = options.token.empty();
+  if (from_env) {
     if (const char* token = std::getenv("GRADCOMP_TOKEN")) {
       options.token = token;
+    }
+  }
+  options.token = std::string(absl::StripAsciiWhitespace(options.token));
+  for (const char c : options.token) {
+    if (!absl::ascii_isgraph(static_cast<unsigned char>(c))) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "the client token (%s) holds byte 0x%02x; expected printable ASCII "
+          "without spaces, as the daemon's --client_token_file",
+          from_env ? "$GRADCOMP_TOKEN" : "ClientOptions::token",
+          static_cast<unsigned char>(c)));
     }
   }
   grpc::ChannelArguments args;

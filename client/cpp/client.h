@@ -39,7 +39,8 @@ struct ClientOptions {
   std::string client_id;
   // Sent as "authorization: Bearer <token>" on every call, for a daemon on
   // TCP with --client_token_file. Empty: $GRADCOMP_TOKEN if set, else none
-  // (a unix-socket daemon needs none).
+  // (a unix-socket daemon needs none). Surrounding whitespace is trimmed,
+  // as the daemon trims its token file (a secret's trailing newline).
   std::string token;
 };
 

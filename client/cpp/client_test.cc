@@ -53,6 +53,31 @@ TEST(ClientTest, ConnectRejectsEmptyTargetAndBadTimeout) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Metadata gRPC cannot send aborts the process when a call is made: such a
+// token or client id is refused at Connect. A token's surrounding
+// whitespace (a secret file's trailing newline) is trimmed instead.
+TEST(ClientTest, ConnectRefusesMetadataGrpcCannotSend) {
+  ClientOptions options;
+  options.token = "t\xc3\xb6ken-of-enough-bytes";
+  absl::Status status = Client::Connect("127.0.0.1:1", options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(),
+              HasSubstr("the client token (ClientOptions::token) holds byte "
+                        "0xc3"));
+  options.token = "abcdefghijklmnopqrstuvwxyz012345\n";
+  absl::StatusOr<std::unique_ptr<Client>> trimmed =
+      Client::Connect("127.0.0.1:1", options);
+  ASSERT_TRUE(trimmed.ok()) << trimmed.status();
+  // A call goes out (and fails: nothing listens) instead of aborting.
+  EXPECT_EQ((*trimmed)->GetInfo().status().code(),
+            absl::StatusCode::kUnavailable);
+  options.token.clear();
+  options.client_id = "me\n";
+  status = Client::Connect("127.0.0.1:1", options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("client_id holds byte 0x0a"));
+}
+
 // No daemon listens on this socket: the RPC fails as Unavailable, and the
 // message says where the client looked. The directory is under /tmp because
 // a unix socket path must fit in 107 bytes, which TEST_TMPDIR may not.

@@ -450,8 +450,17 @@ class Client:
         # The mode of the shared-memory objects made for this client (the
         # torch hook's regions, the CUDA liveness lock): see ShmRegion.
         self.shm_mode = shm_mode
+        source = "token"
         if token is None:
-            token = os.environ.get("GRADCOMP_TOKEN") or None
+            token, source = os.environ.get("GRADCOMP_TOKEN") or None, "$GRADCOMP_TOKEN"
+        if token:
+            # Trimmed as the daemon trims its token file (a secret's
+            # trailing newline); gRPC cannot send other bytes as metadata.
+            token = token.strip()
+            bad = next((c for c in token if not ("!" <= c <= "~")), None)
+            if bad is not None:
+                raise ValueError(f"{source} holds {bad!r}; expected printable ASCII "
+                                 f"without spaces, as the daemon's --client_token_file")
         self._channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
         if token:
             self._channel = grpc.intercept_channel(self._channel, _BearerToken(token))

@@ -66,6 +66,14 @@ class TokenTest(unittest.TestCase):
             with gradcomp.Client(self.daemon.target, timeout=10.0) as client:
                 self.assertTrue(client.info().version)
 
+    def test_a_token_is_trimmed_and_bytes_grpc_cannot_send_are_refused(self):
+        env = {"GRADCOMP_TOKEN": self.token + "\n"}  # a secret file's newline
+        with mock.patch.dict(os.environ, env):
+            with gradcomp.Client(self.daemon.target, timeout=10.0) as client:
+                self.assertTrue(client.info().version)
+        with self.assertRaisesRegex(ValueError, "token holds 'ö'; expected printable ASCII"):
+            gradcomp.Client(self.daemon.target, token="t\u00f6ken")
+
     def test_an_unauthenticated_error_says_what_is_expected(self):
         with gradcomp.Client(self.daemon.target, timeout=10.0, token="nope") as client:
             with self.assertRaises(gradcomp.GradcompError) as raised:
