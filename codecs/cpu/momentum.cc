@@ -78,32 +78,37 @@ void MomentumCorrection::Revert(absl::Span<const float> g, float scale,
     absl::Span<float> masked = state.Buffer(kMaskedBuffer, indices.size());
     for (size_t j = 0; j < indices.size(); ++j) u[indices[j]] = masked[j];
   }
-  // Accumulate backwards. With m = 0 the old u never mattered (it was
-  // multiplied by 0): it restarts from zero.
-  const float m = options_.momentum;
-  const bool nesterov = options_.nesterov;
   const float* grad = g.data();
   ParallelFor(n, {}, [=](size_t begin, size_t end, int) {
     for (size_t i = begin; i < end; ++i) {
-      const float gi = scale * grad[i];
-      if (nesterov) {
-        v[i] = FiniteOrZero(v[i] - u[i] - gi);
-        u[i] = m == 0 ? 0.0f : FiniteOrZero(u[i] / m - gi);
-      } else {
-        v[i] = FiniteOrZero(v[i] - u[i]);
-        u[i] = m == 0 ? 0.0f : FiniteOrZero((u[i] - gi) / m);
-      }
+      UndoAccumulate(scale * grad[i], u[i], v[i]);
     }
   });
 }
 
-MomentumCorrection::Reset MomentumCorrection::ResetNonFinite(
-    TensorState& state) const {
+void MomentumCorrection::UndoAccumulate(float gi, float& u, float& v) const {
+  // Accumulate backwards. With m = 0 the old u never mattered (it was
+  // multiplied by 0): it restarts from zero.
+  const float m = options_.momentum;
+  if (options_.nesterov) {
+    v = FiniteOrZero(v - u - gi);
+    u = m == 0 ? 0.0f : FiniteOrZero(u / m - gi);
+  } else {
+    v = FiniteOrZero(v - u);
+    u = m == 0 ? 0.0f : FiniteOrZero((u - gi) / m);
+  }
+}
+
+MomentumCorrection::Reset MomentumCorrection::RefuseNonFinite(
+    absl::Span<const float> g, float scale, TensorState& state) const {
   absl::Span<float> v = *state.Find(kVelocityBuffer);
   absl::Span<float> u = *state.Find(kMomentumBuffer);
   Reset reset;
   for (size_t i = 0; i < v.size(); ++i) {
-    if (std::isfinite(v[i]) && std::isfinite(u[i])) continue;
+    if (std::isfinite(v[i]) && std::isfinite(u[i])) {
+      UndoAccumulate(scale * g[i], u[i], v[i]);
+      continue;
+    }
     if (reset.count++ == 0) reset.first = i;
     v[i] = 0;
     u[i] = 0;

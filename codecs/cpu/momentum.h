@@ -59,17 +59,24 @@ class MomentumCorrection {
               absl::Span<const uint32_t> indices, absl::Span<const float> sent,
               bool masking, TensorState& state) const;
 
-  // What ResetNonFinite found: how many coordinates, the first one's index.
+  // What RefuseNonFinite found: how many coordinates, the first one's index.
   struct Reset {
     size_t count = 0;
     size_t first = 0;
   };
-  // Zeroes v[i] and u[i] wherever either is NaN or Inf, on the state a call
-  // to Accumulate has made: such a value can go in no payload, and kept it
-  // would fail every later step.
-  Reset ResetNonFinite(TensorState& state) const;
+  // For a step refused because the state Accumulate(g, scale) made holds
+  // NaN or Inf: zeroes v[i] and u[i] wherever either is non-finite (such a
+  // value can go in no payload, and kept it would fail every later step),
+  // and gives the step back everywhere else, as Revert does, so that a
+  // step run again does not count g twice.
+  Reset RefuseNonFinite(absl::Span<const float> g, float scale,
+                        TensorState& state) const;
 
  private:
+  // Undoes Accumulate's update of one coordinate, gi = scale * g[i]; a value
+  // that comes back non-finite restarts from zero.
+  void UndoAccumulate(float gi, float& u, float& v) const;
+
   Options options_;
 };
 

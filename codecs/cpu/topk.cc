@@ -181,7 +181,7 @@ absl::Status TopKCodec::EncodeWith(const TensorView& grad, TensorState& state,
   }
   // The selection ranks NaN and Inf above every finite value (select.h), so
   // it holds one whenever v does.
-  if (!finite) return RefuseNonFinite(state);
+  if (!finite) return RefuseNonFinite(grad.values, scale, state);
   momentum_.Sent(indices, options_.masking, state);
   return absl::OkStatus();
 }
@@ -201,11 +201,14 @@ void TopKCodec::Revert(const TensorView& grad, TensorState& state,
                    sent->indices, values, options_.masking, state);
 }
 
-absl::Status TopKCodec::RefuseNonFinite(TensorState& state) const {
-  const MomentumCorrection::Reset reset = momentum_.ResetNonFinite(state);
+absl::Status TopKCodec::RefuseNonFinite(absl::Span<const float> g, float scale,
+                                        TensorState& state) const {
+  const MomentumCorrection::Reset reset =
+      momentum_.RefuseNonFinite(g, scale, state);
   return absl::InvalidArgumentError(absl::StrFormat(
       "topk: the accumulated gradient holds NaN or Inf at %d entries (first "
-      "at index %d); expected finite values. Those entries restart from zero",
+      "at index %d); expected finite values. Those entries restart from "
+      "zero; the others are as before this step",
       reset.count, reset.first));
 }
 

@@ -108,8 +108,10 @@ class TopKCodec : public SingleRoundCodec {
   const TopKOptions& options() const { return options_; }
 
  private:
-  // Encode's error for a v that holds NaN or Inf, once it has reset them.
-  absl::Status RefuseNonFinite(TensorState& state) const;
+  // Encode's error for a v that holds NaN or Inf, once it has reset them
+  // and given back the rest of the step (`g` x `scale`).
+  absl::Status RefuseNonFinite(absl::Span<const float> g, float scale,
+                               TensorState& state) const;
 
   TopKOptions options_;
   MomentumCorrection momentum_;
