@@ -10,6 +10,10 @@
 
 namespace gradcomp::codecs {
 
+absl::string_view StateOwnerOf(const CodecInfo& info) {
+  return info.family == "dense" ? absl::string_view() : info.name;
+}
+
 absl::string_view CollectiveName(Collective c) {
   switch (c) {
     case Collective::kSum:

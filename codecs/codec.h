@@ -108,6 +108,14 @@ struct CodecInfo {
   bool shardable = false;
 };
 
+// The owner a codec's tensor state is acquired under (StateStore::Acquire):
+// a compressing codec's name, so that a change of codec (SetPolicy, a
+// request's codec) starts from empty state; none for a dense codec, which
+// keeps none, so that dense steps (a warm-up, a step retried as "none"
+// after NaN) leave the compressing codec's state as it was. The same for a
+// tensor's own state and its sharded slices'.
+absl::string_view StateOwnerOf(const CodecInfo& info);
+
 // One tensor, one step, on one worker. A session that ends before its step
 // completed (the caller met an error and destroyed it) leaves the tensor's
 // state as it was before the step, to within rounding: the caller may run

@@ -148,13 +148,15 @@ absl::StatusOr<ShardedStats> ShardedReduce(
   // as a codec session does (SingleRoundCodec::Revert): the stateful
   // codecs' payloads, kept for it, are compressed ones.
   const bool stateful = codec.info().stateful;
+  // As the tensor's own state: another codec's slices start empty.
+  const absl::string_view owner = codecs::StateOwnerOf(codec.info());
   std::vector<codecs::Bytes> encoded_parts;
   absl::Cleanup revert_slices = [&] {
     for (int j = 0; j < static_cast<int>(encoded_parts.size()); ++j) {
       const Slice r = SliceOf(n, w, j);
       const int64_t shape[] = {static_cast<int64_t>(r.size)};
-      codecs::StateStore::Locked slice_state =
-          store.Acquire(key.job, SliceStateName(key.tensor, j), shape, 0);
+      codecs::StateStore::Locked slice_state = store.Acquire(
+          key.job, SliceStateName(key.tensor, j), shape, 0, owner);
       codec.Revert(codecs::TensorView{grad.subspan(r.begin, r.size), shape},
                    *slice_state, SliceContext(ctx, key, "#slice", j),
                    encoded_parts[j]);
@@ -164,7 +166,7 @@ absl::StatusOr<ShardedStats> ShardedReduce(
     const Slice r = SliceOf(n, w, j);
     const int64_t shape[] = {static_cast<int64_t>(r.size)};
     codecs::StateStore::Locked slice_state =
-        store.Acquire(key.job, SliceStateName(key.tensor, j), shape, 0);
+        store.Acquire(key.job, SliceStateName(key.tensor, j), shape, 0, owner);
     absl::Status encoded = codec.Encode(
         codecs::TensorView{grad.subspan(r.begin, r.size), shape}, *slice_state,
         SliceContext(ctx, key, "#slice", j), &parts[j]);
@@ -206,15 +208,15 @@ absl::StatusOr<ShardedStats> ShardedReduce(
   std::optional<codecs::Bytes> owner_sent;
   absl::Cleanup revert_owner = [&] {
     if (!owner_sent.has_value()) return;
-    codecs::StateStore::Locked owner_state =
-        store.Acquire(key.job, OwnerStateName(key.tensor), owner_shape, 0);
+    codecs::StateStore::Locked owner_state = store.Acquire(
+        key.job, OwnerStateName(key.tensor), owner_shape, 0, owner);
     codec.Revert(codecs::TensorView{average, owner_shape}, *owner_state,
                  owner_ctx, *owner_sent);
   };
   codecs::Bytes reencoded;
   {
-    codecs::StateStore::Locked owner_state =
-        store.Acquire(key.job, OwnerStateName(key.tensor), owner_shape, 0);
+    codecs::StateStore::Locked owner_state = store.Acquire(
+        key.job, OwnerStateName(key.tensor), owner_shape, 0, owner);
     absl::Status encoded =
         codec.Encode(codecs::TensorView{average, owner_shape}, *owner_state,
                      owner_ctx, &reencoded);

@@ -309,6 +309,33 @@ TEST(ShardedReduceTest, TopKLosesNothingOutsideTheWorkerAndOwnerResiduals) {
 // signSGD's vote is ternary (a tie of an even W is 0), which its one-bit
 // payload cannot carry back from an owner: it is never sharded. efsign,
 // which averages decodes, is.
+// A change of codec starts the slices' and the owner's state empty, as it
+// does a tensor's own: efsign's residuals, left in them, were sent by the
+// threshold codec that came next (both keep an error-feedback residual).
+TEST(ShardedReduceTest, AnotherCodecStartsFromEmptySliceAndOwnerState) {
+  constexpr int kW = 2;
+  constexpr size_t kN = 4096;
+  Group group(kW);
+  auto efsign = Make("efsign");
+  auto threshold = Make("threshold", {{"tau", "0.001"}});
+  std::vector<std::vector<std::vector<float>>> grads(1);
+  for (int r = 0; r < kW; ++r) grads[0].push_back(Gradient(r, 0, 0, kN));
+  for (int64_t step = 0; step < 3; ++step) {
+    const std::vector<Outputs> out =
+        Reduce(group, *efsign, "t", step, grads, true);
+    for (int r = 0; r < kW; ++r)
+      ASSERT_TRUE(out[0][r].ok()) << out[0][r].status();
+  }
+  std::vector<std::vector<std::vector<float>>> zeros(
+      1, std::vector<std::vector<float>>(kW, std::vector<float>(kN, 0.0f)));
+  const std::vector<Outputs> out =
+      Reduce(group, *threshold, "t", 3, zeros, true);
+  for (int r = 0; r < kW; ++r) {
+    ASSERT_TRUE(out[0][r].ok()) << out[0][r].status();
+    EXPECT_EQ(*out[0][r], zeros[0][r]) << "rank " << r;
+  }
+}
+
 TEST(ShardedReduceTest, SignSgdIsNeverShardedEfSignIs) {
   auto signsgd = Make("signsgd");
   auto efsign = Make("efsign");

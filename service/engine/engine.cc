@@ -29,15 +29,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The owner of the tensor state a codec uses (StateStore::Acquire): a
-// compressing codec's name, so that a change of codec (SetPolicy, a
-// request's codec) starts from empty state; none for a dense codec, which
-// keeps none, so that dense steps (a warm-up, a step retried as "none"
-// after NaN) leave the compressing codec's state as it was.
-absl::string_view StateOwner(const codecs::CodecInfo& info) {
-  return info.family == "dense" ? absl::string_view() : info.name;
-}
-
 std::string ShapeString(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
 }
@@ -597,7 +588,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
 
   codecs::StateStore::Locked state =
       store_->Acquire(in.job, in.tensor, in.shape, static_cast<int>(in.dtype),
-                      StateOwner(info));
+                      codecs::StateOwnerOf(info));
   // However the reduce ends, the state's size then counts (recorded while
   // it is still locked).
   absl::Cleanup record_state = [&] { RecordState(in.job, in.tensor, *state); };
@@ -833,7 +824,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceOnDevice(const ReduceInput& in,
 
   codecs::StateStore::Locked state =
       store_->Acquire(in.job, in.tensor, in.shape, static_cast<int>(in.dtype),
-                      StateOwner(info));
+                      codecs::StateOwnerOf(info));
   absl::Cleanup record_state = [&] { RecordState(in.job, in.tensor, *state); };
   codecs::StepContext ctx = StepContextOf(in);
   ctx.warmup_offset = plan.decision.warmup_offset;
