@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "base/file_bytes.h"
 #include "base/status_macros.h"
 #include "client/cpp/client.h"
 #include "client/cpp/ctl_args.h"

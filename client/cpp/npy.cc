@@ -20,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/file_bytes.h"
 #include "base/status_macros.h"
 
 namespace gradcomp::client {
@@ -310,40 +311,6 @@ absl::StatusOr<std::string> SerializeNpy(const NpyArray& array) {
   out.append(dict);
   out.append(array.data);
   return out;
-}
-
-absl::StatusOr<std::string> ReadFileBytes(const std::string& path) {
-  // POSIX calls, not an ifstream: its rdbuf copy swallows a read error (a
-  // directory opens, then reads as ""), and `policy --set=<dir>` would send
-  // an empty policy.
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot open '", path, "': ", std::strerror(errno)));
-  }
-  absl::Cleanup close_fd = [fd] { close(fd); };
-  struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    return absl::DataLossError(
-        absl::StrCat("cannot stat '", path, "': ", std::strerror(errno)));
-  }
-  if (S_ISDIR(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", path, "' is a directory, expected a file"));
-  }
-  std::string contents;
-  char buffer[1 << 16];
-  for (;;) {
-    const ssize_t n = read(fd, buffer, sizeof(buffer));
-    if (n == 0) break;
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return absl::DataLossError(
-          absl::StrCat("error reading '", path, "': ", std::strerror(errno)));
-    }
-    contents.append(buffer, static_cast<size_t>(n));
-  }
-  return contents;
 }
 
 absl::StatusOr<NpyArray> ReadNpyFile(const std::string& path) {

@@ -46,9 +46,6 @@ absl::StatusOr<NpyArray> ParseNpy(absl::string_view file);
 // InvalidArgument if data's length does not match shape and dtype.
 absl::StatusOr<std::string> SerializeNpy(const NpyArray& array);
 
-// The whole contents of a file: NotFound if it cannot be opened,
-// InvalidArgument for a directory, DataLoss for a read error.
-absl::StatusOr<std::string> ReadFileBytes(const std::string& path);
 // Creates or replaces `path` with `bytes`; a regular file that was there
 // is replaced only once the new bytes are written in full (through a
 // temporary file of the call's own beside it and a rename), and keeps its

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/file_bytes.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -224,14 +225,6 @@ TEST(NpyTest, FilesRoundTripAndMissingFileIsNotFound) {
   absl::Status missing = ReadNpyFile(path).status();
   EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(missing.message(), HasSubstr(path));
-}
-
-// A directory opens as a stream and read as "": gradcompctl policy --set
-// given one sent an empty policy and said it had set it.
-TEST(FileBytesTest, ADirectoryIsNoFile) {
-  absl::Status status = ReadFileBytes(::testing::TempDir()).status();
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  EXPECT_THAT(status.message(), HasSubstr("is a directory"));
 }
 
 // The names in `path`'s directory that start with its own: the file and

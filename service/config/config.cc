@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -13,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "base/file_bytes.h"
 #include "base/status_macros.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -216,16 +215,17 @@ v1::DaemonConfig DefaultConfig() {
 
 absl::Status MergeConfigFile(const std::string& path,
                              v1::DaemonConfig* config) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("config file '", path,
-                     "' cannot be opened, expected a readable "
-                     "JSON or text-format gradcomp.v1.DaemonConfig"));
+  // Not an ifstream: a directory opens and reads as "", an empty config
+  // that the daemon then ran on (its defaults) without a word.
+  absl::StatusOr<std::string> text = ReadFileBytes(path);
+  if (!text.ok()) {
+    return absl::Status(
+        text.status().code(),
+        absl::StrCat("config file: ", text.status().message(),
+                     "; expected a readable JSON or text-format "
+                     "gradcomp.v1.DaemonConfig"));
   }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return MergeConfigText(path, buffer.str(), config);
+  return MergeConfigText(path, *text, config);
 }
 
 absl::Status MergeConfigText(const std::string& path, const std::string& text,

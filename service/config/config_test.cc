@@ -200,8 +200,16 @@ TEST(ConfigTest, BadFilesNameTheFileAndTheProblem) {
   auto missing = LoadConfig("/nonexistent/gradcomp.json", FlagOverrides(),
                             codecs::BuiltinCodecs());
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(missing.status().message(),
-              HasSubstr("'/nonexistent/gradcomp.json' cannot be opened"));
+  EXPECT_THAT(
+      missing.status().message(),
+      HasSubstr("config file: cannot open '/nonexistent/gradcomp.json'"));
+  // A directory opened as a stream read as an empty config: the daemon ran
+  // on its defaults.
+  auto directory = LoadConfig(::testing::TempDir(), FlagOverrides(),
+                              codecs::BuiltinCodecs());
+  EXPECT_EQ(directory.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(directory.status().message(),
+              HasSubstr("is a directory, expected a file"));
 
   const std::string bad_json = WriteFile("bad.json", R"({"listen": )");
   auto json = LoadConfig(bad_json, FlagOverrides(), codecs::BuiltinCodecs());
