@@ -349,11 +349,23 @@ absl::Status CheckFlagValues() {
   }
   // Checked again where the credentials are made (world size above 1);
   // here too, so that --check_config refuses it on every rank.
+  // At most a day: gRPC takes the interval as 32-bit seconds, where a
+  // larger value wrapped (to 0 s and up).
   const absl::Duration refresh = absl::GetFlag(FLAGS_peer_tls_refresh);
-  if (refresh < absl::Seconds(1)) {
+  if (refresh < absl::Seconds(1) || refresh > absl::Hours(24)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--peer_tls_refresh is ", absl::FormatDuration(refresh),
-                     ", expected at least 1s (default 60s)"));
+                     ", expected 1s to 24h (default 60s)"));
+  }
+  // "/name.": POSIX shared-memory names are "/" and no other "/"; an empty
+  // prefix would let clients register any object of an allowed owner.
+  const std::string prefix = absl::GetFlag(FLAGS_shm_prefix);
+  if (prefix.size() < 2 || prefix[0] != '/' ||
+      prefix.find('/', 1) != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shm_prefix is '", prefix,
+        "', expected '/' and a name start without another '/' (default '",
+        kDefaultShmPrefix, "')"));
   }
   return absl::OkStatus();
 }

@@ -1,7 +1,9 @@
 #include "client/cpp/ctl_args.h"
 
+#include <cstdint>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -185,7 +187,21 @@ const std::vector<FlagSpec>& Flags() {
          GC_ASSIGN_OR_RETURN(a.raw_dtype, ParseDType(v));
          return absl::OkStatus();
        }},
-      {"numel", {C::kBench}, StoreInt("numel", &CtlArgs::numel, 1)},
+      {"numel",
+       {C::kBench},
+       [](absl::string_view v, CtlArgs& a) {
+         // Its fp32 tensor goes inline: one gRPC message, under 2 GiB.
+         constexpr int64_t kMax =
+             (int64_t{std::numeric_limits<int32_t>::max()} - 4096) / 4;
+         GC_ASSIGN_OR_RETURN(a.numel, ParseInt("numel", v, 1));
+         if (a.numel > kMax) {
+           return FlagError("numel", v,
+                            absl::StrCat("an integer from 1 to ", kMax,
+                                         " (an fp32 tensor sent inline, "
+                                         "under gRPC's 2 GiB message)"));
+         }
+         return absl::OkStatus();
+       }},
       {"iters", {C::kBench}, StoreInt("iters", &CtlArgs::iters, 1)},
       {"seed",
        {C::kBench},

@@ -102,6 +102,10 @@ TEST(CtlArgsTest, RejectsBadValues) {
   EXPECT_THAT(ErrorOf({"reduce", "--input=g.npy", "--tensor=t", "--step=-2"}),
               HasSubstr("--step=-2: expected an integer >= 0"));
   EXPECT_THAT(ErrorOf({"bench", "--numel=0"}), HasSubstr("--numel=0"));
+  // Allocated and sent inline: a size that cannot go was an abort
+  // (std::length_error) instead of a command-line error.
+  EXPECT_THAT(ErrorOf({"bench", "--numel=4611686018427387904"}),
+              HasSubstr("an integer from 1 to 536869887"));
   EXPECT_THAT(ErrorOf({"info", "--timeout=soon"}), HasSubstr("--timeout=soon"));
   EXPECT_THAT(ErrorOf({"reduce", "--input=g.raw", "--tensor=t", "--shape=1",
                        "--dtype=int8"}),

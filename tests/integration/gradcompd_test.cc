@@ -698,7 +698,12 @@ TEST(GradcompdConfigTest, CheckConfigRefusesFlagsThatWouldNotStart) {
        "--peer_startup_timeout is -5s, expected a duration above 0"},
       {"--peer_buffer_bytes=0", "--peer_buffer_bytes is 0"},
       {"--peer_tls_refresh=100ms",
-       "--peer_tls_refresh is 100ms, expected at least 1s"},
+       "--peer_tls_refresh is 100ms, expected 1s to 24h"},
+      {"--peer_tls_refresh=1193046h28m16s",
+       "--peer_tls_refresh is 1193046h28m16s, expected 1s to 24h"},
+      {"--shm_prefix=", "--shm_prefix is '', expected '/' and a name start"},
+      {"--shm_prefix=gradcomp.", "--shm_prefix is 'gradcomp.', expected"},
+      {"--shm_prefix=/a/b", "--shm_prefix is '/a/b', expected"},
       {"--allow_client_shm --shm_owner_uids=abc",
        "--shm_owner_uids has 'abc', expected numeric uids"},
   };
