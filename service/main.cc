@@ -45,6 +45,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
+#include "base/utf8.h"
 #include "codecs/builtin.h"
 #include "codecs/state.h"
 #include "grpcpp/grpcpp.h"
@@ -356,6 +357,13 @@ absl::Status CheckFlagValues() {
     return absl::InvalidArgumentError(
         absl::StrCat("--peer_tls_refresh is ", absl::FormatDuration(refresh),
                      ", expected 1s to 24h (default 60s)"));
+  }
+  // Sent in the handshake's proto3 string, which refuses to parse what is
+  // not UTF-8: every handshake would fail, with a parse error.
+  const std::string group = absl::GetFlag(FLAGS_peer_group);
+  if (const size_t bad = FirstInvalidUtf8Byte(group); bad < group.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--peer_group is not UTF-8 (byte ", bad, "), expected UTF-8 text"));
   }
   // "/name.": POSIX shared-memory names are "/" and no other "/"; an empty
   // prefix would let clients register any object of an allowed owner.

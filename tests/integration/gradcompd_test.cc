@@ -704,6 +704,7 @@ TEST(GradcompdConfigTest, CheckConfigRefusesFlagsThatWouldNotStart) {
       {"--shm_prefix=", "--shm_prefix is '', expected '/' and a name start"},
       {"--shm_prefix=gradcomp.", "--shm_prefix is 'gradcomp.', expected"},
       {"--shm_prefix=/a/b", "--shm_prefix is '/a/b', expected"},
+      {"--peer_group=ml/\xff", "--peer_group is not UTF-8 (byte 3)"},
       {"--allow_client_shm --shm_owner_uids=abc",
        "--shm_owner_uids has 'abc', expected numeric uids"},
   };
