@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "base/bearer_token.h"
 #include "base/status_macros.h"
 
 namespace gradcomp::client {
@@ -148,16 +149,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
       options.token = token;
     }
   }
-  options.token = std::string(absl::StripAsciiWhitespace(options.token));
-  for (const char c : options.token) {
-    if (!absl::ascii_isgraph(static_cast<unsigned char>(c))) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "the client token (%s) holds byte 0x%02x; expected printable ASCII "
-          "without spaces, as the daemon's --client_token_file",
-          from_env ? "$GRADCOMP_TOKEN" : "ClientOptions::token",
-          static_cast<unsigned char>(c)));
-    }
+  absl::StatusOr<std::string> token = NormalizeBearerToken(options.token);
+  if (!token.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the client token (",
+        from_env ? "$GRADCOMP_TOKEN" : "ClientOptions::token", ") ",
+        token.status().message(), ", as the daemon's --client_token_file"));
   }
+  options.token = *std::move(token);
   grpc::ChannelArguments args;
   // Tensors travel inline: no 4 MiB cap on either direction.
   args.SetMaxReceiveMessageSize(-1);

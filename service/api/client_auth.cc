@@ -2,15 +2,14 @@
 
 #include <arpa/inet.h>
 
-#include <fstream>
-#include <sstream>
 #include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "base/bearer_token.h"
+#include "base/file_bytes.h"
 
 namespace gradcomp::service {
 namespace {
@@ -30,28 +29,23 @@ std::string HostOf(absl::string_view address) {
 }  // namespace
 
 absl::StatusOr<std::string> ReadClientToken(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat(
-        "client token file '", path,
-        "' cannot be opened, expected a readable file holding the token"));
+  absl::StatusOr<std::string> bytes = ReadFileBytes(path);
+  if (!bytes.ok()) {
+    return absl::Status(
+        bytes.status().code(),
+        absl::StrCat("client token file: ", bytes.status().message(),
+                     "; expected a readable file holding the token"));
   }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  const std::string token(absl::StripAsciiWhitespace(buffer.str()));
-  if (token.size() < kMinTokenBytes) {
+  absl::StatusOr<std::string> token = NormalizeBearerToken(*bytes);
+  if (!token.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "client token file '", path, "' holds ", token.size(),
+        "client token file '", path, "' ", token.status().message()));
+  }
+  if (token->size() < kMinTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "client token file '", path, "' holds ", token->size(),
         " bytes after trimming whitespace, expected a token of at least ",
         kMinTokenBytes, " (e.g. `head -c 32 /dev/urandom | base64`)"));
-  }
-  for (const char c : token) {
-    if (!absl::ascii_isgraph(static_cast<unsigned char>(c))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "client token file '", path,
-          "' holds a token with a space or control character, expected "
-          "printable ASCII (it travels as gRPC metadata)"));
-    }
   }
   return token;
 }

@@ -117,5 +117,23 @@ TEST(ClientAuthTest, TokenFileIsTrimmedAndChecked) {
   EXPECT_TRUE(none->allow_unauthenticated_tcp);
 }
 
+// A directory opens as a stream and reads as "": it was refused only for
+// holding 0 bytes, and a read error was swallowed the same way.
+TEST(ClientAuthTest, ATokenDirectoryIsNoFile) {
+  const absl::Status status =
+      ReadClientToken(std::string(getenv("TEST_TMPDIR"))).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(status.message(), HasSubstr("is a directory"));
+  EXPECT_THAT(status.message(), HasSubstr("client token file"));
+}
+
+TEST(ClientAuthTest, ATokenByteGrpcCannotSendIsNamed) {
+  const absl::Status status =
+      ReadClientToken(WriteFile("umlaut", "t\xc3\xb6ken-of-enough-bytes"))
+          .status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(status.message(), HasSubstr("holds byte 0xc3"));
+}
+
 }  // namespace
 }  // namespace gradcomp::service

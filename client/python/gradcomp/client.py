@@ -55,6 +55,9 @@ _CHANNEL_OPTIONS = [
     ("grpc.dns_min_time_between_resolutions_ms", 200),
 ]
 
+# What the daemon (absl::StripAsciiWhitespace) trims from a client token.
+_ASCII_WHITESPACE = " \t\n\v\f\r"
+
 
 @dataclasses.dataclass(frozen=True)
 class ReleasedJob:
@@ -455,8 +458,10 @@ class Client:
             token, source = os.environ.get("GRADCOMP_TOKEN") or None, "$GRADCOMP_TOKEN"
         if token:
             # Trimmed as the daemon trims its token file (a secret's
-            # trailing newline); gRPC cannot send other bytes as metadata.
-            token = token.strip()
+            # trailing newline): ASCII whitespace only, so a token the
+            # daemon's file would refuse is refused here too. gRPC cannot
+            # send other bytes as metadata.
+            token = token.strip(_ASCII_WHITESPACE)
             bad = next((c for c in token if not ("!" <= c <= "~")), None)
             if bad is not None:
                 raise ValueError(f"{source} holds {bad!r}; expected printable ASCII "

@@ -73,6 +73,9 @@ class TokenTest(unittest.TestCase):
                 self.assertTrue(client.info().version)
         with self.assertRaisesRegex(ValueError, "token holds 'ö'; expected printable ASCII"):
             gradcomp.Client(self.daemon.target, token="t\u00f6ken")
+        # Unicode whitespace is no whitespace to the daemon's token file.
+        with self.assertRaisesRegex(ValueError, r"token holds '\\xa0'"):
+            gradcomp.Client(self.daemon.target, token=self.token + "\u00a0")
 
     def test_an_unauthenticated_error_says_what_is_expected(self):
         with gradcomp.Client(self.daemon.target, timeout=10.0, token="nope") as client:
