@@ -7,6 +7,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "base/seconds_since.h"
@@ -168,10 +169,16 @@ absl::StatusOr<codecs::RoundResult> PeerCollective::Run(const RoundKey& key,
         key, std::make_shared<const codecs::Bytes>(std::move(round.payload)),
         round.sum_into, deadline);
   }
-  if (result.ok() && metrics_ != nullptr) {
+  if (!result.ok()) {
+    WithdrawQueued(key);
+  } else if (metrics_ != nullptr) {
     metrics_->ObserveCollective(algorithm, SecondsSince(start));
   }
   return result;
+}
+
+void PeerCollective::WithdrawQueued(const RoundKey& key) {
+  transport_->Withdraw(key.job, key.tensor, key.step, key.round);
 }
 
 absl::StatusOr<std::vector<codecs::Bytes>> PeerCollective::AllgatherPhase(
@@ -195,6 +202,10 @@ absl::StatusOr<std::vector<codecs::Bytes>> PeerCollective::AllToAll(
         ")"));
   }
   mailbox_->BeginStep(key.job, key.tensor, key.step);
+  bool done = false;
+  const absl::Cleanup withdraw = [&] {
+    if (!done) WithdrawQueued(key);
+  };
   const MessageKey message = ToMessageKey(key, Phase::kShardScatter);
   GC_RETURN_IF_ERROR(SendToEach(others_, [&](int to) {
     return transport_->Send(
@@ -204,6 +215,7 @@ absl::StatusOr<std::vector<codecs::Bytes>> PeerCollective::AllToAll(
   GC_ASSIGN_OR_RETURN(std::vector<codecs::Bytes> got,
                       CollectFromOthers(message, deadline));
   got[rank()] = std::move(parts[rank()]);
+  done = true;
   if (metrics_ != nullptr) {
     metrics_->ObserveCollective(Algorithm::kAllToAll, SecondsSince(start));
   }
@@ -215,9 +227,12 @@ absl::StatusOr<std::vector<codecs::Bytes>> PeerCollective::Allgather(
   const Clock::time_point start = Clock::now();
   const absl::Time deadline = absl::Now() + options_.timeout;
   mailbox_->BeginStep(key.job, key.tensor, key.step);
-  GC_ASSIGN_OR_RETURN(std::vector<codecs::Bytes> got,
-                      AllgatherPhase(ToMessageKey(key, Phase::kShardGather),
-                                     std::move(part), deadline));
+  absl::StatusOr<std::vector<codecs::Bytes>> got = AllgatherPhase(
+      ToMessageKey(key, Phase::kShardGather), std::move(part), deadline);
+  if (!got.ok()) {
+    WithdrawQueued(key);
+    return got;
+  }
   if (metrics_ != nullptr) {
     metrics_->ObserveCollective(Algorithm::kAllgather, SecondsSince(start));
   }
@@ -402,6 +417,10 @@ PeerCollective::ExchangeWithNeighbours(const RoundKey& key,
     seen[n] = true;
   }
   mailbox_->BeginStep(key.job, key.tensor, key.step);
+  bool done = false;
+  const absl::Cleanup withdraw = [&] {
+    if (!done) WithdrawQueued(key);
+  };
   const MessageKey message = ToMessageKey(key, Phase::kNeighbours);
   // Every neighbour gets its part before an error is returned (SendToEach).
   absl::Status sent;
@@ -418,6 +437,7 @@ PeerCollective::ExchangeWithNeighbours(const RoundKey& key,
   std::vector<codecs::Bytes> got;
   got.reserve(neighbours.size());
   for (int n : neighbours) got.push_back(std::move(by_rank[n]));
+  done = true;
   if (metrics_ != nullptr) {
     metrics_->ObserveCollective(Algorithm::kNeighbours, SecondsSince(start));
   }

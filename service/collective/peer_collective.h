@@ -64,6 +64,10 @@ class PeerCollective : public Collective {
       const RoundKey& key, std::shared_ptr<const codecs::Bytes> payload,
       absl::Span<float> sum_into, absl::Time deadline);
 
+  // A failed call's messages still queued for peers are dropped
+  // (Transport::Withdraw): a restarted peer must not take them in a rerun.
+  void WithdrawQueued(const RoundKey& key);
+
   // Sends `data` to every other rank, starting after this one so that the
   // ranks do not all write to rank 0 first.
   absl::Status SendToOthers(const MessageKey& key,

@@ -443,5 +443,81 @@ TEST(PeerCollectiveTest, AnUnreachableRankDoesNotKeepTheMessageFromTheOthers) {
                                      Phase::kNeighbours));
 }
 
+// Forwards to `inner` and records the rounds withdrawn through it.
+class WithdrawRecorder : public Transport {
+ public:
+  explicit WithdrawRecorder(std::unique_ptr<Transport> inner)
+      : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  std::string PeerName(int rank) const override {
+    return inner_->PeerName(rank);
+  }
+  absl::Status SendMessage(int to, const MessageKey& key,
+                           OutgoingMessage message,
+                           absl::Time deadline) override {
+    return inner_->SendMessage(to, key, std::move(message), deadline);
+  }
+  void Withdraw(absl::string_view job, absl::string_view tensor, int64_t step,
+                int round) override {
+    absl::MutexLock lock(&mu_);
+    withdrawn_.push_back(absl::StrCat(job, "/", tensor, "/", step, "/", round));
+  }
+  std::vector<std::string> withdrawn() {
+    absl::MutexLock lock(&mu_);
+    return withdrawn_;
+  }
+
+ private:
+  const std::unique_ptr<Transport> inner_;
+  absl::Mutex mu_;
+  std::vector<std::string> withdrawn_;
+};
+
+// Every exchange that fails withdraws its round's messages still queued
+// (for a peer that restarts, they would be stale in a rerun of the round);
+// one that succeeds leaves them to go.
+TEST(PeerCollectiveTest, AFailedExchangeWithdrawsItsRoundAndOnlyThatRound) {
+  InProcessHub hub(2);
+  PeerMetrics metrics0(0, 2);
+  PeerMetrics metrics1(1, 2);
+  Mailbox mailbox0(2, MailboxOptions{}, &metrics0);
+  Mailbox mailbox1(2, MailboxOptions{}, &metrics1);
+  WithdrawRecorder transport0(hub.Connect(0, &mailbox0));
+  std::unique_ptr<Transport> transport1 = hub.Connect(1, &mailbox1);
+  const PeerCollectiveOptions options{absl::Seconds(60)};
+  PeerCollective collective0(&transport0, &mailbox0, options, &metrics0);
+  PeerCollective collective1(transport1.get(), &mailbox1, options, &metrics1);
+  std::thread other([&] {
+    EXPECT_TRUE(collective1
+                    .Run({"job", "w", 0, 1},
+                         {codecs::Collective::kSum, DensePayload({1, 2})})
+                    .ok());
+  });
+  EXPECT_TRUE(collective0
+                  .Run({"job", "w", 0, 1},
+                       {codecs::Collective::kSum, DensePayload({1, 2})})
+                  .ok());
+  other.join();
+  EXPECT_THAT(transport0.withdrawn(), ::testing::IsEmpty());
+
+  hub.Kill(1);
+  EXPECT_FALSE(collective0
+                   .Run({"job", "w", 1, 2},
+                        {codecs::Collective::kGather, DensePayload({1, 2})})
+                   .ok());
+  EXPECT_FALSE(collective0
+                   .Run({"job", "w", 2, 0},
+                        {codecs::Collective::kSum, DensePayload({1, 2})})
+                   .ok());
+  EXPECT_FALSE(collective0.AllToAll({"job", "w", 3, 0}, {"a", "b"}).ok());
+  EXPECT_FALSE(collective0.Allgather({"job", "w", 4, 1}, "a").ok());
+  EXPECT_FALSE(
+      collective0.ExchangeWithNeighbours({"job", "w", 5, 0}, {1}, {"b"}).ok());
+  EXPECT_THAT(transport0.withdrawn(),
+              ::testing::ElementsAre("job/w/1/2", "job/w/2/0", "job/w/3/0",
+                                     "job/w/4/1", "job/w/5/0"));
+}
+
 }  // namespace
 }  // namespace gradcomp::service

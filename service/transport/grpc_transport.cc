@@ -118,6 +118,9 @@ struct Queued {
   OutgoingMessage message;
   uint64_t size = 0;
   absl::Time deadline;
+  // Its collective failed here (Withdraw) while a writer held it: dropped
+  // should that writer's stream break before the message is through.
+  bool withdrawn = false;
 };
 
 }  // namespace
@@ -246,6 +249,33 @@ class GrpcTransport::Impl final : public grpc::Service {
     peer.queue.push_back({key, std::move(message), size, deadline});
     peer.queued_bytes += size;
     return absl::OkStatus();
+  }
+
+  void Withdraw(absl::string_view job, absl::string_view tensor, int64_t step,
+                int round) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    for (int to = 0; to < world_size(); ++to) {
+      if (to == rank()) continue;
+      Peer& peer = peers_[to];
+      for (auto it = peer.queue.begin(); it != peer.queue.end();) {
+        const MessageKey& key = it->key;
+        if (key.step != step || key.round != round || key.tensor != tensor ||
+            key.job != job) {
+          ++it;
+          continue;
+        }
+        // While connected a writer may hold the front (it pops it once
+        // written): marked, and dropped if that write does not get through.
+        if (peer.outgoing_up && it == peer.queue.begin()) {
+          it->withdrawn = true;
+          ++it;
+          continue;
+        }
+        peer.queued_bytes -= it->size;
+        it = peer.queue.erase(it);
+        if (metrics_ != nullptr) metrics_->CountDropped("withdrawn");
+      }
+    }
   }
 
   // The listening side of one peer's stream: handshake, then messages.
@@ -645,9 +675,10 @@ class GrpcTransport::Impl final : public grpc::Service {
         next = peer.queue.front();
       }
       // A message whose collective is over on this side is not worth sending;
-      // one cut off by a broken stream stays queued and goes again whole.
+      // one cut off by a broken stream stays queued and goes again whole,
+      // unless its collective failed here meanwhile.
       const bool expired = absl::Now() > next.deadline;
-      if (!expired && !WriteMessage(to, next, stream)) {
+      if (!expired && !next.withdrawn && !WriteMessage(to, next, stream)) {
         status = absl::UnavailableError(
             absl::StrCat("writing to ", PeerName(to), " failed"));
         break;
@@ -655,7 +686,13 @@ class GrpcTransport::Impl final : public grpc::Service {
       absl::MutexLock lock(&mu_);
       peer.queued_bytes -= next.size;
       peer.queue.pop_front();
-      if (expired && metrics_ != nullptr) metrics_->CountDropped("expired");
+      if (metrics_ != nullptr) {
+        if (expired) {
+          metrics_->CountDropped("expired");
+        } else if (next.withdrawn) {
+          metrics_->CountDropped("withdrawn");
+        }
+      }
     }
     {
       absl::MutexLock lock(&mu_);
@@ -772,6 +809,11 @@ absl::Status GrpcTransport::SendMessage(int to, const MessageKey& key,
                                         OutgoingMessage message,
                                         absl::Time deadline) {
   return impl_->Send(to, key, std::move(message), deadline);
+}
+
+void GrpcTransport::Withdraw(absl::string_view job, absl::string_view tensor,
+                             int64_t step, int round) {
+  impl_->Withdraw(job, tensor, step, round);
 }
 
 }  // namespace gradcomp::service

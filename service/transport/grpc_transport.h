@@ -91,6 +91,9 @@ class GrpcTransport : public Transport {
   absl::Status SendMessage(int to, const MessageKey& key,
                            OutgoingMessage message,
                            absl::Time deadline) override;
+  // Counted in gradcomp_peer_messages_dropped_total{reason="withdrawn"}.
+  void Withdraw(absl::string_view job, absl::string_view tensor, int64_t step,
+                int round) override;
 
  private:
   class Impl;

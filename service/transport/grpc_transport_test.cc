@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -692,6 +693,39 @@ TEST(GrpcTransportTest, ASendToAFullQueueFailsAtItsDeadlineNamingThePeer) {
                              ") still held 1000 bytes at the "
                              "deadline")));
   EXPECT_THAT(status.message(), HasSubstr("is not connected"));
+}
+
+// A round whose collective failed here is withdrawn from the queue to a
+// peer that is away: when that peer (a restarted daemon) comes, it gets the
+// other rounds' and steps' messages, not the failed round's, which it would
+// take in a rerun of that round as this rank's message (docs/peers.md).
+TEST(GrpcTransportTest, AWithdrawnRoundIsNotSentToAPeerThatComesLater) {
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.Start(0).ok());  // rank 1 comes later
+  for (const auto& [step, round, data] :
+       {std::tuple<int64_t, int, std::string>{5, 0, "failed round"},
+        {5, 1, "next round"},
+        {6, 0, "next step"}}) {
+    for (const Phase phase : {Phase::kReduceScatter, Phase::kAllgather}) {
+      const MessageKey key{"job", "w", step, round, phase};
+      ASSERT_TRUE(cluster.transport(0).Send(1, key, Data(data), Soon()).ok());
+    }
+  }
+  const MessageKey other_tensor{"job", "v", 5, 0, Phase::kGather};
+  ASSERT_TRUE(
+      cluster.transport(0).Send(1, other_tensor, Data("other"), Soon()).ok());
+  cluster.transport(0).Withdraw("job", "w", 5, 0);
+  EXPECT_EQ(cluster.Metric(0, "gradcomp_peer_messages_dropped_total",
+                           {{"reason", "withdrawn"}}),
+            2);
+  ASSERT_TRUE(cluster.Start(1).ok());
+  // In queue order; the withdrawn two came first.
+  std::vector<std::string> got;
+  for (const Inbox::Message& message : cluster.inbox(1).WaitMessages(5)) {
+    got.push_back(message.data);
+  }
+  EXPECT_THAT(got, ::testing::ElementsAre("next round", "next round",
+                                          "next step", "next step", "other"));
 }
 
 }  // namespace

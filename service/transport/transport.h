@@ -113,6 +113,18 @@ class Transport {
                                    OutgoingMessage message,
                                    absl::Time deadline) = 0;
 
+  // The collective of round `round` of (`job`, `tensor`, `step`) failed on
+  // this rank: its messages still queued for peers, of every phase, are
+  // dropped, not sent. A peer that restarts would otherwise take one in a
+  // rerun of that round, where it is stale: the sender's trainer reruns
+  // the step with a message of its own (docs/peers.md, "Deadlines and
+  // failures"). A message being written when this is called goes.
+  // Nothing by default, for transports that hold nothing a restarted peer
+  // could get: the in-process one delivers at once, and NCCL's ranks
+  // cannot restart within a communicator.
+  virtual void Withdraw(absl::string_view /*job*/, absl::string_view /*tensor*/,
+                        int64_t /*step*/, int /*round*/) {}
+
   // SendMessage of the whole of `data`.
   absl::Status Send(int to, const MessageKey& key,
                     std::shared_ptr<const codecs::Bytes> data,
