@@ -1,18 +1,10 @@
 #include "service/transport/grpc_transport.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -22,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/crc32c.h"
 #include "base/free_port.h"
+#include "base/tcp_relay.h"
 #include "gmock/gmock.h"
 #include "gradcomp/v1/gradcomp.grpc.pb.h"
 #include "gradcomp/v1/peer.grpc.pb.h"
@@ -196,104 +189,6 @@ class Cluster {
   std::map<std::pair<int, int>, std::string> routes_;
   // Last: transports stop before what they deliver into goes away.
   std::vector<std::unique_ptr<GrpcTransport>> transports_;
-};
-
-// A TCP relay on 127.0.0.1 in front of a listener: it forwards bytes both
-// ways until frozen, then keeps every socket open and forwards nothing, as
-// a peer looks whose host lost power or fell behind a network split: no
-// FIN, no RST, only silence. Connections that come while frozen are
-// accepted and held the same way.
-class Relay {
- public:
-  // Forwards to 127.0.0.1:`target_port`; check ok() before use.
-  explicit Relay(int target_port) : target_port_(target_port) {
-    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr = Loopback(0);
-    socklen_t len = sizeof(addr);
-    if (listen_fd_ < 0 ||
-        bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) !=
-            0 ||
-        listen(listen_fd_, 16) != 0 ||
-        getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) !=
-            0) {
-      return;
-    }
-    port_ = ntohs(addr.sin_port);
-    thread_ = std::thread([this] { Run(); });
-  }
-  ~Relay() {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
-    for (int fd : open_) close(fd);
-    if (listen_fd_ >= 0) close(listen_fd_);
-  }
-
-  bool ok() const { return port_ != 0; }
-  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
-  void Freeze() { frozen_ = true; }
-
- private:
-  static sockaddr_in Loopback(int port) {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    return addr;
-  }
-
-  void Run() {
-    std::map<int, int> other;  // a forwarded connection's fd -> its pair's
-    while (!stop_) {
-      const bool frozen = frozen_;
-      std::vector<pollfd> fds = {{listen_fd_, POLLIN, 0}};
-      if (!frozen) {
-        for (const auto& [fd, unused] : other) fds.push_back({fd, POLLIN, 0});
-      }
-      if (poll(fds.data(), fds.size(), 20) <= 0) continue;
-      if (fds[0].revents & POLLIN) {
-        const int client = accept(listen_fd_, nullptr, nullptr);
-        if (client >= 0) {
-          open_.push_back(client);
-          const int server = frozen ? -1 : socket(AF_INET, SOCK_STREAM, 0);
-          const sockaddr_in target = Loopback(target_port_);
-          if (server >= 0) {
-            open_.push_back(server);
-            if (connect(server, reinterpret_cast<const sockaddr*>(&target),
-                        sizeof(target)) == 0) {
-              other[client] = server;
-              other[server] = client;
-            }
-          }
-        }
-      }
-      for (size_t i = 1; i < fds.size(); ++i) {
-        if (fds[i].revents == 0 || other.count(fds[i].fd) == 0) continue;
-        char buffer[64 << 10];
-        const ssize_t n = read(fds[i].fd, buffer, sizeof(buffer));
-        const int to = other[fds[i].fd];
-        bool written = n > 0;
-        for (ssize_t done = 0; written && done < n;) {
-          const ssize_t w = write(to, buffer + done, n - done);
-          written = w > 0;
-          done += w;
-        }
-        if (!written) {  // either side closed: close the other too
-          shutdown(to, SHUT_RDWR);
-          shutdown(fds[i].fd, SHUT_RDWR);
-          other.erase(to);
-          other.erase(fds[i].fd);
-        }
-      }
-    }
-  }
-
-  const int target_port_;
-  int listen_fd_ = -1;
-  int port_ = 0;
-  std::vector<int> open_;  // every socket, closed at the end
-  std::atomic<bool> frozen_{false};
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
 };
 
 int Port(const std::string& address) {
@@ -534,7 +429,7 @@ TEST(GrpcTransportTest, ARestartedPeerIsLostThenRejoins) {
 TEST(GrpcTransportTest, APeerThatFallsSilentIsLostOnTheListeningSide) {
   Cluster cluster(2);
   cluster.Keepalive(absl::Seconds(1), absl::Seconds(1));
-  Relay relay(Port(cluster.address(0)));
+  gradcomp::testing::TcpRelay relay(Port(cluster.address(0)));
   ASSERT_TRUE(relay.ok());
   // Rank 0's stream from rank 1 goes through the relay; the one it dials to
   // rank 1 does not.

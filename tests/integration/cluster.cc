@@ -28,26 +28,33 @@ Cluster::Cluster(int world_size, absl::Duration collective_timeout,
       timeout_(collective_timeout),
       extra_args_(std::move(extra_args)),
       seed_(seed) {
-  std::vector<std::string> peers;
   for (int r = 0; r < world_size_; ++r) {
-    peers.push_back(absl::StrCat("127.0.0.1:", *FreePort()));
+    peers_.push_back(absl::StrCat("127.0.0.1:", *FreePort()));
   }
-  peers_ = absl::StrJoin(peers, ",");
   daemons_.resize(world_size_);
 }
 
 absl::Status Cluster::Start(int rank) {
   auto binary = DaemonBinary();
   if (!binary.ok()) return binary.status();
+  std::vector<std::string> peers = peers_;
+  for (const auto& [route, address] : routes_) {
+    if (route.first == rank) peers[route.second] = address;
+  }
   std::vector<std::string> args = {
       absl::StrCat("--world_size=", world_size_), absl::StrCat("--rank=", rank),
-      absl::StrCat("--peers=", peers_), absl::StrCat("--seed=", seed_),
+      absl::StrCat("--peers=", absl::StrJoin(peers, ",")),
+      absl::StrCat("--seed=", seed_),
       absl::StrCat("--collective_timeout=", absl::FormatDuration(timeout_))};
   args.insert(args.end(), extra_args_.begin(), extra_args_.end());
   auto daemon = DaemonProcess::Start(*binary, args);
   if (!daemon.ok()) return daemon.status();
   daemons_[rank] = std::move(*daemon);
   return absl::OkStatus();
+}
+
+void Cluster::Route(int rank, int peer, std::string address) {
+  routes_[{rank, peer}] = std::move(address);
 }
 
 absl::Status Cluster::StartAll() {

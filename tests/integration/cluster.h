@@ -9,8 +9,10 @@
 #define GRADCOMP_TESTS_INTEGRATION_CLUSTER_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -35,6 +37,12 @@ class Cluster {
   absl::Status StartAll();
   // Until every daemon reports all its peers connected both ways.
   absl::Status WaitMeshUp();
+  // Rank `rank`, when started after this, dials rank `peer` at `address`
+  // (a TcpRelay in front of peer_address(peer)) instead.
+  void Route(int rank, int peer, std::string address);
+
+  // "127.0.0.1:<port>": where rank `rank` listens for peers.
+  const std::string& peer_address(int rank) const { return peers_[rank]; }
 
   int world_size() const { return world_size_; }
   DaemonProcess& daemon(int rank) { return *daemons_[rank]; }
@@ -44,7 +52,8 @@ class Cluster {
   absl::Duration timeout_;
   std::vector<std::string> extra_args_;
   uint64_t seed_;
-  std::string peers_;
+  std::vector<std::string> peers_;
+  std::map<std::pair<int, int>, std::string> routes_;
   std::vector<std::unique_ptr<DaemonProcess>> daemons_;
 };
 

@@ -29,6 +29,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "base/tcp_relay.h"
 #include "client/cpp/client.h"
 #include "codecs/builtin.h"
 #include "codecs/cpu/momentum.h"
@@ -609,6 +610,88 @@ TEST(PeersFaultTest, AStepWhoseCollectiveFailsLeavesTheStateAsItWas) {
   for (size_t i = 0; i < kept.size(); ++i) {
     ASSERT_NEAR(now[i], kept[i], 1e-6 * (1 + scale)) << i;
   }
+}
+
+// What a rank queued for a peer whose daemon then died is not taken by the
+// restarted daemon in a rerun of that step. Rank 0 dials rank 1 through a
+// relay that is cut: rank 0's step-1 slice for rank 1 waits in its send
+// queue, its reduce waits for rank 1, and rank 1's daemon is killed, which
+// fails the reduce at once. Rank 1 restarts, both release the job, the link
+// comes back, and both rerun step 1 with ones. Before, the queued slice
+// (of 100s) reached the restarted daemon when the link came back and was
+// taken as rank 0's step-1 slice: both ranks got [1, 1, 50.5, 50.5].
+TEST(PeersFaultTest, AMessageQueuedForAKilledDaemonIsNotTakenAfterItsRestart) {
+  Cluster cluster(2, absl::Seconds(30));
+  const std::string& listen1 = cluster.peer_address(1);
+  TcpRelay relay(std::stoi(listen1.substr(listen1.rfind(':') + 1)));
+  ASSERT_TRUE(relay.ok());
+  cluster.Route(0, 1, relay.address());
+  ASSERT_TRUE(cluster.StartAll().ok());
+  v1::CodecSpec none;
+  none.set_name("none");
+  const std::vector<int64_t> shape = {4};
+  const std::vector<float> ones(4, 1.0f);
+  auto both = [&](client::Client& zero, client::Client& one, int64_t step,
+                  const std::vector<float>& values0) {
+    std::vector<absl::StatusOr<client::Float32ReduceResult>> got(2);
+    std::thread peer(
+        [&] { got[1] = one.Reduce("job", "w", step, ones, shape, none); });
+    got[0] = zero.Reduce("job", "w", step, values0, shape, none);
+    peer.join();
+    return got;
+  };
+  auto zero = cluster.daemon(0).Connect();
+  auto one = cluster.daemon(1).Connect();
+  ASSERT_TRUE(zero.ok() && one.ok());
+  for (const auto& got : both(**zero, **one, 0, ones)) {
+    ASSERT_TRUE(got.ok()) << got.status();
+  }
+  auto metric = [&](int rank, const std::string& series) {
+    auto page = HttpGet(cluster.daemon(rank).metrics_port(), "/metrics");
+    return page.ok() ? Sample(*page, series) : -1;
+  };
+  // Whether done() came true within 30 s.
+  auto await = [](auto done) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (!done()) {
+      if (absl::Now() > give_up) return false;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return true;
+  };
+
+  relay.Cut();
+  ASSERT_TRUE(await([&] { return metric(0, "gradcomp_peers_up") == 0; }))
+      << "rank 0 never saw its stream to rank 1 end";
+  absl::StatusOr<client::Float32ReduceResult> failed;
+  std::thread lonely([&] {
+    failed = (*zero)->Reduce("job", "w", 1, std::vector<float>(4, 100.0f),
+                             shape, none);
+  });
+  ASSERT_TRUE(await([&] {
+    return metric(0, "gradcomp_peer_waiting{peer=\"1\"}") == 1;
+  })) << "rank 0's step 1 never waited for rank 1";
+  cluster.daemon(1).Kill();
+  lonely.join();
+  ASSERT_EQ(failed.status().code(), absl::StatusCode::kUnavailable)
+      << failed.status();
+  EXPECT_THAT(failed.status().message(), HasSubstr("rank 1 was lost"));
+
+  ASSERT_TRUE(cluster.Start(1).ok());
+  auto restarted = cluster.daemon(1).Connect();
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  ASSERT_TRUE((*restarted)->ReleaseJob("job").ok());
+  ASSERT_TRUE((*zero)->ReleaseJob("job").ok());
+  relay.Restore();
+  ASSERT_TRUE(cluster.WaitMeshUp().ok());
+  for (const auto& got : both(**zero, **restarted, 1, ones)) {
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_THAT(got->values, ::testing::ElementsAre(1, 1, 1, 1));
+  }
+  EXPECT_EQ(metric(0,
+                   "gradcomp_peer_messages_dropped_total{reason="
+                   "\"withdrawn\"}"),
+            1);
 }
 
 // Two ranks force top-k (a gather) and two force none (a reduce-scatter)
