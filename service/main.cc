@@ -146,8 +146,9 @@ ABSL_FLAG(uint64_t, max_tensor_bytes, uint64_t{4} << 30,
           "Largest tensor a reduce accepts, in bytes of its dtype.");
 ABSL_FLAG(uint64_t, memory_budget_bytes, 0,
           "Bytes that in-flight reduces and codec state may hold together "
-          "(docs/daemon.md, Limits); default: half of the memory this "
-          "process may use (physical, or its cgroup's limit).");
+          "(docs/daemon.md, Limits); 0 (the default): the config file's "
+          "value, else half of the memory this process may use (physical, "
+          "or its cgroup's limit).");
 ABSL_FLAG(absl::Duration, memory_wait, absl::Seconds(10),
           "How long a reduce waits for room in the memory budget before it "
           "fails with RESOURCE_EXHAUSTED.");

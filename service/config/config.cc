@@ -253,7 +253,10 @@ void ApplyFlags(const FlagOverrides& flags, v1::DaemonConfig* config) {
   if (flags.max_tensor_bytes) {
     config->set_max_tensor_bytes(*flags.max_tensor_bytes);
   }
-  if (flags.memory_budget_bytes) {
+  // 0 is the flag's own default, which --helpfull shows: it leaves the
+  // budget to the file or to DefaultMemoryBudgetBytes, as the help says,
+  // rather than refusing the value shown as the default.
+  if (flags.memory_budget_bytes.value_or(0) != 0) {
     config->set_memory_budget_bytes(*flags.memory_budget_bytes);
   }
   if (flags.memory_wait_seconds) {

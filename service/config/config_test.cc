@@ -415,6 +415,17 @@ TEST(ConfigTest, LimitsHaveDefaultsFileFieldsFlagsAndChecks) {
   EXPECT_THAT(
       LoadConfig(path, flags, codecs::BuiltinCodecs()).status().message(),
       HasSubstr("max_rpc_threads is 1, expected at least 2"));
+  // --memory_budget_bytes=0, the default --helpfull shows, is the
+  // default: the file's budget, else half of the memory (it was refused).
+  FlagOverrides zero_budget;
+  zero_budget.memory_budget_bytes = 0;
+  auto from_file = LoadConfig(path, zero_budget, codecs::BuiltinCodecs());
+  ASSERT_TRUE(from_file.ok()) << from_file.status();
+  EXPECT_EQ(from_file->memory_budget_bytes(), 1u << 20);
+  auto from_default = LoadConfig("", zero_budget, codecs::BuiltinCodecs());
+  ASSERT_TRUE(from_default.ok()) << from_default.status();
+  EXPECT_EQ(from_default->memory_budget_bytes(), DefaultMemoryBudgetBytes());
+
   FlagOverrides negative;
   negative.memory_wait_seconds = -1;
   EXPECT_THAT(
