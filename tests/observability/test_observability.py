@@ -48,6 +48,8 @@ from gradcomp.testing import Daemon, daemon_binary, free_port, stop_process  # n
 
 DASHBOARD = REPO / "deploy" / "grafana" / "gradcomp-dashboard.json"
 RULES = REPO / "deploy" / "prometheus" / "gradcomp-rules.yml"
+# promtool's unit test of the alerts' timing.
+RULES_TEST = REPO / "deploy" / "prometheus" / "gradcomp-rules_test.yml"
 SCRAPE_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
 WORLD = 4
 
@@ -202,9 +204,10 @@ def step_tensors(rank: int, step: int) -> dict[str, np.ndarray]:
 @unittest.skipIf(_missing_tools(), _missing_tools())
 class ShippedFilesTest(unittest.TestCase):
 
-    def test_promtool_accepts_the_scrape_config_and_rules(self):
+    def test_promtool_accepts_the_scrape_config_and_rules_and_their_timing(self):
         for args in (["check", "config", str(SCRAPE_CONFIG)],
-                     ["check", "rules", str(RULES)]):
+                     ["check", "rules", str(RULES)],
+                     ["test", "rules", str(RULES_TEST)]):
             result = subprocess.run(["promtool", *args], capture_output=True,
                                     text=True)
             self.assertEqual(result.returncode, 0,

@@ -18,6 +18,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 from typing import Iterable, Mapping, Sequence
 
 import grpc
@@ -54,6 +55,19 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.dns_min_time_between_resolutions_ms", 200),
 ]
+
+# grpc.health.v1.HealthCheckResponse: field 1, the ServingStatus enum.
+_SERVING = 1
+_HEALTH_NAMES = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
+
+
+def _health_status(raw: bytes) -> int:
+    """The status of a serialised HealthCheckResponse (0, proto3's default,
+    when the field is absent). Its one field is a varint of tag 1."""
+    if len(raw) >= 2 and raw[0] == 0x08:
+        return raw[1] & 0x7F
+    return 0
+
 
 # What the daemon (absl::StripAsciiWhitespace) trims from a client token.
 _ASCII_WHITESPACE = " \t\n\v\f\r"
@@ -513,6 +527,34 @@ class Client:
         except grpc.FutureTimeoutError:
             raise GradcompError("connect", self.target, grpc.StatusCode.UNAVAILABLE,
                                 f"no connection within {timeout} s") from None
+
+    def wait_serving(self, timeout: float) -> None:
+        """Blocks until the daemon's health (grpc.health.v1, the service the
+        kubelet probes) is SERVING: it listens, and every peer is connected
+        both ways. A reduce sent before then waits for the missing peers
+        until --collective_timeout and fails. GradcompError UNAVAILABLE,
+        with the last status seen, if not in time."""
+        check = self._channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=lambda empty: b"",  # service "": the daemon
+            response_deserializer=_health_status)
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                status = check(None, timeout=max(0.1, min(left, 5.0)))
+                if status == _SERVING:
+                    return
+                last = _HEALTH_NAMES.get(status, f"status {status}")
+            except grpc.RpcError as error:
+                last = f"{error.code().name}: {error.details()}"
+            if time.monotonic() + 0.2 >= deadline:
+                raise GradcompError(
+                    "Health/Check", self.target, grpc.StatusCode.UNAVAILABLE,
+                    f"not SERVING within {timeout} s (last: {last}); a daemon "
+                    f"is NOT_SERVING until all its peers are connected")
+            time.sleep(0.2)
 
     def _call(self, rpc: str, request: object) -> object:
         try:

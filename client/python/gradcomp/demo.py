@@ -70,9 +70,15 @@ def _check_metrics(before: list[metrics.Sample], after: list[metrics.Sample],
     return ok
 
 
-def run(target: str | None, metrics_url: str, seed: int) -> bool:
+def run(target: str | None, metrics_url: str, seed: int,
+        wait_s: float = 600.0) -> bool:
     client = Client(target, timeout=300.0)
     target = client.target
+    # A trainer may start before its sidecar listens or before the other
+    # ranks' daemons are up (the Helm chart starts them side by side): a
+    # reduce sent then would wait for them until --collective_timeout and
+    # fail, and the container would restart.
+    client.wait_serving(timeout=wait_s)
     info = client.info()
     policy, policy_hash = client.get_policy()
     print(f"gradcompd {info.version} at {target}: world size {info.world_size}, "
@@ -142,8 +148,11 @@ def main(argv: list[str] | None = None) -> int:
                              "$GRADCOMP_METRICS_URL, which the Helm chart's "
                              "example trainer sets, else the daemon's default)")
     parser.add_argument("--seed", type=int, default=0, help="gradient model seed")
+    parser.add_argument("--wait_s", type=float, default=600.0,
+                        help="how long to wait for the daemon to be SERVING (it "
+                             "listens, and all its peers are connected)")
     args = parser.parse_args(argv)
-    return 0 if run(args.target, args.metrics_url, args.seed) else 1
+    return 0 if run(args.target, args.metrics_url, args.seed, args.wait_s) else 1
 
 
 if __name__ == "__main__":

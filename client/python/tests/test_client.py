@@ -312,6 +312,33 @@ class DaemonShutdownTest(unittest.TestCase):
                       caught.exception.details)
 
 
+class WaitServingTest(unittest.TestCase):
+    """wait_serving follows the daemon's health: NOT_SERVING while a peer
+    is missing, SERVING once the mesh is up (a reduce before then waits
+    out --collective_timeout and fails)."""
+
+    def test_waits_for_the_peers(self):
+        peers = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
+        first = Daemon(["--rank=0", "--world_size=2", f"--peers={peers}"]).start()
+        self.addCleanup(first.__exit__, None, None, None)
+        with gradcomp.Client(first.target, timeout=5.0) as client:
+            with self.assertRaises(gradcomp.GradcompError) as caught:
+                client.wait_serving(timeout=1.0)
+            self.assertEqual(caught.exception.code, grpc.StatusCode.UNAVAILABLE)
+            self.assertIn("not SERVING within 1.0 s (last: NOT_SERVING)",
+                          str(caught.exception))
+            second = Daemon(["--rank=1", "--world_size=2", f"--peers={peers}"]).start()
+            self.addCleanup(second.__exit__, None, None, None)
+            client.wait_serving(timeout=60.0)
+
+    def test_no_daemon_is_named_at_the_timeout(self):
+        with gradcomp.Client(f"127.0.0.1:{free_port()}", timeout=5.0) as client:
+            with self.assertRaises(gradcomp.GradcompError) as caught:
+                client.wait_serving(timeout=0.5)
+        self.assertEqual(caught.exception.code, grpc.StatusCode.UNAVAILABLE)
+        self.assertIn("(last: UNAVAILABLE", str(caught.exception))
+
+
 class NoDaemonTest(unittest.TestCase):
 
     def test_unavailable(self):
