@@ -525,10 +525,17 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   // Limits: the memory this reduce allocates, reserved before any of it
   // is, then the job's quotas (docs/daemon.md, "Limits"); in this order, a
   // unary request's input counts while it waits for an import of its job.
-  // Gossip's messages and copies are known now and join the reservation.
+  // A gossip request takes its job's ticket first: its node's spec check
+  // waits for the other ranks, and the job must be busy meanwhile, or
+  // ReleaseJob (refused for a busy job) would free the node under it.
+  // Gossip's messages and copies are known then and join the reservation.
+  std::optional<JobQuotas::Ticket> ticket;
   GossipNode* gossip_node = nullptr;
   uint64_t gossip_bytes = 0;
   if (in.mode == ReduceMode::kGossip) {
+    GC_ASSIGN_OR_RETURN(JobQuotas::Ticket admitted,
+                        quotas_.Admit(in.job, in.tensor));
+    ticket.emplace(std::move(admitted));
     GC_ASSIGN_OR_RETURN(gossip_node, gossip_.Node(in.job, in.gossip));
     gossip_bytes = gossip_node->WorkingBytes(in.shape);
   }
@@ -538,8 +545,11 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   MemoryBudget::Reservation own_reservation;
   GC_RETURN_IF_ERROR(ReserveWorkingMemory(in, numel, width, sample,
                                           gossip_bytes, &own_reservation));
-  GC_ASSIGN_OR_RETURN(const JobQuotas::Ticket ticket,
-                      quotas_.Admit(in.job, in.tensor));
+  if (!ticket.has_value()) {
+    GC_ASSIGN_OR_RETURN(JobQuotas::Ticket admitted,
+                        quotas_.Admit(in.job, in.tensor));
+    ticket.emplace(std::move(admitted));
+  }
   // What the reduce reserves as it goes: the caller's, which holds its
   // input too, or its own.
   MemoryBudget::Reservation* const held =

@@ -355,6 +355,40 @@ TEST_F(EngineGossipTest, AReleasedJobRunsAgainAsOnNewDaemons) {
   }
 }
 
+// A job's first gossip request waits in its spec check for the other ranks;
+// its job is busy meanwhile, so ReleaseJob is refused as for any reduce in
+// flight. Before, the release was accepted and freed the node the request
+// went on to use (a use-after-free: it read a garbage working size).
+TEST_F(EngineGossipTest, AJobInItsSpecCheckIsBusyAndNotReleased) {
+  const GossipSpec ring{"ring", 1};
+  std::vector<std::vector<float>> xs;
+  for (int r = 0; r < kWorld; ++r) xs.push_back(Random(8 * 6, 40 + r));
+  absl::StatusOr<ReduceOutput> first;
+  std::thread checking([&] {
+    first = engines_[0]->Reduce(Input(Bytes(xs[0]), {8, 6}, 0, ring));
+  });
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (MetricValue(*metrics_[0]->collectable(), "gradcomp_jobs_active", {}) <
+         1) {
+    ASSERT_LT(absl::Now(), give_up) << "rank 0's request never took its job";
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const absl::Status released = engines_[0]->ReleaseJob("job").status();
+  EXPECT_EQ(released.code(), absl::StatusCode::kFailedPrecondition) << released;
+  std::vector<std::thread> others;
+  for (int r = 1; r < kWorld; ++r) {
+    others.emplace_back([&, r] {
+      absl::StatusOr<ReduceOutput> out =
+          engines_[r]->Reduce(Input(Bytes(xs[r]), {8, 6}, 0, ring));
+      EXPECT_TRUE(out.ok()) << "rank " << r << ": " << out.status();
+    });
+  }
+  for (std::thread& t : others) t.join();
+  checking.join();
+  EXPECT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(engines_[0]->ReleaseJob("job").ok());
+}
+
 TEST_F(EngineGossipTest, RefusesMixedModesBatchesAndBadDistances) {
   std::vector<std::vector<float>> xs;
   for (int r = 0; r < kWorld; ++r) xs.push_back(Random(6, r));
