@@ -9,6 +9,17 @@
 
 namespace gradcomp::service {
 
+float FirstMagnitudeToInf(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return 65520.0f;  // halfway from 65504 to 65536, which is even: up
+    case DType::kBFloat16:
+      return 0x1.ff0000p127f;  // halfway from 0x1.fep127 to 2^128: up
+    default:
+      return std::numeric_limits<float>::infinity();
+  }
+}
+
 std::string DTypeName(DType dtype) {
   switch (dtype) {
     case DType::kFloat32:

@@ -29,6 +29,12 @@ enum class DType : int {
 // "float32", "float16", "bfloat16", "float64", or "dtype(N)" for others.
 std::string DTypeName(DType dtype);
 
+// The smallest fp32 magnitude that EncodeFromFloat turns into +-Inf in
+// `dtype` (round to nearest even): 65520 for float16, 0x1.fep127 plus half
+// an ulp for bfloat16, Inf for float32 and float64 (fp32 holds no larger
+// finite value to convert).
+float FirstMagnitudeToInf(DType dtype);
+
 // Bytes per element; InvalidArgument naming the accepted types for
 // kUnspecified and unknown values.
 absl::StatusOr<size_t> DTypeBytes(DType dtype);

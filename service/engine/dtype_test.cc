@@ -90,6 +90,27 @@ TEST(DTypeTest, Float64BeyondFloatRangeSaturatesToInf) {
   EXPECT_EQ(out[2], 0.5f);
 }
 
+// The first magnitude that becomes Inf is that, and the float below it
+// stays finite, with either sign.
+TEST(DTypeTest, FirstMagnitudeToInfIsWhereEncodingOverflows) {
+  for (const DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    const float limit = FirstMagnitudeToInf(dtype);
+    const float below = std::nextafter(limit, 0.0f);
+    const std::vector<float> in = {limit, -limit, below, -below};
+    absl::StatusOr<std::string> data = EncodeFromFloat(dtype, in);
+    ASSERT_TRUE(data.ok()) << data.status();
+    std::vector<float> out(in.size());
+    ASSERT_TRUE(DecodeToFloat(dtype, *data, absl::MakeSpan(out)).ok());
+    EXPECT_EQ(out[0], std::numeric_limits<float>::infinity()) << limit;
+    EXPECT_EQ(out[1], -std::numeric_limits<float>::infinity()) << limit;
+    EXPECT_TRUE(std::isfinite(out[2]) && std::isfinite(out[3])) << below;
+  }
+  EXPECT_EQ(FirstMagnitudeToInf(DType::kFloat32),
+            std::numeric_limits<float>::infinity());
+  EXPECT_EQ(FirstMagnitudeToInf(DType::kFloat64),
+            std::numeric_limits<float>::infinity());
+}
+
 TEST(DTypeTest, HalfPrecisionRoundsToNearestEven) {
   // fp16's ulp above 1 is 2^-10. Below half an ulp rounds down, above half
   // rounds up (truncation would give 1), and a tie goes to the even

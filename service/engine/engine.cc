@@ -932,9 +932,12 @@ absl::StatusOr<ReduceOutput> Engine::GossipReduce(
   const ResultFloats mixed(in, grad.size(), width, &out.data);
   std::copy(grad.begin(), grad.end(), mixed.values().begin());
   const Clock::time_point t = Clock::now();
-  GC_ASSIGN_OR_RETURN(GossipStats gossip,
-                      node->Round(*collective_, {in.job, in.tensor, in.step, 0},
-                                  in.shape, mixed.values(), *state));
+  // A mix the tensor's dtype cannot hold (fp16 above 65504) fails the
+  // round, its edges kept, instead of coming back as Inf.
+  GC_ASSIGN_OR_RETURN(
+      GossipStats gossip,
+      node->Round(*collective_, {in.job, in.tensor, in.step, 0}, in.shape,
+                  mixed.values(), *state, FirstMagnitudeToInf(in.dtype)));
   stats.collective_seconds = SecondsSince(t);
   GC_RETURN_IF_ERROR(mixed.Commit());
   stats.wire_bytes = gossip.bytes_sent;

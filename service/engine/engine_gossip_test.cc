@@ -389,6 +389,46 @@ TEST_F(EngineGossipTest, AJobInItsSpecCheckIsBusyAndNotReleased) {
   EXPECT_TRUE(engines_[0]->ReleaseJob("job").ok());
 }
 
+// A mix that extrapolates (diffusion 2.7) past what fp16 holds fails the
+// round on every rank, naming fp16's largest value, and keeps the edges:
+// before, the fp32 mix was in range, so the round succeeded and fp16 gave
+// back Inf.
+TEST_F(EngineGossipTest, AMixBeyondTheTensorsDtypeFailsAndKeepsTheEdges) {
+  const GossipSpec spec{"ring", 1, 1, 2.7};
+  for (DType& dtype : dtypes_) dtype = DType::kFloat16;
+  std::vector<std::vector<float>> xs;
+  for (int r = 0; r < kWorld; ++r) xs.push_back(Random(4, 60 + r));
+  Rounds(xs, {4, 1}, spec, 0, 1);
+  std::vector<std::string> before;
+  for (int r = 0; r < kWorld; ++r) {
+    absl::StatusOr<std::string> state = engines_[r]->ExportState("job");
+    ASSERT_TRUE(state.ok()) << state.status();
+    before.push_back(*state);
+  }
+  std::vector<absl::Status> status(kWorld);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      const std::vector<float> far(4, r % 2 == 0 ? 60000.0f : -60000.0f);
+      absl::StatusOr<std::string> data = EncodeFromFloat(DType::kFloat16, far);
+      ASSERT_TRUE(data.ok()) << data.status();
+      ReduceInput in = Input(*data, {4, 1}, 1, spec);
+      in.dtype = DType::kFloat16;
+      status[r] = engines_[r]->Reduce(in).status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kInvalidArgument)
+        << "rank " << r << ": " << status[r];
+    EXPECT_THAT(std::string(status[r].message()),
+                HasSubstr("which it holds as Inf from a magnitude of 65520"));
+    absl::StatusOr<std::string> after = engines_[r]->ExportState("job");
+    ASSERT_TRUE(after.ok()) << after.status();
+    EXPECT_EQ(*after, before[r]) << "rank " << r;
+  }
+}
+
 TEST_F(EngineGossipTest, RefusesMixedModesBatchesAndBadDistances) {
   std::vector<std::vector<float>> xs;
   for (int r = 0; r < kWorld; ++r) xs.push_back(Random(6, r));

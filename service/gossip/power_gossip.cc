@@ -10,7 +10,6 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "codecs/cpu/linalg.h"
-#include "codecs/nonfinite.h"
 #include "codecs/random.h"
 #include "service/gossip/choco_gossip.h"
 #include "service/gossip/gossip_message.h"
@@ -106,19 +105,37 @@ absl::Status BadMessage(const RoundKey& key, int from,
 }
 
 // Finite inputs whose values, or differences with the neighbours', come
-// near FLT_MAX can mix to Inf (or NaN: Inf - Inf) in fp32.
+// near FLT_MAX can mix to Inf (or NaN: Inf - Inf) in fp32, and a mix that
+// extrapolates (diffusion above 1) can leave the caller's narrower range:
+// values of magnitude `out_of_range` or more, which its dtype holds as Inf.
 absl::Status MixedBeyondFloatRange(const RoundKey& key,
-                                   absl::Span<const float> x) {
-  const codecs::Nonfinite n = codecs::CountNonfinite(x);
-  if (n.count == 0) return absl::OkStatus();
+                                   absl::Span<const float> x,
+                                   float out_of_range) {
+  size_t count = 0;
+  size_t first = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::fabs(x[i]) < out_of_range) continue;  // false for NaN
+    if (count++ == 0) first = i;
+  }
+  if (count == 0) return absl::OkStatus();
+  const std::string what =
+      absl::StrCat("gossip of tensor '", key.tensor, "' step ", key.step,
+                   ": mixing with the neighbours ");
+  if (std::isinf(out_of_range)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, "overflowed float range in ", count, " values (first at index ",
+        first, ": ", x[first],
+        "); the tensor's values or their differences with the neighbours' "
+        "are too close to ",
+        std::numeric_limits<float>::max(),
+        " for fp32, so this rank does not apply the round"));
+  }
   return absl::InvalidArgumentError(absl::StrCat(
-      "gossip of tensor '", key.tensor, "' step ", key.step,
-      ": mixing with the neighbours overflowed float range in ", n.count,
-      " values (first at index ", n.first, ": ", x[n.first],
-      "); the tensor's values or their differences with the neighbours' are "
-      "too close to ",
-      std::numeric_limits<float>::max(),
-      " for fp32, so this rank does not apply the round"));
+      what, "left the range of the tensor's dtype in ", count,
+      " values (first at index ", first, ": ", x[first],
+      "), which it holds as Inf from a magnitude of ", out_of_range,
+      "; the mix extrapolates (diffusion above 1) past it, so this rank "
+      "does not apply the round"));
 }
 
 }  // namespace
@@ -290,7 +307,8 @@ absl::StatusOr<GossipStats> GossipNode::Round(Collective& collective,
   absl::MutexLock lock(&t->mu);
   GC_ASSIGN_OR_RETURN(GossipStats stats,
                       RoundOn(*t, collective, key, shape, x));
-  GC_RETURN_IF_ERROR(MixedBeyondFloatRange(key, x));
+  GC_RETURN_IF_ERROR(
+      MixedBeyondFloatRange(key, x, std::numeric_limits<float>::infinity()));
   return stats;
 }
 
@@ -298,7 +316,8 @@ absl::StatusOr<GossipStats> GossipNode::Round(Collective& collective,
                                               const RoundKey& key,
                                               absl::Span<const int64_t> shape,
                                               absl::Span<float> x,
-                                              codecs::TensorState& state) {
+                                              codecs::TensorState& state,
+                                              float out_of_range) {
   TensorGossip t;
   absl::MutexLock lock(&t.mu);
   absl::Status loaded = LoadEdges(state, shape, t);
@@ -308,7 +327,7 @@ absl::StatusOr<GossipStats> GossipNode::Round(Collective& collective,
                      "' does not fit this round: ", loaded.message()));
   }
   GC_ASSIGN_OR_RETURN(GossipStats stats, RoundOn(t, collective, key, shape, x));
-  GC_RETURN_IF_ERROR(MixedBeyondFloatRange(key, x));
+  GC_RETURN_IF_ERROR(MixedBeyondFloatRange(key, x, out_of_range));
   SaveEdges(t, state);
   return stats;
 }

@@ -41,6 +41,7 @@
 #define GRADCOMP_SERVICE_GOSSIP_POWER_GOSSIP_H_
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -164,11 +165,15 @@ class GossipNode {
   // and "gossip.choco"). FailedPrecondition when `state` holds edges that
   // do not fit the shape, rank or topology (an import from another job).
   // `state` changes only when the round succeeds: a failed exchange, or a
-  // mix beyond float range, leaves it as it was.
-  absl::StatusOr<GossipStats> Round(Collective& collective, const RoundKey& key,
-                                    absl::Span<const int64_t> shape,
-                                    absl::Span<float> x,
-                                    codecs::TensorState& state);
+  // mix beyond float range, leaves it as it was. `out_of_range` narrows
+  // that range to the caller's dtype: a mix with a value of that magnitude
+  // or more (which the dtype would hold as Inf: FirstMagnitudeToInf) fails
+  // the same way.
+  absl::StatusOr<GossipStats> Round(
+      Collective& collective, const RoundKey& key,
+      absl::Span<const int64_t> shape, absl::Span<float> x,
+      codecs::TensorState& state,
+      float out_of_range = std::numeric_limits<float>::infinity());
 
   // A copy of the factors of (tensor, neighbour); NotFound before the
   // tensor's first low-rank round.
