@@ -219,6 +219,30 @@ absl::StatusOr<GossipNode*> GossipJobs::Node(absl::string_view job,
     }
     return entry->node.get();
   }
+  // What this rank can tell alone is refused at once, not after the check
+  // has waited for every other rank: the topology and the diffusion depend
+  // only on the spec and the world size, which the handshake made the same
+  // on every rank.
+  absl::StatusOr<Topology> topology =
+      Topology::Parse(spec.topology, collective_->world_size());
+  if (!topology.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job '", job, "': gossip topology '", spec.topology, "' for ",
+        collective_->world_size(), " workers: ", topology.status().message()));
+  }
+  // A PowerGossip job's 1-D tensors gossip exactly: at its diffusion where
+  // that is stable for plain gossip, else at 1, the mixing matrix itself.
+  GossipOptions checked = options;
+  if (checked.mode == GossipOptions::Mode::kPowerGossip &&
+      checked.exact_gamma * MaxNeighbourWeightSum(*topology) >= 1) {
+    checked.exact_gamma = 1.0;
+  }
+  absl::Status rate = ValidateGossipRate(checked, *topology);
+  if (!rate.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job '", job, "': gossip.diffusion for ",
+                     collective_->world_size(), " workers: ", rate.message()));
+  }
   // The check: this rank's spec goes to every rank that has not yet sent
   // the same, each pair at its own key, all at once (one thread per pair,
   // this one for the first), so that every wait names only a rank that is
@@ -290,26 +314,6 @@ absl::StatusOr<GossipNode*> GossipJobs::Node(absl::string_view job,
                      "of the job; this rank's next request asks again only "
                      "the ranks that have not agreed): ",
                      first_failure->message()));
-  }
-  absl::StatusOr<Topology> topology =
-      Topology::Parse(spec.topology, collective_->world_size());
-  if (!topology.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job '", job, "': gossip topology '", spec.topology, "' for ",
-        collective_->world_size(), " workers: ", topology.status().message()));
-  }
-  // A PowerGossip job's 1-D tensors gossip exactly: at its diffusion where
-  // that is stable for plain gossip, else at 1, the mixing matrix itself.
-  GossipOptions checked = options;
-  if (checked.mode == GossipOptions::Mode::kPowerGossip &&
-      checked.exact_gamma * MaxNeighbourWeightSum(*topology) >= 1) {
-    checked.exact_gamma = 1.0;
-  }
-  absl::Status rate = ValidateGossipRate(checked, *topology);
-  if (!rate.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job '", job, "': gossip.diffusion for ",
-                     collective_->world_size(), " workers: ", rate.message()));
   }
   entry->node =
       std::make_unique<GossipNode>(*std::move(topology), me, checked, seed_);

@@ -311,6 +311,23 @@ TEST_F(GossipJobsTest, AJobKeepsItsModeAndSpec) {
               HasSubstr("job 'other' reduces in average mode on this daemon"));
 }
 
+// A topology or diffusion that this rank can tell is wrong alone is refused
+// at once, without waiting for the other ranks' specs (the group's deadline
+// is long: before, the typo was reported as a deadline naming the idle
+// ranks, never by name).
+TEST(GossipJobsAloneTest, ABadTopologyOrDiffusionIsRefusedWithoutTheOthers) {
+  InProcessGroup group(4, absl::Minutes(10));
+  GossipJobs rank0(&group.collective(0), 7);
+  const absl::Status typo = rank0.Node("job", {"rnig"}).status();
+  EXPECT_EQ(typo.code(), absl::StatusCode::kInvalidArgument) << typo;
+  EXPECT_THAT(typo.message(), HasSubstr("gossip topology 'rnig' for 4"));
+  GossipSpec unstable{"ring"};
+  unstable.diffusion = 1.8;  // exact gossip on a ring of 4: below 1.5
+  const absl::Status rate = rank0.Node("job", unstable).status();
+  EXPECT_EQ(rate.code(), absl::StatusCode::kInvalidArgument) << rate;
+  EXPECT_THAT(rate.message(), HasSubstr("gossip.diffusion for 4 workers"));
+}
+
 // A rank whose check gave up because another came later passes on the
 // message that rank sent when it came: the only one it sends, since it
 // passed on this rank's first message and checks no more. Every rank comes
