@@ -460,14 +460,20 @@ absl::StatusOr<std::unique_ptr<PolarCodec>> PolarCodec::Create(
     return absl::InvalidArgumentError(absl::StrFormat(
         "polar: mode must be 'planes' or 'seed'; got '%s'", mode));
   }
-  // Clamped into int range first so that CheckOptions sees huge values as
-  // out of range rather than truncated.
-  const auto narrow = [](int64_t v) {
-    return static_cast<int>(std::clamp<int64_t>(v, -1, 1 << 20));
+  // CheckOptions names each range and the value given; a value beyond int
+  // (which a cast would truncate) is beyond every range, and named here.
+  const auto narrow = [](const char* name, int64_t v) -> absl::StatusOr<int> {
+    if (v < std::numeric_limits<int>::min() ||
+        v > std::numeric_limits<int>::max()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("polar: %s is %d, far outside its range", name, v));
+    }
+    return static_cast<int>(v);
   };
-  o.magnitude_bits = narrow(magnitude_bits);
-  o.log2_block = narrow(log2_block);
-  o.draws = narrow(draws);
+  GC_ASSIGN_OR_RETURN(o.magnitude_bits,
+                      narrow("magnitude_bits", magnitude_bits));
+  GC_ASSIGN_OR_RETURN(o.log2_block, narrow("log2_block", log2_block));
+  GC_ASSIGN_OR_RETURN(o.draws, narrow("draws", draws));
   GC_RETURN_IF_ERROR(CheckOptions(o));
   return std::make_unique<PolarCodec>(o);
 }

@@ -6,6 +6,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "codecs/builtin.h"
@@ -14,6 +15,7 @@
 #include "codecs/state.h"
 #include "codecs/testing/conformance.h"
 #include "codecs/wire.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace gradcomp::codecs {
@@ -138,6 +140,24 @@ TEST(PolarCodecTest, BadParametersAreRejected) {
     EXPECT_EQ(PolarCodec::Create(CodecParams(params)).status().code(),
               absl::StatusCode::kInvalidArgument)
         << params.begin()->first;
+  }
+}
+
+// The error names the value given: it was clamped to [-1, 2^20] first,
+// so -5 read "got -1" and 5000000 "got 1048576".
+TEST(PolarCodecTest, AnOutOfRangeParameterIsNamedWithItsValue) {
+  for (const auto& [name, value, says] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"magnitude_bits", "-5", "got -5"},
+           {"magnitude_bits", "5000000", "got 5000000"},
+           {"log2_block", "1048577", "got 1048577"},
+           {"draws", "-7", "got -7"},
+           {"draws", "5000000000", "draws is 5000000000, far outside"}}) {
+    const absl::Status status =
+        PolarCodec::Create(CodecParams({{name, value}})).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr(says))
+        << name << "=" << value;
   }
 }
 
