@@ -18,8 +18,9 @@ inline void AccumulateLanes(const float* x, size_t n, float lanes[kLanes]) {
 }
 
 // Sum of x[i]^2 in double, in index order: each square is exact (48
-// significant bits) and at most about 1.2e77, so no finite input overflows
-// it. The slow path of the fp32 sums, taken only where they overflow.
+// significant bits), at most about 1.2e77 and at least about 2e-90, so no
+// finite input overflows or underflows it. The slow path of the fp32 sums,
+// taken only where they overflow or are tiny.
 double DoubleSumOfSquares(absl::Span<const float> x) {
   double total = 0;
   for (float v : x) total += static_cast<double>(v) * v;
@@ -41,8 +42,10 @@ double SumOfSquares(absl::Span<const float> x) {
     total += static_cast<double>(x[i]) * x[i];
   }
   // Not finite: x holds NaN or Inf (the double sum is then too), or an fp32
-  // lane overflowed on finite values.
-  if (!std::isfinite(total)) return DoubleSumOfSquares(x);
+  // lane overflowed on finite values. Tiny: squares may have underflowed.
+  if (!(std::isfinite(total) && total >= kTinySumOfSquares)) {
+    return DoubleSumOfSquares(x);
+  }
   return total;
 }
 
@@ -57,8 +60,12 @@ float BucketSumOfSquares(absl::Span<const float> x) {
 }
 
 float BucketNorm(absl::Span<const float> x) {
-  const float norm = std::sqrt(BucketSumOfSquares(x));
-  if (std::isfinite(norm)) return norm;
+  const float sum = BucketSumOfSquares(x);
+  if (std::isfinite(sum) && sum >= kTinySumOfSquares) return std::sqrt(sum);
+  // A bucket of zeros (common: sparse gradients) skips the slow double sum.
+  bool nonzero = false;
+  for (float v : x) nonzero |= v != 0;
+  if (!nonzero) return 0;
   return static_cast<float>(std::sqrt(DoubleSumOfSquares(x)));
 }
 

@@ -12,13 +12,23 @@
 
 namespace gradcomp::codecs {
 
+// Below this an fp32 sum of squares may have lost squares to underflow: a
+// square under FLT_MIN keeps fewer bits, and under about 7e-46 it is 0,
+// so a bucket of normal floats near 1e-25 summed to 0 and was sent as
+// zeros. There, SumOfSquares and BucketNorm take the double sum instead,
+// in which no square of a float underflows. At or above it, the squares
+// lost (each under FLT_MIN) are at most 2^-38 of the sum for 2^24 values.
+// The CUDA codecs take the host's path where their fp32 sum is below it.
+inline constexpr float kTinySumOfSquares = 0x1p-64f;
+
 // Sum of x[i]^2 in a fixed order: 8 fp32 lanes (lane j takes i = j mod 8),
 // each 256-element block's lanes folded into a double in lane order, the
 // tail added last. Fixed so that other backends can match it exactly.
 // A square of |x| above about 1.8e19 overflows an fp32 lane: where that
 // makes the sum non-finite though every x[i] is finite, it is taken again
 // in double (x[i]^2 exact, added in index order), which no finite input
-// overflows. So the sum is finite exactly when x is.
+// overflows. So the sum is finite exactly when x is. A sum below
+// kTinySumOfSquares is taken again in double too.
 double SumOfSquares(absl::Span<const float> x);
 
 // The same sum for a short bucket (at most a few thousand elements), all in
@@ -27,9 +37,10 @@ double SumOfSquares(absl::Span<const float> x);
 float BucketSumOfSquares(absl::Span<const float> x);
 
 // The L2 norm of a bucket: sqrt(BucketSumOfSquares(x)) in fp32, or, where
-// that overflows though every x[i] is finite, the square root of the double
-// sum SumOfSquares falls back to, rounded to fp32. Not finite only when x
-// holds NaN or Inf or the norm itself exceeds FLT_MAX.
+// that overflows though every x[i] is finite or is below
+// kTinySumOfSquares, the square root of the double sum SumOfSquares falls
+// back to, rounded to fp32. Not finite only when x holds NaN or Inf or the
+// norm itself exceeds FLT_MAX.
 float BucketNorm(absl::Span<const float> x);
 
 // Whether every x[i] is finite (no NaN or Inf), in one branch-free pass.

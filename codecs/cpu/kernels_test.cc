@@ -81,6 +81,26 @@ TEST(BucketNormTest, FiniteForFiniteValuesWhoseSquaresOverflowFp32) {
   EXPECT_EQ(BucketNorm(x), INFINITY);
 }
 
+// Normal floats near 1e-25 whose fp32 squares underflow to 0 (or lose
+// bits as subnormals): the sums are taken in double instead of being 0.
+TEST(SumOfSquaresTest, TinyValuesWhoseSquaresUnderflowFp32AreSummedInDouble) {
+  for (const float scale : {1e-20f, 1e-25f, 1e-30f}) {
+    std::vector<float> x = Normal(1000, 13);
+    for (float& v : x) v *= scale;
+    const double want = Reference(x);
+    ASSERT_GT(want, 0);
+    EXPECT_NEAR(SumOfSquares(x), want, 1e-12 * want) << scale;
+    const std::vector<float> bucket(x.begin(), x.begin() + 512);
+    const double bucket_norm =
+        std::sqrt(Reference(std::vector<float>(bucket.begin(), bucket.end())));
+    EXPECT_NEAR(BucketNorm(bucket), bucket_norm, 1e-6 * bucket_norm) << scale;
+  }
+  // Zeros stay zeros, of either sign.
+  EXPECT_EQ(BucketNorm(std::vector<float>(512, 0.0f)), 0.0f);
+  EXPECT_EQ(BucketNorm(std::vector<float>(512, -0.0f)), 0.0f);
+  EXPECT_EQ(SumOfSquares(std::vector<float>(1000, 0.0f)), 0.0);
+}
+
 TEST(WorkerStreamTest, SameContextSameStreamOtherRankOtherStream) {
   StepContext ctx;
   ctx.seed = 42;

@@ -224,6 +224,25 @@ TEST(QsgdCodecTest, EncodesFiniteValuesWhoseSquaresOverflowFp32) {
   for (size_t i = 0; i < q.size(); ++i) ASSERT_TRUE(std::isfinite(q[i])) << i;
 }
 
+// A bucket of normal floats near 1e-25, whose fp32 squares underflow: its
+// norm is taken in double, and the values are sent (before, the bucket's
+// norm was 0 and it went as zeros). Each value lands on a level of its own
+// bucket's norm, as at ordinary scales.
+TEST(QsgdCodecTest, EncodesTinyValuesWhoseSquaresUnderflowFp32) {
+  const auto codec = Make(4, 512);
+  std::vector<float> g = Normal(1024, 12);
+  for (float& v : g) v *= 1e-25f;
+  const std::vector<float> q = Decode(*codec, Encode(*codec, g, 0), g.size());
+  const std::vector<double> norms = Norms(g, 512);
+  size_t nonzero = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double level = norms[i / 512] / 7;  // 4 bits: 7 levels
+    ASSERT_LE(std::fabs(q[i] - g[i]), level * (1 + 1e-5)) << i;
+    nonzero += q[i] != 0;
+  }
+  EXPECT_GT(nonzero, 100u);
+}
+
 TEST(QsgdCodecTest, DecodeRejectsBadPayloadsAndLeavesAccUntouched) {
   const auto codec = Make(3, 4);
   const Bytes good = Encode(*codec, Normal(10, 4), 0);  // 3 norms, 4 bytes

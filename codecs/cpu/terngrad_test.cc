@@ -195,6 +195,24 @@ TEST(TernGradCodecTest, ClipsFiniteValuesWhoseSquaresOverflowFp32) {
   }
 }
 
+// Normal floats near 1e-25: the clip (2.5 sigma) comes from a double sum
+// of squares, not from an fp32 one that underflowed to 0 and zeroed every
+// value.
+TEST(TernGradCodecTest, ClipsTinyValuesWhoseSquaresUnderflowFp32) {
+  const auto codec = Make(512, 2.5);
+  std::vector<float> g = Normal(1024, 6);
+  for (float& v : g) v *= 1e-25f;
+  const std::vector<float> q = Decode(*codec, Encode(*codec, g), g.size());
+  const float clip = static_cast<float>(ClipOf(g, 2.5));
+  ASSERT_GT(clip, 0);
+  size_t nonzero = 0;
+  for (size_t i = 0; i < q.size(); ++i) {
+    ASSERT_TRUE(q[i] == 0 || std::fabs(q[i]) <= clip * (1 + 1e-6f)) << i;
+    nonzero += q[i] != 0;
+  }
+  EXPECT_GT(nonzero, 100u);
+}
+
 TEST(TernGradCodecTest, DecodeRejectsBadCodesScalesAndPadding) {
   const auto codec = Make(4, 0);
   // 10 values: 3 scales, 3 code bytes, the last with 4 padding bits.

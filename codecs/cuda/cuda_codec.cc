@@ -42,6 +42,10 @@
 #include "codecs/wire.h"
 
 namespace gradcomp::codecs::cuda {
+
+static_assert(kTinySumOfSquares == codecs::kTinySumOfSquares,
+              "the kernels must send to the host what the CPU sums in double");
+
 namespace {
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,

@@ -241,6 +241,24 @@ TEST_F(CudaCodecTest, QsgdOfValuesWhoseSquaresOverflowMatchesCpu) {
   ExpectSameBytes("qsgd", CodecParams({{"bucket", "512"}}), v, Context(1));
 }
 
+TEST_F(CudaCodecTest, QsgdOfTinyValuesMatchesCpu) {
+  // Normal floats near 1e-25: their fp32 squares underflow, so the CPU's
+  // BucketNorm sums such a bucket in double (kTinySumOfSquares), and the
+  // GPU twin encodes the tensor on the host. A bucket of zeros stays on the
+  // GPU, and a tiny bucket beside ordinary ones is found by both kernels
+  // (bucket 512: the one-pass kernel; 100: the two-pass one).
+  std::vector<float> tiny = Normal(4099, 9, 1e-25f);
+  std::vector<float> mixed = Normal(4099, 10, 1.0f);
+  for (size_t i = 1024; i < 1536; ++i) mixed[i] = tiny[i];
+  for (size_t i = 2048; i < 2560; ++i) mixed[i] = 0.0f;
+  for (const char* bucket : {"512", "100"}) {
+    for (const std::vector<float>* v : {&tiny, &mixed}) {
+      ExpectSameBytes("qsgd", CodecParams({{"bucket", bucket}}), *v,
+                      Context(1));
+    }
+  }
+}
+
 TEST_F(CudaCodecTest, NonFiniteInputIsInvalidArgument) {
   std::vector<float> v = Normal(3000, 5, 1.0f);
   v[1500] = std::numeric_limits<float>::quiet_NaN();

@@ -45,9 +45,16 @@ cudaError_t LaunchInt8Encode(const float* x, size_t n, size_t bucket,
                              uint8_t* codes, int* nonfinite,
                              cudaStream_t stream);
 
+// codecs/cpu/kernels.h kTinySumOfSquares (cuda_codec.cc checks they are
+// equal): below it the CPU takes a bucket's sum of squares in double.
+inline constexpr float kTinySumOfSquares = 0x1p-64f;
+
 // The qsgd body (codecs/cpu/qsgd.h): ceil(n / bucket) fp32 norms at `norms`,
 // then ceil(n * bits / 8) bytes of packed codes at `codes`. Sets *nonfinite
-// to 1 if a bucket's norm is not finite. Buckets of 256..2048 values that
+// to 1 if a bucket's norm is not finite, or if its fp32 sum of squares is
+// below kTinySumOfSquares while a value is not zero (the squares may have
+// underflowed; the CPU's BucketNorm sums those in double): the caller then
+// encodes on the host. Buckets of 256..2048 values that
 // are a multiple of 256 (the default 512 is) take a one-pass kernel; other
 // sizes read x twice (norms, then codes).
 cudaError_t LaunchQsgdEncode(const float* x, size_t n, size_t bucket, int bits,

@@ -33,23 +33,30 @@ __global__ void QsgdNormKernel(const float* __restrict__ x, size_t n,
     const size_t len = live ? (b0 + bucket < n ? bucket : n - b0) : 0;
     const size_t laned = len - len % kLanes;
     float sum = 0;
+    int nonzero = 0;
     for (size_t i = lane; i < laned; i += kLanes) {
       const float v = x[b0 + i];
       sum = __fadd_rn(sum, __fmul_rn(v, v));
+      nonzero |= v != 0;
     }
     // Lanes fold in order 0..7, then the tail, as on the CPU.
     float total = 0;
     for (int j = 0; j < kLanes; ++j) {
       total = __fadd_rn(total, __shfl_sync(0xFFFFFFFFu, sum, j, kLanes));
+      nonzero |= __shfl_sync(0xFFFFFFFFu, nonzero, j, kLanes);
     }
     if (!live || lane != 0) continue;
     for (size_t i = laned; i < len; ++i) {
       const float v = x[b0 + i];
       total = __fadd_rn(total, __fmul_rn(v, v));
+      nonzero |= v != 0;
     }
     float norm = __fsqrt_rn(total);
     const float scale = __fdiv_rn(levels, norm);
-    if (!isfinite(norm)) atomicOr(nonfinite, 1);
+    // Not finite, or tiny where the CPU sums in double: the host encodes.
+    if (!isfinite(norm) || (total < kTinySumOfSquares && nonzero)) {
+      atomicOr(nonfinite, 1);
+    }
     if (!isfinite(scale) || !isfinite(norm)) norm = 0;
     norms[b] = norm;
   }
@@ -120,6 +127,11 @@ __global__ void __launch_bounds__(kGroupThreads, 8)
   __shared__ __align__(16) float squares[kTile + kMaxTileBuckets * kPad];
   __shared__ float lane_sums[kMaxTileBuckets * kLanes];
   __shared__ float bucket_scale[kMaxTileBuckets];
+  // Whether a bucket holds a value other than zero: a tiny sum of squares
+  // then sends it to the host (LaunchQsgdEncode).
+  __shared__ int bucket_nonzero[kMaxTileBuckets];
+  if (threadIdx.x < kMaxTileBuckets) bucket_nonzero[threadIdx.x] = 0;
+  __syncthreads();
   const int levels = (1 << (bits - 1)) - 1;
   const uint32_t per_tile = kTile / bucket;
   const size_t first_bucket = static_cast<size_t>(blockIdx.x) * per_tile;
@@ -131,8 +143,13 @@ __global__ void __launch_bounds__(kGroupThreads, 8)
   LoadGroup(x, i0, count, aligned, v);
   if (count > 0) {
     float s[kGroup];
-    for (int j = 0; j < kGroup; ++j) s[j] = __fmul_rn(v[j], v[j]);
+    int nonzero = 0;
+    for (int j = 0; j < kGroup; ++j) {
+      s[j] = __fmul_rn(v[j], v[j]);
+      nonzero |= j < count && v[j] != 0;
+    }
     StoreGroup(squares + local + local / bucket * kPad, 0, kGroup, true, s);
+    if (nonzero) bucket_nonzero[local / bucket] = 1;
   }
   __syncthreads();
   // codecs/cpu/kernels.cc BucketSumOfSquares: lane j sums values j, j + 8,
@@ -163,7 +180,10 @@ __global__ void __launch_bounds__(kGroupThreads, 8)
     }
     float norm = __fsqrt_rn(total);
     float scale = __fdiv_rn(static_cast<float>(levels), norm);
-    if (!isfinite(norm)) atomicOr(nonfinite, 1);
+    // Not finite, or tiny where the CPU sums in double: the host encodes.
+    if (!isfinite(norm) || (total < kTinySumOfSquares && bucket_nonzero[q])) {
+      atomicOr(nonfinite, 1);
+    }
     if (!isfinite(scale) || !isfinite(norm)) norm = scale = 0;
     norms[b] = norm;
     bucket_scale[q] = scale;

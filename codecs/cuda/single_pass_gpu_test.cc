@@ -203,6 +203,13 @@ TEST_F(SinglePassGpuTest, SpecialValuesMatchCpu) {
   }
 }
 
+TEST_F(SinglePassGpuTest, TinyValuesWhoseSquaresUnderflowMatchCpu) {
+  // Normal floats near 1e-25: terngrad's clip comes from a double sum of
+  // squares on the CPU (kTinySumOfSquares), and from the host's on the GPU.
+  const std::vector<float> tiny = Normal(1024, 12, 1e-25f);
+  for (const Config& c : Configs()) ExpectSameSteps(c, {tiny, tiny}, 1);
+}
+
 TEST_F(SinglePassGpuTest, ValuesWhoseSquaresOverflowMatchCpu) {
   // Finite values whose squares overflow an fp32 lane of SumOfSquares
   // (terngrad's clip falls back to a double sum), and whose sums with the
