@@ -567,6 +567,7 @@ absl::Status Run(const std::set<std::string>& named_flags) {
       if (peers_status.ok()) {
         std::fprintf(stderr, "gradcompd: rank %d: all %d peers connected\n",
                      rank, world_size - 1);
+        peer_metrics.EndStarting();
         set_serving(true);
       } else {
         kill(getpid(), SIGTERM);

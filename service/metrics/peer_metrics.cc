@@ -63,6 +63,13 @@ PeerMetrics::PeerMetrics(int rank, int world_size,
                           "handshaken with.")
                     .Register(*registry_)
                     .Add({})),
+      peers_starting_(prometheus::BuildGauge()
+                          .Name("gradcomp_peers_starting")
+                          .Help("1 while the daemon waits for its peers at "
+                                "start-up (it exits if they do not come in "
+                                "time), then 0.")
+                          .Register(*registry_)
+                          .Add({})),
       sent_(world_size, nullptr),
       received_(world_size, nullptr),
       checksum_failures_(world_size, nullptr),
@@ -74,6 +81,7 @@ PeerMetrics::PeerMetrics(int rank, int world_size,
       .Register(*registry_)
       .Add({})
       .Set(world_size - 1);
+  peers_starting_.Set(world_size > 1 ? 1 : 0);
   auto& bytes = prometheus::BuildCounter()
                     .Name("gradcomp_peer_bytes_total")
                     .Help("Message bytes exchanged with each peer.")
@@ -154,6 +162,8 @@ std::vector<double> PeerMetrics::StalledSeconds() const {
 }
 
 void PeerMetrics::SetPeersUp(int peers) { peers_up_.Set(peers); }
+
+void PeerMetrics::EndStarting() { peers_starting_.Set(0); }
 
 void PeerMetrics::CountDropped(absl::string_view reason) {
   dropped_.Add({{"reason", std::string(reason)}}).Increment();

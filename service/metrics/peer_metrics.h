@@ -55,8 +55,15 @@ class PeerMetrics {
   // the later of the first of them and the last message from `peer`.
   void AddWaiting(int peer, int delta);
   void SetPeersUp(int peers);
+  // gradcomp_peers_starting: 1 from the start (with peers) until the
+  // daemon's start-up wait for them ends, when it is set to 0. Missing
+  // peers are expected meanwhile (a daemon that does not meet them in
+  // time exits), so the peer-down alert leaves those daemons out.
+  void EndStarting();
   // A message not handed to any collective: "stale" (an older step),
-  // "expired" (unclaimed for too long), "overflow" (buffer full).
+  // "expired" (unclaimed for too long, or queued to a peer past its
+  // deadline), "overflow" (buffer full), "withdrawn" (queued when its own
+  // collective failed here).
   void CountDropped(absl::string_view reason);
   // A message from `peer` failed its checksum.
   void CountChecksumFailure(int peer);
@@ -85,6 +92,7 @@ class PeerMetrics {
   std::array<prometheus::Histogram*, 4> collective_;
   prometheus::Family<prometheus::Counter>& dropped_;
   prometheus::Gauge& peers_up_;
+  prometheus::Gauge& peers_starting_;
   // Indexed by rank; this rank's entries stay null.
   std::vector<prometheus::Counter*> sent_;
   std::vector<prometheus::Counter*> received_;

@@ -22,6 +22,15 @@ TEST(PeerMetricsTest, EveryOtherRankHasSeriesFromTheStart) {
             0);
 }
 
+TEST(PeerMetricsTest, StartingUntilTheStartUpWaitEndsOnlyWithPeers) {
+  PeerMetrics peered(/*rank=*/0, /*world_size=*/3);
+  EXPECT_EQ(MetricValue(*peered.collectable(), "gradcomp_peers_starting"), 1);
+  peered.EndStarting();
+  EXPECT_EQ(MetricValue(*peered.collectable(), "gradcomp_peers_starting"), 0);
+  PeerMetrics alone(/*rank=*/0, /*world_size=*/1);
+  EXPECT_EQ(MetricValue(*alone.collectable(), "gradcomp_peers_starting"), 0);
+}
+
 TEST(PeerMetricsTest, StallCountsFromFirstWaitOrLastMessageWhileWaiting) {
   absl::Time now = absl::UnixEpoch();
   PeerMetrics metrics(/*rank=*/0, /*world_size=*/3, [&now] { return now; });
