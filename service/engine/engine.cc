@@ -365,15 +365,14 @@ absl::StatusOr<std::shared_ptr<const BatchSpec>> Engine::ResolveBatch(
   if (in.batch == nullptr) return nullptr;
   const BatchSpec& batch = *in.batch;
   GC_RETURN_IF_ERROR(CheckBatchMember(batch, in.tensor));
-  // With a declared tensor list, every member must be declared with this
-  // tensor's dtype and shape: a batch is of same-shape tensors.
+  // With a declared tensor list, every member must be in it. Members may
+  // have any shapes (a bucket's tensors): each member's own request checks
+  // its dtype and shape against its declaration.
   for (const std::string& member : batch.members) {
-    absl::Status declared = declared_.Check(in.job, member, in.dtype, in.shape);
-    if (!declared.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("batch '", batch.id, "' member '", member,
-                       "' cannot be batched with '", in.tensor, "' (shape ",
-                       ShapeString(in.shape), "): ", declared.message()));
+    absl::Status listed = declared_.CheckListed(in.job, member);
+    if (!listed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch '", batch.id, "' member '", member, "': ", listed.message()));
     }
   }
   // One worker has no collective to save; its small stream pool could not

@@ -189,27 +189,55 @@ TEST_F(EngineBatchTest,
   EXPECT_EQ(counting_[0]->runs(), 0);
 }
 
-TEST_F(EngineBatchTest, MembersOfADeclaredJobMustBeDeclaredWithTheSameShape) {
+// With a declared tensor list, a batch's members must be in it, whatever
+// their shapes (a bucket's tensors differ): a batch of two declared
+// tensors of different shapes reduces on every rank, and one naming an
+// undeclared tensor is refused before any collective. Before, members had
+// to be declared with the requesting tensor's shape, and the error gave
+// the other member's shape as the requesting tensor's.
+TEST_F(EngineBatchTest, MembersOfADeclaredJobMustBeDeclaredInAnyShape) {
+  const std::vector<std::vector<int64_t>> shapes = {{kRows, kCols},
+                                                    {kCols / 2, kRows}};
   std::vector<std::thread> threads;
   for (int r = 0; r < kWorld; ++r) {
     threads.emplace_back([&, r] {
       absl::StatusOr<std::string> hash = engines_[r]->DeclareTensors(
           "job", 0,
-          {{names_[0], DType::kFloat32, {kRows, kCols}},
-           {names_[1], DType::kFloat32, {kCols, kRows}}});
+          {{names_[0], DType::kFloat32, shapes[0]},
+           {names_[1], DType::kFloat32, shapes[1]}});
       ASSERT_TRUE(hash.ok()) << hash.status();
     });
   }
   for (std::thread& t : threads) t.join();
   const std::string data = Gradient(0, 0, 0);
-  ReduceInput in = Input("job", 0, 0, data, true);
-  in.batch = Batch({names_[0], names_[1]});
-  absl::StatusOr<ReduceOutput> out = engines_[0]->Reduce(in);
-  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(out.status().message(),
-              HasSubstr("member 'layer1.weight' cannot be batched with "
-                        "'layer0.weight' (shape [24,16])"));
+  ReduceInput undeclared = Input("job", 0, 0, data, true);
+  undeclared.batch = Batch({names_[0], names_[2]});
+  absl::StatusOr<ReduceOutput> refused = engines_[0]->Reduce(undeclared);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("batch 'bucket0' member 'layer2.weight': tensor "
+                        "'layer2.weight' is not in job 'job''s declared list"));
   EXPECT_EQ(counting_[0]->runs(), 0);
+
+  threads.clear();
+  std::vector<absl::Status> status(kWorld * 2);
+  for (int r = 0; r < kWorld; ++r) {
+    for (int m = 0; m < 2; ++m) {
+      threads.emplace_back([&, r, m] {
+        // Member 1 is half member 0's size: the first half of its bytes.
+        const std::string bytes = Gradient(r, m, 1).substr(
+            0,
+            static_cast<size_t>(shapes[m][0] * shapes[m][1]) * sizeof(float));
+        ReduceInput in = Input("job", m, 1, bytes, false);
+        in.shape = shapes[m];
+        in.codec = CodecSpec{"topk", {{"ratio", "0.1"}}};
+        in.batch = Batch({names_[0], names_[1]});
+        status[r * 2 + m] = engines_[r]->Reduce(in).status();
+      });
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : status) EXPECT_TRUE(s.ok()) << s;
 }
 
 // A member that fails on rank 0 (NaN input, refused before its rounds)

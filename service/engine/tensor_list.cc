@@ -163,6 +163,29 @@ void DeclaredTensors::Erase(absl::string_view job) {
   lists_.erase(job);
 }
 
+namespace {
+
+absl::Status NotListed(absl::string_view job, absl::string_view name,
+                       const TensorList& list) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("tensor '", name, "' is not in job '", job,
+                   "''s declared list of ", list.size(),
+                   " tensors, expected a declared name (declare the list "
+                   "again to change it)"));
+}
+
+}  // namespace
+
+absl::Status DeclaredTensors::CheckListed(absl::string_view job,
+                                          absl::string_view name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = lists_.find(job);
+  if (it == lists_.end() || it->second.Find(name) != nullptr) {
+    return absl::OkStatus();
+  }
+  return NotListed(job, name, it->second);
+}
+
 absl::Status DeclaredTensors::Check(absl::string_view job,
                                     absl::string_view name, DType dtype,
                                     absl::Span<const int64_t> shape) const {
@@ -170,13 +193,7 @@ absl::Status DeclaredTensors::Check(absl::string_view job,
   auto it = lists_.find(job);
   if (it == lists_.end()) return absl::OkStatus();
   const TensorDecl* decl = it->second.Find(name);
-  if (decl == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor '", name, "' is not in job '", job,
-                     "''s declared list of ", it->second.size(),
-                     " tensors, expected a declared name (declare the "
-                     "list again to change it)"));
-  }
+  if (decl == nullptr) return NotListed(job, name, it->second);
   if (decl->dtype != dtype ||
       !std::equal(shape.begin(), shape.end(), decl->shape.begin(),
                   decl->shape.end())) {

@@ -83,6 +83,11 @@ class DeclaredTensors {
   absl::Status Check(absl::string_view job, absl::string_view name, DType dtype,
                      absl::Span<const int64_t> shape) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Check of the name alone: OK for a job without a list, or when `name`
+  // is in it, whatever its dtype and shape (a batch member's own request
+  // checks those).
+  absl::Status CheckListed(absl::string_view job, absl::string_view name) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   mutable absl::Mutex mu_;
