@@ -12,6 +12,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -276,13 +277,30 @@ absl::Status Engine::ImportState(absl::string_view job,
         // left out: this daemon would neither use nor count them.
         std::vector<codecs::StateStore::ImportedSize> sizes;
         absl::flat_hash_map<absl::string_view, size_t> index;
+        absl::flat_hash_set<absl::string_view> imported;
         for (auto& [name, bytes, skip] : entries) {
           skip = !UsedAtWorldSize(name, collective_->world_size());
           if (skip) continue;
+          imported.insert(name);
           const absl::string_view owner = StateOwner(name);
           const auto [at, added] = index.try_emplace(owner, sizes.size());
           if (added) sizes.push_back({std::string(owner), 0});
           sizes[at->second].bytes += bytes;
+        }
+        // The entries of a tensor that the blob does not replace (its
+        // slices when the blob has only its own state) stay in the store,
+        // and count with it, as RecordState counts them; left out, they
+        // went uncounted until the tensor's next reduce.
+        for (codecs::StateStore::ImportedSize& size : sizes) {
+          std::vector<std::string> kept;
+          for (std::string& name :
+               collective_->world_size() > 1
+                   ? ShardedStateNames(size.tensor, collective_->world_size())
+                   : std::vector<std::string>()) {
+            if (!imported.contains(name)) kept.push_back(std::move(name));
+          }
+          if (!imported.contains(size.tensor)) kept.push_back(size.tensor);
+          size.bytes += store_->ByteSizeOf(job, kept);
         }
         GC_ASSIGN_OR_RETURN(JobQuotas::Ticket admitted,
                             quotas_.AdmitImport(job, sizes, [&](int64_t delta) {

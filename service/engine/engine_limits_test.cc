@@ -325,6 +325,26 @@ TEST(EngineShardedLimitsTest, ShardedStateCountsAgainstTheBudget) {
     ASSERT_TRUE(engines[r]->SetPolicy(allgather).ok());
   }
   reduce_on_every_rank(2);
+  // A blob of the tensor's own state alone (as an allgather job exports
+  // it), imported over this one: the slice entries it does not replace
+  // stay in the store, and in the count. Before, the import's count was
+  // the blob's alone, the slices' bytes held uncounted until the next
+  // reduce of 'w'.
+  {
+    codecs::StateStore scratch;
+    scratch.Acquire("x", "w", {64, 64}, static_cast<int>(DType::kFloat32))
+        ->Buffer("ef.residual", 64 * 64);
+    absl::StatusOr<std::string> own = scratch.Export("x");
+    ASSERT_TRUE(own.ok()) << own.status();
+    ASSERT_TRUE(engines[0]->ImportState("job", *own).ok());
+    absl::StatusOr<std::string> now = engines[0]->ExportState("job");
+    ASSERT_TRUE(now.ok()) << now.status();
+    ASSERT_THAT(*now, HasSubstr("w#slice1"));
+    EXPECT_EQ(
+        MetricValue(*metrics[0]->collectable(),
+                    "gradcomp_memory_budget_in_use_bytes", {}),
+        MetricValue(*metrics[0]->collectable(), "gradcomp_state_bytes", {}));
+  }
   for (int r = 0; r < kWorld; ++r) {
     const double state =
         MetricValue(*metrics[r]->collectable(), "gradcomp_state_bytes", {});
