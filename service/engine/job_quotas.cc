@@ -11,11 +11,11 @@ namespace gradcomp::service {
 JobQuotas::Ticket::Ticket(Ticket&& other) noexcept
     : quotas_(std::exchange(other.quotas_, nullptr)),
       job_(std::exchange(other.job_, nullptr)),
-      new_tensor_(std::move(other.new_tensor_)),
+      tensor_(std::move(other.tensor_)),
       import_(other.import_) {}
 
 JobQuotas::Ticket::~Ticket() {
-  if (quotas_ != nullptr) quotas_->Leave(job_, new_tensor_, import_);
+  if (quotas_ != nullptr) quotas_->Leave(job_, tensor_, import_);
 }
 
 bool JobQuotas::NoImportInFlight(const JobName* name) {
@@ -77,29 +77,34 @@ absl::StatusOr<JobQuotas::Ticket> JobQuotas::Admit(absl::string_view job,
     it->second.name = it->first;
   }
   Job& entry = it->second;
-  if (!new_tensor) return EnterLocked(&entry);
-  entry.tensors.try_emplace(tensor);
+  ++entry.tensors[tensor].tickets;
   return EnterLocked(&entry, std::string(tensor));
 }
 
-JobQuotas::Ticket JobQuotas::EnterLocked(Job* job, std::string new_tensor,
+JobQuotas::Ticket JobQuotas::EnterLocked(Job* job, std::string tensor,
                                          bool import) {
   if (job->in_flight++ == 0) ++active_jobs_;
   if (import) ++job->importing;
   PublishLocked();
-  return Ticket(this, job, std::move(new_tensor), import);
+  return Ticket(this, job, std::move(tensor), import);
 }
 
 void JobQuotas::PublishLocked() {
   if (metrics_ != nullptr) metrics_->SetJobs(jobs_.size(), active_jobs_);
 }
 
-void JobQuotas::Leave(Job* job, const std::string& new_tensor, bool import) {
+void JobQuotas::Leave(Job* job, const std::string& tensor, bool import) {
   absl::MutexLock lock(&mu_);
   if (import) --job->importing;
-  if (!new_tensor.empty()) {
-    auto t = job->tensors.find(new_tensor);
-    if (t != job->tensors.end() && !t->second.recorded) job->tensors.erase(t);
+  if (!tensor.empty()) {
+    // A tensor none of whose reduces recorded its state gives its slot
+    // back when the last of them ends (not the first: another reduce of it
+    // still in flight would record it later, one over the quota).
+    auto t = job->tensors.find(tensor);
+    if (t != job->tensors.end() && --t->second.tickets == 0 &&
+        !t->second.recorded) {
+      job->tensors.erase(t);
+    }
   }
   if (--job->in_flight == 0) {
     --active_jobs_;
@@ -116,8 +121,7 @@ int64_t JobQuotas::RecordState(absl::string_view job, absl::string_view tensor,
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job);
   if (it == jobs_.end()) return 0;
-  // Present unless the ticket that added it gave it back while this
-  // reduce, admitted when it was there, still ran.
+  // Present: the recording reduce's own ticket keeps it.
   Tensor& t = it->second.tensors[tensor];
   const int64_t delta =
       static_cast<int64_t>(bytes) - static_cast<int64_t>(t.state_bytes);
@@ -180,7 +184,9 @@ absl::StatusOr<JobQuotas::Ticket> JobQuotas::AdmitImport(
   std::move(forget).Cancel();
   Job& entry = it->second;
   for (const codecs::StateStore::ImportedSize& size : sizes) {
-    entry.tensors[size.tensor] = Tensor{size.bytes, /*recorded=*/true};
+    Tensor& t = entry.tensors[size.tensor];
+    t.state_bytes = size.bytes;
+    t.recorded = true;
   }
   entry.state_bytes = state_bytes;
   return EnterLocked(&entry, "", /*import=*/true);

@@ -52,8 +52,9 @@ class JobQuotas {
     uint64_t state_bytes = 0;
     // Set once a reduce recorded its state (or an import brought it): a
     // tensor new to the job whose first reduces all failed before that
-    // gives its slot back.
+    // gives its slot back, once the last of them has ended.
     bool recorded = false;
+    uint64_t tickets = 0;  // reduces of it in flight
   };
   struct Job {
     std::string_view name;   // its key in jobs_ (a node_hash_map: stable)
@@ -74,16 +75,16 @@ class JobQuotas {
 
    private:
     friend class JobQuotas;
-    Ticket(JobQuotas* quotas, Job* job, std::string new_tensor, bool import)
+    Ticket(JobQuotas* quotas, Job* job, std::string tensor, bool import)
         : quotas_(quotas),
           job_(job),
-          new_tensor_(std::move(new_tensor)),
+          tensor_(std::move(tensor)),
           import_(import) {}
 
     JobQuotas* quotas_;
     Job* job_;
-    // The tensor this ticket's Admit added to the job (empty: none).
-    std::string new_tensor_;
+    // The tensor this ticket's Admit reduces (empty: an import's).
+    std::string tensor_;
     bool import_;  // AdmitImport's
   };
 
@@ -134,9 +135,9 @@ class JobQuotas {
 
  private:
   // One more reduce or import of `job` is in flight.
-  Ticket EnterLocked(Job* job, std::string new_tensor = "", bool import = false)
+  Ticket EnterLocked(Job* job, std::string tensor = "", bool import = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Leave(Job* job, const std::string& new_tensor, bool import)
+  void Leave(Job* job, const std::string& tensor, bool import)
       ABSL_LOCKS_EXCLUDED(mu_);
   // For Admit's wait: no import into the job is in flight.
   struct JobName {

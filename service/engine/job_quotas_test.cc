@@ -202,6 +202,31 @@ TEST(JobQuotasTest, ANewTensorThatRecordedNothingGivesItsSlotBack) {
   EXPECT_EQ(quotas.RecordState("job", "a", 40), -60);
 }
 
+// A new tensor's first reduce fails while a second reduce of it still runs:
+// the tensor keeps its slot until that one ends too. Before, the first
+// gave it back at once, a third tensor took it, and the second's record
+// then made the job one over its quota.
+TEST(JobQuotasTest, ANewTensorKeepsItsSlotWhileAnyReduceOfItRuns) {
+  Metrics metrics(nullptr, "test");
+  JobQuotaOptions options;
+  options.max_tensors_per_job = 2;
+  JobQuotas quotas(options, &metrics);
+  absl::StatusOr<JobQuotas::Ticket> first = quotas.Admit("job", "a");
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<JobQuotas::Ticket> second = quotas.Admit("job", "a");
+  ASSERT_TRUE(second.ok()) << second.status();
+  { JobQuotas::Ticket failed = *std::move(first); }
+  absl::StatusOr<JobQuotas::Ticket> b = quotas.Admit("job", "b");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(quotas.Admit("job", "c").status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(quotas.RecordState("job", "a", 10), 10);
+  // Once every reduce of a tensor that recorded nothing has ended, it goes.
+  { JobQuotas::Ticket failed = *std::move(b); }
+  { JobQuotas::Ticket done = *std::move(second); }
+  EXPECT_TRUE(quotas.Admit("job", "c").ok());
+}
+
 // A job none of whose reduces recorded a tensor (each refused, say for a
 // NaN, before its codec state) is not held once they end; one that
 // recorded a tensor, even with no state (a stateless codec), still is.
