@@ -80,6 +80,14 @@ void Mailbox::EraseLocked(absl::node_hash_map<MessageKey, Slot>::iterator it) {
   slots_.erase(it);
 }
 
+uint64_t Mailbox::SlotBytes(const MessageKey& key) const {
+  // The node (key and slot) and its by-rank vector; a rough count, so that
+  // slots of empty messages fill the cap too.
+  return sizeof(MessageKey) + sizeof(Slot) + key.job.size() +
+         key.tensor.size() +
+         world_size_ * sizeof(std::optional<codecs::Bytes>) + 64;
+}
+
 Mailbox::Slot* Mailbox::ArrivalSlotLocked(const MessageKey& key,
                                           absl::Time now) {
   auto current = current_step_.find(TensorKey(key.job, key.tensor));
@@ -87,7 +95,20 @@ Mailbox::Slot* Mailbox::ArrivalSlotLocked(const MessageKey& key,
     CountDropped("stale");
     return nullptr;
   }
-  return &SlotLocked(key, now);
+  if (auto it = slots_.find(key); it != slots_.end()) return &it->second;
+  // A new slot, unclaimed: it counts against the cap with its key, so that
+  // a peer sending empty messages under ever new names (or news of corrupt
+  // ones) cannot hold memory beyond it. One that does not fit is dropped
+  // without a slot: its collective, if any comes, waits for its deadline.
+  const uint64_t bytes = SlotBytes(key);
+  if (unclaimed_bytes_ + bytes > options_.max_unclaimed_bytes) {
+    CountDropped("overflow");
+    return nullptr;
+  }
+  Slot& slot = SlotLocked(key, now);
+  slot.bytes = bytes;
+  unclaimed_bytes_ += bytes;
+  return &slot;
 }
 
 Mailbox::Slot& Mailbox::SlotLocked(const MessageKey& key, absl::Time now) {

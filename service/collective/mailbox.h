@@ -30,8 +30,10 @@
 namespace gradcomp::service {
 
 struct MailboxOptions {
-  // Bytes of messages that arrived before their local call; one more is
-  // dropped (and its collective fails with ResourceExhausted).
+  // Bytes of messages that arrived before their local call, with their
+  // keys (a slot per key counts a few hundred bytes even when the message
+  // is empty); one more is dropped (and its collective fails with
+  // ResourceExhausted, or, when not even its key fits, at its deadline).
   uint64_t max_unclaimed_bytes = uint64_t{1} << 30;
   // An unclaimed message older than this is freed.
   absl::Duration unclaimed_ttl = absl::Minutes(5);
@@ -85,7 +87,13 @@ class Mailbox : public Receiver {
       const std::function<std::string(int)>& peer_name)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Bytes held for messages no call has collected yet, with their slots'
+  // SlotBytes.
   uint64_t unclaimed_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
+  // What the slot of an early message for `key` counts against
+  // max_unclaimed_bytes besides the message: its node, names and by-rank
+  // entries.
+  uint64_t SlotBytes(const MessageKey& key) const;
 
  private:
   struct Slot {
@@ -114,8 +122,9 @@ class Mailbox : public Receiver {
   Slot& SlotLocked(const MessageKey& key, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The slot that an arriving message (or the news of a corrupt one) for
-  // `key` goes to (SlotLocked); null, counted as dropped, for a step older
-  // than the tensor's current one.
+  // `key` goes to (SlotLocked, counting a new one's SlotBytes); null,
+  // counted as dropped, for a step older than the tensor's current one, or
+  // when a new slot would not fit under max_unclaimed_bytes.
   Slot* ArrivalSlotLocked(const MessageKey& key, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rank `from` sent `key`: a Collect of the same (job, tensor, step,

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "service/metrics/metrics_testing.h"
@@ -26,11 +27,12 @@ TEST(MailboxTest, MessagesThatCameFirstWaitForTheLocalCall) {
   mailbox.OnMessage(2, Key(5), "from2");
   mailbox.OnMessage(1, Key(5), "from1");
   mailbox.OnMessage(1, Key(6), "later step");
-  EXPECT_EQ(mailbox.unclaimed_bytes(), 5u + 5u + 10u);
+  const uint64_t slot = mailbox.SlotBytes(Key(5));
+  EXPECT_EQ(mailbox.unclaimed_bytes(), 2 * slot + 5u + 5u + 10u);
   auto got = mailbox.Collect(Key(5), {1, 2}, absl::InfiniteFuture(), Name);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_THAT(*got, ::testing::ElementsAre("", "from1", "from2"));
-  EXPECT_EQ(mailbox.unclaimed_bytes(), 10u);
+  EXPECT_EQ(mailbox.unclaimed_bytes(), slot + 10u);
 }
 
 TEST(MailboxTest, CollectWaitsForMessagesThatComeLater) {
@@ -250,10 +252,11 @@ TEST(MailboxTest, ALaterLocalStepFreesAndRefusesOlderSteps) {
   mailbox.OnMessage(1, Key(1), "abandoned");
   mailbox.OnMessage(1, Key(1, "other"), "kept");
   mailbox.BeginStep("job", "w", 2);
-  EXPECT_EQ(mailbox.unclaimed_bytes(), 4u);
+  const uint64_t kept = mailbox.SlotBytes(Key(1, "other")) + 4;
+  EXPECT_EQ(mailbox.unclaimed_bytes(), kept);
   mailbox.OnMessage(1, Key(1), "too late");
   mailbox.OnCorruptMessage(1, Key(1), absl::DataLossError("damaged"));
-  EXPECT_EQ(mailbox.unclaimed_bytes(), 4u);
+  EXPECT_EQ(mailbox.unclaimed_bytes(), kept);
   EXPECT_EQ(MetricValue(*metrics.collectable(),
                         "gradcomp_peer_messages_dropped_total",
                         {{"reason", "stale"}}),
@@ -283,9 +286,11 @@ TEST(MailboxTest, ForgetJobForgetsItsStepsAndFreesItsMessages) {
     absl::SleepFor(absl::Milliseconds(1));
   }
   mailbox.ForgetJob("job");
-  EXPECT_EQ(mailbox.unclaimed_bytes(), 4u);
+  const uint64_t kept =
+      mailbox.SlotBytes(MessageKey{"job2", "w", 8, 0, Phase::kGather}) + 4;
+  EXPECT_EQ(mailbox.unclaimed_bytes(), kept);
   mailbox.OnMessage(1, Key(0), "new run");  // before: stale, dropped
-  EXPECT_EQ(mailbox.unclaimed_bytes(), 4u + 7u);
+  EXPECT_EQ(mailbox.unclaimed_bytes(), kept + mailbox.SlotBytes(Key(0)) + 7);
   mailbox.OnMessage(1, Key(9), "done");
   waiter.join();
   mailbox.BeginStep("job", "w", 0);
@@ -295,18 +300,46 @@ TEST(MailboxTest, ForgetJobForgetsItsStepsAndFreesItsMessages) {
 }
 
 TEST(MailboxTest, EarlyMessagesOverTheCapFailTheirCollective) {
+  const uint64_t slot = Mailbox(2, {}, nullptr).SlotBytes(Key(0, "a"));
   MailboxOptions options;
-  options.max_unclaimed_bytes = 8;
+  options.max_unclaimed_bytes = 2 * slot + 8;
   Mailbox mailbox(2, options, nullptr);
   mailbox.OnMessage(1, Key(0, "a"), "12345");
   mailbox.OnMessage(1, Key(0, "b"), "67890");  // 10 > 8: dropped
-  EXPECT_EQ(mailbox.unclaimed_bytes(), 5u);
+  EXPECT_EQ(mailbox.unclaimed_bytes(), 2 * slot + 5);
   auto got = mailbox.Collect(Key(0, "b"), {1}, absl::InfiniteFuture(), Name);
   ASSERT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(got.status().message(), HasSubstr("rank 1"));
   EXPECT_TRUE(
       mailbox.Collect(Key(0, "a"), {1}, absl::InfiniteFuture(), Name).ok());
   EXPECT_EQ(mailbox.unclaimed_bytes(), 0u);
+}
+
+// Empty messages (or news of corrupt ones) under ever new names: each
+// slot counts its key, so they stop at the cap, the rest dropped as
+// overflow. Before, a slot of an empty message counted nothing: a peer
+// could hold gigabytes in names alone, for the unclaimed TTL.
+TEST(MailboxTest, SlotsOfEmptyMessagesCountAgainstTheCap) {
+  PeerMetrics metrics(0, 2);
+  const std::string name(4000, 'n');
+  const uint64_t slot =
+      Mailbox(2, {}, nullptr).SlotBytes(Key(0, name + "0000"));
+  MailboxOptions options;
+  options.max_unclaimed_bytes = 10 * slot;
+  Mailbox mailbox(2, options, &metrics);
+  for (int i = 0; i < 100; ++i) {
+    const MessageKey key = Key(0, absl::StrFormat("%s%04d", name, i));
+    if (i % 2 == 0) {
+      mailbox.OnMessage(1, key, "");
+    } else {
+      mailbox.OnCorruptMessage(1, key, absl::DataLossError("damaged"));
+    }
+  }
+  EXPECT_EQ(mailbox.unclaimed_bytes(), 10 * slot);
+  EXPECT_EQ(MetricValue(*metrics.collectable(),
+                        "gradcomp_peer_messages_dropped_total",
+                        {{"reason", "overflow"}}),
+            90);
 }
 
 TEST(MailboxTest, UnclaimedMessagesExpire) {
@@ -316,7 +349,7 @@ TEST(MailboxTest, UnclaimedMessagesExpire) {
   mailbox.OnMessage(1, Key(0, "a"), "12345");
   absl::SleepFor(absl::Milliseconds(5));
   mailbox.OnMessage(1, Key(0, "b"), "67");
-  EXPECT_EQ(mailbox.unclaimed_bytes(), 2u);
+  EXPECT_EQ(mailbox.unclaimed_bytes(), mailbox.SlotBytes(Key(0, "b")) + 2);
 }
 
 // No message need arrive: this rank's own steps free them too (a job that

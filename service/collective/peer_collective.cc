@@ -16,6 +16,10 @@
 #include "service/collective/slice.h"
 
 namespace gradcomp::service {
+
+// Names in keys are a client's (at most kMaxNameBytes) or a batch's key,
+// its id in a frame of a few dozen bytes: the peers must accept them.
+static_assert(kMaxNameBytes + 128 <= kMaxPeerNameBytes);
 namespace {
 
 using Clock = std::chrono::steady_clock;

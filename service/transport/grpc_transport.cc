@@ -449,6 +449,13 @@ class GrpcTransport::Impl final : public grpc::Service {
               PeerName(from), " sent a message for tensor '", h.tensor(),
               "' with phase ", static_cast<int>(h.phase()), ", expected 1..6"));
         }
+        if (h.job().size() > kMaxPeerNameBytes ||
+            h.tensor().size() > kMaxPeerNameBytes) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              PeerName(from), " sent a message whose job name has ",
+              h.job().size(), " bytes and tensor name ", h.tensor().size(),
+              ", expected at most ", kMaxPeerNameBytes, " each"));
+        }
         key = MessageKey{h.job(), h.tensor(), h.step(),
                          static_cast<int>(h.round()),
                          static_cast<Phase>(h.phase())};

@@ -547,6 +547,29 @@ TEST(GrpcTransportTest, AMessageOfAnUnknownPhaseEndsTheStream) {
   EXPECT_THAT(cluster.inbox(0).WaitMessages(0), IsEmpty());
 }
 
+// A name longer than any rank sends ends the stream before the message is
+// held (before, a peer could hold megabytes in each message's names).
+TEST(GrpcTransportTest, AMessageWithAnOverlongNameEndsTheStream) {
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.Start(0).ok());
+  HandDialledStream stream(cluster.address(0));
+  ASSERT_TRUE(stream.Handshake(Cluster::Identity(1, 2)));
+  v1::PeerFrame frame;
+  v1::MessageHeader* header = frame.mutable_header();
+  header->set_job("job");
+  header->set_tensor(std::string(kMaxPeerNameBytes + 1, 't'));
+  header->set_phase(v1::PHASE_GATHER);
+  header->set_total_bytes(0);
+  ASSERT_TRUE(stream.Write(frame));
+  const grpc::Status status = stream.End();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(
+      status.error_message(),
+      HasSubstr(absl::StrCat("tensor name ", kMaxPeerNameBytes + 1,
+                             ", expected at most ", kMaxPeerNameBytes)));
+  EXPECT_THAT(cluster.inbox(0).WaitMessages(0), IsEmpty());
+}
+
 // Nothing takes messages off the queue to a peer that is down, so once it
 // is full only expiry makes room: a send waiting for room gets it when the
 // messages ahead of it expire, not at its own deadline (nor, as before,

@@ -32,6 +32,12 @@ enum class Phase : uint8_t {
   kNeighbours = 6,
 };
 
+// The most bytes of a message key's job or tensor name that a peer may
+// send: a client's names are at most 1024 bytes (collective.h
+// kMaxNameBytes), a batch's key adds a prefix and a digest; a longer one
+// ends the peer's stream as a protocol error, before its message is held.
+inline constexpr size_t kMaxPeerNameBytes = 4096;
+
 // The rendezvous key of one message: the same on every rank for the same
 // (job, tensor, step, round) and collective step, whatever the call order.
 struct MessageKey {
