@@ -299,9 +299,9 @@ class GrpcTransport::Impl final : public grpc::Service {
     }
     if (!stream->Write(HelloFrame(ToProto(local)))) return grpc::Status::OK;
     const int from = remote.rank;
-    BeginIncoming(from);
+    BeginIncoming(from, context);
     const absl::Status ended = Receive(from, stream);
-    if (EndIncoming(from)) {
+    if (EndIncoming(from, context)) {
       receiver_->OnPeerLost(
           from, absl::UnavailableError(absl::StrCat(
                     "the stream from ", PeerName(from), " ended: ",
@@ -320,6 +320,8 @@ class GrpcTransport::Impl final : public grpc::Service {
     uint64_t queued_bytes = 0;
     bool outgoing_up = false;
     int incoming = 0;  // live streams from this peer
+    // Of the newest incoming stream, until it ends or a newer one ends it.
+    grpc::ServerContext* incoming_context = nullptr;
     bool refused = false;
     absl::Status last_error;
     grpc::ClientContext* context = nullptr;  // of the live outgoing stream
@@ -337,23 +339,40 @@ class GrpcTransport::Impl final : public grpc::Service {
     metrics_->SetPeersUp(up);
   }
 
-  void BeginIncoming(int from) ABSL_LOCKS_EXCLUDED(mu_) {
+  // Counts a stream from rank `from` that passed the handshake, and ends
+  // the one before it. A rank writes to this daemon over one stream at a
+  // time (its Dial loop), so an older stream still open here is one its
+  // writer has given up (a restarted daemon's, or one broken by a network
+  // split that this side's keepalive has not noticed yet): nothing more
+  // comes over it, and its unfinished message, up to the per-message limit,
+  // would be held until keepalive ended it. Ending it bounds what a peer
+  // holds here to one unfinished message per rank (docs/security.md).
+  void BeginIncoming(int from, grpc::ServerContext* context)
+      ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    ++peers_[from].incoming;
+    Peer& peer = peers_[from];
+    if (peer.incoming_context != nullptr) {
+      std::fprintf(stderr,
+                   "gradcompd: a new stream from %s ends its older one\n",
+                   PeerName(from).c_str());
+      peer.incoming_context->TryCancel();
+    }
+    peer.incoming_context = context;
+    ++peer.incoming;
     UpdatePeersUpLocked();
   }
 
   // Counts off one ended stream from rank `from`; true if that rank is now
   // lost: no other stream from it is live, and the transport is not
-  // stopping. While another stream is live (a restarted peer that dialled
-  // in before its old connection's end was noticed, up to keepalive_time +
-  // keepalive_timeout later by this side's keepalive pings; or a redial
-  // after a break this side had not seen yet), the messages still to come
-  // from that rank arrive over it, and the steps waiting for them must not
-  // fail.
-  bool EndIncoming(int from) ABSL_LOCKS_EXCLUDED(mu_) {
+  // stopping. A stream ended by a newer one (BeginIncoming) leaves that one
+  // live: the messages still to come from the rank arrive over it, and the
+  // steps waiting for them must not fail.
+  bool EndIncoming(int from, grpc::ServerContext* context)
+      ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    const int live = --peers_[from].incoming;
+    Peer& peer = peers_[from];
+    if (peer.incoming_context == context) peer.incoming_context = nullptr;
+    const int live = --peer.incoming;
     UpdatePeersUpLocked();
     return live == 0 && !stopping_;
   }

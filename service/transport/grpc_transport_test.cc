@@ -480,6 +480,11 @@ class HandDialledStream {
   // handler has returned the call's status).
   grpc::Status End() {
     stream_->WritesDone();
+    return Ended();
+  }
+  // Waits, writing nothing more, until the listener ends the stream (or
+  // the stream's 30 s deadline passes), and returns the call's status.
+  grpc::Status Ended() {
     v1::PeerFrame ignored;
     while (stream_->Read(&ignored)) {
     }
@@ -493,32 +498,71 @@ class HandDialledStream {
       stream_;
 };
 
+// A header announcing `total_bytes` for tensor `tensor`, with the first
+// chunk `chunk`.
+v1::PeerFrame FirstFrame(absl::string_view tensor, uint64_t total_bytes,
+                         absl::string_view chunk) {
+  v1::PeerFrame frame;
+  v1::MessageHeader* header = frame.mutable_header();
+  header->set_job("job");
+  header->set_tensor(std::string(tensor));
+  header->set_step(1);
+  header->set_phase(v1::PHASE_GATHER);
+  header->set_total_bytes(total_bytes);
+  frame.set_chunk(std::string(chunk));
+  frame.set_chunk_crc32c(Crc32c(chunk));
+  return frame;
+}
+
 // Rank 1 restarted and dialled in again while rank 0 still held the stream
-// of its old instance (a half-open connection, noticed by rank 0's
-// keepalive pings only ~30 s later). When that old stream ends, rank 1's
-// messages still come over the new one: steps waiting for them must not fail,
-// so rank 1 is not reported lost. When its last stream ends, it is.
-TEST(GrpcTransportTest, AnOldStreamEndingWhileANewOneIsLiveLosesNoPeer) {
+// of its old instance (a half-open connection, which rank 0's keepalive
+// pings would find dead only ~30 s later). A rank writes over one stream at
+// a time, so the new stream ends the old one at once, with the old one's
+// unfinished message (before, a peer could open any number of streams and
+// hold an unfinished message of up to the per-message limit in each). Rank
+// 1 is not reported lost: its messages come over the new stream, and the
+// steps waiting for them must not fail. When its last stream ends, it is.
+TEST(GrpcTransportTest, ANewStreamFromARankEndsItsOldOneAndLosesNoPeer) {
   Cluster cluster(2);
   ASSERT_TRUE(cluster.Start(0).ok());
   PeerIdentity old_instance = Cluster::Identity(1, 2);
   old_instance.instance = 77;
   HandDialledStream old_stream(cluster.address(0));
   ASSERT_TRUE(old_stream.Handshake(old_instance));
+  ASSERT_TRUE(old_stream.Write(FirstFrame("w", 1 << 30, "unfinished")));
   ASSERT_TRUE(cluster.Start(1).ok());
   ASSERT_TRUE(cluster.transport(1).WaitForPeers(Soon()).ok());
-  // Once a message over the new stream is in, rank 0 counts that stream.
+
+  const grpc::Status old_end = old_stream.Ended();
+  EXPECT_EQ(old_end.error_code(), grpc::StatusCode::CANCELLED)
+      << old_end.error_message();
   const MessageKey key{"job", "w", 1, 0, Phase::kGather};
   ASSERT_TRUE(cluster.transport(1).Send(0, key, Data("new"), Soon()).ok());
   ASSERT_EQ(cluster.inbox(0).WaitMessages(1)[0].data, "new");
-
-  EXPECT_TRUE(old_stream.End().ok());
   EXPECT_THAT(cluster.inbox(0).Lost(), IsEmpty());
 
   cluster.Stop(1);
   EXPECT_THAT(cluster.inbox(0).WaitLost(1).message(),
               HasSubstr(absl::StrCat("the stream from rank 1 (",
                                      cluster.address(1), ") ended")));
+}
+
+// Only a stream that passed the handshake ends another: a refused one
+// (here, of another world size) leaves rank 1's live stream alone.
+TEST(GrpcTransportTest, ARefusedStreamEndsNoOtherStream) {
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.Start(0).ok());
+  ASSERT_TRUE(cluster.Start(1).ok());
+  ASSERT_TRUE(cluster.transport(0).WaitForPeers(Soon()).ok());
+  ASSERT_TRUE(cluster.transport(1).WaitForPeers(Soon()).ok());
+  HandDialledStream refused(cluster.address(0));
+  EXPECT_FALSE(refused.Handshake(Cluster::Identity(1, 3)));
+  EXPECT_EQ(refused.Ended().error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  const MessageKey key{"job", "w", 1, 0, Phase::kGather};
+  ASSERT_TRUE(cluster.transport(1).Send(0, key, Data("still"), Soon()).ok());
+  ASSERT_EQ(cluster.inbox(0).WaitMessages(1)[0].data, "still");
+  EXPECT_THAT(cluster.inbox(0).Lost(), IsEmpty());
 }
 
 // A message header with a phase outside peer.proto's (a broken or newer
@@ -529,14 +573,8 @@ TEST(GrpcTransportTest, AMessageOfAnUnknownPhaseEndsTheStream) {
   ASSERT_TRUE(cluster.Start(0).ok());
   HandDialledStream stream(cluster.address(0));
   ASSERT_TRUE(stream.Handshake(Cluster::Identity(1, 2)));
-  v1::PeerFrame frame;
-  v1::MessageHeader* header = frame.mutable_header();
-  header->set_job("job");
-  header->set_tensor("w");
-  header->set_phase(static_cast<v1::Phase>(9));
-  header->set_total_bytes(1);
-  frame.set_chunk("x");
-  frame.set_chunk_crc32c(Crc32c("x"));
+  v1::PeerFrame frame = FirstFrame("w", 1, "x");
+  frame.mutable_header()->set_phase(static_cast<v1::Phase>(9));
   ASSERT_TRUE(stream.Write(frame));
   const grpc::Status status = stream.End();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
@@ -554,12 +592,8 @@ TEST(GrpcTransportTest, AMessageWithAnOverlongNameEndsTheStream) {
   ASSERT_TRUE(cluster.Start(0).ok());
   HandDialledStream stream(cluster.address(0));
   ASSERT_TRUE(stream.Handshake(Cluster::Identity(1, 2)));
-  v1::PeerFrame frame;
-  v1::MessageHeader* header = frame.mutable_header();
-  header->set_job("job");
-  header->set_tensor(std::string(kMaxPeerNameBytes + 1, 't'));
-  header->set_phase(v1::PHASE_GATHER);
-  header->set_total_bytes(0);
+  const v1::PeerFrame frame =
+      FirstFrame(std::string(kMaxPeerNameBytes + 1, 't'), 0, "");
   ASSERT_TRUE(stream.Write(frame));
   const grpc::Status status = stream.End();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
