@@ -192,6 +192,11 @@ std::optional<absl::Span<float>> TensorState::Find(absl::string_view name) {
   return absl::MakeSpan(it->second);
 }
 
+void TensorState::Erase(absl::string_view name) {
+  auto it = buffers_.find(name);
+  if (it != buffers_.end()) buffers_.erase(it);
+}
+
 size_t TensorState::ByteSize() const {
   size_t bytes = 0;
   for (const auto& [name, values] : buffers_) {

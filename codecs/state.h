@@ -42,6 +42,8 @@ class TensorState {
   // The buffer `name` if it exists.
   std::optional<absl::Span<float>> Find(absl::string_view name);
 
+  // Drops the buffer `name`, if it exists.
+  void Erase(absl::string_view name);
   void Clear() { buffers_.clear(); }
   size_t ByteSize() const;
   const std::map<std::string, std::vector<float>, std::less<>>& buffers()

@@ -409,8 +409,11 @@ absl::StatusOr<std::optional<Round>> PowerSgdSession::NextRound() {
   switch (stage_) {
     case Stage::kStart: {
       if (plan_.dense()) {
+        GC_RETURN_IF_ERROR(LoadDense());
         stage_ = Stage::kAwaitDense;
-        return MakePowerSgdRound(plan_, grad_.numel(), 0, grad_.values);
+        return MakePowerSgdRound(
+            plan_, grad_.numel(), 0,
+            dense_m_.empty() ? grad_.values : absl::MakeConstSpan(dense_m_));
       }
       GC_ASSIGN_OR_RETURN(const std::vector<float> p, MultiplyP(InitialQ()));
       stage_ = Stage::kAwaitP;
@@ -437,6 +440,8 @@ absl::Status PowerSgdSession::Absorb(RoundResult result) {
           CheckPowerSgdSum(result.sum, grad_.numel(), "dense values"));
       sum_ = std::move(result.sum);
       world_size_ = result.world_size;
+      // The residual went out with this exact step: nothing is owed.
+      if (!dense_m_.empty()) state_.Erase(kPowerSgdErrorBuffer);
       stage_ = Stage::kDone;
       return absl::OkStatus();
     case Stage::kAwaitP: {
@@ -468,10 +473,28 @@ absl::Status PowerSgdSession::Finish(absl::Span<float> out) {
 absl::Status PowerSgdSession::DecodeOwn(absl::Span<float> out) {
   GC_RETURN_IF_ERROR(CheckDone("DecodeOwn", out));
   if (plan_.dense()) {
-    std::copy(grad_.values.begin(), grad_.values.end(), out.begin());
+    if (dense_m_.empty()) {
+      std::copy(grad_.values.begin(), grad_.values.end(), out.begin());
+    } else {
+      std::copy(dense_m_.begin(), dense_m_.end(), out.begin());
+    }
     return absl::OkStatus();
   }
   return Expand(own_q_, out);
+}
+
+absl::Status PowerSgdSession::LoadDense() {
+  const float* error = FindResidual();
+  if (error == nullptr) return absl::OkStatus();
+  dense_m_.resize(grad_.numel());
+  for (size_t i = 0; i < dense_m_.size(); ++i) {
+    dense_m_[i] = grad_.values[i] + error[i];
+  }
+  if (!AllFinite(dense_m_)) {
+    dense_m_.clear();
+    return NonFiniteInput();
+  }
+  return absl::OkStatus();
 }
 
 const float* PowerSgdSession::FindResidual() {

@@ -15,7 +15,10 @@
 // 2: compress only when numel >= rate * r_eff * (rows + cols), otherwise send
 // dense), `warm_start` (default true). Tensors with fewer than 2 dimensions
 // are sent dense. Dense tensors take one summed round of fp32 values and
-// keep no state.
+// keep no residual: one left by low-rank steps (the parameters changed
+// since) is sent with the values, M = g + e, and dropped, as nothing is
+// owed after an exact step; the warm start's Q stays for later low-rank
+// steps.
 //
 // Q at the start of a step is the last step's Q_mean (state "powersgd.q"),
 // or, on the first step, without warm start, or when the warm start has an
@@ -143,6 +146,10 @@ class PowerSgdSession : public CodecSession {
  private:
   enum class Stage { kStart, kAwaitDense, kAwaitP, kHaveP, kAwaitQ, kDone };
 
+  // A dense step's M = g + e into dense_m_ when a residual is left from
+  // low-rank steps (dense_m_ stays empty, and g is sent, otherwise).
+  // InvalidArgument (NonFiniteInput) when M holds NaN or Inf.
+  absl::Status LoadDense();
   std::vector<float> InitialQ();
   absl::Status AbsorbQ(std::vector<float> q_sum, int world_size);
   absl::Status CheckDone(absl::string_view call, absl::Span<float> out) const;
@@ -155,9 +162,10 @@ class PowerSgdSession : public CodecSession {
   const StepContext ctx_;
   const std::string backend_;
   Stage stage_ = Stage::kStart;
-  std::vector<float> own_q_;   // M^T P_hat, this worker's round-1 body
-  std::vector<float> q_mean_;  // sum of Q / W
-  std::vector<float> sum_;     // dense: the sum of g
+  std::vector<float> own_q_;    // M^T P_hat, this worker's round-1 body
+  std::vector<float> q_mean_;   // sum of Q / W
+  std::vector<float> sum_;      // dense: the sum of g (or of M)
+  std::vector<float> dense_m_;  // dense with a residual: M = g + e
   int world_size_ = 1;
 };
 

@@ -332,6 +332,47 @@ TEST(PowerSgdTest, SmallAndOneDimensionalTensorsGoDenseAndExact) {
   }
 }
 
+// The parameters may change between steps while the state stays with
+// powersgd, so a tensor can go dense after low-rank steps left a residual.
+// The dense step sends it with the gradient (M = g + e, exact) and drops
+// it: nothing is owed after an exact step, and low-rank steps that come
+// back later start without a residual (before, the dense steps left it
+// untouched, to be added, stale, whenever low rank came back). The warm
+// start's Q stays for those steps.
+TEST(PowerSgdTest, ADenseStepSendsTheResidualLowRankStepsLeft) {
+  constexpr int64_t kRows = 20, kCols = 30;
+  const auto low_rank = Make();
+  const auto dense = Make(CodecParams({{"min_compression_rate", "1000"}}));
+  ASSERT_TRUE(PlanPowerSgd(dense->options(), {kRows, kCols}).dense());
+  std::vector<TensorState> states(2);
+  for (int64_t s = 0; s < 3; ++s) {
+    Step(*low_rank,
+         {Normal(kRows * kCols, 70 + s), Normal(kRows * kCols, 80 + s)},
+         {kRows, kCols}, states, s);
+  }
+  const std::vector<Matrix> residual = {
+      Matrix(states[0].Find(kPowerSgdErrorBuffer)->begin(),
+             states[0].Find(kPowerSgdErrorBuffer)->end()),
+      Matrix(states[1].Find(kPowerSgdErrorBuffer)->begin(),
+             states[1].Find(kPowerSgdErrorBuffer)->end())};
+  ASSERT_GT(Norm(residual[0]), 0.1);
+  const std::vector<Matrix> grads = {Normal(kRows * kCols, 90),
+                                     Normal(kRows * kCols, 91)};
+  const testing::SimulatedStep step =
+      Step(*dense, grads, {kRows, kCols}, states, 3);
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    const float m0 = grads[0][i] + residual[0][i];
+    const float m1 = grads[1][i] + residual[1][i];
+    ASSERT_EQ(step.own[0][i], m0) << i;
+    ASSERT_NEAR(step.out[0][i], (m0 + m1) / 2, 1e-6f * (1 + std::fabs(m0)))
+        << i;
+  }
+  for (const TensorState& state : states) {
+    EXPECT_EQ(state.buffers().count(std::string(kPowerSgdErrorBuffer)), 0u);
+    EXPECT_EQ(state.buffers().count(std::string(kPowerSgdQBuffer)), 1u);
+  }
+}
+
 TEST(PowerSgdTest, BadSumsAndOutOfOrderCallsAreErrors) {
   const auto codec = Make();
   const Matrix g = Normal(20 * 30, 60);
