@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -123,7 +124,14 @@ void RunSinglePass(size_t n, const float* x, void* out, float* acc, int* flag,
            error = LaunchSegmentSums(block_sums, terms, terms,
                                      sums->as<double>(), nullptr);
            if (error != cudaSuccess) return error;
-           return LaunchTernGradEncode(x, n, bucket, 0.025f, rng,
+           // CudaTernGrad takes the clip from the sum on the host (clip_sigma
+           // 2.5): the copy waits for the sum before the encode can start.
+           double sum = 0;
+           error = cudaMemcpy(&sum, sums->as<double>(), sizeof(sum),
+                              cudaMemcpyDeviceToHost);
+           if (error != cudaSuccess) return error;
+           const float clip = static_cast<float>(2.5 * std::sqrt(sum / n));
+           return LaunchTernGradEncode(x, n, bucket, clip, rng,
                                        max_bits->as<uint32_t>(), scales, codes,
                                        flag, nullptr);
          }),

@@ -128,7 +128,7 @@ def run(n: int) -> None:
     xq = x[:usable]
     for bits in (2, 4, 8):
         report(f"qsgd{bits}_encode", usable, time_ms(lambda: qsgd_encode(xq, 512, bits)),
-               2 * 4.0 * usable + 4.0 * usable / 512 + usable * bits / 8.0, copy_gbps)
+               4.0 * usable + 4.0 * usable / 512 + usable * bits / 8.0, copy_gbps)
         codes = qsgd_encode(xq, 512, bits)
         norms = xq.view(-1, 512).norm(dim=1, keepdim=True)
         accq = acc[:usable]

@@ -227,7 +227,6 @@ def main() -> int:
                    help="an extra gradcompd flag for every daemon, e.g. "
                    "--daemon_arg=--config=FILE for a policy; repeatable")
     p.add_argument("--phase_timeout", type=float, default=900)
-    p.add_argument("--phases", default="local,shaped,gloo")
     p.add_argument("--out", default=None)
     p.add_argument("--client_malloc", choices=("keep", "default"), default="keep",
                    help="keep: clients run with KEEP_FREED_MEMORY; default: glibc's "
@@ -248,14 +247,13 @@ def main() -> int:
     started = time.monotonic()
     load = {"start": load_average()}
     with shaped_net.ShapedNetwork(args.prefix, args.world_size, args.rate) as net:
-        phases = args.phases.split(",")
-        local = gradcomp_phase(net, out, "local", 1, args) if "local" in phases else None
+        local = gradcomp_phase(net, out, "local", 1, args)
         load["after_local"] = load_average()
         print(f"local done at {time.monotonic() - started:.0f} s", flush=True)
-        shaped = gradcomp_phase(net, out, "shaped", args.world_size, args) if "shaped" in phases else None
+        shaped = gradcomp_phase(net, out, "shaped", args.world_size, args)
         load["after_shaped"] = load_average()
         print(f"shaped done at {time.monotonic() - started:.0f} s", flush=True)
-        gloo = gloo_phase(net, out, args) if "gloo" in phases else None
+        gloo = gloo_phase(net, out, args)
         load["after_gloo"] = load_average()
         print(f"gloo done at {time.monotonic() - started:.0f} s", flush=True)
     summary = summarize(local, shaped, gloo, args)
