@@ -1,11 +1,13 @@
 #include "client/cpp/client.h"
 
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <utility>
 
@@ -57,9 +59,46 @@ uint64_t PartAnswerId(const v1::ReduceStreamResponse& part) {
 Float32ReduceResult ToFloat32(ReduceResult raw, size_t n) {
   Float32ReduceResult result;
   result.values.resize(n);
-  std::memcpy(result.values.data(), raw.data.data(), raw.data.size());
+  if (n > 0) {
+    std::memcpy(result.values.data(), raw.data.data(), raw.data.size());
+  }
   result.stats = std::move(raw.stats);
   return result;
+}
+
+// ResourceExhausted when `bytes` of `what` cannot go in one gRPC message
+// (gRPC would abort the process when it failed to serialise it).
+absl::Status CheckInline(uint64_t bytes, absl::string_view what) {
+  if (bytes <= kMaxInlineBytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, " has ", bytes, " bytes, over the ", kMaxInlineBytes,
+      " a call can send inline (a gRPC message holds at most 2 GiB); send "
+      "it through shared memory (RegisterShm, then ReduceShm)"));
+}
+
+absl::string_view ChannelStateName(grpc_connectivity_state state) {
+  switch (state) {
+    case GRPC_CHANNEL_IDLE:
+      return "IDLE";
+    case GRPC_CHANNEL_CONNECTING:
+      return "CONNECTING";
+    case GRPC_CHANNEL_READY:
+      return "READY";
+    case GRPC_CHANNEL_TRANSIENT_FAILURE:
+      return "TRANSIENT_FAILURE (it cannot connect)";
+    case GRPC_CHANNEL_SHUTDOWN:
+      return "SHUTDOWN";
+  }
+  return "unknown";
+}
+
+// The path of a "unix:" target, if it is one.
+std::optional<absl::string_view> UnixPath(absl::string_view target) {
+  if (absl::ConsumePrefix(&target, "unix://") ||
+      absl::ConsumePrefix(&target, "unix:")) {
+    return target;
+  }
+  return std::nullopt;
 }
 
 // Saturating: an infinite timeout is time_point::max(), which gRPC reads as
@@ -129,6 +168,21 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
         absl::StrCat("rpc_timeout must be positive, got ",
                      absl::FormatDuration(options.rpc_timeout)));
   }
+  // A unix socket address holds 107 bytes of path; gRPC would fail every
+  // call with "Failed to create secure client channel".
+  constexpr size_t kMaxUnixPathBytes = sizeof(sockaddr_un::sun_path) - 1;
+  if (const std::optional<absl::string_view> path = UnixPath(target);
+      path.has_value() && path->size() > kMaxUnixPathBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the socket path of target '", target, "' has ",
+                     path->size(), " bytes; expected at most ",
+                     kMaxUnixPathBytes, " (what a unix socket address holds)"));
+  }
+  if (options.client_id.size() > kMaxClientIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("client_id has ", options.client_id.size(),
+                     " bytes; expected at most ", kMaxClientIdBytes));
+  }
   // gRPC aborts the process on metadata it cannot send: refused here.
   for (const char c : options.client_id) {
     if (!absl::ascii_isprint(static_cast<unsigned char>(c))) {
@@ -182,12 +236,15 @@ Client::Client(std::string target, ClientOptions options,
       stub_(v1::Gradcomp::NewStub(channel_)) {}
 
 absl::Status Client::WaitForReady(absl::Duration timeout) {
+  const absl::Time start = absl::Now();
   if (channel_->WaitForConnected(DeadlineAfter(timeout))) {
     return absl::OkStatus();
   }
-  return absl::UnavailableError(absl::StrCat("gradcompd at ", target_,
-                                             " did not accept a connection in ",
-                                             absl::FormatDuration(timeout)));
+  return absl::UnavailableError(absl::StrCat(
+      "gradcompd at ", target_, " did not accept a connection: gave up after ",
+      absl::FormatDuration(absl::Now() - start), " of ",
+      absl::FormatDuration(timeout), " with the channel in state ",
+      ChannelStateName(channel_->GetState(/*try_to_connect=*/false))));
 }
 
 std::unique_ptr<grpc::ClientContext> Client::NewContext() const {
@@ -205,6 +262,8 @@ absl::StatusOr<ReduceResult> Client::ReduceBytes(
     v1::DType dtype, std::string data, absl::Span<const int64_t> shape,
     const std::optional<v1::CodecSpec>& codec,
     const std::optional<v1::ReduceBatch>& batch) {
+  GC_RETURN_IF_ERROR(
+      CheckInline(data.size(), absl::StrCat("tensor '", tensor, "'")));
   v1::ReduceRequest request;
   request.set_job(job);
   request.set_tensor(tensor);
@@ -250,6 +309,8 @@ absl::StatusOr<Float32ReduceResult> Client::Reduce(
     const std::optional<v1::ReduceBatch>& batch) {
   // The wire format is little-endian, like every host this runs on (x86-64,
   // aarch64): float memory is sent as it is.
+  GC_RETURN_IF_ERROR(CheckInline(values.size() * sizeof(float),
+                                 absl::StrCat("tensor '", tensor, "'")));
   std::string data(reinterpret_cast<const char*>(values.data()),
                    values.size() * sizeof(float));
   GC_ASSIGN_OR_RETURN(ReduceResult raw,
@@ -263,6 +324,8 @@ absl::StatusOr<Float32ReduceResult> Client::Gossip(
     absl::Span<const float> values, absl::Span<const int64_t> shape,
     const v1::GossipSpec& gossip, double consensus_distance) {
   GC_RETURN_IF_ERROR(CheckGossip(tensor, gossip, consensus_distance));
+  GC_RETURN_IF_ERROR(CheckInline(values.size() * sizeof(float),
+                                 absl::StrCat("tensor '", tensor, "'")));
   v1::ReduceRequest request;
   request.set_job(job);
   request.set_tensor(tensor);
@@ -470,6 +533,8 @@ absl::StatusOr<std::string> Client::ExportState(const std::string& job) {
 }
 
 absl::Status Client::ImportState(const std::string& job, std::string state) {
+  GC_RETURN_IF_ERROR(CheckInline(
+      state.size(), absl::StrCat("the state blob of job '", job, "'")));
   v1::ImportStateRequest request;
   request.set_job(job);
   request.set_state(std::move(state));

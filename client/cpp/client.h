@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "gradcomp/v1/gradcomp.grpc.pb.h"
@@ -32,10 +33,17 @@ namespace gradcomp::client {
 
 struct ClientOptions {
   // Deadline of each RPC. A Reduce waits for every worker of the job, so this
-  // bounds how long one straggler can hold a caller.
-  absl::Duration rpc_timeout = absl::Seconds(60);
+  // bounds how long one straggler can hold a caller. The default is longer
+  // than the daemon's own deadlines at their defaults (60 s per collective
+  // round, a reduce of PowerSGD has two; 10 s of --memory_wait), so that a
+  // stalled reduce ends with the daemon's error naming the missing ranks,
+  // not a bare DEADLINE_EXCEEDED. A deadline that passes here does not stop
+  // the reduce in the daemon: the other ranks may still use this rank's
+  // input for that step.
+  absl::Duration rpc_timeout = absl::Seconds(300);
   // Sent as the "gradcomp-client-id" metadata of every call: the daemon's
   // shared-memory regions belong to it. Empty: "<hostname>.<pid>.<random>".
+  // Printable ASCII, at most kMaxClientIdBytes.
   std::string client_id;
   // Sent as "authorization: Bearer <token>" on every call, for a daemon on
   // TCP with --client_token_file. Empty: $GRADCOMP_TOKEN if set, else none
@@ -47,6 +55,15 @@ struct ClientOptions {
 // Where gradcompd listens by default (its --listen), and so where clients
 // connect when no target is given.
 inline constexpr char kDefaultTarget[] = "unix:/run/gradcomp/gradcomp.sock";
+
+// The longest ClientOptions::client_id: it travels in every call's metadata,
+// which gRPC caps at 8 KiB by default.
+inline constexpr size_t kMaxClientIdBytes = 1024;
+
+// The most tensor (or state blob) bytes a call sends inline: a gRPC message
+// is a protobuf, at most 2 GiB - 1, and the request's other fields need
+// room. Larger tensors go through shared memory (RegisterShm, ReduceShm).
+inline constexpr uint64_t kMaxInlineBytes = (uint64_t{1} << 31) - (1 << 20);
 
 // A slice of a registered shared-memory region.
 struct ShmSlice {
@@ -88,8 +105,9 @@ size_t DTypeSize(v1::DType dtype);
 // at once (a batch's members, below, must be reduced concurrently).
 class Client {
  public:
-  // `target` is "host:port" or "unix:/path". Connecting is lazy: an absent
-  // daemon shows up as Unavailable on the first RPC (see WaitForReady).
+  // `target` is "host:port" or "unix:/path" (a path of at most 107 bytes,
+  // what a unix socket address holds). Connecting is lazy: an absent daemon
+  // shows up as Unavailable on the first RPC (see WaitForReady).
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       const std::string& target, ClientOptions options = {});
 

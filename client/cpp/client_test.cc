@@ -78,6 +78,57 @@ TEST(ClientTest, ConnectRefusesMetadataGrpcCannotSend) {
   EXPECT_THAT(status.message(), HasSubstr("client_id holds byte 0x0a"));
 }
 
+// A socket path longer than a unix socket address holds, or a client id
+// longer than gRPC's metadata allows, is refused at Connect: every call
+// failed later with a message that did not say why.
+TEST(ClientTest, ConnectRefusesALongSocketPathAndClientId) {
+  const std::string path(108, 'p');
+  absl::Status status = Client::Connect("unix:/" + path.substr(1)).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(),
+              HasSubstr("has 108 bytes; expected at most 107"));
+  EXPECT_TRUE(Client::Connect("unix:/" + path.substr(2)).ok());
+  ClientOptions options;
+  options.client_id = std::string(kMaxClientIdBytes + 1, 'c');
+  status = Client::Connect("127.0.0.1:1", options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("client_id has 1025 bytes"));
+}
+
+// A tensor too large for one gRPC message is refused before anything is
+// copied or sent (gRPC aborted the process when it could not serialise
+// the request). The memory is never touched, so it costs no RAM.
+TEST(ClientTest, ATensorTooLargeToGoInlineIsRefused) {
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect("127.0.0.1:1");
+  ASSERT_TRUE(client.ok()) << client.status();
+  const size_t n = kMaxInlineBytes / sizeof(float) + 1;
+  std::unique_ptr<float[]> huge(new float[n]);
+  const std::vector<int64_t> shape = {static_cast<int64_t>(n)};
+  absl::Status status =
+      (*client)->Reduce("j", "big", 0, {huge.get(), n}, shape).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(status.message(),
+              HasSubstr("tensor 'big' has 2146435076 bytes, over the"));
+  EXPECT_THAT(status.message(), HasSubstr("shared memory"));
+  v1::GossipSpec gossip;
+  gossip.set_topology("ring");
+  status =
+      (*client)->Gossip("j", "big", 0, {huge.get(), n}, shape, gossip).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+}
+
+// WaitForReady says how long it waited and why it gave up.
+TEST(ClientTest, WaitForReadyNamesTheChannelState) {
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect("127.0.0.1:1");
+  ASSERT_TRUE(client.ok()) << client.status();
+  const absl::Status status = (*client)->WaitForReady(absl::Milliseconds(300));
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(status.message(),
+              HasSubstr("of 300ms with the channel in state"));
+}
+
 // No daemon listens on this socket: the RPC fails as Unavailable, and the
 // message says where the client looked. The directory is under /tmp because
 // a unix socket path must fit in 107 bytes, which TEST_TMPDIR may not.

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/status_macros.h"
+#include "client/cpp/client.h"
 
 namespace gradcomp::client {
 namespace {
@@ -164,7 +165,14 @@ const std::vector<FlagSpec>& Flags() {
          }
          return absl::OkStatus();
        }},
-      {"set", {C::kPolicy}, StoreString(&CtlArgs::policy_file)},
+      {"set",
+       {C::kPolicy},
+       [](absl::string_view v, CtlArgs& a) {
+         // Empty (--set=$UNSET) would print the policy and exit 0 instead.
+         if (v.empty()) return FlagError("set", v, "a policy file");
+         a.policy_file = std::string(v);
+         return absl::OkStatus();
+       }},
       {"from_step",
        {C::kPolicy},
        [](absl::string_view v, CtlArgs& a) {
@@ -290,6 +298,12 @@ absl::Status Validate(const CtlArgs& args) {
 
 }  // namespace
 
+std::string DefaultCtlTarget(const char* environment) {
+  // Set but empty counts as unset, as in the Python client.
+  return environment != nullptr && *environment != '\0' ? environment
+                                                        : kDefaultTarget;
+}
+
 absl::StatusOr<CtlArgs> ParseCtlArgs(const std::vector<std::string>& args,
                                      const std::string& default_target) {
   CtlArgs parsed;
@@ -357,7 +371,7 @@ absl::StatusOr<CtlArgs> ParseCtlArgs(const std::vector<std::string>& args,
 std::string CtlUsage() {
   return R"(gradcompctl: talk to a gradcompd daemon.
 
-usage: gradcompctl [--target=HOST:PORT|unix:/PATH] [--timeout=60s] COMMAND [flags]
+usage: gradcompctl [--target=HOST:PORT|unix:/PATH] [--timeout=300s] COMMAND [flags]
 
 The target defaults to $GRADCOMP_TARGET, else unix:/run/gradcomp/gradcomp.sock.
 A daemon on TCP with a client token wants $GRADCOMP_TOKEN.

@@ -36,7 +36,7 @@ enum class CtlCommand {
 struct CtlArgs {
   CtlCommand command = CtlCommand::kHelp;
   std::string target;
-  absl::Duration timeout = absl::Seconds(60);
+  absl::Duration timeout = absl::Seconds(300);
   std::string job = "default";
   // Unset: the daemon's policy decides.
   std::optional<v1::CodecSpec> codec;
@@ -60,8 +60,12 @@ struct CtlArgs {
   uint64_t seed = 1;
 };
 
+// The target when no --target is given: `environment` ($GRADCOMP_TARGET,
+// null when unset) unless it is unset or empty, else kDefaultTarget.
+std::string DefaultCtlTarget(const char* environment);
+
 // Parses argv without the program name. `default_target` is used when no
-// --target is given (main passes $GRADCOMP_TARGET or kDefaultTarget).
+// --target is given (main passes DefaultCtlTarget).
 absl::StatusOr<CtlArgs> ParseCtlArgs(const std::vector<std::string>& args,
                                      const std::string& default_target);
 

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "client/cpp/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -12,10 +13,10 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-constexpr char kDefaultTarget[] = "127.0.0.1:50051";
+constexpr char kTestTarget[] = "127.0.0.1:50051";
 
 absl::StatusOr<CtlArgs> Parse(const std::vector<std::string>& args) {
-  return ParseCtlArgs(args, kDefaultTarget);
+  return ParseCtlArgs(args, kTestTarget);
 }
 
 std::string ErrorOf(const std::vector<std::string>& args) {
@@ -28,8 +29,8 @@ TEST(CtlArgsTest, InfoUsesDefaultTarget) {
   absl::StatusOr<CtlArgs> args = Parse({"info"});
   ASSERT_TRUE(args.ok()) << args.status();
   EXPECT_EQ(args->command, CtlCommand::kInfo);
-  EXPECT_EQ(args->target, kDefaultTarget);
-  EXPECT_EQ(args->timeout, absl::Seconds(60));
+  EXPECT_EQ(args->target, kTestTarget);
+  EXPECT_EQ(args->timeout, absl::Seconds(300));
 }
 
 TEST(CtlArgsTest, GlobalFlagsBeforeOrAfterCommand) {
@@ -153,6 +154,18 @@ TEST(CtlArgsTest, PolicySet) {
   EXPECT_THAT(
       Parse({"policy", "--set=p.json", "--from_step=-1"}).status().message(),
       HasSubstr("an integer >= 0"));
+}
+
+TEST(CtlArgsTest, AnEmptyPolicyFileIsAnError) {
+  // --set=$UNSET printed the current policy and exited 0.
+  EXPECT_THAT(Parse({"policy", "--set="}).status().message(),
+              HasSubstr("--set"));
+}
+
+TEST(CtlArgsTest, AnEmptyTargetVariableIsUnset) {
+  EXPECT_EQ(DefaultCtlTarget(nullptr), kDefaultTarget);
+  EXPECT_EQ(DefaultCtlTarget(""), kDefaultTarget);
+  EXPECT_EQ(DefaultCtlTarget("127.0.0.1:5"), "127.0.0.1:5");
 }
 
 TEST(CtlArgsTest, StateExportAndImportNeedTheirFile) {

@@ -322,12 +322,10 @@ absl::Status Run(const CtlArgs& args) {
 
 int main(int argc, char** argv) {
   using gradcomp::client::CtlCommand;
-  const char* env_target = std::getenv("GRADCOMP_TARGET");
   absl::StatusOr<gradcomp::client::CtlArgs> args =
       gradcomp::client::ParseCtlArgs(
           std::vector<std::string>(argv + 1, argv + argc),
-          env_target != nullptr ? env_target
-                                : gradcomp::client::kDefaultTarget);
+          gradcomp::client::DefaultCtlTarget(std::getenv("GRADCOMP_TARGET")));
   if (!args.ok()) {
     std::cerr << "gradcompctl: " << args.status().message()
               << "\n(run gradcompctl --help for usage)\n";

@@ -6,7 +6,9 @@
 
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -396,7 +398,21 @@ absl::Status WriteAllAndClose(TemporaryFile& file, absl::string_view bytes) {
 
 }  // namespace
 
-absl::Status WriteFileBytes(const std::string& path, absl::string_view bytes) {
+absl::Status WriteFileBytes(const std::string& link_or_path,
+                            absl::string_view bytes) {
+  // A link (a "latest" checkpoint naming the newest) is written through:
+  // the file it names is replaced and the link stays (renaming over the link
+  // replaced the link and left that file as it was). A dangling link is
+  // written in place, which makes the file it names.
+  std::string path = link_or_path;
+  struct stat link {};
+  if (lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+    char resolved[PATH_MAX];
+    if (realpath(path.c_str(), resolved) == nullptr) {
+      return WriteInPlace(path, bytes);
+    }
+    path = resolved;
+  }
   // A regular file (an earlier checkpoint, say) is replaced only once the
   // new bytes are all written: a full disk or a kill leaves it as it was.
   // Anything else (/dev/stdout, a FIFO) is written in place.

@@ -49,7 +49,9 @@ absl::StatusOr<std::string> SerializeNpy(const NpyArray& array);
 // Creates or replaces `path` with `bytes`; a regular file that was there
 // is replaced only once the new bytes are written in full (through a
 // temporary file of the call's own beside it and a rename), and keeps its
-// permission bits. Thread-safe: concurrent calls leave one call's bytes.
+// permission bits. A symbolic link is written through: the file it names
+// is replaced, the link stays. Thread-safe: concurrent calls leave one
+// call's bytes.
 absl::Status WriteFileBytes(const std::string& path, absl::string_view bytes);
 
 absl::StatusOr<NpyArray> ReadNpyFile(const std::string& path);

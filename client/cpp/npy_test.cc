@@ -262,6 +262,29 @@ TEST(FileBytesTest, ReplacesAFileWholeOrNotAtAll) {
             absl::StatusCode::kOk);
 }
 
+// A link ("latest" naming the newest checkpoint) is written through: the
+// file it names gets the bytes and the link stays (before, the rename
+// replaced the link and left the file as it was). A dangling link makes
+// the file it names.
+TEST(FileBytesTest, ALinkIsWrittenThrough) {
+  const std::string dir = ::testing::TempDir();
+  const std::string real = absl::StrCat(dir, "/link_test_real.bin");
+  const std::string link = absl::StrCat(dir, "/link_test_latest.bin");
+  std::remove(link.c_str());
+  ASSERT_TRUE(WriteFileBytes(real, "OLD").ok());
+  ASSERT_EQ(symlink(real.c_str(), link.c_str()), 0);
+  ASSERT_TRUE(WriteFileBytes(link, "NEW bytes").ok());
+  struct stat st {};
+  ASSERT_EQ(lstat(link.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
+  EXPECT_EQ(*ReadFileBytes(real), "NEW bytes");
+  std::remove(real.c_str());
+  ASSERT_TRUE(WriteFileBytes(link, "made").ok());
+  EXPECT_EQ(*ReadFileBytes(real), "made");
+  std::remove(real.c_str());
+  std::remove(link.c_str());
+}
+
 // Threads replacing one file each write a temporary of their own: the
 // file ends as one of them wrote it, and every call succeeds.
 TEST(FileBytesTest, ConcurrentReplacementsLeaveOneWholeFile) {
