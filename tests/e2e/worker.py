@@ -12,7 +12,9 @@ as gradcomp.demo does, and records per step:
     --daemon_pid) its daemon spent in it, and the daemon's context switches.
 Tensors go to the daemon inline over gRPC (--io inline) or through one
 shared-memory region holding every input and output (--io shm, the daemon
-needs --allow_client_shm): the client then copies no tensor bytes.
+needs --allow_client_shm): each step then copies the gradients into the
+region and the averages out of it, as the DDP hook does with a bucket (and
+as the Gloo baseline packs and unpacks its buckets).
 Steps are fenced by file barriers in --barrier_dir, so that every rank
 starts a step together and reads its counters only after every rank has
 finished the step (all of its messages have then arrived). The barrier
@@ -139,22 +141,32 @@ def context_switches(pid: int | None) -> int | None:
 
 
 class ShmIO:
-    """Every tensor's input and output in one registered region: the inputs
-    are written once, each step reads the averages in place."""
+    """Every tensor's input and output in one registered region. A step
+    copies the gradients in (copy_in) and the averages out into arrays of
+    the client's own (copy_out), as the DDP hook does with each bucket."""
 
     def __init__(self, client: Client, grads: dict[str, np.ndarray], rank: int):
         total = sum(g.nbytes for g in grads.values())
         self.region = ShmRegion(2 * total, tag=f"e2e{rank}")
         self.name = f"e2e.rank{rank}"
         client.register_shm(self.name, self.region)
-        self.tensors, offset = {}, 0
+        self.tensors, self._in, self._out, offset = {}, [], [], 0
         for name, g in grads.items():
             src = self.region.array(g.shape, g.dtype, offset)
             dst = self.region.array(g.shape, g.dtype, offset + total)
-            src[...] = g
+            self._in.append((g, src))
+            self._out.append((dst, np.empty_like(g)))
             self.tensors[name] = (self.region.tensor(self.name, src),
                                   self.region.tensor(self.name, dst))
             offset += g.nbytes
+
+    def copy_in(self) -> None:
+        for g, src in self._in:
+            np.copyto(src, g)
+
+    def copy_out(self) -> None:
+        for dst, out in self._out:
+            np.copyto(out, dst)
 
 
 def peer_bytes(samples: list[metrics.Sample]) -> dict[str, int]:
@@ -260,10 +272,12 @@ def main() -> int:
                     grads, step=step, codec=forced, params=CODECS[codec],
                     job=f"e2e-{codec}", batches=batches).items()}
             else:
+                shm.copy_in()
                 out = client.reduce_many_shm(shm.tensors, step=step, codec=forced,
                                              params=CODECS[codec], job=f"e2e-{codec}",
                                              batches=batches,
                                              parts=args.parts == "on")
+                shm.copy_out()
             wall = time.perf_counter() - t0
             c1, d1 = cpu_seconds(None), cpu_seconds(args.daemon_pid)
             barrier.wait(f"done.{tag}")
