@@ -19,7 +19,7 @@ import secrets
 import socket
 import threading
 import time
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import grpc
 import numpy as np
@@ -438,6 +438,21 @@ class _CallDetails(grpc.ClientCallDetails):
         self.compression = compression
 
 
+# sockaddr_un's sun_path holds 108 bytes with the terminating NUL.
+_MAX_UNIX_PATH_BYTES = 107
+
+
+def _numpy_dtype(dtype: Any) -> np.dtype | None:
+    """`dtype` as a little-endian numpy dtype: a numpy dtype or its name, or
+    a torch dtype (torch.float16 is numpy's float16); None if it is none."""
+    for name in (dtype, str(dtype).removeprefix("torch.")):
+        try:
+            return np.dtype(name).newbyteorder("<")
+        except TypeError:  # "bfloat16", or a torch dtype in the first try
+            continue
+    return None
+
+
 class Client:
     """A connection to one gradcompd.
 
@@ -446,6 +461,11 @@ class Client:
         $GRADCOMP_TARGET if set) or "host:port".
       timeout: deadline of each RPC in seconds; a Reduce waits for every
         worker of its job, so this bounds how long a straggler holds a caller.
+        The default, 300 s, is longer than the daemon's own deadlines at their
+        defaults (60 s per collective round, two for PowerSGD; 10 s of
+        --memory_wait), so that a stalled reduce ends with the daemon's error
+        naming the missing ranks, not a bare DEADLINE_EXCEEDED. A deadline
+        that passes here does not stop the reduce in the daemon.
       token: sent as "authorization: Bearer <token>" on every call, for a
         daemon on TCP with --client_token_file; default $GRADCOMP_TOKEN if
         set. A daemon on its unix socket needs none.
@@ -456,12 +476,19 @@ class Client:
         /dev/shm.
     """
 
-    def __init__(self, target: str | None = None, timeout: float = 60.0,
+    def __init__(self, target: str | None = None, timeout: float = 300.0,
                  token: str | None = None, shm_mode: int = 0o600):
         if target is None:
             target = os.environ.get("GRADCOMP_TARGET") or DEFAULT_TARGET
         if not target:
             raise ValueError("empty gradcompd target; expected host:port or unix:/path")
+        path = target.removeprefix("unix://") if target.startswith("unix://") else (
+            target.removeprefix("unix:") if target.startswith("unix:") else None)
+        if path is not None and len(os.fsencode(path)) > _MAX_UNIX_PATH_BYTES:
+            # gRPC would fail every call with "Failed to create secure client channel".
+            raise ValueError(f"the socket path of target {target!r} has "
+                             f"{len(os.fsencode(path))} bytes; expected at most "
+                             f"{_MAX_UNIX_PATH_BYTES} (what a unix socket address holds)")
         self.target = target
         self.timeout = timeout
         # The mode of the shared-memory objects made for this client (the
@@ -530,10 +557,12 @@ class Client:
 
     def wait_serving(self, timeout: float) -> None:
         """Blocks until the daemon's health (grpc.health.v1, the service the
-        kubelet probes) is SERVING: it listens, and every peer is connected
-        both ways. A reduce sent before then waits for the missing peers
-        until --collective_timeout and fails. GradcompError UNAVAILABLE,
-        with the last status seen, if not in time."""
+        kubelet probes) is SERVING: it listens, and every peer was connected
+        both ways at its start-up. A reduce sent before then waits for the
+        missing peers until --collective_timeout and fails. Health stays
+        SERVING while the daemon runs, so this does not tell whether a peer
+        that came up has gone since (gradcomp_peers_up does). GradcompError
+        UNAVAILABLE, with the last status seen, if not in time."""
         check = self._channel.unary_unary(
             "/grpc.health.v1.Health/Check",
             request_serializer=lambda empty: b"",  # service "": the daemon
@@ -724,10 +753,7 @@ class Client:
         `generation` to change the list. Returns the list's hash."""
         declarations = []
         for name, (shape, dtype) in tensors.items():
-            try:
-                pb_dtype = _PB_DTYPE.get(np.dtype(dtype).newbyteorder("<"))
-            except TypeError:  # not a numpy dtype at all ("bfloat16", say)
-                pb_dtype = None
+            pb_dtype = _PB_DTYPE.get(_numpy_dtype(dtype))
             if pb_dtype is None:
                 raise TypeError(f"tensor {name!r}: dtype {dtype} is not "
                                 "one of float16, float32, float64")

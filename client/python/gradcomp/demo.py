@@ -107,8 +107,13 @@ def run(target: str | None, metrics_url: str, seed: int,
     rows = [(c.name, c.name) for c in info.codecs] + [("policy", None)]
     for label, codec in rows:
         t0 = time.perf_counter()
-        # A job per row, so that stateful codecs (top-k residuals) start fresh.
-        results = client.reduce_many(grads, step=step, codec=codec, job=f"demo-{label}")
+        # A job per row, so that stateful codecs (top-k residuals) start
+        # fresh; released once the row is in, so that they start fresh again
+        # in a later run against the same daemons (a sidecar that outlives
+        # the demo), and its state is not held for good. Not before the row:
+        # that would free a faster rank's messages for it.
+        job = f"demo-{label}"
+        results = client.reduce_many(grads, step=step, codec=codec, job=job)
         wall = time.perf_counter() - t0
         raw = wire = 0
         encode = decode = err2 = 0.0
@@ -123,6 +128,7 @@ def run(target: str | None, metrics_url: str, seed: int,
             diff = grads[name].astype(np.float64) - out
             err2 += float(np.dot(diff.ravel(), diff.ravel()))
         del results
+        client.release_job(job)
         ratio = raw / wire if wire else float("inf")
         print(f"{label:<10} {raw / 1e6:>9.1f} {wire / 1e6:>9.2f} {ratio:>7.1f}x "
               f"{np.sqrt(err2 / norm2):>10.2e} {encode:>9.3f} {decode:>9.3f} "

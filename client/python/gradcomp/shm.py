@@ -131,18 +131,27 @@ class ShmRegion:
     def __enter__(self) -> "ShmRegion":
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.release()
+    def __exit__(self, exc_type: object, error: object, tb: object) -> None:
+        if error is None:
+            self.release()
+            return
+        # An error is on its way out, and the block's views live on in its
+        # traceback: release() would raise BufferError in the error's place
+        # (before, it did, and hid the error).
+        self._forget()
 
     def __del__(self) -> None:
         if getattr(self, "_map", None) is None:
             return  # released, or __init__ failed
+        self._forget()
+
+    def _forget(self) -> None:
+        """release(), or, where views from array() outlive the region (or
+        the interpreter is exiting), the name now: the views keep the
+        mapping, and with it the flock, until they go."""
         try:
             self.release()
         except BufferError:
-            # Views from array() outlive the region (or the interpreter is
-            # exiting): they keep the mapping, and with it the flock, until
-            # they go; the name goes now, as it needs no unmapping.
             self._map = None
             self._unlink_and_close()
 

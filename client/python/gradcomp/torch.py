@@ -455,7 +455,7 @@ class HookState:
     MAX_BATCH = 64
 
     def __init__(self, model: torch.nn.Module, target: str, job: str = "default",
-                 codecs: Mapping[str, Codec] | None = None, timeout: float = 120.0,
+                 codecs: Mapping[str, Codec] | None = None, timeout: float = 300.0,
                  shm: bool | None = None, client: Client | None = None,
                  batch_same_shape: bool = False, gossip: Gossip | None = None,
                  cuda_ipc: bool | None = None, batch_gather: bool = True,
@@ -496,6 +496,9 @@ class HookState:
         # daemons match them by name and step, not by arrival order.
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="gradcomp-hook")
+        # (step, bucket index) of the last bucket that failed; read and
+        # written on the executor's one thread only.
+        self._failed: tuple[int, int] | None = None
         # grad_scaler: the overflow flags, one thread so that they too go
         # out in bucket order, while the buckets travel.
         self.grad_scaler = grad_scaler
@@ -546,6 +549,11 @@ class HookState:
     def _tensors(self, bucket: torch.distributed.GradBucket) -> list[_Tensor]:
         """The bucket's gradients: names, shapes and places in its buffer."""
         buffer = bucket.buffer()
+        if buffer.layout != torch.strided:  # nn.Embedding(sparse=True), say
+            names = [self.names.get(id(p), "?") for p in bucket.parameters()]
+            raise TypeError(f"the bucket of {', '.join(names)} holds a "
+                            f"{buffer.layout} gradient; gradcomp reduces dense "
+                            f"(torch.strided) gradients only")
         base, size = buffer.data_ptr(), buffer.numel() * buffer.element_size()
         tensors = []
         for param, grad in zip(bucket.parameters(), bucket.gradients()):
@@ -868,7 +876,7 @@ def hook(state: HookState, bucket: torch.distributed.GradBucket
         state.step += 1
     try:
         tensors = state._tensors(bucket)
-    except (TypeError, ValueError) as error:
+    except Exception as error:  # noqa: BLE001 (DDP needs a future, whatever failed)
         future.set_exception(error)
         return future
     # Every gradient of the bucket is computed, so backward no longer reads
@@ -883,15 +891,33 @@ def hook(state: HookState, bucket: torch.distributed.GradBucket
         ready.record(torch.cuda.current_stream(buffer.device))
 
     def run() -> None:
+        # DDP raises a failed bucket's error in backward without waiting for
+        # the step's other buckets, and the trainer goes on to the next step,
+        # whose gradients DDP copies into these same bucket buffers: a later
+        # bucket of a failed step may neither read its buffer (it would send
+        # the next step's gradients as this step's) nor write it (the old
+        # average would overwrite them).
+        if state._failed is not None and state._failed[0] == step:
+            future.set_exception(RuntimeError(
+                f"gradcomp hook: bucket {index} of step {step} was not reduced: "
+                f"bucket {state._failed[1]} of the step failed first (DDP raises "
+                f"its error), and its buffer may already hold the next step's "
+                f"gradients"))
+            return
         try:
             state._run_bucket(index, buffer, params, tensors, step, last, ready)
         except BaseException as error:  # noqa: B036
+            state._failed = (step, index)
             # Handed to DDP, which raises it in backward. torch's Future
             # takes only an Exception: anything else (a library's SystemExit)
             # goes wrapped, where the executor would have kept it and left
-            # DDP waiting for the future for ever.
+            # DDP waiting for the future for ever. Without its traceback,
+            # which DDP does not show: the traceback holds this frame, which
+            # holds the future, which holds the error, a cycle through a C++
+            # object that the garbage collector cannot see, and that kept the
+            # HookState (and its shared-memory regions) alive for good.
             future.set_exception(
-                error if isinstance(error, Exception)
+                error.with_traceback(None) if isinstance(error, Exception)
                 else RuntimeError(f"gradcomp hook: bucket {index}: {error!r}"))
             return
         future.set_result(buffer)

@@ -196,6 +196,21 @@ class ClientTest(unittest.TestCase):
         with self.assertRaisesRegex(TypeError, "tensor 'b': dtype bfloat16 is not one of"):
             self.client.declare_tensors({"b": ((2,), "bfloat16")}, job="declared")
 
+    def test_a_torch_dtype_declares_as_its_numpy_twin(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("needs torch (Debian: python3-torch)")
+        # The same list as numpy's dtypes: the same hash (before, torch
+        # dtypes were refused as "torch.float32 is not one of ... float32").
+        numpy_digest = self.client.declare_tensors(
+            {"w": ((4, 8), np.float32), "h": ((2,), np.float16)}, job="torch-declared")
+        torch_digest = self.client.declare_tensors(
+            {"w": ((4, 8), torch.float32), "h": ((2,), torch.float16)}, job="torch-declared")
+        self.assertEqual(torch_digest, numpy_digest)
+        with self.assertRaisesRegex(TypeError, "dtype torch.bfloat16 is not one of"):
+            self.client.declare_tensors({"b": ((2,), torch.bfloat16)}, job="torch-declared")
+
     def test_client_side_type_errors(self):
         with self.assertRaisesRegex(TypeError, "int32"):
             self.client.reduce(np.arange(4, dtype=np.int32), "ints", step=0)
@@ -347,6 +362,13 @@ class NoDaemonTest(unittest.TestCase):
                 client.info()
         self.assertEqual(caught.exception.code, grpc.StatusCode.UNAVAILABLE)
         self.assertIn("GetInfo to gradcompd at 127.0.0.1:", str(caught.exception))
+
+    def test_a_socket_path_longer_than_an_address_holds_is_refused(self):
+        # gRPC failed every call with "Failed to create secure client
+        # channel", the reason only in its own log.
+        with self.assertRaisesRegex(ValueError, "has 108 bytes; expected at most 107"):
+            gradcomp.Client("unix:/" + "p" * 107)
+        gradcomp.Client("unix:/" + "p" * 106).close()
 
 
 if __name__ == "__main__":

@@ -81,6 +81,18 @@ class ShmRegionTest(unittest.TestCase):
         view[...] = 2.0  # the mapping lives on with the view
         self.assertTrue(np.all(view == 2.0))
 
+    def test_an_error_in_a_with_block_is_raised_not_a_buffer_error(self):
+        # The block's views live on in the error's traceback: release()
+        # raised BufferError in the error's place, and left the object.
+        path = None
+        with self.assertRaisesRegex(ZeroDivisionError, "division"):
+            with ShmRegion(64, tag="py-test") as region:
+                path = "/dev/shm" + region.key
+                self.addCleanup(lambda: os.path.exists(path) and os.unlink(path))
+                view = region.array(4)
+                view[...] = 1 / 0
+        self.assertFalse(os.path.exists(path))
+
     def test_a_process_exiting_with_a_live_view_leaves_no_object(self):
         script = textwrap.dedent("""
             from gradcomp.shm import ShmRegion

@@ -415,6 +415,96 @@ class HookStateTest(unittest.TestCase):
             with self.assertRaisesRegex(RuntimeError, r"bucket 0: SystemExit\(3\)"):
                 future.wait()
 
+    def test_a_failed_bucket_fails_the_later_buckets_of_its_step_untouched(self):
+        # DDP raises the first failed bucket's error without waiting for the
+        # others and the trainer moves on: a later bucket of that step must
+        # neither send nor write its buffer, which DDP is refilling with the
+        # next step's gradients (before, the late average overwrote them).
+        import gradcomp.torch as gtorch
+        model = _model()
+        state = gtorch.HookState(model, "127.0.0.1:1")  # never called
+        self.addCleanup(state.close)
+        params = list(model.parameters())
+        ran = []
+
+        def run_bucket(index, buffer, *_):
+            ran.append((state.step, index))
+            if len(ran) == 1:
+                raise ValueError("refused: NaN")
+            buffer.fill_(7.0)  # what an average would write
+
+        with mock.patch.object(gtorch.HookState, "_run_bucket", side_effect=run_bucket):
+            first, second = _Bucket(params[:1], 0, 2), _Bucket(params[1:], 1, 2)
+            before = second.buffer().clone()
+            failed = gtorch.hook(state, first)
+            skipped = gtorch.hook(state, second)
+            with self.assertRaisesRegex(ValueError, "NaN"):
+                failed.wait()
+            with self.assertRaisesRegex(RuntimeError, "bucket 1 of step 0 was not "
+                                        "reduced: bucket 0 of the step failed first"):
+                skipped.wait()
+            self.assertTrue(torch.equal(second.buffer(), before))
+            self.assertEqual(ran, [(0, 0)])
+            # The next step reduces every bucket again.
+            futures = [gtorch.hook(state, _Bucket(params[:1], 0, 2)),
+                       gtorch.hook(state, _Bucket(params[1:], 1, 2))]
+            for future in futures:
+                self.assertTrue(bool((future.wait() == 7.0).all()))
+        self.assertEqual(len(ran), 3)
+
+    def test_a_failed_bucket_leaves_no_cycle_that_keeps_the_state(self):
+        # The error handed to DDP held a traceback through the hook's frame,
+        # which held the future, which held the error: a cycle through a C++
+        # object that gc cannot see, so the HookState and its shared-memory
+        # regions were never freed.
+        import gc
+        import weakref
+        import gradcomp.torch as gtorch
+        model = _model()
+        state = gtorch.HookState(model, "127.0.0.1:1")
+        with mock.patch.object(gtorch.HookState, "_run_bucket",
+                               side_effect=ValueError("refused")):
+            future = gtorch.hook(state, _Bucket(list(model.parameters()), 0, 1))
+            # Not assertRaises, which clears the frames of the traceback.
+            try:
+                future.wait()
+            except ValueError as error:
+                self.assertEqual(str(error), "refused")
+            else:
+                self.fail("the bucket's future did not fail")
+        state.close()
+        alive = weakref.ref(state)
+        del state, future
+        gc.collect()
+        self.assertIsNone(alive())
+
+    def test_a_sparse_gradient_fails_its_future_naming_the_parameter(self):
+        import gradcomp.torch as gtorch
+        model = torch.nn.Embedding(10, 3, sparse=True)
+        state = gtorch.HookState(model, "127.0.0.1:1")
+        self.addCleanup(state.close)
+        grad = torch.sparse_coo_tensor([[1, 4]], torch.ones(2, 3), (10, 3))
+
+        class Bucket:
+            def buffer(self):
+                return grad
+
+            def parameters(self):
+                return [model.weight]
+
+            def gradients(self):
+                return [grad]
+
+            def is_last(self):
+                return True
+
+            def index(self):
+                return 0
+
+        with self.assertRaisesRegex(TypeError, "bucket of weight holds a "
+                                    "torch.sparse_coo gradient"):
+            gtorch.hook(state, Bucket()).wait()
+
     def test_a_bucket_after_close_fails_its_future_saying_so(self):
         import gradcomp.torch as gtorch
         model = _model()
