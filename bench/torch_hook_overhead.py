@@ -9,9 +9,9 @@ allreduce, PyTorch's powerSGD_hook rank 2, gradcomp.torch.hook with powersgd
 rank 2 and with none (one gradcompd per worker, peered over loopback). The
 configurations run interleaved, `--repeats` rounds, and each reports its
 mean step time (forward, backward, gradient exchange, update; first 10 steps
-left out) and its CPU time per step (rank 0's process, all threads, during
-every step, the first 10 included, plus its daemon's over the whole run,
-evaluation included, divided by the steps); the table gives the medians over
+left out) and its CPU time per step (rank 0's process, all threads, and
+its daemon's, both within the steps alone, the first 10 included, divided
+by the steps); the table gives the medians over
 the rounds and the ratios to
 powerSGD_hook. Prints a markdown table. CPU time is the steadier figure on
 a shared machine: other load stretches wall time but not our CPU seconds.

@@ -369,8 +369,7 @@ def _train(rank: int, spec: RunSpec, daemon: _LocalDaemon | None) -> RunResult:
     accuracy, step_times = [], []
     distances, relative_distances = [], []
     sent_before = (0, 0)  # (bytes, steps) at the end of the first epoch
-    cpu = 0.0
-    daemon_cpu = daemon.cpu_seconds() if daemon else 0.0
+    cpu = 0.0  # this process's and its daemon's, within the steps alone
     start = time.perf_counter()
     for epoch in range(spec.epochs):
         order = torch.randperm(len(x_train),
@@ -378,12 +377,15 @@ def _train(rank: int, spec: RunSpec, daemon: _LocalDaemon | None) -> RunResult:
         for s in range(steps_per_epoch):
             idx = order[s * per_step + rank * spec.batch_size:
                         s * per_step + (rank + 1) * spec.batch_size]
+            d0 = daemon.cpu_seconds() if daemon else 0.0
             t0, c0 = time.perf_counter(), time.process_time()
             optimizer.zero_grad()
             F.cross_entropy(model(x_train[idx]), y_train[idx]).backward()
             optimizer.step()
             step_times.append(time.perf_counter() - t0)
             cpu += time.process_time() - c0
+            if daemon:
+                cpu += daemon.cpu_seconds() - d0
             schedule.step()
         if epoch == 0:
             sent_before = _sent(spec, state, allreduce_bytes, raw_bytes, steps_per_epoch)
@@ -403,8 +405,6 @@ def _train(rank: int, spec: RunSpec, daemon: _LocalDaemon | None) -> RunResult:
     wall = time.perf_counter() - start
     worker_accuracy = (_worker_accuracies(model.module, x_test, y_test, world)
                        if spec.gossip is not None else [])
-    if daemon:
-        cpu += daemon.cpu_seconds() - daemon_cpu
     transport = ""
     sent, steps = _sent(spec, state, allreduce_bytes, raw_bytes, total_steps)
     later = (sent - sent_before[0]) / max(steps - sent_before[1], 1)
