@@ -3,6 +3,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -17,6 +18,9 @@
 #include "absl/strings/strip.h"
 #include "base/bearer_token.h"
 #include "base/status_macros.h"
+#include "grpcpp/impl/client_unary_call.h"
+#include "grpcpp/impl/rpc_method.h"
+#include "grpcpp/support/byte_buffer.h"
 
 namespace gradcomp::client {
 namespace {
@@ -245,6 +249,54 @@ absl::Status Client::WaitForReady(absl::Duration timeout) {
       absl::FormatDuration(absl::Now() - start), " of ",
       absl::FormatDuration(timeout), " with the channel in state ",
       ChannelStateName(channel_->GetState(/*try_to_connect=*/false))));
+}
+
+absl::Status Client::WaitServing(absl::Duration timeout) {
+  // grpc.health.v1 without its generated code: the request for the server's
+  // overall health (service "") is the empty message, and the response's one
+  // field, the status, is a varint of tag 1 (SERVING = 1).
+  const grpc::internal::RpcMethod check("/grpc.health.v1.Health/Check",
+                                        grpc::internal::RpcMethod::NORMAL_RPC,
+                                        channel_);
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string last = "no answer";
+  while (true) {
+    std::unique_ptr<grpc::ClientContext> context = NewContext();
+    context->set_deadline(DeadlineAfter(std::clamp(
+        deadline - absl::Now(), absl::Milliseconds(100), absl::Seconds(5))));
+    grpc::Slice empty;
+    const grpc::ByteBuffer request(&empty, 1);
+    grpc::ByteBuffer response;
+    const grpc::Status status =
+        grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+            channel_.get(), check, context.get(), request, &response);
+    if (status.ok()) {
+      std::vector<grpc::Slice> slices;
+      std::string bytes;
+      if (response.Dump(&slices).ok()) {
+        for (const grpc::Slice& slice : slices) {
+          bytes.append(reinterpret_cast<const char*>(slice.begin()),
+                       slice.size());
+        }
+      }
+      const int serving =
+          bytes.size() >= 2 && bytes[0] == '\x08' ? bytes[1] & 0x7f : 0;
+      if (serving == 1) return absl::OkStatus();
+      last = serving == 2 ? "NOT_SERVING" : absl::StrCat("status ", serving);
+    } else {
+      const absl::Status failed =
+          FromGrpcStatus(status, "Health/Check", target_);
+      last = absl::StrCat(absl::StatusCodeToString(failed.code()), ": ",
+                          status.error_message());
+    }
+    if (absl::Now() + absl::Milliseconds(200) >= deadline) {
+      return absl::UnavailableError(absl::StrCat(
+          "gradcompd at ", target_, " was not SERVING within ",
+          absl::FormatDuration(timeout), " (last: ", last,
+          "); a daemon is NOT_SERVING until all its peers are connected"));
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
 }
 
 std::unique_ptr<grpc::ClientContext> Client::NewContext() const {

@@ -114,6 +114,15 @@ class Client {
   // Blocks until the channel is connected or `timeout` passes.
   absl::Status WaitForReady(absl::Duration timeout);
 
+  // Blocks until the daemon's health (grpc.health.v1, the service the
+  // kubelet probes) is SERVING: it listens, and every peer was connected
+  // both ways at its start-up. A reduce sent before then waits for the
+  // missing peers until --collective_timeout and fails, so a trainer started
+  // beside its sidecar calls this first. Health stays SERVING while the
+  // daemon runs: this does not tell whether a peer has gone since.
+  // Unavailable, with the last status seen, if not SERVING by `timeout`.
+  absl::Status WaitServing(absl::Duration timeout);
+
   // Reduces a float32 tensor; `codec` unset lets the daemon's policy decide.
   // `batch` set: the tensor's rounds travel in one collective with the
   // batch's other members (gradcomp.proto ReduceBatch), which must be

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -127,6 +128,42 @@ TEST(ClientTest, WaitForReadyNamesTheChannelState) {
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(status.message(),
               HasSubstr("of 300ms with the channel in state"));
+}
+
+// WaitServing polls gRPC's own health service (the daemon's is the same):
+// it waits out NOT_SERVING and returns once the server says SERVING; with
+// none, it names the last status at its timeout.
+TEST(ClientTest, WaitServingWaitsForTheHealthServiceToSayServing) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  v1::Gradcomp::Service unimplemented;  // a sync service polls the health one
+  builder.RegisterService(&unimplemented);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  server->GetHealthCheckService()->SetServingStatus(false);
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect(absl::StrCat("127.0.0.1:", port));
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::Status status = (*client)->WaitServing(absl::Milliseconds(500));
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(status.message(),
+              HasSubstr("was not SERVING within 500ms (last: NOT_SERVING)"));
+  std::thread serve([&server] {
+    absl::SleepFor(absl::Milliseconds(300));
+    server->GetHealthCheckService()->SetServingStatus(true);
+  });
+  status = (*client)->WaitServing(absl::Seconds(30));
+  serve.join();
+  EXPECT_TRUE(status.ok()) << status;
+  server->Shutdown();
+  grpc::EnableDefaultHealthCheckService(false);
+
+  status = (*client)->WaitServing(absl::Milliseconds(300));
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(status.message(), HasSubstr("(last: UNAVAILABLE"));
 }
 
 // No daemon listens on this socket: the RPC fails as Unavailable, and the
