@@ -484,10 +484,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--gossip_power_steps", type=int, default=1)
     p.add_argument("--gossip_diffusion", type=float, default=0.0,
                    help="gossip step size gamma (0: the daemon's default, 1.0)")
+    p.add_argument("--dense_below_numel", type=int, default=DENSE_BELOW_NUMEL,
+                   help="the policy sends tensors under this many values dense; "
+                   "0 with --codec=powersgd compresses every matrix, as "
+                   "powerSGD_hook does (the codec's min_compression_rate decides)")
     args = p.parse_args(argv)
     params = dict(kv.split("=", 1) for kv in args.param)
     spec = RunSpec(comm=args.comm,
-                   policy=(codec_policy(args.codec, params, args.warmup_steps)
+                   policy=(codec_policy(args.codec, params, args.warmup_steps,
+                                        args.dense_below_numel)
                            if args.codec else None),
                    powersgd_start_iter=max(args.warmup_steps, 2),
                    codec_momentum=args.dgc, workers=args.workers, epochs=args.epochs,

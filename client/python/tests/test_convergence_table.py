@@ -91,10 +91,41 @@ class ConvergencePageTest(unittest.TestCase):
         noisy = self._page(self._all_rows([0.90, 0.91, 0.92], [0.905, 0.91, 0.918]),
                            [0, 1, 2]).replace("\n", " ")
         self.assertIn("seed by seed: -0.50, +0.00, +0.20", noisy)
-        self.assertIn("do not show gradcomp worse, nor no worse", noisy)
-        met = self._page(self._all_rows([0.91, 0.91, 0.92], [0.90, 0.91, 0.92]),
-                         [0, 1, 2]).replace("\n", " ")
-        self.assertIn("no worse on the mean: target met", met)
+        self.assertIn("worse on the mean by 0.10 points", noisy)
+        self.assertIn("it holds 0, so the 3 seeds do not tell the two apart", noisy)
+        # A positive mean within the noise is no result either (it read
+        # "target met" for any mean >= 0).
+        lucky = self._page(self._all_rows([0.91, 0.91, 0.92], [0.90, 0.91, 0.92]),
+                           [0, 1, 2]).replace("\n", " ")
+        self.assertIn("better on the mean by 0.33 points", lucky)
+        self.assertIn("it holds 0, so the 3 seeds do not tell the two apart", lucky)
+        self.assertNotIn("target met", lucky)
+        better = self._page(self._all_rows([0.91, 0.92, 0.93], [0.90, 0.912, 0.921]),
+                            [0, 1, 2]).replace("\n", " ")
+        self.assertIn("above 0, so gradcomp is better beyond the noise of 3 seeds, "
+                      "target met", better)
+
+    def test_one_epoch_has_no_steps_after_it(self):
+        # `run_table --epochs 1` trained every row, then divided by the zero
+        # bytes per step after epoch 1 while writing the page.
+        document = _document(self._all_rows([0.90], [0.90]), [0])
+        for row in document["rows"]:
+            for result in row["results"]:
+                result["bytes_per_step_after_epoch1"] = 0.0
+        with tempfile.TemporaryDirectory() as tmp:
+            md = pathlib.Path(tmp, "c.md")
+            self.table.write_page(document, md, pathlib.Path(tmp, "c.png"))
+            self.assertIn("| 2.0 | - | - |", md.read_text())
+
+    def test_results_without_the_dense_row_are_refused(self):
+        # --rows results have no dense row: the page compared every row
+        # with whichever came first, and called it dense.
+        document = _document({OURS: [0.90], THEIRS: [0.90]}, [0])
+        with tempfile.TemporaryDirectory() as tmp:
+            with self.assertRaisesRegex(ValueError, "which the results do not "
+                                        "hold first"):
+                self.table.write_page(document, pathlib.Path(tmp, "c.md"),
+                                      pathlib.Path(tmp, "c.png"))
 
     def test_cut_short_keeps_common_seeds(self):
         finals = self._all_rows([0.89, 0.90], [0.895, 0.905])
