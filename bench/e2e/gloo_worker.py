@@ -71,9 +71,15 @@ def main() -> int:
         q0 = qdisc_sent()  # a `tc` run: before the barrier, as in tests/e2e/worker.py
         dist.barrier()
         t0 = time.perf_counter()
+        # As DDP does: each bucket's allreduce starts as soon as the bucket is
+        # packed, without waiting for the one before (Gloo runs them on its
+        # own threads), and the averages are unpacked once all are done.
+        works = []
         for bucket, flat in zip(buckets, flats):
             torch.cat([t.reshape(-1) for t in bucket], out=flat)
-            dist.all_reduce(flat)
+            works.append(dist.all_reduce(flat, async_op=True))
+        for bucket, flat, work in zip(buckets, flats, works):
+            work.wait()
             flat.div_(args.world_size)
             offset = 0
             for t in bucket:
