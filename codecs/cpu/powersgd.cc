@@ -411,9 +411,7 @@ absl::StatusOr<std::optional<Round>> PowerSgdSession::NextRound() {
       if (plan_.dense()) {
         GC_RETURN_IF_ERROR(LoadDense());
         stage_ = Stage::kAwaitDense;
-        return MakePowerSgdRound(
-            plan_, grad_.numel(), 0,
-            dense_m_.empty() ? grad_.values : absl::MakeConstSpan(dense_m_));
+        return MakePowerSgdRound(plan_, grad_.numel(), 0, DenseValues());
       }
       GC_ASSIGN_OR_RETURN(const std::vector<float> p, MultiplyP(InitialQ()));
       stage_ = Stage::kAwaitP;
@@ -473,14 +471,15 @@ absl::Status PowerSgdSession::Finish(absl::Span<float> out) {
 absl::Status PowerSgdSession::DecodeOwn(absl::Span<float> out) {
   GC_RETURN_IF_ERROR(CheckDone("DecodeOwn", out));
   if (plan_.dense()) {
-    if (dense_m_.empty()) {
-      std::copy(grad_.values.begin(), grad_.values.end(), out.begin());
-    } else {
-      std::copy(dense_m_.begin(), dense_m_.end(), out.begin());
-    }
+    const absl::Span<const float> values = DenseValues();
+    std::copy(values.begin(), values.end(), out.begin());
     return absl::OkStatus();
   }
   return Expand(own_q_, out);
+}
+
+absl::Span<const float> PowerSgdSession::DenseValues() const {
+  return dense_m_.empty() ? grad_.values : absl::MakeConstSpan(dense_m_);
 }
 
 absl::Status PowerSgdSession::LoadDense() {

@@ -150,6 +150,8 @@ class PowerSgdSession : public CodecSession {
   // low-rank steps (dense_m_ stays empty, and g is sent, otherwise).
   // InvalidArgument (NonFiniteInput) when M holds NaN or Inf.
   absl::Status LoadDense();
+  // What a dense step sends and decodes as its own: M, or g alone.
+  absl::Span<const float> DenseValues() const;
   std::vector<float> InitialQ();
   absl::Status AbsorbQ(std::vector<float> q_sum, int world_size);
   absl::Status CheckDone(absl::string_view call, absl::Span<float> out) const;

@@ -482,8 +482,8 @@ class Client:
             target = os.environ.get("GRADCOMP_TARGET") or DEFAULT_TARGET
         if not target:
             raise ValueError("empty gradcompd target; expected host:port or unix:/path")
-        path = target.removeprefix("unix://") if target.startswith("unix://") else (
-            target.removeprefix("unix:") if target.startswith("unix:") else None)
+        path = next((target[len(scheme):] for scheme in ("unix://", "unix:")
+                     if target.startswith(scheme)), None)
         if path is not None and len(os.fsencode(path)) > _MAX_UNIX_PATH_BYTES:
             # gRPC would fail every call with "Failed to create secure client channel".
             raise ValueError(f"the socket path of target {target!r} has "
