@@ -62,6 +62,11 @@ absl::Status ReservePages(int fd, uint64_t byte_size, const std::string& key) {
                    "smaller region"));
 }
 
+// The longest prefix: a key is '/' and at most NAME_MAX (255) bytes, of
+// which the tag (at most 128), a pid (at most 10 digits), the 16 random
+// hex digits and the two dots take 156.
+constexpr size_t kMaxPrefix = 1 + 255 - 156;
+
 bool IsKeyChar(char c) {
   return absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.';
 }
@@ -69,7 +74,8 @@ bool IsKeyChar(char c) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(
-    uint64_t byte_size, absl::string_view tag, mode_t mode) {
+    uint64_t byte_size, absl::string_view tag, mode_t mode,
+    absl::string_view prefix) {
   // ftruncate and mmap take the size as an off_t: a larger one would come
   // back as an EINVAL that does not say which argument was wrong.
   constexpr uint64_t kMaxSize = std::numeric_limits<off_t>::max();
@@ -90,8 +96,17 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(
         "let the owner read and write (0600 at least)",
         mode));
   }
+  // As gradcompd checks its --shm_prefix. The name after the '/' must fit
+  // NAME_MAX with the tag, the pid and the random part.
+  if (prefix.size() < 2 || prefix.size() > kMaxPrefix || prefix[0] != '/' ||
+      prefix.find('/', 1) != absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared-memory prefix '", prefix, "': expected '/' and the start of a ",
+        "name without another '/', at most ", kMaxPrefix,
+        " bytes (gradcompd --shm_prefix; default '", kDefaultShmPrefix, "')"));
+  }
   std::random_device random;
-  const std::string key = absl::StrFormat("/gradcomp.%s.%d.%08x%08x", tag,
+  const std::string key = absl::StrFormat("%s%s.%d.%08x%08x", prefix, tag,
                                           getpid(), random(), random());
   const int fd =
       shm_open(key.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);

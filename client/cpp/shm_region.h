@@ -25,12 +25,17 @@
 
 namespace gradcomp::client {
 
+// The start of every name ShmRegion gives its objects unless told another:
+// the default of gradcompd --shm_prefix, which maps only objects so named.
+inline constexpr char kDefaultShmPrefix[] = "/gradcomp.";
+
 class ShmRegion {
  public:
   // Creates and maps a new zero-filled object of `byte_size` bytes named
-  // "/gradcomp.<tag>.<pid>.<random>", so that jobs and pods sharing
-  // /dev/shm never pick the same key. `tag` (e.g. the job) may hold
-  // letters, digits, '-', '_' and '.'. The object's pages are reserved
+  // "<prefix><tag>.<pid>.<random>", so that jobs and pods sharing /dev/shm
+  // never pick the same key. `tag` (e.g. the job) may hold letters, digits,
+  // '-', '_' and '.'; `prefix` is the daemon's --shm_prefix: '/' and the
+  // start of a name without another '/'. The object's pages are reserved
   // here: a /dev/shm too small for it (Docker's default is 64 MiB) is a
   // ResourceExhausted now rather than a SIGBUS on the first write. A size
   // of 0 or above the largest off_t is an InvalidArgument. `mode` is set as
@@ -39,7 +44,8 @@ class ShmRegion {
   // other read-write bit (0660 with a group both share, 0666 in a pod's
   // own /dev/shm); it must keep 0600 for the creator.
   static absl::StatusOr<std::unique_ptr<ShmRegion>> Create(
-      uint64_t byte_size, absl::string_view tag = "region", mode_t mode = 0600);
+      uint64_t byte_size, absl::string_view tag = "region", mode_t mode = 0600,
+      absl::string_view prefix = kDefaultShmPrefix);
 
   ShmRegion(const ShmRegion&) = delete;
   ShmRegion& operator=(const ShmRegion&) = delete;

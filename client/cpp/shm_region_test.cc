@@ -131,6 +131,30 @@ TEST(ShmRegionTest, RejectsZeroOrOversizedSizesAndBadTags) {
   }
 }
 
+// A daemon started with another --shm_prefix maps only objects so named:
+// the region takes that prefix, and one gradcompd would refuse is refused.
+TEST(ShmRegionTest, NamesItsObjectWithTheDaemonsPrefix) {
+  absl::StatusOr<std::unique_ptr<ShmRegion>> region =
+      ShmRegion::Create(64, "job", 0600, "/team-a.");
+  ASSERT_TRUE(region.ok()) << region.status();
+  EXPECT_THAT((*region)->key(), StartsWith("/team-a.job."));
+  const int fd = shm_open((*region)->key().c_str(), O_RDWR, 0);
+  EXPECT_GE(fd, 0);
+  close(fd);
+  for (const std::string& prefix :
+       {std::string(), std::string("/"), std::string("team."),
+        std::string("/a/b."), "/" + std::string(100, 'x')}) {
+    absl::Status status = ShmRegion::Create(64, "job", 0600, prefix).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << prefix;
+    EXPECT_THAT(status.message(), HasSubstr("gradcompd --shm_prefix"));
+  }
+  // The longest prefix still leaves room for the longest tag.
+  const std::string longest = "/" + std::string(99, 'p');
+  absl::StatusOr<std::unique_ptr<ShmRegion>> full =
+      ShmRegion::Create(64, std::string(128, 't'), 0600, longest);
+  ASSERT_TRUE(full.ok()) << full.status();
+}
+
 // The mode as given, whatever the umask (0666 under umask 022 would be
 // 0644, which a daemon of another uid could not open read-write); the
 // creator must keep read and write.

@@ -182,8 +182,9 @@ SharedMemoryRegistry::MapHeldObject(absl::string_view field,
     return absl::PermissionDeniedError(absl::StrCat(
         field, " '", key, "' is outside the allowed prefix '", key_prefix_,
         "': this daemon maps only shared-memory objects named '", key_prefix_,
-        "...' (gradcompd --shm_prefix; gradcomp's shm helpers name theirs "
-        "so)"));
+        "...' (gradcompd --shm_prefix; give gradcomp's shm helpers the same "
+        "prefix: ShmRegion::Create's prefix, Python's "
+        "Client(shm_prefix=...))"));
   }
   absl::StatusOr<std::unique_ptr<MappedRegion>> mapping =
       MappedRegion::Map(key, offset, byte_size);

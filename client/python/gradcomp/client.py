@@ -26,7 +26,7 @@ import numpy as np
 
 from gradcomp import cuda_ipc, inline_wire
 from gradcomp.errors import GradcompError, status_code
-from gradcomp.shm import ShmRegion, ShmTensor
+from gradcomp.shm import DEFAULT_SHM_PREFIX, ShmRegion, ShmTensor, check_shm_prefix
 
 try:
     from gradcomp.v1 import gradcomp_pb2, gradcomp_pb2_grpc
@@ -474,10 +474,13 @@ class Client:
         default. A daemon that runs as another uid (with --shm_owner_uids)
         must be able to open them read-write: e.g. 0o666 in a pod's own
         /dev/shm.
+      shm_prefix: the start of those objects' names: the daemon's
+        --shm_prefix ("/gradcomp." by default), as it maps no other.
     """
 
     def __init__(self, target: str | None = None, timeout: float = 300.0,
-                 token: str | None = None, shm_mode: int = 0o600):
+                 token: str | None = None, shm_mode: int = 0o600,
+                 shm_prefix: str = DEFAULT_SHM_PREFIX):
         if target is None:
             target = os.environ.get("GRADCOMP_TARGET") or DEFAULT_TARGET
         if not target:
@@ -494,6 +497,8 @@ class Client:
         # The mode of the shared-memory objects made for this client (the
         # torch hook's regions, the CUDA liveness lock): see ShmRegion.
         self.shm_mode = shm_mode
+        check_shm_prefix(shm_prefix)
+        self.shm_prefix = shm_prefix
         source = "token"
         if token is None:
             token, source = os.environ.get("GRADCOMP_TOKEN") or None, "$GRADCOMP_TOKEN"
@@ -830,7 +835,8 @@ class Client:
         forked meanwhile inherits the lock and keeps them alive too."""
         with self._cuda_lock_guard:
             if self._cuda_lock is None:
-                self._cuda_lock = ShmRegion(1, tag="cuda-lock", mode=self.shm_mode)
+                self._cuda_lock = ShmRegion(1, tag="cuda-lock", mode=self.shm_mode,
+                                            prefix=self.shm_prefix)
             self._cuda_lock_users += 1
             return self._cuda_lock.key
 

@@ -78,11 +78,31 @@ def _reserve_pages(fd: int, byte_size: int, key: str) -> None:
                       f"region") from None
 
 
+# gradcompd's default --shm_prefix: the daemon maps only objects whose
+# name starts with its prefix.
+DEFAULT_SHM_PREFIX = "/gradcomp."
+# A key is "/" and at most NAME_MAX (255) bytes, of which the tag (at most
+# 128), a pid (at most 10 digits), 16 random hex digits and two dots take 156.
+_MAX_PREFIX_BYTES = 1 + 255 - 156
+
+
+def check_shm_prefix(prefix: str) -> None:
+    """Raises ValueError unless `prefix` can start a ShmRegion's key, as
+    gradcompd checks its --shm_prefix."""
+    size = len(prefix.encode())
+    if size < 2 or size > _MAX_PREFIX_BYTES or prefix[0] != "/" or "/" in prefix[1:]:
+        raise ValueError(f"shared-memory prefix {prefix!r}: expected '/' and the "
+                         f"start of a name without another '/', at most "
+                         f"{_MAX_PREFIX_BYTES} bytes (gradcompd --shm_prefix; "
+                         f"default {DEFAULT_SHM_PREFIX!r})")
+
+
 class ShmRegion:
     """A new POSIX shared-memory object, mapped read-write.
 
-    Its key is "/gradcomp.<tag>.<pid>.<random>", so jobs and pods sharing
-    /dev/shm never collide. Its pages are reserved at once: a /dev/shm
+    Its key is "<prefix><tag>.<pid>.<random>", so jobs and pods sharing
+    /dev/shm never collide; `prefix` is the daemon's --shm_prefix
+    ("/gradcomp." by default), as it maps only objects so named. Its pages are reserved at once: a /dev/shm
     without room for them (Docker's default is 64 MiB) raises OSError
     (ENOSPC) here, not SIGBUS on the first write. release() (or leaving
     the `with` block) unmaps it and unlinks the object; drop the numpy
@@ -96,7 +116,8 @@ class ShmRegion:
     group both share, or 0o666 in a pod's own /dev/shm).
     """
 
-    def __init__(self, byte_size: int, tag: str = "region", mode: int = 0o600):
+    def __init__(self, byte_size: int, tag: str = "region", mode: int = 0o600,
+                 prefix: str = DEFAULT_SHM_PREFIX):
         if byte_size <= 0:
             raise ValueError(f"shared-memory region of {byte_size} bytes, "
                              f"expected a positive size")
@@ -107,8 +128,9 @@ class ShmRegion:
             raise ValueError(f"shared-memory mode {mode:#o}: expected permission "
                              f"bits (at most 0o777) that let the owner read and "
                              f"write (0o600 at least)")
+        check_shm_prefix(prefix)
         self._creator = os.getpid()
-        self.key = f"/gradcomp.{tag}.{self._creator}.{secrets.token_hex(8)}"
+        self.key = f"{prefix}{tag}.{self._creator}.{secrets.token_hex(8)}"
         self.byte_size = byte_size
         # shm_open(3) on Linux is open(2) under /dev/shm.
         self._fd = os.open(_SHM_DIR + self.key,

@@ -239,7 +239,8 @@ class _ShmStaging:
             return current
         if current is not None:
             self._drop(index)
-        region = ShmRegion(2 * nbytes, tag="torch-hook", mode=self._client.shm_mode)
+        region = ShmRegion(2 * nbytes, tag="torch-hook", mode=self._client.shm_mode,
+                           prefix=self._client.shm_prefix)
         return self._register(index, region), region
 
     def renew(self, index: int) -> str:

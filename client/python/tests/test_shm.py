@@ -167,6 +167,15 @@ class ShmRegionTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             ShmRegion(64, tag="../etc")
 
+    def test_bad_prefixes(self):
+        for prefix in ("", "/", "team.", "/a/b.", "/" + "x" * 100):
+            with self.assertRaisesRegex(ValueError, "gradcompd --shm_prefix"):
+                ShmRegion(64, prefix=prefix)
+            with self.assertRaisesRegex(ValueError, "gradcompd --shm_prefix"):
+                gradcomp.Client("localhost:1", shm_prefix=prefix)
+        # The longest prefix leaves room for the longest tag.
+        ShmRegion(64, tag="t" * 128, prefix="/" + "p" * 99).release()
+
 
 class ShmOffByDefaultTest(unittest.TestCase):
 
@@ -177,6 +186,28 @@ class ShmOffByDefaultTest(unittest.TestCase):
                 client.register_shm("r", region)
             self.assertEqual(error.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
             self.assertIn("--allow_client_shm", str(error.exception))
+
+
+class ShmPrefixTest(unittest.TestCase):
+
+    def test_a_daemon_with_another_prefix_maps_regions_named_with_it(self):
+        with Daemon(["--allow_client_shm", "--shm_prefix=/py-team."]) as daemon, \
+                gradcomp.Client(daemon.target, shm_prefix="/py-team.") as client:
+            with ShmRegion(64, tag="py-test") as region:
+                with self.assertRaises(gradcomp.GradcompError) as error:
+                    client.register_shm("r", region)
+                self.assertEqual(error.exception.code, grpc.StatusCode.PERMISSION_DENIED)
+                self.assertIn("'/py-team.'", str(error.exception))
+            with ShmRegion(64, tag="py-test", prefix=client.shm_prefix) as region:
+                self.assertTrue(region.key.startswith("/py-team.py-test."))
+                client.register_shm("r", region)
+                source, target = region.array(8), region.array(8, offset=32)
+                source[...] = np.arange(8, dtype=np.float32)
+                client.reduce_shm("t", 0, region.tensor("r", source),
+                                  region.tensor("r", target))
+                np.testing.assert_array_equal(target, np.arange(8, dtype=np.float32))
+                del source, target
+                client.unregister_shm("r")
 
 
 class ShmDaemonTest(unittest.TestCase):

@@ -658,6 +658,21 @@ class HookEmptyGradientTest(GlooGroupOfOne):
             finally:
                 state.close()
 
+    def test_the_hooks_regions_take_the_clients_shm_prefix(self):
+        import gradcomp.torch as gtorch
+        model = _model()
+        params = list(model.parameters())
+        with Daemon(["--allow_client_shm", "--shm_prefix=/hook-team."]) as daemon, \
+                gradcomp.Client(daemon.target, shm_prefix="/hook-team.") as client:
+            state = gtorch.HookState(model, daemon.target, job="prefix", shm=True,
+                                     client=client)
+            try:
+                gtorch.hook(state, _Bucket(params, 0, 1)).wait()
+                self.assertEqual(state.transport, "shm")
+                self.assertEqual(daemon.metric("gradcomp_shm_regions"), 1)
+            finally:
+                state.close()
+
 
 @unittest.skipIf(torch is None, "needs torch (Debian: python3-torch)")
 class HookTransportProbeTest(unittest.TestCase):
