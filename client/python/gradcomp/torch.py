@@ -17,7 +17,9 @@ accepts it (`--allow_client_shm`): one region per bucket, the bucket copied
 in and the averages copied out, no tensor bytes over gRPC. Otherwise, or
 with shm=False, they travel inline. A daemon that restarted has forgotten
 the regions: the hook registers a bucket's region again when the daemon
-says it does not know it, and sends the bucket once more.
+says it does not know it, and sends the bucket once more; one that came
+back without shared memory gets the buckets inline from then on (unless
+shm=True).
 
 CUDA buckets go through CUDA IPC when the daemon is on this host and has a
 usable GPU: the hook registers one device buffer of its own with the
@@ -198,13 +200,21 @@ def _unknown_region(error: GradcompError, name: str) -> bool:
             and f"no shared-memory region '{name}'" in error.details)
 
 
+def _shm_off(error: GradcompError) -> bool:
+    """Whether `error` is the daemon saying it takes no client shared memory
+    (service/api/convert.h, kClientShmOff): one restarted without
+    --allow_client_shm since the hook chose shared memory."""
+    return (error.code == grpc.StatusCode.FAILED_PRECONDITION
+            and "client shared memory is off on this daemon" in error.details)
+
+
 def _unregister(client: Client, name: str) -> None:
     """Unregisters region `name`; one the daemon does not know (it restarted
-    since) is gone already."""
+    since, perhaps with shared memory off) is gone already."""
     try:
         client.unregister_shm(name)
     except GradcompError as error:
-        if not _unknown_region(error, name):
+        if not (_unknown_region(error, name) or _shm_off(error)):
             raise
 
 
@@ -700,20 +710,21 @@ class HookState:
         source.view(buffer.dtype).copy_(buffer)
         # The daemon reads through its own CUDA context: the copy must be done.
         torch.cuda.current_stream().synchronize()
-        stats, batched = self._reduce_registered(region, self._cuda_staging.renew,
-                                                 first, second, tensors, step)
+        stats: dict = {}
+        batched = self._reduce_registered(region, self._cuda_staging.renew,
+                                          first, second, tensors, step, stats)
         buffer.copy_(target.view(buffer.dtype))
         self._record(stats, batched, last)
 
     def _reduce_registered(self, region: str, renew: Callable[[], str], first: int,
                            second: int, tensors: list[_Tensor],
-                           step: int) -> tuple[dict, int]:
+                           step: int, stats: dict) -> int:
         """_reduce_slices, and once more under the name renew() registers the
         same memory as if the daemon no longer knows `region` (it restarted
         since): any other error, or that one again, propagates. The retry
         sends only the codec groups not yet reduced: the peers are done with
-        the others' step, and a second reduce of it would wait for them."""
-        stats: dict = {}
+        the others' step, and a second reduce of it would wait for them.
+        `stats` gets each group's {name: ReduceStats} as it completes."""
         try:
             return self._reduce_slices(region, first, second, tensors, step, stats)
         except GradcompError as error:
@@ -723,11 +734,11 @@ class HookState:
 
     def _reduce_slices(self, region: str, first: int, second: int,
                        tensors: list[_Tensor], step: int,
-                       stats: dict) -> tuple[dict, int]:
+                       stats: dict) -> int:
         """Reduces a buffer registered as `region`, bytes from `first`, into
         its copy from `second`, group by codec group, adding each group's
         {name: ReduceStats} to `stats` as it completes and skipping the
-        groups already there; (stats, tensors batched)."""
+        groups already there; the number of tensors batched."""
         batched = 0
         for codec, group in self._groups(tensors):
             batches = self._batches(codec, group)
@@ -741,26 +752,45 @@ class HookState:
                 params=codec and codec.params, batches=batches,
                 gossip=self.gossip,
                 consensus_distance=self.consensus_distance))
-        return stats, batched
+        return batched
 
     def _reduce(self, index: int, buffer: np.ndarray, tensors: list[_Tensor],
                 step: int, last: bool) -> None:
         if not self.transport:
             self._choose_transport()
-        stats = {}
+        stats: dict = {}
         batched = 0
+        inline = True
         staged = self._staged_region(index, buffer.nbytes)
         if staged is not None:
             name, region = staged
             region.array(buffer.shape, buffer.dtype)[...] = buffer
-            stats, batched = self._reduce_registered(
-                name, functools.partial(self._staging.renew, index),
-                0, buffer.nbytes, tensors, step)
-            buffer[...] = region.array(buffer.shape, buffer.dtype, offset=buffer.nbytes)
-        else:
+            try:
+                batched = self._reduce_registered(
+                    name, functools.partial(self._staging.renew, index),
+                    0, buffer.nbytes, tensors, step, stats)
+                buffer[...] = region.array(buffer.shape, buffer.dtype, offset=buffer.nbytes)
+                inline = False
+            except GradcompError as error:
+                if self._shm_wanted is not None or not _shm_off(error):
+                    raise
+                # A daemon restarted without shared memory: the groups it
+                # reduced before (none, unless it restarted mid-bucket) keep
+                # their averages, and the rest go inline, now and from now on.
+                done = [t for t in tensors if t.name in stats]
+                for t in done:
+                    t.view(buffer)[...] = t.view(region.array(
+                        buffer.shape, buffer.dtype, offset=buffer.nbytes))
+                self._go_inline(error.details, "a daemon started with "
+                                "--allow_client_shm again gets shared memory back "
+                                "when the trainer restarts")
+        if inline:
+            batched = 0
             for codec, group in self._groups(tensors):
                 batches = self._batches(codec, group)
                 batched += sum(map(len, batches.values()))
+                if all(t.name in stats for t in group):
+                    continue
                 results = self.client.reduce_many(
                     [(t.name, t.view(buffer)) for t in group], step=step, job=self.job,
                     codec=codec and codec.name, params=codec and codec.params,
@@ -786,15 +816,19 @@ class HookState:
         except OSError as error:
             if self._shm_wanted or error.errno != errno.ENOSPC:
                 raise
-            why = error.strerror
+            self._go_inline(error.strerror, "give /dev/shm more room, e.g. docker "
+                            "run --shm-size")
+        return None
+
+    def _go_inline(self, why: str, remedy: str) -> None:
+        """Sends buckets inline from now on, with a warning saying `why` and
+        what to do about it, and lets the shared-memory regions go."""
         staging, self._staging = self._staging, None
         self.transport, self.transport_reason = "inline", why
         warnings.warn(f"gradcomp.torch: job '{self.job}' sends its buckets inline "
-                      f"from now on: {why} (give /dev/shm more room, e.g. docker "
-                      f"run --shm-size, or pass shm=False to choose inline)",
-                      RuntimeWarning, stacklevel=2)
+                      f"from now on: {why} ({remedy}, or pass shm=False to choose "
+                      f"inline)", RuntimeWarning, stacklevel=3)
         staging.close()
-        return None
 
     def _record(self, stats: Mapping[str, Any], batched: int, last: bool) -> None:
         with self._lock:

@@ -139,10 +139,11 @@ class _FullShm(ShmRegion):
     """A /dev/shm with room for the transport probe only: any larger region
     fails as ShmRegion fails on a full /dev/shm (ENOSPC)."""
 
-    def __init__(self, byte_size: int, tag: str = "region", mode: int = 0o600):
+    def __init__(self, byte_size: int, tag: str = "region", mode: int = 0o600,
+                 prefix: str = "/gradcomp."):
         if byte_size > 64:
             raise OSError(errno.ENOSPC, f"no room for {byte_size} bytes in /dev/shm")
-        super().__init__(byte_size, tag, mode)
+        super().__init__(byte_size, tag, mode, prefix)
 
 
 def _shm_scenario(rank: int, out: str) -> None:
@@ -704,6 +705,43 @@ class HookTransportProbeTest(unittest.TestCase):
                 time.sleep(0.1)
         self.assertEqual(state.transport, "shm", state.transport_reason)
         self.assertEqual(daemon.metric("gradcomp_shm_regions"), 1)
+
+    def test_a_daemon_restarted_without_shared_memory_gets_the_buckets_inline(self):
+        """Chosen by itself (shm=None), shared memory gives way to inline
+        when the daemon comes back without --allow_client_shm: the bucket
+        that finds it so is reduced inline, as are the later ones, with one
+        warning, rather than every step failing."""
+        import gradcomp.torch as gtorch
+        model = _model()
+        params = list(model.parameters())
+        daemon = Daemon(["--allow_client_shm"], unix_socket=True)
+        self.addCleanup(daemon.close)
+        daemon.start()
+        state = gtorch.HookState(model, daemon.target, job="shm-off")
+        self.addCleanup(state.close)
+        gtorch.hook(state, _Bucket(params, 0, 1)).wait()
+        self.assertEqual(state.transport, "shm", state.transport_reason)
+        daemon.stop()
+        daemon.extra_args.remove("--allow_client_shm")
+        daemon.start()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                bucket = _Bucket(params, 0, 1)
+                sent = bucket.buffer().clone()
+                for _ in range(100):  # until the channel has dialled again
+                    try:
+                        averaged = gtorch.hook(state, bucket).wait()
+                        break
+                    except gradcomp.GradcompError as unavailable:
+                        self.assertEqual(unavailable.code, grpc.StatusCode.UNAVAILABLE)
+                        time.sleep(0.1)
+                self.assertTrue(torch.equal(averaged, sent))
+        self.assertEqual(state.transport, "inline")
+        self.assertIn("client shared memory is off", state.transport_reason)
+        self.assertEqual(len([w for w in caught if "inline from now on" in str(w.message)]),
+                         1, [str(w.message) for w in caught])
+        self.assertEqual(state.stats.steps, 3)
 
 
 @unittest.skipIf(torch is None, "needs torch (Debian: python3-torch)")
