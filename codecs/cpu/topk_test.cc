@@ -84,6 +84,35 @@ TEST(TopKCodecTest, VelocityInvariantHoldsAcrossSteps) {
   }
 }
 
+// After the first step u, v and g differ: the k sent are the k largest of
+// the velocity the step accumulated (v_before + u), and their values.
+TEST(TopKCodecTest, LaterStepsSendTheTopKOfTheAccumulatedVelocity) {
+  const auto codec = Make({{"ratio", "0.01"},
+                           {"sample", "1"},
+                           {"momentum", "0.9"},
+                           {"masking", "false"}});
+  TensorState state;
+  const size_t n = 20000;
+  for (int step = 0; step < 4; ++step) {
+    std::vector<float> v_before(n, 0.0f);
+    if (step > 0) v_before = Buffer(state, MomentumCorrection::kVelocityBuffer);
+    const Encoded e = EncodeStep(*codec, Normal(n, 300 + step), state, step);
+    const std::vector<float> u =
+        Buffer(state, MomentumCorrection::kMomentumBuffer);
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = v_before[i] + u[i];
+    std::vector<uint32_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+      return std::fabs(v[a]) > std::fabs(v[b]);
+    });
+    order.resize(200);
+    std::sort(order.begin(), order.end());
+    EXPECT_EQ(e.indices, order) << "step " << step;
+    for (uint32_t i : e.indices) EXPECT_EQ(e.dense[i], v[i]) << i;
+  }
+}
+
 TEST(TopKCodecTest, SendsAtMostKAndCloseToK) {
   const auto codec = Make({});  // ratio 0.001, sample 1 %
   TensorState state;
