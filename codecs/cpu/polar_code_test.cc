@@ -103,22 +103,37 @@ TEST(PolarCodeTest, DecodeOfTheInformationBitsIsTheEncodersReconstruction) {
   }
 }
 
-TEST(PolarCodeTest, MoreDrawsNeverDistortMore) {
+// The encoder keeps the best of its draws, so on one block more draws never
+// distort more; that alone would hold for an encoder that ignored every
+// draw after the first, so over many blocks 8 draws must also distort
+// less than 1: 2092 errors against 2186 here (each block's difference is
+// 0 to a few bits, so 2 % is about 4 standard deviations below it).
+TEST(PolarCodeTest, MoreDrawsNeverDistortMoreAndEightDistortLessThanOne) {
   absl::StatusOr<PolarCode> code = PolarCode::Create(8, 0.5);
   ASSERT_TRUE(code.ok());
-  const PhiloxStream rng(7, 8, 9, 0);
-  const std::vector<uint8_t> source = RandomBits(rng, 0, 256);
-  std::vector<float> uniforms(8 * 256);
-  rng.FillUniform(1 << 20, absl::MakeSpan(uniforms));
+  constexpr int kBlocks = 64;
   std::vector<uint8_t> info(code->k()), approx(256);
-  int previous = 257;
-  for (int draws = 1; draws <= 8; ++draws) {
-    const int errors = code->Encode(
-        source, absl::MakeConstSpan(uniforms).subspan(0, draws * 256),
-        absl::MakeSpan(info), absl::MakeSpan(approx));
-    EXPECT_LE(errors, previous) << draws;
-    previous = errors;
+  std::vector<float> uniforms(8 * 256);
+  int64_t one_draw = 0, eight_draws = 0;
+  for (int block = 0; block < kBlocks; ++block) {
+    const PhiloxStream rng(7, 8, block, 0);
+    const std::vector<uint8_t> source = RandomBits(rng, 0, 256);
+    rng.FillUniform(1 << 20, absl::MakeSpan(uniforms));
+    int previous = 257;
+    for (int draws = 1; draws <= 8; ++draws) {
+      const int errors = code->Encode(
+          source, absl::MakeConstSpan(uniforms).subspan(0, draws * 256),
+          absl::MakeSpan(info), absl::MakeSpan(approx));
+      EXPECT_LE(errors, previous) << "block " << block << " draws " << draws;
+      previous = errors;
+      if (draws == 1) one_draw += errors;
+    }
+    eight_draws += previous;
   }
+  std::printf("errors over %d blocks: 1 draw %lld, 8 draws %lld\n", kBlocks,
+              static_cast<long long>(one_draw),
+              static_cast<long long>(eight_draws));
+  EXPECT_LT(eight_draws, 0.98 * one_draw);
 }
 
 struct DistortionRow {

@@ -76,7 +76,7 @@ TEST(PolarCodecTest, AllocationSpendsTheBudgetTopPlanesFirst) {
   EXPECT_EQ(PolarAllocation(4, 2.0), (std::vector<int>{0, 0, 16, 16}));
 }
 
-TEST(PolarCodecTest, BeatsTheSeedAtEightBitsAndReportsQsgdAndSign) {
+TEST(PolarCodecTest, MeetsItsTableAndBeatsTheSeedAndQsgdAndMatchesSign) {
   const std::vector<float> g = Normal(1 << 15, 1e-3f, 1);
   const Result seed = RoundTrip("polar", {{"mode", "seed"}}, g);
   const Result planes = RoundTrip("polar", {{"bits_per_value", "8"}}, g);
@@ -88,7 +88,12 @@ TEST(PolarCodecTest, BeatsTheSeedAtEightBitsAndReportsQsgdAndSign) {
   EXPECT_LT(planes.rel_error, 0.01);
   std::printf("8 bits/value: polar seed %.4f, planes %.4f\n", seed.rel_error,
               planes.rel_error);
-  for (int bits : {2, 3, 4, 8}) {
+  // QSGD's error is above 1 at 2 to 4 bits, so beating it alone would pass
+  // a decoder of zeros: each rate also has a ceiling, the rate-distortion
+  // table of docs/codecs.md (0.4317, 0.2311, 0.1171, 0.0074) plus 10 %.
+  const std::map<int, double> ceiling = {
+      {2, 0.475}, {3, 0.254}, {4, 0.129}, {8, 0.0082}};
+  for (const auto& [bits, most] : ceiling) {
     const Result polar =
         RoundTrip("polar", {{"bits_per_value", std::to_string(bits)}}, g);
     const Result qsgd = RoundTrip("qsgd", {{"bits", std::to_string(bits)}}, g);
@@ -96,13 +101,15 @@ TEST(PolarCodecTest, BeatsTheSeedAtEightBitsAndReportsQsgdAndSign) {
                 polar.rel_error, polar.bits_per_value, qsgd.rel_error,
                 qsgd.bits_per_value);
     EXPECT_LT(polar.rel_error, qsgd.rel_error) << bits;
+    EXPECT_LT(polar.rel_error, most) << bits;
   }
-  if (BuiltinCodecs().Create("signsgd", CodecParams()).ok()) {
-    const Result sign = RoundTrip("signsgd", {}, g);
-    const Result polar = RoundTrip("polar", {{"bits_per_value", "1"}}, g);
-    std::printf("1 bit/value: polar %.4f, signsgd %.4f\n", polar.rel_error,
-                sign.rel_error);
-  }
+  // At 1 bit a value polar codes the sign plane raw, as signSGD does with
+  // its scale: about the same error (0.61 and 0.60 in the docs).
+  const Result sign = RoundTrip("signsgd", {}, g);
+  const Result polar = RoundTrip("polar", {{"bits_per_value", "1"}}, g);
+  std::printf("1 bit/value: polar %.4f, signsgd %.4f\n", polar.rel_error,
+              sign.rel_error);
+  EXPECT_LT(polar.rel_error, 1.05 * sign.rel_error);
 }
 
 TEST(PolarCodecTest, SeedModeWrapsAndPlanesModeDoesNot) {
@@ -221,12 +228,15 @@ TEST(PolarCodecTest, ErrorFeedbackKeepsResidualsBoundedAndLosesNothing) {
   // coding error is a fraction of ||p|| (relative error 0.34 at 2.5 bits,
   // 0.61 at 1 bit, docs/codecs.md), E||e||^2 settles at that fraction over
   // its complement times E||g||^2: about 0.13 and 0.6 for N(0, 1) inputs.
-  // The ceilings leave a factor of about 2.5 for the per-step spread.
+  // The ceilings leave a factor of about 2.5 for the per-step spread; the
+  // mean over the last 500 steps (512000 values) must be within 10 % of
+  // where it settles (0.136 and 0.596 measured, docs/codecs.md).
   struct Case {
     std::string bits;
     double ceiling;  // on ||e||^2 / n at every step
+    double settles;  // the mean of ||e||^2 / n after step 500
   };
-  for (const Case& c : {Case{"2.5", 0.4}, Case{"1", 1.5}}) {
+  for (const Case& c : {Case{"2.5", 0.4, 0.14}, Case{"1", 1.5, 0.60}}) {
     absl::StatusOr<std::unique_ptr<Codec>> codec = MakeErrorFeedback(c.bits);
     ASSERT_TRUE(codec.ok()) << codec.status();
     EXPECT_NE(dynamic_cast<const ErrorFeedback*>(codec->get()), nullptr);
@@ -261,6 +271,7 @@ TEST(PolarCodecTest, ErrorFeedbackKeepsResidualsBoundedAndLosesNothing) {
     }
     std::printf("%s bits/value with error feedback: mean ||e||^2 / n %.3f\n",
                 c.bits.c_str(), late_mean);
+    EXPECT_NEAR(late_mean, c.settles, 0.1 * c.settles) << c.bits << " bits";
     // Nothing is lost over the 1000 steps: what went out plus what is kept
     // is what came in.
     for (size_t i = 0; i < n; ++i) {
