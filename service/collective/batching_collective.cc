@@ -220,6 +220,7 @@ absl::StatusOr<BatchingCollective::StepBatch*> BatchingCollective::FindOrAdd(
     StepBatch fresh;
     fresh.members = batch.members;
     fresh.left_from.assign(batch.members.size(), kStillIn);
+    fresh.left_gather.assign(batch.members.size(), false);
     it = batches_.emplace(std::move(step_key), std::move(fresh)).first;
   }
   // The key holds a digest of the members; a collision is all this catches.
@@ -268,8 +269,8 @@ std::optional<BatchingCollective::SumPlan> BatchingCollective::OneSumPlan(
   std::vector<codecs::ParsedPayload> parsed(payloads.size());
   std::optional<BodyShape> common;
   for (size_t i = 0; i < payloads.size(); ++i) {
-    if (!arrived[i]) continue;
     if (gather[i]) return std::nullopt;
+    if (!arrived[i]) continue;
     absl::StatusOr<SumBody> body = PeekSumBody(payloads[i]);
     if (!body.ok() || (common.has_value() && !(body->shape == *common))) {
       return std::nullopt;
@@ -418,7 +419,11 @@ absl::StatusOr<codecs::RoundResult> BatchingCollective::RunBatched(
     group.started = true;
     std::vector<codecs::Bytes> payloads = std::move(group.payloads);
     const std::vector<bool> arrived = group.arrived;
-    const std::vector<bool> gather = group.gather;
+    // The arrived members' kinds, and the GATHER ones' that left.
+    std::vector<bool> gather = group.gather;
+    for (size_t i = 0; i < members; ++i) {
+      if (!arrived[i] && step_batch->left_gather[i]) gather[i] = true;
+    }
     mu_.Unlock();
     absl::Status status;
     if (std::optional<SumPlan> plan = OneSumPlan(payloads, arrived, gather)) {
@@ -575,15 +580,20 @@ void BatchingCollective::ForgetJob(const std::string& job) {
   inner_->ForgetJob(job);
 }
 
-void BatchingCollective::Leave(const RoundKey& key, const BatchSpec& batch) {
+void BatchingCollective::Leave(const RoundKey& key, const BatchSpec& batch,
+                               std::optional<codecs::Collective> kind) {
   const auto member =
       std::lower_bound(batch.members.begin(), batch.members.end(), key.tensor);
   if (member == batch.members.end() || *member != key.tensor) return;
   absl::MutexLock lock(&mu_);
   absl::StatusOr<StepBatch*> step_batch = FindOrAdd(key, batch);
   if (!step_batch.ok()) return;
-  int& from = (*step_batch)->left_from[member - batch.members.begin()];
+  const size_t index = member - batch.members.begin();
+  int& from = (*step_batch)->left_from[index];
   from = std::min(from, key.round);
+  if (kind == codecs::Collective::kGather) {
+    (*step_batch)->left_gather[index] = true;
+  }
   MaybeErase(key, batch, **step_batch);
 }
 

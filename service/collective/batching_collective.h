@@ -39,7 +39,9 @@
 // "#batch:<id>#<digest of the member list>" (with "#sum" for a slotted
 // sum), so ranks that disagree on the member list, or on which of the two
 // a round is, never meet (they fail at the deadline naming the ranks)
-// instead of summing misaligned bodies.
+// instead of summing misaligned bodies. Members that left this rank count
+// as GATHER when Leave was told so, which keeps the ranks agreeing when a
+// GATHER member is refused on one of them (docs/decisions.md).
 #ifndef GRADCOMP_SERVICE_COLLECTIVE_BATCHING_COLLECTIVE_H_
 #define GRADCOMP_SERVICE_COLLECTIVE_BATCHING_COLLECTIVE_H_
 
@@ -136,8 +138,13 @@ class BatchingCollective : public Collective {
 
   // Member `key.tensor` takes part in no round >= `key.round` of step
   // `key.step`: the others go on without it. Call it once per batched
-  // reduce when it ends, successful or not.
-  void Leave(const RoundKey& key, const BatchSpec& batch)
+  // reduce when it ends, successful or not. `kind`, when known (its codec
+  // was chosen), is the collective its rounds would have run: the choice
+  // between the slotted sum and the batch message must be the same on
+  // every rank, and a rank where a GATHER member left (its NaN refused)
+  // must take the message, as the ranks where it arrived do.
+  void Leave(const RoundKey& key, const BatchSpec& batch,
+             std::optional<codecs::Collective> kind = std::nullopt)
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -184,6 +191,9 @@ class BatchingCollective : public Collective {
   struct StepBatch {
     std::vector<std::string> members;
     std::vector<int> left_from;  // per member: first round it is out of
+    // Per member that left: its rounds would have been kGather (Leave's
+    // `kind`), so the batch's rounds take the message, not the sum.
+    std::vector<bool> left_gather;
     std::map<int, RoundGroup> rounds;
     absl::Time touched;
   };

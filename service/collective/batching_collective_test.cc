@@ -539,6 +539,53 @@ TEST(BatchingCollectiveTest, SumAndGatherMembersShareOneAllgather) {
   }
 }
 
+// A bucket's top-k layer "w" and two biases sent dense: on rank 0 the
+// layer is refused before its round (a NaN) and leaves saying its round
+// was GATHER. Rank 0's remaining members are all SUM of one shape, but it
+// must still take the batch message, as rank 1 does with "w" there: the
+// biases are summed at once on both ranks and "w" fails on rank 1 naming
+// rank 0, rather than every member waiting out the deadline on two
+// collectives that never meet. (Without the kind the ranks split, as a
+// member that leaves before its codec is known still may.)
+TEST(BatchingCollectiveTest,
+     AGatherMemberLeftOnOneRankKeepsItsRanksOnTheMessage) {
+  constexpr int kWorld = 2;
+  Ranks ranks(kWorld, absl::Seconds(60),
+              /*collective_timeout=*/absl::Seconds(5));
+  const BatchSpec spec = Spec("bucket", {"b1", "b2", "w"});
+  std::vector<absl::StatusOr<codecs::RoundResult>> got(
+      kWorld * 3, absl::UnknownError("not run"));
+  OnThreads(kWorld, 3, [&](int r, int m) {
+    const std::string name = spec.members[m];
+    if (name == "w" && r == 0) {
+      ranks.batching(r).Leave({"job", name, 0, 0}, spec,
+                              codecs::Collective::kGather);
+      return;
+    }
+    codecs::Round round = name == "w" ? GatherRound(GatherPayload(r, m + 2, 0))
+                                      : SumRound(0, Values(r, m, 0, 0, 4));
+    got[r * 3 + m] = ranks.batching(r).RunBatched({"job", name, 0, 0}, spec,
+                                                  std::move(round));
+    ranks.batching(r).Leave({"job", name, 0, 1}, spec);
+  });
+  for (int m = 0; m < 2; ++m) {
+    std::vector<float> sum(4, 0.0f);
+    for (int r = 0; r < kWorld; ++r) {
+      const std::vector<float> v = Values(r, m, 0, 0, 4);
+      for (int i = 0; i < 4; ++i) sum[i] += v[i];
+    }
+    for (int r = 0; r < kWorld; ++r) {
+      ASSERT_TRUE(got[r * 3 + m].ok()) << spec.members[m] << " on rank " << r
+                                       << ": " << got[r * 3 + m].status();
+      EXPECT_EQ(got[r * 3 + m]->sum, sum);
+    }
+  }
+  EXPECT_EQ(got[1 * 3 + 2].status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(got[1 * 3 + 2].status().message(),
+              HasSubstr("it left the batch on rank 0"));
+}
+
 // What another rank sent for a GATHER batch, as the inner collective
 // returns it: `theirs` after this rank's own message.
 class FakeGatherCollective : public Collective {

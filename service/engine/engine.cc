@@ -400,10 +400,11 @@ absl::StatusOr<std::shared_ptr<const BatchSpec>> Engine::ResolveBatch(
 }
 
 void Engine::LeaveBatch(const std::string& job, const std::string& tensor,
-                        int64_t step, const BatchSpec& batch, int round) {
+                        int64_t step, const BatchSpec& batch, int round,
+                        std::optional<codecs::Collective> kind) {
   // One worker does not batch (ResolveBatch).
   if (collective_->world_size() == 1) return;
-  batching_.Leave({job, tensor, step, round}, batch);
+  batching_.Leave({job, tensor, step, round}, batch, kind);
 }
 
 absl::StatusOr<MemoryBudget::Reservation> Engine::ReserveInput(
@@ -494,9 +495,12 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   // it did not run, so that the other members go on without it; a request
   // refused below leaves it from round 0.
   int batch_round = 0;
+  // The collective its batched rounds run, once its codec is chosen.
+  std::optional<codecs::Collective> batch_kind;
   absl::Cleanup leave_batch = [&] {
     if (in.batch != nullptr) {
-      LeaveBatch(in.job, in.tensor, in.step, *in.batch, batch_round);
+      LeaveBatch(in.job, in.tensor, in.step, *in.batch, batch_round,
+                 batch_kind);
     }
   };
   GC_RETURN_IF_ERROR(CheckNames(in));
@@ -537,6 +541,27 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
     stats.dense_reason = "empty";
     stats.relative_error = std::numeric_limits<double>::quiet_NaN();
     return out;
+  }
+
+  // The codec, chosen before anything below can refuse the request (the
+  // same choice on every rank): a batch member refused on one rank leaves
+  // its batch saying what its rounds would have been, so that every rank
+  // picks the same collective for the others (BatchingCollective::Leave).
+  // Sharded aggregation of a GATHER codec, when the policy asks for it and
+  // the codec allows it (service/collective/sharded_reduce.h), runs its own
+  // exchanges and no batched round.
+  PolicyDecision decision;
+  std::shared_ptr<const codecs::Codec> codec;
+  const codecs::SingleRoundCodec* shardable = nullptr;
+  if (in.mode == ReduceMode::kAverage) {
+    decision = DecideCodec(in, numel);
+    GC_ASSIGN_OR_RETURN(codec, codecs_.Get(decision.codec));
+    shardable = ShardableCodec(decision.aggregation, *codec,
+                               collective_->world_size(), numel);
+    if (shardable == nullptr) {
+      batch_kind = codec->info().summable ? codecs::Collective::kSum
+                                          : codecs::Collective::kGather;
+    }
   }
 
   // Limits: the memory this reduce allocates, reserved before any of it
@@ -598,9 +623,6 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
                         codec_label);
   }
 
-  PolicyDecision decision = DecideCodec(in, numel);
-  GC_ASSIGN_OR_RETURN(std::shared_ptr<const codecs::Codec> codec,
-                      codecs_.Get(decision.codec));
   const codecs::CodecInfo& info = codec->info();
   *codec_label = info.name;
   stats.codec = info.name;
@@ -628,12 +650,8 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   const codecs::TensorView view{grad, in.shape};
 
   Clock::time_point t = Clock::now();
-  // Sharded aggregation of a GATHER codec, when the policy asks for it and
-  // the codec allows it (service/collective/sharded_reduce.h): a session
-  // that runs its own exchanges (all in its first NextRound), so its own
-  // stage timings replace the loop's below.
-  const codecs::SingleRoundCodec* shardable =
-      ShardableCodec(decision.aggregation, *codec, ctx.world_size, numel);
+  // A sharded session runs its own exchanges (all in its first NextRound),
+  // so its own stage timings replace the loop's below.
   ShardedSession* sharded = nullptr;
   std::unique_ptr<codecs::CodecSession> session;
   if (shardable != nullptr) {

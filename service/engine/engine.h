@@ -242,7 +242,8 @@ class Engine {
   // however it ends; callers leave it from round 0 for a request refused
   // before Reduce.
   void LeaveBatch(const std::string& job, const std::string& tensor,
-                  int64_t step, const BatchSpec& batch, int round = 0);
+                  int64_t step, const BatchSpec& batch, int round = 0,
+                  std::optional<codecs::Collective> kind = std::nullopt);
 
  private:
   Engine(const EngineOptions& options, const codecs::CodecRegistry& registry,

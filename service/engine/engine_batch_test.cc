@@ -272,6 +272,54 @@ TEST_F(EngineBatchTest, AMemberFailingOnOneRankLeavesTheOthersWhole) {
               HasSubstr("'layer3.weight' was in the sum of 1 of 2 ranks"));
 }
 
+// A mixed batch, as the hook's batch_gather makes: a top-k matrix (GATHER)
+// and 1-D members the caller sends dense (SUM, one shape). The matrix
+// holds a NaN on rank 0 only and is refused there before its round; rank
+// 0's members left are then all SUM of one shape, but both ranks must send
+// the batch message: the others succeed at once on both ranks, and the
+// matrix fails on rank 1 naming rank 0 (it used to wait out the deadline
+// with every member, the ranks on two collectives that never met).
+TEST_F(EngineBatchTest, AGatherMemberRefusedOnOneRankLeavesAMixedBatchWhole) {
+  const std::shared_ptr<const BatchSpec> batch =
+      Batch({names_[0], names_[1], names_[2]});
+  std::vector<absl::StatusOr<ReduceOutput>> out(kWorld * 3,
+                                                absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    for (int m = 0; m < 3; ++m) {
+      threads.emplace_back([&, r, m] {
+        std::string data = Gradient(r, m, 0);
+        ReduceInput in = Input("mixed", m, 0, data, false);
+        in.batch = batch;
+        if (m == 0) {
+          in.codec = CodecSpec{"topk", {{"ratio", "0.1"}}};
+          if (r == 0) {
+            const float nan = std::nanf("");
+            std::memcpy(data.data(), &nan, sizeof(nan));
+            in.data = data;
+          }
+        } else {
+          in.shape = {kRows * kCols};
+          in.codec = CodecSpec{"none", {}};
+        }
+        out[r * 3 + m] = engines_[r]->Reduce(in);
+      });
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  for (int m = 1; m < 3; ++m) {
+    for (int r = 0; r < kWorld; ++r) {
+      ASSERT_TRUE(out[r * 3 + m].ok())
+          << r << " " << m << ": " << out[r * 3 + m].status();
+      EXPECT_EQ(out[r * 3 + m]->data, out[m]->data) << r << " " << m;
+    }
+  }
+  EXPECT_THAT(out[0].status().message(), HasSubstr("NaN/Inf"));
+  EXPECT_EQ(out[3].status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(out[3].status().message(),
+              HasSubstr("it left the batch on rank 0"));
+}
+
 // The other members go on without a member whose request is refused
 // before its batch is even checked (a bad consensus distance here), or
 // that never reaches Reduce (its request refused by the service: it calls
