@@ -88,8 +88,18 @@ uint64_t Mailbox::SlotBytes(const MessageKey& key) const {
          world_size_ * sizeof(std::optional<codecs::Bytes>) + 64;
 }
 
-Mailbox::Slot* Mailbox::ArrivalSlotLocked(const MessageKey& key,
-                                          absl::Time now) {
+absl::Status Mailbox::OverflowError(int from, const MessageKey& key,
+                                    uint64_t bytes) const {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the message of rank ", from, " for ", KeyString(key), " (", bytes,
+      " bytes) came before this rank's call and did not fit in the ",
+      options_.max_unclaimed_bytes,
+      " bytes held for early messages; expected ranks to reach tensors "
+      "closer together, or a larger peer buffer"));
+}
+
+Mailbox::Slot* Mailbox::ArrivalSlotLocked(const MessageKey& key, absl::Time now,
+                                          int from, uint64_t message_bytes) {
   auto current = current_step_.find(TensorKey(key.job, key.tensor));
   if (current != current_step_.end() && key.step < current->second) {
     CountDropped("stale");
@@ -99,10 +109,18 @@ Mailbox::Slot* Mailbox::ArrivalSlotLocked(const MessageKey& key,
   // A new slot, unclaimed: it counts against the cap with its key, so that
   // a peer sending empty messages under ever new names (or news of corrupt
   // ones) cannot hold memory beyond it. One that does not fit is dropped
-  // without a slot: its collective, if any comes, waits for its deadline.
+  // without a slot, and recorded while there is room for the record: its
+  // collective, if any comes, fails at once saying so.
   const uint64_t bytes = SlotBytes(key);
   if (unclaimed_bytes_ + bytes > options_.max_unclaimed_bytes) {
     CountDropped("overflow");
+    auto [it, inserted] = overflows_.try_emplace(key);
+    if (inserted && overflow_bytes_ + OverflowBytes(key) > kMaxOverflowBytes) {
+      overflows_.erase(it);
+    } else {
+      if (inserted) overflow_bytes_ += OverflowBytes(key);
+      it->second = Overflow{from, message_bytes, now};
+    }
     return nullptr;
   }
   Slot& slot = SlotLocked(key, now);
@@ -120,6 +138,18 @@ Mailbox::Slot& Mailbox::SlotLocked(const MessageKey& key, absl::Time now) {
   return it->second;
 }
 
+void Mailbox::EraseOverflowsLocked(
+    const std::function<bool(const MessageKey&, const Overflow&)>& drop) {
+  for (auto it = overflows_.begin(); it != overflows_.end();) {
+    auto next = std::next(it);
+    if (drop(it->first, it->second)) {
+      overflow_bytes_ -= OverflowBytes(it->first);
+      overflows_.erase(it);
+    }
+    it = next;
+  }
+}
+
 void Mailbox::ExpireDueLocked(absl::Time now) {
   if (now < next_expiry_) return;
   next_expiry_ = now + options_.unclaimed_ttl / 4;
@@ -132,13 +162,16 @@ void Mailbox::ExpireDueLocked(absl::Time now) {
     }
     it = next;
   }
+  EraseOverflowsLocked([cutoff](const MessageKey&, const Overflow& overflow) {
+    return overflow.at < cutoff;
+  });
 }
 
 void Mailbox::OnMessage(int from, const MessageKey& key, codecs::Bytes data) {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   ExpireDueLocked(now);
-  Slot* const arrival = ArrivalSlotLocked(key, now);
+  Slot* const arrival = ArrivalSlotLocked(key, now, from, data.size());
   if (arrival == nullptr) return;
   Slot& slot = *arrival;
   std::optional<codecs::Bytes>& entry = slot.by_rank[from];
@@ -148,14 +181,7 @@ void Mailbox::OnMessage(int from, const MessageKey& key, codecs::Bytes data) {
     if (unclaimed_bytes_ - replaced + data.size() >
         options_.max_unclaimed_bytes) {
       CountDropped("overflow");
-      slot.error = absl::ResourceExhaustedError(absl::StrCat(
-          "the message of rank ", from, " for ", KeyString(key), " (",
-          data.size(),
-          " bytes) came before this rank's call and did not fit "
-          "in the ",
-          options_.max_unclaimed_bytes,
-          " bytes held for early messages; expected ranks to reach tensors "
-          "closer together, or a larger peer buffer"));
+      slot.error = OverflowError(from, key, data.size());
       return;
     }
     unclaimed_bytes_ += data.size() - replaced;
@@ -186,7 +212,7 @@ void Mailbox::OnCorruptMessage(int from, const MessageKey& key,
                                const absl::Status& why) {
   absl::MutexLock lock(&mu_);
   // Kept until this rank's call for the key collects it, like a message.
-  Slot* const slot = ArrivalSlotLocked(key, absl::Now());
+  Slot* const slot = ArrivalSlotLocked(key, absl::Now(), from, 0);
   if (slot == nullptr) return;
   if (slot->error.ok()) slot->error = why;
   ++slot->arrivals;
@@ -217,6 +243,9 @@ void Mailbox::ForgetJob(const std::string& job) {
   absl::erase_if(current_step_, [&job](const auto& entry) {
     return entry.first.first == job;
   });
+  EraseOverflowsLocked([&job](const MessageKey& key, const Overflow&) {
+    return key.job == job;
+  });
   for (auto it = slots_.begin(); it != slots_.end();) {
     auto next = std::next(it);
     if (it->first.job == job && !it->second.claimed) EraseLocked(it);
@@ -240,6 +269,9 @@ void Mailbox::BeginStep(const std::string& job, const std::string& tensor,
     }
     it = next;
   }
+  EraseOverflowsLocked([&](const MessageKey& key, const Overflow&) {
+    return key.step < step && key.tensor == tensor && key.job == job;
+  });
 }
 
 absl::StatusOr<std::vector<codecs::Bytes>> Mailbox::Collect(
@@ -261,6 +293,14 @@ absl::StatusOr<std::vector<codecs::Bytes>> Mailbox::Collect(
   slot.bytes = 0;
   slot.awaited.assign(world_size_, false);
   for (int rank : from) slot.awaited[rank] = true;
+  if (auto dropped = overflows_.find(key); dropped != overflows_.end()) {
+    if (slot.error.ok()) {
+      slot.error =
+          OverflowError(dropped->second.from, key, dropped->second.bytes);
+    }
+    overflow_bytes_ -= OverflowBytes(key);
+    overflows_.erase(dropped);
+  }
 
   // The ranks still missing, mirrored into the waiting gauges.
   std::vector<int> waiting;

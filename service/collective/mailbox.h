@@ -112,6 +112,25 @@ class Mailbox : public Receiver {
     Phase other_phase = Phase::kGather;
   };
   using TensorKey = std::pair<std::string, std::string>;  // job, tensor
+  // An early message dropped before it had a slot (the cap was full): the
+  // Collect of its key fails at once with RESOURCE_EXHAUSTED naming the
+  // sender, instead of waiting out its deadline for a message that came.
+  struct Overflow {
+    int from = 0;
+    uint64_t bytes = 0;  // the message's
+    absl::Time at;
+  };
+  // The bytes of overflow records (their keys' OverflowBytes) kept at
+  // most; beyond them a dropped message is forgotten, and its Collect waits
+  // for its deadline.
+  static constexpr uint64_t kMaxOverflowBytes = uint64_t{1} << 20;
+  static uint64_t OverflowBytes(const MessageKey& key) {
+    return sizeof(MessageKey) + sizeof(Overflow) + key.job.size() +
+           key.tensor.size();
+  }
+  void EraseOverflowsLocked(
+      const std::function<bool(const MessageKey&, const Overflow&)>& drop)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void EraseLocked(absl::node_hash_map<MessageKey, Slot>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -121,12 +140,17 @@ class Mailbox : public Receiver {
   // The slot of `key`, made at `now` if there is none.
   Slot& SlotLocked(const MessageKey& key, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The slot that an arriving message (or the news of a corrupt one) for
-  // `key` goes to (SlotLocked, counting a new one's SlotBytes); null,
-  // counted as dropped, for a step older than the tensor's current one, or
-  // when a new slot would not fit under max_unclaimed_bytes.
-  Slot* ArrivalSlotLocked(const MessageKey& key, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The slot that an arriving message of `bytes` bytes from rank `from`
+  // (or the news of a corrupt one) for `key` goes to (SlotLocked, counting
+  // a new one's SlotBytes); null, counted as dropped, for a step older than
+  // the tensor's current one, or when a new slot would not fit under
+  // max_unclaimed_bytes (then recorded in overflows_).
+  Slot* ArrivalSlotLocked(const MessageKey& key, absl::Time now, int from,
+                          uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED: rank `from`'s message of `bytes` bytes for `key`
+  // came early and did not fit.
+  absl::Status OverflowError(int from, const MessageKey& key,
+                             uint64_t bytes) const;
   // Rank `from` sent `key`: a Collect of the same (job, tensor, step,
   // round) in a collective of another kind fails, whether it awaits `from`
   // or not (the ranks disagree on how to reduce the tensor).
@@ -151,6 +175,8 @@ class Mailbox : public Receiver {
   absl::Status closed_ ABSL_GUARDED_BY(mu_);  // Close's reason
   absl::flat_hash_map<TensorKey, int64_t> current_step_ ABSL_GUARDED_BY(mu_);
   uint64_t unclaimed_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<MessageKey, Overflow> overflows_ ABSL_GUARDED_BY(mu_);
+  uint64_t overflow_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time next_expiry_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -315,6 +315,37 @@ TEST(MailboxTest, EarlyMessagesOverTheCapFailTheirCollective) {
   EXPECT_EQ(mailbox.unclaimed_bytes(), 0u);
 }
 
+// A message that finds the cap full before it has a slot (the peer is
+// further ahead on many tensors) is dropped, but its Collect still fails at
+// once with RESOURCE_EXHAUSTED naming the sender: before, it waited out
+// its deadline and then named the sender as missing, though it had sent.
+TEST(MailboxTest, AnEarlyMessageWithoutRoomForItsSlotFailsItsCollectAtOnce) {
+  const uint64_t slot = Mailbox(2, {}, nullptr).SlotBytes(Key(0, "a"));
+  MailboxOptions options;
+  options.max_unclaimed_bytes = slot + 8;
+  Mailbox mailbox(2, options, nullptr);
+  mailbox.OnMessage(1, Key(0, "a"), "12345");
+  mailbox.OnMessage(1, Key(0, "b"), "67890");  // no room for a second slot
+  EXPECT_EQ(mailbox.unclaimed_bytes(), slot + 5);
+  const absl::Time start = absl::Now();
+  auto got = mailbox.Collect(Key(0, "b"), {1}, start + absl::Seconds(30), Name);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted)
+      << got.status();
+  EXPECT_THAT(got.status().message(),
+              HasSubstr("the message of rank 1 for job 'job' tensor 'b' step "
+                        "0 round 0 gather (5 bytes) came before this rank's "
+                        "call and did not fit"));
+  // A record goes with its Collect, or once this rank is past its step.
+  mailbox.OnMessage(1, Key(0, "c"), "1");
+  mailbox.BeginStep("job", "c", 1);
+  EXPECT_EQ(
+      mailbox.Collect(Key(0, "c"), {1}, absl::Now(), Name).status().code(),
+      absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(
+      mailbox.Collect(Key(0, "a"), {1}, absl::InfiniteFuture(), Name).ok());
+}
+
 // Empty messages (or news of corrupt ones) under ever new names: each
 // slot counts its key, so they stop at the cap, the rest dropped as
 // overflow. Before, a slot of an empty message counted nothing: a peer
