@@ -101,7 +101,7 @@ absl::Status Mailbox::OverflowError(int from, const MessageKey& key,
 Mailbox::Slot* Mailbox::ArrivalSlotLocked(const MessageKey& key, absl::Time now,
                                           int from, uint64_t message_bytes) {
   auto current = current_step_.find(TensorKey(key.job, key.tensor));
-  if (current != current_step_.end() && key.step < current->second) {
+  if (current != current_step_.end() && key.step < current->second.step) {
     CountDropped("stale");
     return nullptr;
   }
@@ -164,6 +164,9 @@ void Mailbox::ExpireDueLocked(absl::Time now) {
   }
   EraseOverflowsLocked([cutoff](const MessageKey&, const Overflow& overflow) {
     return overflow.at < cutoff;
+  });
+  absl::erase_if(current_step_, [cutoff](const auto& entry) {
+    return entry.second.begun < cutoff;
   });
 }
 
@@ -258,7 +261,7 @@ void Mailbox::BeginStep(const std::string& job, const std::string& tensor,
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   ExpireDueLocked(now);
-  current_step_[TensorKey(job, tensor)] = step;
+  current_step_[TensorKey(job, tensor)] = CurrentStep{step, now};
   for (auto it = slots_.begin(); it != slots_.end();) {
     auto next = std::next(it);
     const MessageKey& key = it->first;

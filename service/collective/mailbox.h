@@ -35,7 +35,8 @@ struct MailboxOptions {
   // is empty); one more is dropped (and its collective fails with
   // ResourceExhausted, or, when not even its key fits, at its deadline).
   uint64_t max_unclaimed_bytes = uint64_t{1} << 30;
-  // An unclaimed message older than this is freed.
+  // An unclaimed message older than this is freed, as is the record of a
+  // tensor's current step when the tensor has begun no step for as long.
   absl::Duration unclaimed_ttl = absl::Minutes(5);
 };
 
@@ -56,7 +57,10 @@ class Mailbox : public Receiver {
   // This rank starts `step` of (job, tensor): whatever is held for its
   // earlier steps is freed, and later arrivals for them are dropped (their
   // collectives are over here). A step below the last one (a trainer that
-  // restarted from a checkpoint) starts over from there.
+  // restarted from a checkpoint) starts over from there. The record goes
+  // after unclaimed_ttl without a step (a finished job that was never
+  // released, a batch id used once): a message for an older step that
+  // comes later still is then held, and freed by the TTL.
   void BeginStep(const std::string& job, const std::string& tensor,
                  int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -173,7 +177,12 @@ class Mailbox : public Receiver {
   // Node map: a waiting Collect holds a pointer to its slot.
   absl::node_hash_map<MessageKey, Slot> slots_ ABSL_GUARDED_BY(mu_);
   absl::Status closed_ ABSL_GUARDED_BY(mu_);  // Close's reason
-  absl::flat_hash_map<TensorKey, int64_t> current_step_ ABSL_GUARDED_BY(mu_);
+  struct CurrentStep {
+    int64_t step = 0;
+    absl::Time begun;  // when BeginStep last named it
+  };
+  absl::flat_hash_map<TensorKey, CurrentStep> current_step_
+      ABSL_GUARDED_BY(mu_);
   uint64_t unclaimed_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<MessageKey, Overflow> overflows_ ABSL_GUARDED_BY(mu_);
   uint64_t overflow_bytes_ ABSL_GUARDED_BY(mu_) = 0;

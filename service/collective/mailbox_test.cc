@@ -400,6 +400,28 @@ TEST(MailboxTest, UnclaimedMessagesExpireAsThisRankWorks) {
   EXPECT_EQ(mailbox.unclaimed_bytes(), 0u);
 }
 
+// The record of a tensor's current step goes after the TTL without a
+// step, so that names used once (a batch id per step, jobs never released)
+// do not pile up for the daemon's life: a message for an older step is
+// then held (and freed by the TTL) instead of dropped as stale.
+TEST(MailboxTest, ATensorsCurrentStepIsForgottenAfterTheTtl) {
+  PeerMetrics metrics(0, 2);
+  MailboxOptions options;
+  options.unclaimed_ttl = absl::Milliseconds(1);
+  Mailbox mailbox(2, options, &metrics);
+  mailbox.BeginStep("job", "w", 5);
+  mailbox.OnMessage(1, Key(3), "stale");
+  EXPECT_EQ(mailbox.unclaimed_bytes(), 0u);
+  EXPECT_EQ(MetricValue(*metrics.collectable(),
+                        "gradcomp_peer_messages_dropped_total",
+                        {{"reason", "stale"}}),
+            1);
+  absl::SleepFor(absl::Milliseconds(5));
+  mailbox.BeginStep("job", "other", 0);  // a sweep
+  mailbox.OnMessage(1, Key(3), "held");
+  EXPECT_EQ(mailbox.unclaimed_bytes(), mailbox.SlotBytes(Key(3)) + 4);
+}
+
 TEST(MailboxTest, TwoCollectsOfOneKeyAreRefused) {
   PeerMetrics metrics(0, 2);
   Mailbox mailbox(2, {}, &metrics);
