@@ -379,16 +379,18 @@ grpc::Status GradcompService::ReduceStream(
       absl::MutexLock lock(&mu);
       ++pending;
     }
-    const bool queued =
-        stream_pool_.TrySchedule([this, &mu, &pending, &client, held, working,
-                                  done, request = std::move(request), batch] {
+    const bool queued = stream_pool_.TrySchedule(
+        [this, &mu, &pending, &client, held, working, done,
+         request = std::move(request), batch]() mutable {
           v1::ReduceStreamResponse answer = StreamAnswer(
               request, DoReduce(request, client, held.get(), working, batch));
           // The reduce's working copies are gone; its answer stays in the
           // budget until the client reads it, so that a client that does
-          // not read cannot have the daemon hold unbudgeted answers.
+          // not read cannot have the daemon hold unbudgeted answers. The
+          // answer takes the task's hold: a task the pool destroys after
+          // the stream ended must not keep the budget in use.
           held->ShrinkTo(answer.ByteSizeLong());
-          done(std::move(answer), held);
+          done(std::move(answer), std::move(held));
           absl::MutexLock lock(&mu);
           --pending;
         });
