@@ -1,6 +1,5 @@
 #include "client/cpp/client.h"
 
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +17,7 @@
 #include "absl/strings/strip.h"
 #include "base/bearer_token.h"
 #include "base/status_macros.h"
+#include "base/unix_socket_path.h"
 #include "grpcpp/impl/client_unary_call.h"
 #include "grpcpp/impl/rpc_method.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -96,15 +96,6 @@ absl::string_view ChannelStateName(grpc_connectivity_state state) {
   return "unknown";
 }
 
-// The path of a "unix:" target, if it is one.
-std::optional<absl::string_view> UnixPath(absl::string_view target) {
-  if (absl::ConsumePrefix(&target, "unix://") ||
-      absl::ConsumePrefix(&target, "unix:")) {
-    return target;
-  }
-  return std::nullopt;
-}
-
 // Saturating: an infinite timeout is time_point::max(), which gRPC reads as
 // no deadline (now() + nanoseconds::max() overflowed).
 std::chrono::system_clock::time_point DeadlineAfter(absl::Duration timeout) {
@@ -172,15 +163,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
         absl::StrCat("rpc_timeout must be positive, got ",
                      absl::FormatDuration(options.rpc_timeout)));
   }
-  // A unix socket address holds 107 bytes of path; gRPC would fail every
-  // call with "Failed to create secure client channel".
-  constexpr size_t kMaxUnixPathBytes = sizeof(sockaddr_un::sun_path) - 1;
-  if (const std::optional<absl::string_view> path = UnixPath(target);
-      path.has_value() && path->size() > kMaxUnixPathBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the socket path of target '", target, "' has ",
-                     path->size(), " bytes; expected at most ",
-                     kMaxUnixPathBytes, " (what a unix socket address holds)"));
+  // A longer socket path: gRPC would fail every call with "Failed to
+  // create secure client channel".
+  if (const std::optional<absl::string_view> path = UnixSocketPath(target);
+      path.has_value() && path->size() > kMaxUnixSocketPathBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the socket path of target '", target, "' has ", path->size(),
+        " bytes; expected at most ", kMaxUnixSocketPathBytes,
+        " (what a unix socket address holds)"));
   }
   if (options.client_id.size() > kMaxClientIdBytes) {
     return absl::InvalidArgumentError(

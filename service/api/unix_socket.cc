@@ -7,19 +7,15 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/unix_socket_path.h"
 
 namespace gradcomp::service {
-namespace {
-
-constexpr absl::string_view kUnixScheme = "unix:";
-
-}  // namespace
-
 absl::StatusOr<mode_t> ParseSocketMode(absl::string_view text) {
   if (text.empty() || text.size() > 4) {
     return absl::InvalidArgumentError(
@@ -44,8 +40,9 @@ absl::StatusOr<mode_t> ParseSocketMode(absl::string_view text) {
 }
 
 absl::Status PrepareSocketDirectory(absl::string_view listen) {
-  if (!absl::StartsWith(listen, kUnixScheme)) return absl::OkStatus();
-  const std::string path(listen.substr(kUnixScheme.size()));
+  const std::optional<absl::string_view> unix_path = UnixSocketPath(listen);
+  if (!unix_path.has_value()) return absl::OkStatus();
+  const std::string path(*unix_path);
   // Every prefix ending before a '/' is a directory to have.
   for (size_t slash = path.find('/', 1); slash != std::string::npos;
        slash = path.find('/', slash + 1)) {
@@ -62,8 +59,9 @@ absl::Status PrepareSocketDirectory(absl::string_view listen) {
 }
 
 absl::Status RefuseSocketInUse(absl::string_view listen) {
-  if (!absl::StartsWith(listen, kUnixScheme)) return absl::OkStatus();
-  const std::string path(listen.substr(kUnixScheme.size()));
+  const std::optional<absl::string_view> unix_path = UnixSocketPath(listen);
+  if (!unix_path.has_value()) return absl::OkStatus();
+  const std::string path(*unix_path);
   struct stat st;
   sockaddr_un addr{};
   if (lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode) ||
@@ -98,8 +96,9 @@ absl::Status RefuseSocketInUse(absl::string_view listen) {
 }
 
 absl::Status SetSocketMode(absl::string_view listen, mode_t mode) {
-  if (!absl::StartsWith(listen, kUnixScheme)) return absl::OkStatus();
-  const std::string path(listen.substr(kUnixScheme.size()));
+  const std::optional<absl::string_view> unix_path = UnixSocketPath(listen);
+  if (!unix_path.has_value()) return absl::OkStatus();
+  const std::string path(*unix_path);
   if (chmod(path.c_str(), mode) != 0) {
     return absl::InternalError(
         absl::StrFormat("cannot set mode %04o on the client socket '%s': %s",

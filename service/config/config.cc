@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -13,6 +14,7 @@
 #include "absl/time/time.h"
 #include "base/file_bytes.h"
 #include "base/status_macros.h"
+#include "base/unix_socket_path.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/message.h"
@@ -34,8 +36,6 @@ constexpr double kDefaultErrorSampleRate = 0.1;
 // ReduceStream tensors waiting for a worker (GradcompService's default).
 constexpr uint64_t kDefaultMaxQueuedRequests = 4096;
 constexpr uint64_t kDefaultMaxRpcThreads = 1024;
-// sockaddr_un.sun_path holds 108 bytes on Linux, the terminating NUL included.
-constexpr size_t kMaxUnixPathBytes = 107;
 
 // Collects the text-format parser's complaints instead of printing them.
 class TextErrors : public google::protobuf::io::ErrorCollector {
@@ -131,16 +131,16 @@ bool LooksLikeJson(const std::string& path, const std::string& text) {
 // and above 0 unless `any_port` (0: the kernel picks one, for listening).
 absl::Status ValidateAddress(absl::string_view what, const std::string& address,
                              bool any_port) {
-  if (absl::StartsWith(address, "unix:")) {
-    const size_t path_bytes = address.size() - 5;
+  if (const std::optional<absl::string_view> path = UnixSocketPath(address)) {
+    const size_t path_bytes = path->size();
     if (path_bytes == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, " is 'unix:' with no path, expected unix:/path/to.sock"));
     }
-    if (path_bytes > kMaxUnixPathBytes) {
+    if (path_bytes > kMaxUnixSocketPathBytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, " is '", address, "': the socket path has ", path_bytes,
-          " bytes, expected at most ", kMaxUnixPathBytes,
+          " bytes, expected at most ", kMaxUnixSocketPathBytes,
           " (the size of sockaddr_un.sun_path)"));
     }
     return absl::OkStatus();

@@ -255,6 +255,23 @@ TEST(ConfigTest, SeveralWorkersNeedOnePeerAddressPerRank) {
   EXPECT_EQ(config->peers(1), "h1:50052");
 }
 
+// gRPC's URI form "unix:///abs" names the path "/abs": its length is the
+// path's, as for "unix:/abs" (it counted the two extra slashes).
+TEST(ConfigTest, AUnixSocketPathIsCountedAsGrpcReadsIt) {
+  const std::string path = "/" + std::string(106, 'a');  // 107 bytes
+  for (const std::string& listen : {"unix:" + path, "unix://" + path}) {
+    FlagOverrides flags;
+    flags.listen = listen;
+    auto config = LoadConfig("", flags, codecs::BuiltinCodecs());
+    EXPECT_TRUE(config.ok()) << listen << ": " << config.status();
+  }
+  FlagOverrides flags;
+  flags.listen = "unix://" + path + "a";
+  auto config = LoadConfig("", flags, codecs::BuiltinCodecs());
+  EXPECT_THAT(config.status().message(),
+              HasSubstr("socket path has 108 bytes, expected at most 107"));
+}
+
 TEST(ConfigTest, InvalidFieldsAreNamed) {
   struct Case {
     std::function<void(FlagOverrides&)> set;
