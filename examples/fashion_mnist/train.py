@@ -473,7 +473,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--train_limit", type=int, default=None)
+    p.add_argument("--train_limit", type=int, default=None,
+                   help="train on the first N images (default: all 60000)")
+    p.add_argument("--test_limit", type=int, default=None,
+                   help="test on the first N images (default: all 10000)")
     p.add_argument("--inline", action="store_true",
                    help="gradcomp: inline bytes instead of shared memory")
     p.add_argument("--gossip", default=None, metavar="TOPOLOGY",
@@ -497,7 +500,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    powersgd_start_iter=max(args.warmup_steps, 2),
                    codec_momentum=args.dgc, workers=args.workers, epochs=args.epochs,
                    batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                   train_limit=args.train_limit, shm=not args.inline,
+                   train_limit=args.train_limit, test_limit=args.test_limit,
+                   shm=not args.inline,
                    gossip=(gradcomp.Gossip(args.gossip, args.gossip_rank,
                                            args.gossip_power_steps,
                                            args.gossip_diffusion)
