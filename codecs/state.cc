@@ -214,8 +214,19 @@ StateStore::Locked& StateStore::Locked::operator=(Locked&& other) {
   if (this != &other) {
     Release();
     entry_ = std::move(other.entry_);
+    replaced_ = std::move(other.replaced_);
+    other.replaced_.reset();
   }
   return *this;
+}
+
+void StateStore::Locked::RestoreIfReset() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  if (entry_ == nullptr || !replaced_.has_value()) return;
+  entry_->state = std::move(replaced_->state);
+  entry_->shape = std::move(replaced_->shape);
+  entry_->dtype = replaced_->dtype;
+  entry_->owner = std::move(replaced_->owner);
+  replaced_.reset();
 }
 
 StateStore::Locked::~Locked() { Release(); }
@@ -259,7 +270,9 @@ StateStore::Locked StateStore::Acquire(absl::string_view job,
   if (entry->dtype != dtype || other_owner ||
       !std::equal(entry->shape.begin(), entry->shape.end(), shape.begin(),
                   shape.end())) {
-    entry->state.Clear();
+    locked.replaced_ = Locked::Replaced{entry->shape, entry->dtype,
+                                        entry->owner, std::move(entry->state)};
+    entry->state = TensorState();
     entry->shape.assign(shape.begin(), shape.end());
     entry->dtype = dtype;
     resets_.fetch_add(1, std::memory_order_relaxed);

@@ -80,11 +80,28 @@ class StateStore {
     TensorState* operator->() const;
     TensorState& operator*() const;
 
+    // When Acquire reset the state (another shape, dtype or owner), puts
+    // back the state, shape, dtype and owner it replaced, as if this
+    // Acquire had not been: for a step that then failed, so that a request
+    // refused for a wrong shape or codec loses nothing (the resets count
+    // stays). Nothing when Acquire reset nothing, or once called.
+    void RestoreIfReset();
+
    private:
+    friend class StateStore;
+    // What a reset replaced, kept until the lock goes.
+    struct Replaced {
+      std::vector<int64_t> shape;
+      int dtype = 0;
+      std::string owner;
+      TensorState state;
+    };
+
     // Publishes the state's size for ByteSize(), then unlocks.
     void Release();
 
     std::shared_ptr<Entry> entry_;
+    std::optional<Replaced> replaced_;
   };
 
   // Locks the state of (job, tensor), creating it empty, or resetting it

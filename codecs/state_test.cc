@@ -245,5 +245,30 @@ TEST(StateStoreTest, ImportRejectsEveryCorruptionWithoutTouchingState) {
   EXPECT_TRUE(untouched());
 }
 
+TEST(StateStoreTest, RestoreIfResetGivesBackWhatTheResetReplaced) {
+  StateStore store;
+  const int64_t shape[] = {4, 4};
+  const int64_t other[] = {16};
+  {
+    StateStore::Locked state = store.Acquire("j", "t", shape, 0, "topk");
+    state->Buffer("dgc.v", 16)[3] = 2.5f;
+  }
+  {
+    StateStore::Locked state = store.Acquire("j", "t", other, 0, "topk");
+    EXPECT_FALSE(state->Find("dgc.v").has_value());
+    state->Buffer("dgc.v", 16)[0] = 9.0f;
+    state.RestoreIfReset();
+    state.RestoreIfReset();  // once only
+  }
+  EXPECT_EQ(store.resets(), 1u);
+  StateStore::Locked state = store.Acquire("j", "t", shape, 0, "topk");
+  EXPECT_EQ(store.resets(), 1u);  // the old shape is back: no reset
+  ASSERT_TRUE(state->Find("dgc.v").has_value());
+  EXPECT_EQ((*state->Find("dgc.v"))[3], 2.5f);
+  EXPECT_EQ((*state->Find("dgc.v"))[0], 0.0f);
+  state.RestoreIfReset();  // nothing was reset: nothing changes
+  EXPECT_EQ((*state->Find("dgc.v"))[3], 2.5f);
+}
+
 }  // namespace
 }  // namespace gradcomp::codecs

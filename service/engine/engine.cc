@@ -641,6 +641,9 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   // However the reduce ends, the state's size then counts (recorded while
   // it is still locked).
   absl::Cleanup record_state = [&] { RecordState(in.job, in.tensor, *state); };
+  // A step that fails gives back a state that this request's shape, dtype
+  // or codec reset: a request refused for a wrong shape loses nothing.
+  absl::Cleanup restore_state = [&] { state.RestoreIfReset(); };
   // Decided before the session starts: a session that will not be asked
   // for its own decode hands its payload over instead of copying it.
   const bool sample_error = nonfinite.count == 0 && sample;
@@ -718,6 +721,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
   t = Clock::now();
   GC_RETURN_IF_ERROR(session->Finish(average.values()));
   GC_RETURN_IF_ERROR(average.Commit());
+  std::move(restore_state).Cancel();  // the step is done: its state stays
   stats.decode_seconds += SecondsSince(t);
   if (sharded != nullptr) {
     stats.wire_bytes = sharded->stats().wire_bytes;

@@ -372,6 +372,65 @@ TEST(EngineFailedStepTest, TheRerunOfAStepWhoseCollectiveFailedIsExact) {
   }
 }
 
+// A bad request that resets the tensor's state (a wrong shape, another
+// compressing codec) and then fails, as it does when the other ranks send
+// the right one, gives the state back: the rerun of the step with the
+// right request is exact. Before, the reset stuck and the tensor's
+// residuals and momenta were lost to one bad request.
+TEST(EngineFailedStepTest, AFailedRequestThatResetTheStateGivesItBack) {
+  const CodecSpec topk{"topk", {{"ratio", "0.01"}}};
+  for (const bool wrong_shape : {true, false}) {
+    SCOPED_TRACE(wrong_shape ? "a wrong shape" : "another codec");
+    const auto run = [&](bool bad_request) {
+      codecs::StateStore store;
+      Metrics metrics(&store, "test");
+      LosesAPeerOnce collective;
+      auto engine = Engine::Create(EngineOptions(), codecs::BuiltinCodecs(),
+                                   &store, &collective, &metrics, Policy());
+      EXPECT_TRUE(engine.ok()) << engine.status();
+      std::vector<std::vector<float>> averages;
+      for (int64_t step = 0; step < 3; ++step) {
+        std::vector<float> g(4096);
+        for (size_t i = 0; i < g.size(); ++i) {
+          g[i] = std::sin(0.37f * static_cast<float>(i) + step) + 0.01f;
+        }
+        const std::string data = FloatBytes(g);
+        ReduceInput in;
+        in.job = "job";
+        in.tensor = "fc1.weight";
+        in.step = step;
+        in.shape = {64, 64};
+        in.data = data;
+        in.codec = topk;
+        if (bad_request && step == 1) {
+          ReduceInput bad = in;
+          if (wrong_shape) {
+            bad.shape = {4096};
+          } else {
+            bad.codec = CodecSpec{"efsign", {}};
+          }
+          collective.FailNextRun();
+          EXPECT_TRUE(absl::IsUnavailable((*engine)->Reduce(bad).status()));
+        }
+        absl::StatusOr<ReduceOutput> out = (*engine)->Reduce(in);
+        EXPECT_TRUE(out.ok()) << out.status();
+        if (out.ok() && step > 0) averages.push_back(BytesToFloats(out->data));
+      }
+      return averages;
+    };
+    const std::vector<std::vector<float>> clean = run(false);
+    const std::vector<std::vector<float>> rerun = run(true);
+    ASSERT_EQ(clean.size(), 2u);
+    ASSERT_EQ(rerun.size(), 2u);
+    for (size_t s = 0; s < clean.size(); ++s) {
+      for (size_t i = 0; i < clean[s].size(); ++i) {
+        ASSERT_NEAR(rerun[s][i], clean[s][i], 1e-5)
+            << "step " << s + 1 << " [" << i << "]";
+      }
+    }
+  }
+}
+
 TEST_F(EngineTest, OutputSpanReceivesTheAverageInTheRequestDType) {
   std::vector<float> g(4096);
   for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i % 64) - 32;
