@@ -26,12 +26,14 @@ bool GlobMatch(absl::string_view pattern, absl::string_view name) {
     if (p < pattern.size() && pattern[p] == '?') {
       ++p;
       n += CharBytes(name, n);
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      // Before the literal compare: a `*` in the name is a character like
+      // any other, and the pattern's `*` still matches any run from here.
+      star = p++;
+      star_n = n;
     } else if (p < pattern.size() && pattern[p] == name[n]) {
       ++p;
       ++n;
-    } else if (p < pattern.size() && pattern[p] == '*') {
-      star = p++;
-      star_n = n;
     } else if (star != absl::string_view::npos) {
       p = star + 1;
       star_n += CharBytes(name, star_n);

@@ -28,6 +28,17 @@ TEST(GlobTest, StarSpansDotsAndBacktracks) {
   EXPECT_TRUE(GlobMatch("a**", "a"));
 }
 
+// A `*` in the tensor's name is a character like any other: the pattern's
+// `*` meeting it was taken for a literal, with no backtrack, so "*" missed
+// "*x" (a review helper, through a real daemon's policy).
+TEST(GlobTest, AStarInTheNameIsMatchedLikeAnyCharacter) {
+  EXPECT_TRUE(GlobMatch("*", "*x"));
+  EXPECT_TRUE(GlobMatch("a*b", "a*xb"));
+  EXPECT_TRUE(GlobMatch("*.weight", "*a.weight"));
+  EXPECT_TRUE(GlobMatch("a*", "a*"));
+  EXPECT_FALSE(GlobMatch("a*b", "a*x"));
+}
+
 TEST(GlobTest, QuestionMarkIsExactlyOneCharacter) {
   EXPECT_TRUE(GlobMatch("fc?.bias", "fc1.bias"));
   EXPECT_FALSE(GlobMatch("fc?.bias", "fc.bias"));
