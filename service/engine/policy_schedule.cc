@@ -28,13 +28,12 @@ absl::StatusOr<std::string> PolicySchedule::Set(
       static_cast<size_t>(std::distance(entries_.begin(), replaced));
   if (kept + 1 > kMaxEntries) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "the daemon holds ", kept,
-        " policies by step already, the most it "
-        "keeps with one more (",
-        kMaxEntries,
-        "); expected a policy set "
-        "without from_step (it replaces them all) while no step runs, or one "
-        "from an earlier step (it replaces those at or after it)"));
+        "the daemon holds ", kept, " policies by step before ", key,
+        ", the most it keeps (", kMaxEntries,
+        "; past ones stay, as a job that starts again from an early step "
+        "uses them); expected a policy set without from_step (it replaces "
+        "them all) while no step runs, or one from an earlier step (it "
+        "replaces those at or after it)"));
   }
   entries_.erase(replaced, entries_.end());
   entries_.emplace(key, std::move(entry));
