@@ -467,7 +467,7 @@ absl::Status Run(const std::set<std::string>& named_flags) {
                                        [identity, &engine] {
                                          PeerIdentity current = identity;
                                          current.policy_hash =
-                                             engine->policy()->hash;
+                                             engine->policy_schedule_hash();
                                          return current;
                                        },
                                        &mailbox, &peer_metrics));
@@ -483,6 +483,12 @@ absl::Status Run(const std::set<std::string>& named_flags) {
   GC_ASSIGN_OR_RETURN(
       engine, Engine::Create(engine_options, registry, &store, collective.get(),
                              &metrics, std::move(policy)));
+  // The schedule the others hold, before any peer compares it.
+  for (const v1::ScheduledPolicy& entry : config->scheduled_policies()) {
+    GC_ASSIGN_OR_RETURN(Policy scheduled, PolicyFromProto(entry.policy()));
+    GC_RETURN_IF_ERROR(
+        engine->SetPolicy(std::move(scheduled), entry.from_step()).status());
+  }
   if (transport != nullptr) GC_RETURN_IF_ERROR(transport->Start());
   std::unique_ptr<prometheus::Exposer> exposer;
   std::string metrics_address = "metrics off";

@@ -24,6 +24,7 @@
 #include "service/config/policy_proto.h"
 #include "service/config/utf8.h"
 #include "service/engine/memory_budget.h"
+#include "service/engine/policy_schedule.h"
 
 namespace gradcomp::service {
 namespace {
@@ -189,6 +190,37 @@ absl::Status ValidateLimits(const v1::DaemonConfig& config) {
   if (!(wait >= 0 && wait <= 24 * 3600)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "memory_wait_seconds is ", wait, ", expected seconds in [0, 86400]"));
+  }
+  return absl::OkStatus();
+}
+
+// scheduled_policies: steps that grow, valid policies, within the cap.
+absl::Status ValidateScheduledPolicies(const v1::DaemonConfig& config,
+                                       const codecs::CodecRegistry& registry) {
+  if (static_cast<size_t>(config.scheduled_policies_size()) + 1 >
+      PolicySchedule::kMaxEntries) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scheduled_policies holds ", config.scheduled_policies_size(),
+        " entries, expected at most ", PolicySchedule::kMaxEntries - 1,
+        " (with `policy`, the most a daemon keeps)"));
+  }
+  int64_t previous = -1;
+  for (int i = 0; i < config.scheduled_policies_size(); ++i) {
+    const v1::ScheduledPolicy& entry = config.scheduled_policies(i);
+    if (entry.from_step() <= previous) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "scheduled_policies[", i, "].from_step is ", entry.from_step(),
+          ", expected a step >= 0 and above the entry before's (", previous,
+          ")"));
+    }
+    previous = entry.from_step();
+    absl::StatusOr<Policy> policy = PolicyFromProto(entry.policy());
+    absl::Status valid =
+        policy.ok() ? ValidatePolicy(*policy, registry) : policy.status();
+    if (!valid.ok()) {
+      return absl::Status(valid.code(), absl::StrCat("scheduled_policies[", i,
+                                                     "]: ", valid.message()));
+    }
   }
   return absl::OkStatus();
 }
@@ -369,7 +401,8 @@ absl::Status ValidateConfig(const v1::DaemonConfig& config,
   GC_RETURN_IF_ERROR(ValidateLimits(config));
   GC_RETURN_IF_ERROR(CheckPeerTlsFiles(PeerTlsFilesFromConfig(config)));
   GC_ASSIGN_OR_RETURN(const Policy policy, PolicyFromProto(config.policy()));
-  return ValidatePolicy(policy, registry);
+  GC_RETURN_IF_ERROR(ValidatePolicy(policy, registry));
+  return ValidateScheduledPolicies(config, registry);
 }
 
 absl::StatusOr<v1::DaemonConfig> LoadConfig(
@@ -383,6 +416,11 @@ absl::StatusOr<v1::DaemonConfig> LoadConfig(
   GC_RETURN_IF_ERROR(ValidateConfig(config, registry));
   GC_ASSIGN_OR_RETURN(const Policy policy, PolicyFromProto(config.policy()));
   *config.mutable_policy() = PolicyToProto(policy);
+  for (v1::ScheduledPolicy& entry : *config.mutable_scheduled_policies()) {
+    GC_ASSIGN_OR_RETURN(const Policy scheduled,
+                        PolicyFromProto(entry.policy()));
+    *entry.mutable_policy() = PolicyToProto(scheduled);
+  }
   return config;
 }
 

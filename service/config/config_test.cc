@@ -272,6 +272,39 @@ TEST(ConfigTest, AUnixSocketPathIsCountedAsGrpcReadsIt) {
               HasSubstr("socket path has 108 bytes, expected at most 107"));
 }
 
+TEST(ConfigTest, ScheduledPoliciesLoadAndAreChecked) {
+  auto config = LoadConfig(
+      WriteFile("schedule.textproto",
+                "scheduled_policies { from_step: 100 policy { default_codec "
+                "{ name: 'qsgd' } } }\n"
+                "scheduled_policies { from_step: 200 policy { default_codec "
+                "{ name: 'topk' params { key: 'ratio' value: '0.01' } } } }\n"),
+      FlagOverrides(), codecs::BuiltinCodecs());
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_EQ(config->scheduled_policies_size(), 2);
+  EXPECT_EQ(config->scheduled_policies(1).from_step(), 200);
+  EXPECT_EQ(config->scheduled_policies(1).policy().default_codec().name(),
+            "topk");
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"scheduled_policies { from_step: 100 }\n"
+       "scheduled_policies { from_step: 100 }\n",
+       "scheduled_policies[1].from_step is 100, expected a step >= 0 and "
+       "above the entry before's (100)"},
+      {"scheduled_policies { from_step: -1 }\n",
+       "scheduled_policies[0].from_step is -1"},
+      {"scheduled_policies { from_step: 5 policy { default_codec { name: "
+       "'nosuch' } } }\n",
+       "scheduled_policies[0]: "},
+  };
+  for (const auto& [text, message] : bad) {
+    auto refused = LoadConfig(WriteFile("bad-schedule.textproto", text),
+                              FlagOverrides(), codecs::BuiltinCodecs());
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument)
+        << text;
+    EXPECT_THAT(refused.status().message(), HasSubstr(message)) << text;
+  }
+}
+
 TEST(ConfigTest, InvalidFieldsAreNamed) {
   struct Case {
     std::function<void(FlagOverrides&)> set;

@@ -169,11 +169,12 @@ class Engine {
                                       const Deliver& deliver = nullptr);
 
   using PolicySnapshot = PolicySchedule::Entry;
-  // The policy set last (policy_schedule.h): what GetPolicy shows and what
-  // peers compare at their handshake.
+  // The policy set last (policy_schedule.h): what GetPolicy shows.
   std::shared_ptr<const PolicySnapshot> policy() const {
     return policies_.Latest();
   }
+  // What peers compare at their handshake: PolicySchedule::ScheduleHash.
+  std::string policy_schedule_hash() const { return policies_.ScheduleHash(); }
 
   // Validates `policy` first and swaps it in atomically: a Reduce sees the
   // old policy or the new one, never a mix. Without `from_step` it decides

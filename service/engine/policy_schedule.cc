@@ -6,6 +6,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/fnv1a.h"
 
 namespace gradcomp::service {
 
@@ -45,6 +47,16 @@ std::shared_ptr<const PolicySchedule::Entry> PolicySchedule::For(
   absl::MutexLock lock(&mu_);
   // The INT64_MIN entry is always there: some entry is at or below `step`.
   return std::prev(entries_.upper_bound(step))->second;
+}
+
+std::string PolicySchedule::ScheduleHash() const {
+  absl::MutexLock lock(&mu_);
+  if (entries_.size() == 1) return entries_.begin()->second->hash;
+  Fnv1a64 h;
+  for (const auto& [from_step, entry] : entries_) {
+    h.Update(absl::StrCat(from_step, ":", entry->hash, ";"));
+  }
+  return absl::StrFormat("%016x", h.value());
 }
 
 std::shared_ptr<const PolicySchedule::Entry> PolicySchedule::Latest() const {

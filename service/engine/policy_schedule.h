@@ -53,9 +53,15 @@ class PolicySchedule {
 
   // The policy that decides `step`.
   std::shared_ptr<const Entry> For(int64_t step) const ABSL_LOCKS_EXCLUDED(mu_);
-  // The one set last (its from_step the highest): what GetPolicy shows and
-  // peers compare.
+  // The one set last (its from_step the highest): what GetPolicy shows.
   std::shared_ptr<const Entry> Latest() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // What peers compare when they connect: the hash of the one policy when
+  // there is one (GetPolicy's), else 16 hex digits of FNV-1a 64 over every
+  // entry's first step and hash, so that ranks holding different policies
+  // for any step refuse each other (a rank restarted with only the newest
+  // policy would run it for steps the others still run the old one on).
+  std::string ScheduleHash() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   mutable absl::Mutex mu_;

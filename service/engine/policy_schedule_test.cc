@@ -80,5 +80,27 @@ TEST(PolicyScheduleTest, AFullScheduleRefusesMoreAndDropsNothing) {
   EXPECT_EQ(CodecAt(schedule, 1 << 20), "bf16");
 }
 
+// Peers compare the whole schedule: one policy alone hashes as GetPolicy
+// shows it; a schedule hashes every entry's step and policy, so a rank
+// that holds only the newest policy (restarted with it) is told apart from
+// ranks that still run the old one for earlier steps.
+TEST(PolicyScheduleTest, TheScheduleHashCoversEveryStepsPolicy) {
+  PolicySchedule a(DefaultCodec("none"));
+  EXPECT_EQ(a.ScheduleHash(), PolicyHash(DefaultCodec("none")));
+  ASSERT_TRUE(a.Set(DefaultCodec("qsgd"), 100).ok());
+  PolicySchedule restarted(DefaultCodec("qsgd"));
+  EXPECT_EQ(restarted.Latest()->hash, a.Latest()->hash);
+  EXPECT_NE(restarted.ScheduleHash(), a.ScheduleHash());
+  PolicySchedule later(DefaultCodec("none"));
+  ASSERT_TRUE(later.Set(DefaultCodec("qsgd"), 101).ok());
+  EXPECT_NE(later.ScheduleHash(), a.ScheduleHash());
+  PolicySchedule same(DefaultCodec("none"));
+  ASSERT_TRUE(same.Set(DefaultCodec("qsgd"), 100).ok());
+  EXPECT_EQ(same.ScheduleHash(), a.ScheduleHash());
+  // Without a step, the policy replaces the schedule: one entry again.
+  ASSERT_TRUE(same.Set(DefaultCodec("qsgd"), std::nullopt).ok());
+  EXPECT_EQ(same.ScheduleHash(), restarted.ScheduleHash());
+}
+
 }  // namespace
 }  // namespace gradcomp::service

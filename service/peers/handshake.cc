@@ -79,7 +79,10 @@ absl::Status CheckPeer(const PeerIdentity& local, const PeerIdentity& remote,
     return Mismatch(local, remote, a, "the policy hash",
                     "'" + local.policy_hash + "'",
                     "'" + remote.policy_hash + "'",
-                    "the same policy on every rank (compare GetPolicy)");
+                    "the same policies on every rank for every step "
+                    "(compare GetPolicy; after a SetPolicy with from_step the "
+                    "hash covers each step's policy, and a restarted rank "
+                    "needs the same scheduled_policies in its config)");
   }
   if (remote.seed != local.seed) {
     return Mismatch(local, remote, a, "the codec seed", local.seed, remote.seed,

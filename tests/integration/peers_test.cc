@@ -768,6 +768,59 @@ TEST(PeersPolicyTest, APolicyFromAStepSwitchesEveryRankAtThatStep) {
   step(2, "fp16");
 }
 
+// A rank restarted after a SetPolicy with from_step: with the schedule
+// the others hold in its config (scheduled_policies) it joins them and
+// runs the old policy until that step, as they do; with only the new
+// policy (what the handshake used to let through, comparing the newest
+// policy alone) it is refused, instead of running the new codec for steps
+// the others still run the old one on.
+TEST(PeersPolicyTest, ARestartedRankNeedsTheScheduleTheOthersHold) {
+  const std::string config = TmpPath("schedule.textproto");
+  std::ofstream(config) << "policy { default_codec { name: \"none\" } }\n";
+  Cluster cluster(2, absl::Seconds(10), {"--config=" + config});
+  ASSERT_TRUE(cluster.StartAll().ok());
+  v1::Policy fp16;
+  fp16.mutable_default_codec()->set_name("fp16");
+  for (int r = 0; r < 2; ++r) {
+    auto client = cluster.daemon(r).Connect();
+    ASSERT_TRUE(client.ok()) << client.status();
+    ASSERT_TRUE((*client)->SetPolicy(fp16, /*from_step=*/100).ok());
+  }
+
+  // Only the new policy: refused by rank 0, naming the policy hash.
+  std::ofstream(config) << "policy { default_codec { name: \"fp16\" } }\n";
+  cluster.daemon(1).Stop();
+  const absl::Status refused = cluster.Start(1);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_THAT(refused.message(), HasSubstr("policy hash")) << refused;
+
+  // The schedule: it joins, and both switch at step 100.
+  std::ofstream(config)
+      << "policy { default_codec { name: \"none\" } }\n"
+      << "scheduled_policies { from_step: 100 policy { default_codec { name: "
+         "\"fp16\" } } }\n";
+  ASSERT_TRUE(cluster.Start(1).ok());
+  ASSERT_TRUE(cluster.WaitMeshUp().ok());
+  auto zero = cluster.daemon(0).Connect();
+  auto one = cluster.daemon(1).Connect();
+  ASSERT_TRUE(zero.ok() && one.ok());
+  const std::vector<int64_t> shape = {64, 64};
+  for (const auto& [step, codec] : std::vector<std::pair<int64_t, std::string>>{
+           {99, "none"}, {100, "fp16"}}) {
+    std::vector<float> g0(64 * 64, 1.0f), g1(64 * 64, 3.0f);
+    absl::StatusOr<client::Float32ReduceResult> second;
+    std::thread peer(
+        [&] { second = (*one)->Reduce("job", "w", step, g1, shape); });
+    auto first = (*zero)->Reduce("job", "w", step, g0, shape);
+    peer.join();
+    ASSERT_TRUE(first.ok()) << "step " << step << ": " << first.status();
+    ASSERT_TRUE(second.ok()) << "step " << step << ": " << second.status();
+    EXPECT_EQ(first->stats.codec(), codec) << "step " << step;
+    EXPECT_EQ(second->stats.codec(), codec) << "step " << step;
+    EXPECT_EQ(first->values, std::vector<float>(64 * 64, 2.0f));
+  }
+}
+
 // Collectives this daemon has run (gradcomp_collective_duration_seconds'
 // counts, every algorithm).
 double CollectivesRun(DaemonProcess& daemon) {

@@ -87,6 +87,14 @@ app.kubernetes.io/component: worker
   "maxTensorBytes" (int64 .Values.config.maxTensorBytes | toString)
   "policy" .Values.config.policy
 -}}
+{{- /* from_step is an int64, which proto JSON takes as a string. */ -}}
+{{- with .Values.config.scheduledPolicies -}}
+{{- $scheduled := list -}}
+{{- range . -}}
+{{- $scheduled = append $scheduled (dict "fromStep" (int64 .fromStep | toString) "policy" .policy) -}}
+{{- end -}}
+{{- $_ := set $config "scheduledPolicies" $scheduled -}}
+{{- end -}}
 {{- if .Values.config.allowClientShm -}}
 {{- $_ := set $config "allowClientShm" true -}}
 {{- end -}}
