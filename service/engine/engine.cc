@@ -875,6 +875,8 @@ absl::StatusOr<ReduceOutput> Engine::ReduceOnDevice(const ReduceInput& in,
       store_->Acquire(in.job, in.tensor, in.shape, static_cast<int>(in.dtype),
                       codecs::StateOwnerOf(info));
   absl::Cleanup record_state = [&] { RecordState(in.job, in.tensor, *state); };
+  // As on the host: a failed step gives back a state its request reset.
+  absl::Cleanup restore_state = [&] { state.RestoreIfReset(); };
   codecs::StepContext ctx = StepContextOf(in);
   ctx.warmup_offset = plan.decision.warmup_offset;
 
@@ -905,6 +907,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceOnDevice(const ReduceInput& in,
                                        static_cast<float*>(device.output),
                                        numel));
   std::move(revert).Cancel();
+  std::move(restore_state).Cancel();
   stats.decode_seconds = SecondsSince(t);
   return out;
 }
