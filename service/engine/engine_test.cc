@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -321,54 +322,69 @@ class LosesAPeerOnce : public LocalCollective {
   bool fail_ = false;
 };
 
+// Steps 0-2 of a 64x64 tensor under `codec`; `before_step1`, when set,
+// runs just before step 1's reduce (a failing attempt of the step).
+// Returns the averages of steps 1 and 2.
+std::vector<std::vector<float>> AveragesOfSteps1And2(
+    const CodecSpec& codec,
+    const std::function<void(Engine&, LosesAPeerOnce&, const ReduceInput&)>&
+        before_step1) {
+  codecs::StateStore store;
+  Metrics metrics(&store, "test");
+  LosesAPeerOnce collective;
+  auto engine = Engine::Create(EngineOptions(), codecs::BuiltinCodecs(), &store,
+                               &collective, &metrics, Policy());
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  std::vector<std::vector<float>> averages;
+  for (int64_t step = 0; step < 3; ++step) {
+    std::vector<float> g(4096);
+    for (size_t i = 0; i < g.size(); ++i) {
+      g[i] = std::sin(0.37f * static_cast<float>(i) + step) + 0.01f;
+    }
+    const std::string data = FloatBytes(g);
+    ReduceInput in;
+    in.job = "job";
+    in.tensor = "fc1.weight";
+    in.step = step;
+    in.shape = {64, 64};
+    in.data = data;
+    in.codec = codec;
+    if (step == 1 && before_step1) before_step1(**engine, collective, in);
+    absl::StatusOr<ReduceOutput> out = (*engine)->Reduce(in);
+    EXPECT_TRUE(out.ok()) << out.status();
+    if (out.ok() && step > 0) averages.push_back(BytesToFloats(out->data));
+  }
+  return averages;
+}
+
+void ExpectSameAverages(const std::vector<std::vector<float>>& rerun,
+                        const std::vector<std::vector<float>>& clean) {
+  ASSERT_EQ(clean.size(), 2u);
+  ASSERT_EQ(rerun.size(), 2u);
+  for (size_t s = 0; s < clean.size(); ++s) {
+    for (size_t i = 0; i < clean[s].size(); ++i) {
+      ASSERT_NEAR(rerun[s][i], clean[s][i], 1e-5)
+          << "step " << s + 1 << " [" << i << "]";
+    }
+  }
+}
+
 // A step whose collective fails leaves the codec state as it was, so that
 // the trainer's rerun of the step, and the steps after it, give what they
 // give without the failure (to within the rounding of the give-back).
 TEST(EngineFailedStepTest, TheRerunOfAStepWhoseCollectiveFailedIsExact) {
   for (const CodecSpec& codec :
        {CodecSpec{"efsign", {}}, CodecSpec{"topk", {{"ratio", "0.01"}}}}) {
-    // Steps 1 and 2's averages, with step 1 failing once first or not.
-    const auto run = [&](bool fail) {
-      codecs::StateStore store;
-      Metrics metrics(&store, "test");
-      LosesAPeerOnce collective;
-      auto engine = Engine::Create(EngineOptions(), codecs::BuiltinCodecs(),
-                                   &store, &collective, &metrics, Policy());
-      EXPECT_TRUE(engine.ok()) << engine.status();
-      std::vector<std::vector<float>> averages;
-      for (int64_t step = 0; step < 3; ++step) {
-        std::vector<float> g(4096);
-        for (size_t i = 0; i < g.size(); ++i) {
-          g[i] = std::sin(0.37f * static_cast<float>(i) + step) + 0.01f;
-        }
-        const std::string data = FloatBytes(g);
-        ReduceInput in;
-        in.job = "job";
-        in.tensor = "fc1.weight";
-        in.step = step;
-        in.shape = {64, 64};
-        in.data = data;
-        in.codec = codec;
-        if (fail && step == 1) {
-          collective.FailNextRun();
-          EXPECT_TRUE(absl::IsUnavailable((*engine)->Reduce(in).status()));
-        }
-        absl::StatusOr<ReduceOutput> out = (*engine)->Reduce(in);
-        EXPECT_TRUE(out.ok()) << out.status();
-        if (out.ok() && step > 0) averages.push_back(BytesToFloats(out->data));
-      }
-      return averages;
-    };
-    const std::vector<std::vector<float>> clean = run(false);
-    const std::vector<std::vector<float>> rerun = run(true);
-    ASSERT_EQ(clean.size(), 2u);
-    ASSERT_EQ(rerun.size(), 2u);
-    for (size_t s = 0; s < clean.size(); ++s) {
-      for (size_t i = 0; i < clean[s].size(); ++i) {
-        ASSERT_NEAR(rerun[s][i], clean[s][i], 1e-5)
-            << codec.name << " step " << s + 1 << " [" << i << "]";
-      }
-    }
+    SCOPED_TRACE(codec.name);
+    ExpectSameAverages(
+        AveragesOfSteps1And2(
+            codec,
+            [](Engine& engine, LosesAPeerOnce& collective,
+               const ReduceInput& in) {
+              collective.FailNextRun();
+              EXPECT_TRUE(absl::IsUnavailable(engine.Reduce(in).status()));
+            }),
+        AveragesOfSteps1And2(codec, nullptr));
   }
 }
 
@@ -381,53 +397,21 @@ TEST(EngineFailedStepTest, AFailedRequestThatResetTheStateGivesItBack) {
   const CodecSpec topk{"topk", {{"ratio", "0.01"}}};
   for (const bool wrong_shape : {true, false}) {
     SCOPED_TRACE(wrong_shape ? "a wrong shape" : "another codec");
-    const auto run = [&](bool bad_request) {
-      codecs::StateStore store;
-      Metrics metrics(&store, "test");
-      LosesAPeerOnce collective;
-      auto engine = Engine::Create(EngineOptions(), codecs::BuiltinCodecs(),
-                                   &store, &collective, &metrics, Policy());
-      EXPECT_TRUE(engine.ok()) << engine.status();
-      std::vector<std::vector<float>> averages;
-      for (int64_t step = 0; step < 3; ++step) {
-        std::vector<float> g(4096);
-        for (size_t i = 0; i < g.size(); ++i) {
-          g[i] = std::sin(0.37f * static_cast<float>(i) + step) + 0.01f;
-        }
-        const std::string data = FloatBytes(g);
-        ReduceInput in;
-        in.job = "job";
-        in.tensor = "fc1.weight";
-        in.step = step;
-        in.shape = {64, 64};
-        in.data = data;
-        in.codec = topk;
-        if (bad_request && step == 1) {
-          ReduceInput bad = in;
-          if (wrong_shape) {
-            bad.shape = {4096};
-          } else {
-            bad.codec = CodecSpec{"efsign", {}};
-          }
-          collective.FailNextRun();
-          EXPECT_TRUE(absl::IsUnavailable((*engine)->Reduce(bad).status()));
-        }
-        absl::StatusOr<ReduceOutput> out = (*engine)->Reduce(in);
-        EXPECT_TRUE(out.ok()) << out.status();
-        if (out.ok() && step > 0) averages.push_back(BytesToFloats(out->data));
-      }
-      return averages;
-    };
-    const std::vector<std::vector<float>> clean = run(false);
-    const std::vector<std::vector<float>> rerun = run(true);
-    ASSERT_EQ(clean.size(), 2u);
-    ASSERT_EQ(rerun.size(), 2u);
-    for (size_t s = 0; s < clean.size(); ++s) {
-      for (size_t i = 0; i < clean[s].size(); ++i) {
-        ASSERT_NEAR(rerun[s][i], clean[s][i], 1e-5)
-            << "step " << s + 1 << " [" << i << "]";
-      }
-    }
+    ExpectSameAverages(
+        AveragesOfSteps1And2(
+            topk,
+            [&](Engine& engine, LosesAPeerOnce& collective,
+                const ReduceInput& in) {
+              ReduceInput bad = in;
+              if (wrong_shape) {
+                bad.shape = {4096};
+              } else {
+                bad.codec = CodecSpec{"efsign", {}};
+              }
+              collective.FailNextRun();
+              EXPECT_TRUE(absl::IsUnavailable(engine.Reduce(bad).status()));
+            }),
+        AveragesOfSteps1And2(topk, nullptr));
   }
 }
 
