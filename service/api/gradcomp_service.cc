@@ -358,7 +358,7 @@ grpc::Status GradcompService::ReduceStream(
   // the memory budget or the bounded queue refuses it, here (the stream
   // goes on). A queued tensor's inline bytes and the estimate of its
   // working memory count against the budget while it waits.
-  auto schedule = [this, &mu, &pending, &client](
+  auto schedule = [this, &mu, &pending, &client, context](
                       v1::ReduceRequest request,
                       std::shared_ptr<const BatchSpec> batch, AnswerFn done) {
     const v1::ReduceRequest named = NamedPart(request);
@@ -380,10 +380,24 @@ grpc::Status GradcompService::ReduceStream(
       ++pending;
     }
     const bool queued = stream_pool_.TrySchedule(
-        [this, &mu, &pending, &client, held, working, done,
+        [this, &mu, &pending, &client, context, held, working, done,
          request = std::move(request), batch]() mutable {
-          v1::ReduceStreamResponse answer = StreamAnswer(
-              request, DoReduce(request, client, held.get(), working, batch));
+          // With one rank no peer waits for this tensor: once its client
+          // has cancelled the stream, a tensor still queued is not reduced
+          // (it would hold a worker for an answer nobody reads). With
+          // peers it is, so that theirs complete (docs/clients.md).
+          v1::ReduceStreamResponse answer;
+          if (engine_->world_size() == 1 && context->IsCancelled()) {
+            metrics_->CountReduce("unresolved", absl::StatusCode::kCancelled);
+            answer = StreamAnswer(
+                request,
+                absl::CancelledError(absl::StrCat(
+                    TensorLabel(request),
+                    ": not reduced: its client cancelled the stream first")));
+          } else {
+            answer = StreamAnswer(
+                request, DoReduce(request, client, held.get(), working, batch));
+          }
           // The reduce's working copies are gone; its answer stays in the
           // budget until the client reads it, so that a client that does
           // not read cannot have the daemon hold unbudgeted answers. The
