@@ -1,7 +1,9 @@
 #include "codecs/state.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -19,12 +21,15 @@ namespace {
 
 // Export format, little-endian:
 //   "GCST" u32 version
+//   version 2: u32 rank, u32 world size (the exporter's; 0: unknown)
 //   u32 tensor count, then per tensor:
-//     str name, i32 dtype, u32 ndim, i64 dims[ndim], u32 buffer count,
+//     str name, i32 dtype, [version 2: str owner,] u32 ndim, i64 dims[ndim],
+//     u32 buffer count,
 //     then per buffer: str name, u64 element count, f32 values[count]
 //   str = u32 length + bytes.
+// Version 1 (no origin, no owner) is still read.
 constexpr char kStateMagic[4] = {'G', 'C', 'S', 'T'};
-constexpr uint32_t kStateVersion = 1;
+constexpr uint32_t kStateVersion = 2;
 
 std::string Key(absl::string_view job, absl::string_view tensor) {
   return absl::StrCat(job, absl::string_view("\0", 1), tensor);
@@ -105,11 +110,13 @@ class Reader {
 struct ImportedTensor {
   std::string name;
   int dtype = 0;
+  std::string owner;
   std::vector<int64_t> shape;
   TensorState state;
 };
 
-absl::StatusOr<std::vector<ImportedTensor>> ParseBlob(absl::string_view blob) {
+absl::StatusOr<std::vector<ImportedTensor>> ParseBlob(
+    absl::string_view blob, StateStore::Origin* origin) {
   Reader r(blob);
   GC_RETURN_IF_ERROR(r.Need(4, "magic"));
   if (blob.substr(0, 4) != absl::string_view(kStateMagic, 4)) {
@@ -118,9 +125,24 @@ absl::StatusOr<std::vector<ImportedTensor>> ParseBlob(absl::string_view blob) {
   }
   GC_RETURN_IF_ERROR(r.Le(4, "magic").status());
   GC_ASSIGN_OR_RETURN(uint64_t version, r.Le(4, "version"));
-  if (version != kStateVersion) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "state blob: expected version %d, got %d", kStateVersion, version));
+  if (version != 1 && version != kStateVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("state blob: expected version 1 or %d, got %d",
+                        kStateVersion, version));
+  }
+  *origin = StateStore::Origin();
+  if (version >= 2) {
+    GC_ASSIGN_OR_RETURN(uint64_t rank, r.Le(4, "rank"));
+    GC_ASSIGN_OR_RETURN(uint64_t world_size, r.Le(4, "world size"));
+    if (world_size > std::numeric_limits<int>::max() ||
+        (world_size > 0 && rank >= world_size)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "state blob: exported by rank %d of %d ranks, expected a rank "
+          "below the world size",
+          rank, world_size));
+    }
+    origin->rank = static_cast<int>(rank);
+    origin->world_size = static_cast<int>(world_size);
   }
   GC_ASSIGN_OR_RETURN(uint64_t tensors, r.Le(4, "tensor count"));
   std::vector<ImportedTensor> out;
@@ -135,6 +157,9 @@ absl::StatusOr<std::vector<ImportedTensor>> ParseBlob(absl::string_view blob) {
     }
     GC_ASSIGN_OR_RETURN(uint64_t dtype, r.Le(4, "dtype"));
     tensor.dtype = static_cast<int32_t>(static_cast<uint32_t>(dtype));
+    if (version >= 2) {
+      GC_ASSIGN_OR_RETURN(tensor.owner, r.Str("owner"));
+    }
     GC_ASSIGN_OR_RETURN(uint64_t ndim, r.Le(4, "ndim"));
     if (ndim > r.left() / 8) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -162,6 +187,16 @@ absl::StatusOr<std::vector<ImportedTensor>> ParseBlob(absl::string_view blob) {
       GC_ASSIGN_OR_RETURN(uint64_t count, r.Le(8, "buffer size"));
       GC_ASSIGN_OR_RETURN(std::vector<float> values,
                           r.Floats(count, "buffer values"));
+      // A NaN or Inf in a residual or momentum would poison every later
+      // step, and the next reduce would blame the gradient.
+      const auto bad = std::find_if(values.begin(), values.end(),
+                                    [](float v) { return !std::isfinite(v); });
+      if (bad != values.end()) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "state blob: tensor '%s': buffer '%s' holds %f at index %d; "
+            "expected finite state",
+            tensor.name, name, *bad, bad - values.begin()));
+      }
       absl::Span<float> dst = tensor.state.Buffer(name, values.size());
       std::copy(values.begin(), values.end(), dst.begin());
     }
@@ -314,7 +349,8 @@ size_t StateStore::EraseJob(absl::string_view job) {
   });
 }
 
-absl::StatusOr<Bytes> StateStore::Export(absl::string_view job) const {
+absl::StatusOr<Bytes> StateStore::Export(absl::string_view job,
+                                         Origin origin) const {
   const std::string prefix = Key(job, "");
   std::vector<std::pair<std::string, std::shared_ptr<Entry>>> tensors;
   {
@@ -331,11 +367,14 @@ absl::StatusOr<Bytes> StateStore::Export(absl::string_view job) const {
   Writer w;
   w.Raw(absl::string_view(kStateMagic, 4));
   w.U32(kStateVersion);
+  w.U32(static_cast<uint32_t>(origin.rank));
+  w.U32(static_cast<uint32_t>(origin.world_size));
   w.U32(static_cast<uint32_t>(tensors.size()));
   for (const auto& [name, entry] : tensors) {
     absl::MutexLock lock(&entry->mu);
     w.Str(name);
     w.U32(static_cast<uint32_t>(entry->dtype));
+    w.Str(entry->owner);
     w.U32(static_cast<uint32_t>(entry->shape.size()));
     for (int64_t dim : entry->shape) w.U64(static_cast<uint64_t>(dim));
     w.U32(static_cast<uint32_t>(entry->state.buffers().size()));
@@ -349,8 +388,19 @@ absl::StatusOr<Bytes> StateStore::Export(absl::string_view job) const {
 }
 
 absl::Status StateStore::Import(absl::string_view job, absl::string_view blob,
-                                const ImportAdmission& admit) {
-  GC_ASSIGN_OR_RETURN(std::vector<ImportedTensor> tensors, ParseBlob(blob));
+                                const ImportAdmission& admit, Origin importer) {
+  Origin origin;
+  GC_ASSIGN_OR_RETURN(std::vector<ImportedTensor> tensors,
+                      ParseBlob(blob, &origin));
+  if (origin.world_size != 0 && origin.world_size == importer.world_size &&
+      origin.rank != importer.rank) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "state blob of job '%s' was exported by rank %d of %d, and this is "
+        "rank %d: each rank's residuals, momenta and gossip edges are its "
+        "own; expected the blob this rank exported (the torch hook's "
+        "state_dict of this rank)",
+        job, origin.rank, origin.world_size, importer.rank));
+  }
   std::vector<ImportedSize> sizes;
   sizes.reserve(tensors.size());
   for (const ImportedTensor& tensor : tensors) {
@@ -370,7 +420,7 @@ absl::Status StateStore::Import(absl::string_view job, absl::string_view blob,
     absl::MutexLock lock(&entry->mu);
     entry->shape = std::move(tensor.shape);
     entry->dtype = tensor.dtype;
-    entry->owner.clear();
+    entry->owner = std::move(tensor.owner);
     entry->state = std::move(tensor.state);
     entry->bytes.store(entry->state.ByteSize(), std::memory_order_relaxed);
   }

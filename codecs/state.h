@@ -55,6 +55,14 @@ class TensorState {
   std::map<std::string, std::vector<float>, std::less<>> buffers_;
 };
 
+// Which rank of how many an exported state belongs to: residuals, momenta
+// and gossip edges are a rank's own. Unknown (world_size 0) in blobs of
+// format 1, and for a store that does not say.
+struct StateOrigin {
+  int rank = 0;
+  int world_size = 0;
+};
+
 class StateStore {
  private:
   struct Entry {
@@ -111,7 +119,7 @@ class StateStore {
   // non-empty one: another codec's buffers would otherwise hold memory for
   // ever and come back stale when it does. An empty owner (a dense codec,
   // which keeps none) leaves the state to the next codec that has one;
-  // imported state has none until its first owner.
+  // imported state keeps its exporter's owner (none from a format-1 blob).
   Locked Acquire(absl::string_view job, absl::string_view tensor,
                  absl::Span<const int64_t> shape, int dtype,
                  absl::string_view owner = {});
@@ -139,13 +147,22 @@ class StateStore {
   using ImportAdmission =
       std::function<absl::Status(std::vector<ImportedSize>&)>;
 
+  using Origin = StateOrigin;
+
   // Serialises every tensor state of `job` (a self-describing, versioned
-  // binary format) and restores it; Import replaces the job's tensors that
-  // the blob names and validates the blob completely, and asks `admit`
-  // when given, before touching any.
-  absl::StatusOr<Bytes> Export(absl::string_view job) const;
+  // binary format: each tensor's shape, dtype, owner and buffers, and the
+  // exporter's `origin`) and restores it; Import replaces the job's
+  // tensors that the blob names and validates the blob completely (every
+  // value finite), and asks `admit` when given, before touching any. A
+  // blob of another rank in a world of the same size than `importer` is
+  // FailedPrecondition naming both; one of another world size is taken
+  // (the caller leaves out what that world's sharding kept). Imported
+  // state keeps its owner, so the next codec resets it exactly when it
+  // would have without the checkpoint.
+  absl::StatusOr<Bytes> Export(absl::string_view job, Origin origin = {}) const;
   absl::Status Import(absl::string_view job, absl::string_view blob,
-                      const ImportAdmission& admit = nullptr);
+                      const ImportAdmission& admit = nullptr,
+                      Origin importer = {});
 
   // Forgets every tensor state of `job` and returns how many entries it
   // held. A Locked held on one of them stays valid; its state is dropped

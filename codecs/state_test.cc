@@ -1,5 +1,6 @@
 #include "codecs/state.h"
 
+#include <cmath>
 #include <string>
 #include <thread>
 #include <vector>
@@ -235,11 +236,11 @@ TEST(StateStoreTest, ImportRejectsEveryCorruptionWithoutTouchingState) {
   bad[0] = 'X';
   EXPECT_THAT(target.Import("job", bad).message(), HasSubstr("magic"));
   bad = blob;
-  bad[4] = 2;
+  bad[4] = 3;
   EXPECT_THAT(target.Import("job", bad).message(),
-              HasSubstr("expected version 1, got 2"));
+              HasSubstr("expected version 1 or 2, got 3"));
   bad = blob;
-  bad[8] = static_cast<char>(0xFF);  // tensor count
+  bad[16] = static_cast<char>(0xFF);  // tensor count
   EXPECT_EQ(target.Import("job", bad).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(untouched());
@@ -268,6 +269,79 @@ TEST(StateStoreTest, RestoreIfResetGivesBackWhatTheResetReplaced) {
   EXPECT_EQ((*state->Find("dgc.v"))[0], 0.0f);
   state.RestoreIfReset();  // nothing was reset: nothing changes
   EXPECT_EQ((*state->Find("dgc.v"))[3], 2.5f);
+}
+
+// What a checkpoint carries besides the buffers (a review helper's
+// findings): the owner, so that the next codec resets the state exactly when
+// it would have without the restart; the exporting rank, so that another
+// rank's blob is refused; and only finite values.
+TEST(StateStoreTest,
+     ImportKeepsTheOwnerAndRefusesAnotherRanksOrNonFiniteState) {
+  const int64_t shape[] = {4};
+  StateStore source;
+  source.Acquire("job", "w", shape, 0, "efsign")->Buffer("ef.residual", 4)[1] =
+      0.5f;
+  const Bytes blob = *source.Export("job", {1, 2});
+
+  // The same codec keeps the residual; another one starts afresh, as it
+  // would have on the daemon that exported it.
+  StateStore same;
+  ASSERT_TRUE(same.Import("job", blob, nullptr, {1, 2}).ok());
+  EXPECT_EQ(
+      (*same.Acquire("job", "w", shape, 0, "efsign")->Find("ef.residual"))[1],
+      0.5f);
+  StateStore next;
+  ASSERT_TRUE(next.Import("job", blob, nullptr, {1, 2}).ok());
+  EXPECT_FALSE(next.Acquire("job", "w", shape, 0, "threshold")
+                   ->Find("ef.residual")
+                   .has_value());
+
+  StateStore other_rank;
+  const absl::Status refused = other_rank.Import("job", blob, nullptr, {0, 2});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(),
+              HasSubstr("exported by rank 1 of 2, and this is rank 0"));
+  // Another world size: taken (the engine leaves out its sharded slices).
+  EXPECT_TRUE(other_rank.Import("job", blob, nullptr, {0, 4}).ok());
+
+  StateStore poisoned;
+  poisoned.Acquire("job", "w", shape, 0, "efsign")
+      ->Buffer("ef.residual", 4)[2] = std::nanf("");
+  const absl::Status nan = StateStore().Import("job", *poisoned.Export("job"));
+  EXPECT_EQ(nan.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      nan.message(),
+      HasSubstr("tensor 'w': buffer 'ef.residual' holds nan at index 2"));
+}
+
+// Blobs of format 1 (no origin, no owner), written before, still import.
+TEST(StateStoreTest, AFormatOneBlobStillImports) {
+  Bytes v1("GCST", 4);
+  const auto u32 = [&](uint32_t v) {
+    v1.append(reinterpret_cast<char*>(&v), 4);
+  };
+  const auto u64 = [&](uint64_t v) {
+    v1.append(reinterpret_cast<char*>(&v), 8);
+  };
+  u32(1);  // version
+  u32(1);  // tensors
+  u32(1);
+  v1 += "w";
+  u32(0);  // dtype
+  u32(1);  // ndim
+  u64(2);
+  u32(1);  // buffers
+  u32(11);
+  v1 += "ef.residual";
+  u64(2);
+  const float values[2] = {0.25f, -1.0f};
+  v1.append(reinterpret_cast<const char*>(values), sizeof(values));
+  StateStore store;
+  ASSERT_TRUE(store.Import("job", v1, nullptr, {1, 2}).ok());
+  const int64_t shape[] = {2};
+  EXPECT_EQ(
+      (*store.Acquire("job", "w", shape, 0, "efsign")->Find("ef.residual"))[1],
+      -1.0f);
 }
 
 }  // namespace

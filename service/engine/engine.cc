@@ -256,7 +256,7 @@ absl::StatusOr<std::string> Engine::DeclareTensors(
 
 absl::StatusOr<std::string> Engine::ExportState(absl::string_view job) const {
   GC_RETURN_IF_ERROR(CheckJobName(job));
-  return store_->Export(job);
+  return store_->Export(job, {collective_->rank(), collective_->world_size()});
 }
 
 absl::Status Engine::ImportState(absl::string_view job,
@@ -270,7 +270,8 @@ absl::Status Engine::ImportState(absl::string_view job,
       absl::StrCat("the state imported into job '", job, "'");
   std::optional<JobQuotas::Ticket> ticket;
   return store_->Import(
-      job, blob, [&](std::vector<codecs::StateStore::ImportedSize>& entries) {
+      job, blob,
+      [&](std::vector<codecs::StateStore::ImportedSize>& entries) {
         // Per tensor, as a reduce records it: a sharded tensor's slice
         // entries count as its own (or, after its next reduce, twice).
         // Those of another world size (a checkpoint of a larger job) are
@@ -308,7 +309,8 @@ absl::Status Engine::ImportState(absl::string_view job,
                             }));
         ticket.emplace(std::move(admitted));
         return absl::OkStatus();
-      });
+      },
+      {collective_->rank(), collective_->world_size()});
 }
 
 absl::StatusOr<ReleasedJob> Engine::ReleaseJob(absl::string_view job) {

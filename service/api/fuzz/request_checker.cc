@@ -194,7 +194,8 @@ int RequestChecker::Check(const uint8_t* data, size_t size) {
           service->ReleaseJob(&context, &request, &response);
       if (status.ok()) {
         absl::StatusOr<std::string> left = engine_->ExportState(request.job());
-        absl::StatusOr<std::string> none = codecs::StateStore().Export("");
+        absl::StatusOr<std::string> none =
+            codecs::StateStore().Export("", {0, engine_->world_size()});
         if (!left.ok() || !none.ok() || *left != *none) {
           Fail("a released job still exports state");
         }
