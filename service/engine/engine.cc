@@ -254,8 +254,11 @@ absl::StatusOr<std::string> Engine::DeclareTensors(
   return hash;
 }
 
-absl::StatusOr<std::string> Engine::ExportState(absl::string_view job) const {
+absl::StatusOr<std::string> Engine::ExportState(absl::string_view job) {
   GC_RETURN_IF_ERROR(CheckJobName(job));
+  // Between steps only; the job's reduces wait until it is read.
+  GC_ASSIGN_OR_RETURN(const std::optional<JobQuotas::Ticket> ticket,
+                      quotas_.AdmitExport(job));
   return store_->Export(job, {collective_->rank(), collective_->world_size()});
 }
 

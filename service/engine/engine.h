@@ -195,7 +195,8 @@ class Engine {
       absl::string_view job, int64_t generation,
       absl::Span<const TensorDecl> decls);
 
-  absl::StatusOr<std::string> ExportState(absl::string_view job) const;
+  // FailedPrecondition while a reduce or import of `job` is in flight.
+  absl::StatusOr<std::string> ExportState(absl::string_view job);
   absl::Status ImportState(absl::string_view job, absl::string_view blob);
 
   // Frees everything this daemon holds for `job`: its codec state (and so

@@ -192,6 +192,21 @@ absl::StatusOr<JobQuotas::Ticket> JobQuotas::AdmitImport(
   return EnterLocked(&entry, "", /*import=*/true);
 }
 
+absl::StatusOr<std::optional<JobQuotas::Ticket>> JobQuotas::AdmitExport(
+    absl::string_view job) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) return std::nullopt;
+  if (it->second.in_flight > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job, "' has ", it->second.in_flight,
+        " reduce(s) or import(s) in flight on this daemon; expected state "
+        "exported between steps (once every reduce of the job has returned), "
+        "so that it is one step's"));
+  }
+  return std::optional<Ticket>(EnterLocked(&it->second, "", /*import=*/true));
+}
+
 absl::StatusOr<ReleasedJob> JobQuotas::Release(
     absl::string_view job, const std::function<void()>& erase) {
   absl::MutexLock lock(&mu_);

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -120,6 +121,14 @@ class JobQuotas {
       absl::string_view job,
       const std::vector<codecs::StateStore::ImportedSize>& sizes,
       const std::function<absl::Status(int64_t)>& reserve)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // An export of `job`'s codec state: FailedPrecondition while a reduce or
+  // an import of the job is in flight (its state would mix steps, or wait
+  // for a collective's deadline); else a Ticket that makes the job's
+  // reduces wait until the export has read the state, as an import's does
+  // (nullopt for a job this daemon has not seen: nothing to guard).
+  absl::StatusOr<std::optional<Ticket>> AdmitExport(absl::string_view job)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Forgets `job`. FailedPrecondition, changing nothing, while it has a

@@ -180,6 +180,39 @@ TEST(JobQuotasTest, ImportsAndReducesOfAJobDoNotOverlap) {
   EXPECT_TRUE(reduced.HasBeenNotified());
 }
 
+// An export waits for nothing and mixes no steps: refused while a reduce
+// of the job is in flight (it used to wait for that reduce, up to its
+// collective deadline, and read tensors of two steps), and the job's
+// reduces wait while it reads.
+TEST(JobQuotasTest, ExportsAndReducesOfAJobDoNotOverlap) {
+  JobQuotas quotas(JobQuotaOptions(), nullptr);
+  auto unseen = quotas.AdmitExport("job");
+  ASSERT_TRUE(unseen.ok());
+  EXPECT_FALSE(unseen->has_value());
+  {
+    absl::StatusOr<JobQuotas::Ticket> reducing = quotas.Admit("job", "a");
+    ASSERT_TRUE(reducing.ok());
+    quotas.RecordState("job", "a", 8);  // the job now holds state
+    const absl::Status busy = quotas.AdmitExport("job").status();
+    EXPECT_EQ(busy.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(busy.message(),
+                HasSubstr("expected state exported between steps"));
+  }
+  absl::StatusOr<std::optional<JobQuotas::Ticket>> exporting =
+      quotas.AdmitExport("job");
+  ASSERT_TRUE(exporting.ok()) << exporting.status();
+  ASSERT_TRUE(exporting->has_value());
+  absl::Notification reduced;
+  std::thread reduce([&] {
+    EXPECT_TRUE(quotas.Admit("job", "a").ok());
+    reduced.Notify();
+  });
+  EXPECT_FALSE(reduced.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  exporting->reset();
+  reduce.join();
+  EXPECT_TRUE(reduced.HasBeenNotified());
+}
+
 // A new tensor whose reduce fails before recording its state gives its
 // slot back; one recorded keeps it. A reduce admitted while another held
 // the new slot records its state even if that one gave the slot back.
