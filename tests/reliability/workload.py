@@ -172,7 +172,8 @@ def digest(results: dict[str, np.ndarray]) -> str:
 
 def parse_state(blob: bytes) -> dict[str, dict[str, np.ndarray]]:
     """{tensor: {buffer: float32 values}} of an ExportState blob (format in
-    codecs/state.cc: "GCST", u32 version 1, tensors with named fp32 buffers)."""
+    codecs/state.cc: "GCST", u32 version 1 or 2, tensors with named fp32
+    buffers)."""
     if blob[:4] != b"GCST":
         raise ValueError(f"state blob starts with {blob[:4]!r}, expected b'GCST'")
     pos = 4
@@ -190,13 +191,19 @@ def parse_state(blob: bytes) -> dict[str, dict[str, np.ndarray]]:
         pos += length
         return value
 
-    version, count = take("II")
-    if version != 1:
-        raise ValueError(f"state blob version {version}, expected 1")
+    (version,) = take("I")
+    if version not in (1, 2):
+        raise ValueError(f"state blob version {version}, expected 1 or 2")
+    if version >= 2:
+        take("II")  # the exporter's rank and world size
+    (count,) = take("I")
     out: dict[str, dict[str, np.ndarray]] = {}
     for _ in range(count):
         tensor = text()
-        _dtype, ndim = take("iI")
+        take("i")  # dtype
+        if version >= 2:
+            text()  # the owning codec
+        (ndim,) = take("I")
         take(f"{ndim}q")
         (buffers,) = take("I")
         out[tensor] = {}
