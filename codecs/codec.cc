@@ -14,6 +14,10 @@ absl::string_view StateOwnerOf(const CodecInfo& info) {
   return info.family == "dense" ? absl::string_view() : info.name;
 }
 
+Collective RoundCollective(const CodecInfo& info) {
+  return info.summable ? Collective::kSum : Collective::kGather;
+}
+
 absl::string_view CollectiveName(Collective c) {
   switch (c) {
     case Collective::kSum:
@@ -199,9 +203,7 @@ class SingleRoundSession : public CodecSession {
     return codec_.FinishSum(out, result_.world_size, ctx_, out);
   }
 
-  Collective collective() const {
-    return codec_.info().summable ? Collective::kSum : Collective::kGather;
-  }
+  Collective collective() const { return RoundCollective(codec_.info()); }
   const std::string& name() const { return codec_.info().name; }
 
   absl::Status Error(absl::string_view call, absl::string_view why) const {

@@ -116,6 +116,10 @@ struct CodecInfo {
 // tensor's own state and its sharded slices'.
 absl::string_view StateOwnerOf(const CodecInfo& info);
 
+// The collective a codec's rounds run: kSum for a summable codec, kGather
+// otherwise.
+Collective RoundCollective(const CodecInfo& info);
+
 // One tensor, one step, on one worker. A session that ends before its step
 // completed (the caller met an error and destroyed it) leaves the tensor's
 // state as it was before the step, to within rounding: the caller may run

@@ -27,7 +27,7 @@ struct Case {
   std::map<std::string, std::string> params;
 };
 
-// 3 * 2^20 + 5 values: three parts of the usual 2^20 minimum.
+// 3 * (2^20 + 5) values: three parts of the usual 2^20 minimum.
 constexpr int64_t kRows = 3, kCols = (int64_t{1} << 20) + 5;
 constexpr int kWorld = 2;
 

@@ -142,12 +142,15 @@ void Mailbox::EraseOverflowsLocked(
     const std::function<bool(const MessageKey&, const Overflow&)>& drop) {
   for (auto it = overflows_.begin(); it != overflows_.end();) {
     auto next = std::next(it);
-    if (drop(it->first, it->second)) {
-      overflow_bytes_ -= OverflowBytes(it->first);
-      overflows_.erase(it);
-    }
+    if (drop(it->first, it->second)) EraseOverflowLocked(it);
     it = next;
   }
+}
+
+void Mailbox::EraseOverflowLocked(
+    absl::flat_hash_map<MessageKey, Overflow>::iterator it) {
+  overflow_bytes_ -= OverflowBytes(it->first);
+  overflows_.erase(it);
 }
 
 void Mailbox::ExpireDueLocked(absl::Time now) {
@@ -301,8 +304,7 @@ absl::StatusOr<std::vector<codecs::Bytes>> Mailbox::Collect(
       slot.error =
           OverflowError(dropped->second.from, key, dropped->second.bytes);
     }
-    overflow_bytes_ -= OverflowBytes(key);
-    overflows_.erase(dropped);
+    EraseOverflowLocked(dropped);
   }
 
   // The ranks still missing, mirrored into the waiting gauges.

@@ -32,8 +32,9 @@ namespace gradcomp::service {
 struct MailboxOptions {
   // Bytes of messages that arrived before their local call, with their
   // keys (a slot per key counts a few hundred bytes even when the message
-  // is empty); one more is dropped (and its collective fails with
-  // ResourceExhausted, or, when not even its key fits, at its deadline).
+  // is empty); one more is dropped, and its collective fails with
+  // ResourceExhausted (at its deadline only when not even its key fits and
+  // the 1 MiB of records of such drops is full).
   uint64_t max_unclaimed_bytes = uint64_t{1} << 30;
   // An unclaimed message older than this is freed, as is the record of a
   // tensor's current step when the tensor has begun no step for as long.
@@ -134,6 +135,9 @@ class Mailbox : public Receiver {
   }
   void EraseOverflowsLocked(
       const std::function<bool(const MessageKey&, const Overflow&)>& drop)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseOverflowLocked(
+      absl::flat_hash_map<MessageKey, Overflow>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void EraseLocked(absl::node_hash_map<MessageKey, Slot>::iterator it)

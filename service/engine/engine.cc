@@ -259,7 +259,7 @@ absl::StatusOr<std::string> Engine::ExportState(absl::string_view job) {
   // Between steps only; the job's reduces wait until it is read.
   GC_ASSIGN_OR_RETURN(const std::optional<JobQuotas::Ticket> ticket,
                       quotas_.AdmitExport(job));
-  return store_->Export(job, {collective_->rank(), collective_->world_size()});
+  return store_->Export(job, StateOriginOfThisRank());
 }
 
 absl::Status Engine::ImportState(absl::string_view job,
@@ -313,7 +313,7 @@ absl::Status Engine::ImportState(absl::string_view job,
         ticket.emplace(std::move(admitted));
         return absl::OkStatus();
       },
-      {collective_->rank(), collective_->world_size()});
+      StateOriginOfThisRank());
 }
 
 absl::StatusOr<ReleasedJob> Engine::ReleaseJob(absl::string_view job) {
@@ -564,8 +564,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceImpl(const ReduceInput& in,
     shardable = ShardableCodec(decision.aggregation, *codec,
                                collective_->world_size(), numel);
     if (shardable == nullptr) {
-      batch_kind = codec->info().summable ? codecs::Collective::kSum
-                                          : codecs::Collective::kGather;
+      batch_kind = codecs::RoundCollective(codec->info());
     }
   }
 
@@ -887,8 +886,7 @@ absl::StatusOr<ReduceOutput> Engine::ReduceOnDevice(const ReduceInput& in,
 
   Clock::time_point t = Clock::now();
   codecs::Round round;
-  round.collective =
-      info.summable ? codecs::Collective::kSum : codecs::Collective::kGather;
+  round.collective = codecs::RoundCollective(info);
   const auto* grad = static_cast<const float*>(device.input);
   GC_RETURN_IF_ERROR(plan.twin->Encode(device.device_id, grad, numel,
                                        in.shape.empty() ? 1 : in.shape[0],

@@ -248,6 +248,10 @@ class Engine {
                   std::optional<codecs::Collective> kind = std::nullopt);
 
  private:
+  // This daemon's rank and world size, as its exported state records them.
+  codecs::StateOrigin StateOriginOfThisRank() const {
+    return {collective_->rank(), collective_->world_size()};
+  }
   Engine(const EngineOptions& options, const codecs::CodecRegistry& registry,
          codecs::StateStore* store, Collective* collective, Metrics* metrics,
          Policy policy);

@@ -102,9 +102,10 @@ class ShmRegion:
 
     Its key is "<prefix><tag>.<pid>.<random>", so jobs and pods sharing
     /dev/shm never collide; `prefix` is the daemon's --shm_prefix
-    ("/gradcomp." by default), as it maps only objects so named. Its pages are reserved at once: a /dev/shm
-    without room for them (Docker's default is 64 MiB) raises OSError
-    (ENOSPC) here, not SIGBUS on the first write. release() (or leaving
+    ("/gradcomp." by default), as it maps only objects so named. Its pages
+    are reserved at once: a /dev/shm without room for them (Docker's
+    default is 64 MiB) raises OSError (ENOSPC) here, not SIGBUS on the
+    first write. release() (or leaving
     the `with` block) unmaps it and unlinks the object; drop the numpy
     views from array() first.
     Only the creating process unlinks it: a forked child that releases or

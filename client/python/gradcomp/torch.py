@@ -777,10 +777,11 @@ class HookState:
                 # A daemon restarted without shared memory: the groups it
                 # reduced before (none, unless it restarted mid-bucket) keep
                 # their averages, and the rest go inline, now and from now on.
-                done = [t for t in tensors if t.name in stats]
-                for t in done:
-                    t.view(buffer)[...] = t.view(region.array(
-                        buffer.shape, buffer.dtype, offset=buffer.nbytes))
+                averages = region.array(buffer.shape, buffer.dtype, offset=buffer.nbytes)
+                for t in tensors:
+                    if t.name in stats:
+                        t.view(buffer)[...] = t.view(averages)
+                del averages  # a live view would keep the region from closing
                 self._go_inline(error.details, "a daemon started with "
                                 "--allow_client_shm again gets shared memory back "
                                 "when the trainer restarts")
