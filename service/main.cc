@@ -161,7 +161,8 @@ ABSL_FLAG(uint64_t, max_state_bytes_per_job, 0,
           "cap but the memory budget.");
 ABSL_FLAG(uint64_t, max_queued_requests, 4096,
           "ReduceStream tensors that may wait for a worker, over all streams; "
-          "beyond it a tensor is answered RESOURCE_EXHAUSTED.");
+          "beyond it the stream with the most waiting has a tensor answered "
+          "RESOURCE_EXHAUSTED.");
 ABSL_FLAG(uint64_t, max_rpc_threads, 1024,
           "Threads gRPC may use to serve client calls (one waits for new "
           "calls; each ReduceStream holds one); a call beyond them is "

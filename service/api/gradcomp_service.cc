@@ -358,7 +358,8 @@ grpc::Status GradcompService::ReduceStream(
   // the memory budget or the bounded queue refuses it, here (the stream
   // goes on). A queued tensor's inline bytes and the estimate of its
   // working memory count against the budget while it waits.
-  auto schedule = [this, &mu, &pending, &client, context](
+  const WorkerPool::QueueId queue = stream_pool_.NewQueue();
+  auto schedule = [this, &mu, &pending, &client, context, queue](
                       v1::ReduceRequest request,
                       std::shared_ptr<const BatchSpec> batch, AnswerFn done) {
     const v1::ReduceRequest named = NamedPart(request);
@@ -379,6 +380,27 @@ grpc::Status GradcompService::ReduceStream(
       absl::MutexLock lock(&mu);
       ++pending;
     }
+    // The answer of a tensor the pool refuses, or displaces for another
+    // stream's (worker_pool.h): the queue is full and this stream holds
+    // the most of it.
+    auto refuse = [this, &mu, &pending, named, batch, done] {
+      metrics_->CountResourceExhausted("stream_queue");
+      metrics_->CountReduce("unresolved", absl::StatusCode::kResourceExhausted);
+      LeaveBatch(named, batch);
+      done(StreamAnswer(
+               named,
+               Prefixed(absl::ResourceExhaustedError(absl::StrCat(
+                            stream_pool_.max_queued(),
+                            " stream tensors are already waiting for a worker "
+                            "on this daemon (the queue's bound), and no "
+                            "stream holds more of them than this one would; "
+                            "expected fewer tensors in flight, or retry this "
+                            "one")),
+                        TensorLabel(named))),
+           nullptr);
+      absl::MutexLock lock(&mu);
+      --pending;
+    };
     const bool queued = stream_pool_.TrySchedule(
         [this, &mu, &pending, &client, context, held, working, done,
          request = std::move(request), batch]() mutable {
@@ -407,24 +429,9 @@ grpc::Status GradcompService::ReduceStream(
           done(std::move(answer), std::move(held));
           absl::MutexLock lock(&mu);
           --pending;
-        });
-    if (queued) return;
-    {
-      absl::MutexLock lock(&mu);
-      --pending;
-    }
-    metrics_->CountResourceExhausted("stream_queue");
-    metrics_->CountReduce("unresolved", absl::StatusCode::kResourceExhausted);
-    LeaveBatch(named, batch);
-    done(StreamAnswer(named,
-                      Prefixed(absl::ResourceExhaustedError(absl::StrCat(
-                                   stream_pool_.max_queued(),
-                                   " stream tensors are already waiting for a "
-                                   "worker on this daemon (the queue's bound); "
-                                   "expected fewer tensors in flight, or retry "
-                                   "this one")),
-                               TensorLabel(named))),
-         nullptr);
+        },
+        queue, refuse);
+    if (!queued) refuse();
   };
   // A client whose answers pile up unread gets no more requests taken.
   v1::ReduceRequest request;

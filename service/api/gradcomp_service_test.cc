@@ -121,6 +121,7 @@ class GatedCollective : public LocalCollective {
 class GradcompServiceTest : public ::testing::Test {
  protected:
   virtual EngineOptions Options() const { return EngineOptions(); }
+  virtual WorkerPool::Limits StreamPool() const { return WorkerPool::Limits(); }
 
   void SetUp() override {
     auto engine = Engine::Create(Options(), codecs::BuiltinCodecs(), &store_,
@@ -130,8 +131,8 @@ class GradcompServiceTest : public ::testing::Test {
     DaemonSettings settings;
     settings.config_json = R"({"seed": "7"})";
     settings.flags = {{"collective_timeout", "1m"}};
-    service_ = std::make_unique<GradcompService>(
-        engine_.get(), &metrics_, WorkerPool::Limits(), settings);
+    service_ = std::make_unique<GradcompService>(engine_.get(), &metrics_,
+                                                 StreamPool(), settings);
     int port = 0;
     auto server =
         StartGrpcServer("127.0.0.1:0", service_.get(), &port, &metrics_);
@@ -676,6 +677,67 @@ TEST_F(GradcompServiceTest, ATensorQueuedWhenItsStreamIsCancelledIsNotReduced) {
   EXPECT_EQ(count("OK") + count("CANCELLED"), kTensors);
   EXPECT_GT(count("CANCELLED"), 0);
   EXPECT_LT(count("OK"), kTensors);
+}
+
+// One worker and room for four queued tensors.
+class GradcompServiceSmallQueueTest : public GradcompServiceTest {
+ protected:
+  WorkerPool::Limits StreamPool() const override {
+    WorkerPool::Limits limits;
+    limits.running = 1;
+    limits.threads = 1;
+    limits.queued = 4;
+    return limits;
+  }
+};
+
+// A stream that fills the queue has its newest tensor displaced by another
+// stream's, instead of the other stream being refused (a review helper: a
+// flooding client had everyone else refused at --max_queued_requests).
+TEST_F(GradcompServiceSmallQueueTest,
+       AFloodingStreamIsRefusedRatherThanOthers) {
+  collective_.Close();
+  const std::vector<float> g = Ramp(64);
+  grpc::ClientContext flood_context;
+  auto flood = stub_->ReduceStream(&flood_context);
+  for (int id = 0; id < 5; ++id) {
+    v1::ReduceRequest request = Request(absl::StrCat("t", id), {64}, g);
+    request.set_request_id(id);
+    ASSERT_TRUE(flood->Write(request));
+  }
+  // One held at the gate, four queued.
+  for (int i = 0; i < 600 && Metric("gradcomp_stream_queued_tensors", {}) < 4;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(Metric("gradcomp_stream_queued_tensors", {}), 4);
+  grpc::ClientContext other_context;
+  auto other = stub_->ReduceStream(&other_context);
+  ASSERT_TRUE(other->Write(Request("b", {64}, g)));
+  other->WritesDone();
+  // The flood's newest makes room, and says so before anything runs.
+  v1::ReduceStreamResponse response;
+  ASSERT_TRUE(flood->Read(&response));
+  EXPECT_EQ(response.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(response.tensor(), "t4");
+  EXPECT_THAT(response.error_message(),
+              HasSubstr("4 stream tensors are already waiting"));
+  collective_.Open();
+  ASSERT_TRUE(other->Read(&response));
+  EXPECT_EQ(response.error_code(), 0) << response.error_message();
+  EXPECT_EQ(response.result().tensor(), "b");
+  EXPECT_TRUE(other->Finish().ok());
+  flood->WritesDone();
+  std::set<std::string> reduced;
+  while (flood->Read(&response)) {
+    EXPECT_EQ(response.error_code(), 0) << response.error_message();
+    reduced.insert(response.result().tensor());
+  }
+  EXPECT_TRUE(flood->Finish().ok());
+  EXPECT_EQ(reduced, (std::set<std::string>{"t0", "t1", "t2", "t3"}));
+  EXPECT_EQ(Metric("gradcomp_resource_exhausted_total",
+                   {{"resource", "stream_queue"}}),
+            1);
 }
 
 TEST_F(GradcompServiceStreamBudgetTest, ABadlySizedTensorIsRefusedForItsSize) {

@@ -1,5 +1,6 @@
 #include "service/api/worker_pool.h"
 
+#include <optional>
 #include <utility>
 
 #include "absl/status/statusor.h"
@@ -23,17 +24,50 @@ WorkerPool::~WorkerPool() {
   if (ended.joinable()) ended.join();
 }
 
-bool WorkerPool::TrySchedule(std::function<void()> work) {
+WorkerPool::QueueId WorkerPool::NewQueue() {
   absl::MutexLock lock(&mu_);
-  if (queue_.size() >= limits_.queued) return false;
-  queue_.push_back(std::move(work));
-  StartThreadIfDueLocked();
-  if (threads_.empty()) {
-    // Nobody would ever run it.
-    queue_.pop_back();
-    return false;
+  return next_queue_++;
+}
+
+bool WorkerPool::TrySchedule(std::function<void()> work, QueueId queue,
+                             std::function<void()> displaced) {
+  Queued dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    std::optional<QueueId> victim;
+    if (queued_ >= limits_.queued) {
+      const QueueId longest = LongestLocked();
+      auto own = queues_.find(queue);
+      const size_t own_size = own == queues_.end() ? 0 : own->second.size();
+      // Taking one from the longest must leave it no shorter than `queue`.
+      if (own_size + 1 >= queues_.at(longest).size()) return false;
+      victim = longest;
+    }
+    std::deque<Queued>& mine = queues_[queue];
+    if (mine.empty()) turns_.push_back(queue);
+    mine.push_back({std::move(work), std::move(displaced)});
+    ++queued_;
+    StartThreadIfDueLocked();
+    if (threads_.empty()) {
+      // Nobody would ever run it.
+      mine.pop_back();
+      --queued_;
+      if (mine.empty()) {
+        queues_.erase(queue);
+        turns_.pop_back();
+      }
+      return false;
+    }
+    if (victim.has_value()) {
+      // It keeps at least two, so it keeps its turn.
+      std::deque<Queued>& longest = queues_.at(*victim);
+      dropped = std::move(longest.back());
+      longest.pop_back();
+      --queued_;
+    }
+    PublishLocked();
   }
-  PublishLocked();
+  if (dropped.displaced != nullptr) dropped.displaced();
   return true;
 }
 
@@ -42,13 +76,40 @@ int WorkerPool::threads() const {
   return static_cast<int>(threads_.size());
 }
 
+std::function<void()> WorkerPool::PopLocked() {
+  const QueueId queue = turns_.front();
+  turns_.pop_front();
+  auto it = queues_.find(queue);
+  std::function<void()> work = std::move(it->second.front().work);
+  it->second.pop_front();
+  --queued_;
+  if (it->second.empty()) {
+    queues_.erase(it);
+  } else {
+    turns_.push_back(queue);
+  }
+  return work;
+}
+
+WorkerPool::QueueId WorkerPool::LongestLocked() const {
+  QueueId longest = turns_.front();
+  size_t most = 0;
+  for (const auto& [id, closures] : queues_) {
+    if (closures.size() > most) {
+      longest = id;
+      most = closures.size();
+    }
+  }
+  return longest;
+}
+
 size_t WorkerPool::RunningLocked() const {
   return threads_.size() - idle_ - waiting_;
 }
 
 void WorkerPool::StartThreadIfDueLocked() {
   // Stopping: the destructor has taken the threads to join.
-  if (stopping_ || queue_.size() <= idle_ ||
+  if (stopping_ || queued_ <= idle_ ||
       RunningLocked() >= static_cast<size_t>(limits_.running) ||
       threads_.size() >= static_cast<size_t>(limits_.threads)) {
     return;
@@ -69,7 +130,7 @@ void WorkerPool::PublishLocked() const {
   stats.running = static_cast<int>(RunningLocked());
   stats.waiting = static_cast<int>(waiting_);
   stats.idle = static_cast<int>(idle_);
-  stats.queued = queue_.size();
+  stats.queued = queued_;
   on_change_(stats);
 }
 
@@ -105,7 +166,7 @@ void WorkerPool::Loop() {
       const absl::Condition work_or_stop(
           +[](WorkerPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
             return p->stopping_ ||
-                   (!p->queue_.empty() &&
+                   (p->queued_ > 0 &&
                     p->RunningLocked() <
                         static_cast<size_t>(p->limits_.running));
           },
@@ -128,9 +189,8 @@ void WorkerPool::Loop() {
         PublishLocked();
         break;
       }
-      if (queue_.empty()) return;  // stopping, and nothing left to run
-      work = std::move(queue_.front());
-      queue_.pop_front();
+      if (queued_ == 0) return;  // stopping, and nothing left to run
+      work = PopLocked();
       PublishLocked();
     }
     work();

@@ -15,16 +15,25 @@
 // for members of their batches could hold every thread while those
 // members sit in the queue, until the collective deadline.
 //
+// Closures are scheduled into queues (one per ReduceStream), served in
+// turn, one closure of each: a client with many tensors waiting delays
+// another's by at most one of its own per free thread, not by all of them.
+// A full pool refuses a closure of the queue holding the most; one of
+// another queue displaces that queue's newest closure (which is dropped,
+// and told), so a flooding client is refused rather than everyone else.
+//
 //   WorkerPool::Limits limits;
 //   limits.running = 4;
 //   limits.threads = 64;
 //   WorkerPool pool(limits);
-//   if (!pool.TrySchedule([] { Work(); })) Refuse();
+//   const WorkerPool::QueueId mine = pool.NewQueue();
+//   if (!pool.TrySchedule([] { Work(); }, mine, [] { Refuse(); })) Refuse();
 //   // ~WorkerPool runs what is queued, then joins.
 #ifndef GRADCOMP_SERVICE_API_WORKER_POOL_H_
 #define GRADCOMP_SERVICE_API_WORKER_POOL_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <thread>
@@ -45,7 +54,8 @@ class WorkerPool : private BlockingWaitObserver {
     // Threads at most, those in a blocking wait included; at least
     // `running`.
     int threads = 2;
-    // Closures waiting for a thread; one beyond them is refused.
+    // Closures waiting for a thread, in all queues; one beyond them is
+    // refused, or displaces another (TrySchedule).
     size_t queued = 4096;
     // How long a thread beyond `running` waits for a closure before it
     // ends: those a burst of waits started go, those every step uses stay.
@@ -69,12 +79,23 @@ class WorkerPool : private BlockingWaitObserver {
   WorkerPool& operator=(const WorkerPool&) = delete;
   ~WorkerPool() override;
 
-  // Queues `work`, starting a thread for it when none is idle, fewer than
-  // `running` closures run and fewer than `threads` threads exist; or
-  // returns false (and drops it) when `queued` closures are already
-  // waiting for a thread, or when no thread runs and none can be started
-  // (the system's thread limit).
-  bool TrySchedule(std::function<void()> work) ABSL_LOCKS_EXCLUDED(mu_);
+  // Names the closures of one client (a ReduceStream's), which the pool
+  // serves in turn with those of the others.
+  using QueueId = uint64_t;
+  // A queue no other caller has. Queue 0 is everyone's who names none.
+  QueueId NewQueue() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Queues `work` at the back of `queue`, starting a thread for it when
+  // none is idle, fewer than `running` closures run and fewer than
+  // `threads` threads exist. When `queued` closures already wait, `work`
+  // is refused (false, and dropped) if its queue would then hold as many
+  // as the longest queue; otherwise it displaces the newest closure of the
+  // longest queue, which is dropped after its `displaced` is called (here,
+  // outside the pool's lock). Also false when no thread runs and none can
+  // be started (the system's thread limit).
+  bool TrySchedule(std::function<void()> work, QueueId queue = 0,
+                   std::function<void()> displaced = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   size_t max_queued() const { return limits_.queued; }
   // Threads running now (started and not ended).
@@ -84,7 +105,18 @@ class WorkerPool : private BlockingWaitObserver {
   void WaitStarted() override ABSL_LOCKS_EXCLUDED(mu_);
   void WaitEnded() override ABSL_LOCKS_EXCLUDED(mu_);
 
+  struct Queued {
+    std::function<void()> work;
+    std::function<void()> displaced;
+  };
+
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+  // The next closure to run: the oldest of the queue whose turn it is.
+  // Needs queued_ > 0.
+  std::function<void()> PopLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The queue holding the most closures (the first found of those that
+  // tie). Needs queued_ > 0.
+  QueueId LongestLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Threads running a closure outside a blocking wait.
   size_t RunningLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts a thread when queued closures outnumber the idle threads, one
@@ -97,7 +129,14 @@ class WorkerPool : private BlockingWaitObserver {
   const Limits limits_;
   const StatsFn on_change_;
   mutable absl::Mutex mu_;
-  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  // The closures waiting for a thread, by queue; a queue with none has no
+  // entry.
+  std::unordered_map<QueueId, std::deque<Queued>> queues_ ABSL_GUARDED_BY(mu_);
+  // The queues with closures waiting, the one whose turn is next first.
+  std::deque<QueueId> turns_ ABSL_GUARDED_BY(mu_);
+  // Closures in queues_, in all.
+  size_t queued_ ABSL_GUARDED_BY(mu_) = 0;
+  QueueId next_queue_ ABSL_GUARDED_BY(mu_) = 1;
   // Threads waiting for a closure.
   size_t idle_ ABSL_GUARDED_BY(mu_) = 0;
   // Threads whose closure is in a blocking wait.

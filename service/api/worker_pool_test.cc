@@ -6,16 +6,22 @@
 #include <atomic>
 #include <fstream>
 #include <memory>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/blocking_wait.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace gradcomp::service {
 namespace {
+
+using ::testing::ElementsAre;
 
 WorkerPool::Limits Limits(int running, int threads, size_t queued) {
   WorkerPool::Limits limits;
@@ -154,6 +160,85 @@ bool Eventually(Done done) {
     absl::SleepFor(absl::Milliseconds(1));
   }
   return true;
+}
+
+// Holds a one-thread pool's thread until Release, so that what is
+// scheduled meanwhile queues; records the order the queued closures ran.
+class HeldPool {
+ public:
+  explicit HeldPool(size_t queued) : pool_(Limits(1, 1, queued)) {
+    EXPECT_TRUE(pool_.TrySchedule([this] {
+      running_.Notify();
+      release_.WaitForNotification();
+    }));
+    running_.WaitForNotification();
+  }
+  ~HeldPool() { Release(); }
+
+  WorkerPool& pool() { return pool_; }
+  // A closure that records `name` when it runs.
+  std::function<void()> Record(std::string name) {
+    return [this, name] {
+      absl::MutexLock lock(&mu_);
+      ran_.push_back(name);
+    };
+  }
+  void Release() {
+    if (!release_.HasBeenNotified()) release_.Notify();
+  }
+  std::vector<std::string> Ran() {
+    absl::MutexLock lock(&mu_);
+    return ran_;
+  }
+
+ private:
+  absl::Notification running_, release_;
+  absl::Mutex mu_;
+  std::vector<std::string> ran_ ABSL_GUARDED_BY(mu_);
+  WorkerPool pool_;  // last: joined before what its closures use
+};
+
+TEST(WorkerPoolTest, QueuesAreServedInTurn) {
+  // Four of a's closures wait when b's first arrives: b's runs second,
+  // not fifth, and each queue keeps its own order.
+  HeldPool held(100);
+  WorkerPool& pool = held.pool();
+  const WorkerPool::QueueId a = pool.NewQueue();
+  const WorkerPool::QueueId b = pool.NewQueue();
+  ASSERT_NE(a, b);
+  for (int i = 1; i <= 4; ++i) {
+    ASSERT_TRUE(pool.TrySchedule(held.Record(absl::StrCat("a", i)), a));
+  }
+  ASSERT_TRUE(pool.TrySchedule(held.Record("b1"), b));
+  ASSERT_TRUE(pool.TrySchedule(held.Record("b2"), b));
+  held.Release();
+  ASSERT_TRUE(Eventually([&] { return held.Ran().size() == 6; }));
+  EXPECT_THAT(held.Ran(), ElementsAre("a1", "b1", "a2", "b2", "a3", "a4"));
+}
+
+TEST(WorkerPoolTest, AFullPoolDisplacesTheLongestQueuesNewest) {
+  // Room for three, all a's: b's first displaces a3 (told so), b's second
+  // would make b as long as a and is refused, as is a's next.
+  HeldPool held(3);
+  WorkerPool& pool = held.pool();
+  const WorkerPool::QueueId a = pool.NewQueue();
+  const WorkerPool::QueueId b = pool.NewQueue();
+  std::vector<std::string> displaced;
+  for (int i = 1; i <= 3; ++i) {
+    const std::string name = absl::StrCat("a", i);
+    ASSERT_TRUE(pool.TrySchedule(held.Record(name), a,
+                                 [&, name] { displaced.push_back(name); }));
+  }
+  EXPECT_TRUE(pool.TrySchedule(held.Record("b1"), b,
+                               [&] { displaced.push_back("b1"); }));
+  EXPECT_THAT(displaced, ElementsAre("a3"));
+  EXPECT_FALSE(pool.TrySchedule(held.Record("b2"), b));
+  EXPECT_FALSE(pool.TrySchedule(held.Record("a4"), a));
+  held.Release();
+  ASSERT_TRUE(Eventually([&] { return held.Ran().size() == 3; }));
+  absl::SleepFor(absl::Milliseconds(20));  // nothing else runs
+  EXPECT_THAT(held.Ran(), ElementsAre("a1", "b1", "a2"));
+  EXPECT_THAT(displaced, ElementsAre("a3"));
 }
 
 TEST(WorkerPoolTest, WaitingClosuresStartNoThreadsPastTheLimit) {
