@@ -126,6 +126,10 @@ ABSL_FLAG(absl::Duration, peer_tls_refresh, absl::Seconds(60),
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(60),
           "Deadline of one collective: how long a reduce waits for the other "
           "ranks before failing with an error naming the missing ones.");
+ABSL_FLAG(absl::Duration, stream_write_timeout, absl::Minutes(2),
+          "A ReduceStream whose client takes no answer for this long (alive "
+          "but not reading) is cancelled, and the memory its unread answers "
+          "held is freed.");
 ABSL_FLAG(absl::Duration, peer_startup_timeout, absl::Minutes(5),
           "How long a starting daemon retries reaching every peer (names that "
           "do not resolve yet, daemons not up yet) before it exits.");
@@ -266,7 +270,7 @@ DaemonSettings Settings(const v1::DaemonConfig& config) {
   settings.config_json = ConfigToJson(config);
   for (const char* name :
        {"collective_timeout", "peer_startup_timeout", "peer_buffer_bytes",
-        "peer_listen", "peer_tls_refresh"}) {
+        "peer_listen", "peer_tls_refresh", "stream_write_timeout"}) {
     settings.flags[name] = absl::FindCommandLineFlag(name)->CurrentValue();
   }
   settings.transports = {config.world_size() > 1 ? "grpc" : "local"};
@@ -337,6 +341,7 @@ absl::Status CheckFlagValues() {
   const std::pair<const char*, absl::Duration> durations[] = {
       {"--collective_timeout", absl::GetFlag(FLAGS_collective_timeout)},
       {"--peer_startup_timeout", absl::GetFlag(FLAGS_peer_startup_timeout)},
+      {"--stream_write_timeout", absl::GetFlag(FLAGS_stream_write_timeout)},
   };
   for (const auto& [flag, value] : durations) {
     if (value <= absl::ZeroDuration()) {
@@ -513,14 +518,20 @@ absl::Status Run(const std::set<std::string>& named_flags) {
   // --max_rpc_threads threads, as many as unary calls may hold, so that
   // tensors queued behind waiting ones (members of their batches) still
   // get a thread.
-  WorkerPool::Limits stream_pool;
-  stream_pool.running =
+  StreamOptions streams;
+  streams.pool.running =
       world_size > 1
           ? 256
           : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
-  stream_pool.threads = std::max(stream_pool.running,
-                                 static_cast<int>(config->max_rpc_threads()));
-  stream_pool.queued = config->max_queued_requests();
+  streams.pool.threads = std::max(streams.pool.running,
+                                  static_cast<int>(config->max_rpc_threads()));
+  streams.pool.queued = config->max_queued_requests();
+  // A stalled client's unread answers hold the budget until the write
+  // timeout: a sixteenth of it each at most, so that a few such streams
+  // cannot take it all from the others meanwhile.
+  streams.max_unwritten_bytes =
+      std::min(streams.max_unwritten_bytes, config->memory_budget_bytes() / 16);
+  streams.write_timeout = absl::GetFlag(FLAGS_stream_write_timeout);
   // Off unless asked: a region maps a client's memory into the daemon.
   std::unique_ptr<SharedMemoryRegistry> shm;
   if (config->allow_client_shm()) {
@@ -529,8 +540,8 @@ absl::Status Run(const std::set<std::string>& named_flags) {
     shm_options.owner_uids = std::move(shm_owner_uids);
     shm = std::make_unique<SharedMemoryRegistry>(shm_options, &metrics);
   }
-  GradcompService service(engine.get(), &metrics, stream_pool,
-                          Settings(*config), shm.get());
+  GradcompService service(engine.get(), &metrics, streams, Settings(*config),
+                          shm.get());
   AuthenticatedService guarded(&service, ClientAuth(auth));
   GC_RETURN_IF_ERROR(PrepareSocketDirectory(config->listen()));
   int port = 0;

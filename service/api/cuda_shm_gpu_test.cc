@@ -148,7 +148,7 @@ TEST(CudaShmGpuTest, AClientsCudaBufferReducesLikeTheInlinePath) {
   SharedMemoryOptions options;
   options.reclaim_interval = absl::ZeroDuration();
   SharedMemoryRegistry shm(options, &metrics);
-  GradcompService service(engine->get(), &metrics, WorkerPool::Limits(),
+  GradcompService service(engine->get(), &metrics, StreamOptions(),
                           DaemonSettings(), &shm);
   int port = 0;
   auto server = StartGrpcServer("127.0.0.1:0", &service, &port, &metrics);

@@ -25,11 +25,6 @@ namespace gradcomp::service {
 
 namespace {
 
-// Answers queued for a stream's client beyond which the stream takes no
-// more of its requests (StreamOutbox::WaitForRoom): room for a reading
-// client's answers to flow, small beside the memory budget.
-constexpr uint64_t kMaxUnwrittenAnswerBytes = uint64_t{256} << 20;
-
 // The metadata key a client names itself with (gradcomp.proto, "Shared
 // memory"); its shared-memory regions belong to that name.
 constexpr char kClientIdKey[] = "gradcomp-client-id";
@@ -135,14 +130,15 @@ class PartsAnswer {
 }  // namespace
 
 GradcompService::GradcompService(Engine* engine, Metrics* metrics,
-                                 WorkerPool::Limits stream_pool,
-                                 DaemonSettings settings,
+                                 StreamOptions streams, DaemonSettings settings,
                                  SharedMemoryRegistry* shm)
     : engine_(engine),
       metrics_(metrics),
       settings_(std::move(settings)),
       shm_(shm),
-      stream_pool_(stream_pool, [metrics](const WorkerPool::Stats& stats) {
+      max_unwritten_bytes_(streams.max_unwritten_bytes),
+      stall_watchdog_(streams.write_timeout),
+      stream_pool_(streams.pool, [metrics](const WorkerPool::Stats& stats) {
         metrics->SetStreamPool(stats.running, stats.waiting, stats.idle,
                                stats.queued);
       }) {}
@@ -339,12 +335,24 @@ grpc::Status GradcompService::ReduceStream(
       [stream](const v1::ReduceStreamResponse& answer) {
         return stream->Write(answer);
       },
-      kMaxUnwrittenAnswerBytes);
+      max_unwritten_bytes_);
   if (!started.ok()) {
     metrics_->CountResourceExhausted("threads");
     return ToGrpcStatus(started.status());
   }
   StreamOutbox& outbox = **started;
+  // A client that stops taking its answers has its stream cancelled: the
+  // blocked write fails, and the outbox drops what it queued.
+  absl::StatusOr<StallWatchdog::Watched> watched =
+      stall_watchdog_.Watch([&outbox] { return outbox.WritingSince(); },
+                            [this, context] {
+                              metrics_->CountStalledStream();
+                              context->TryCancel();
+                            });
+  if (!watched.ok()) {
+    metrics_->CountResourceExhausted("threads");
+    return ToGrpcStatus(watched.status());
+  }
   absl::Mutex mu;
   int pending = 0;
   // An answer goes to the outbox without a copy (a tensor sent alone holds
@@ -449,8 +457,11 @@ grpc::Status GradcompService::ReduceStream(
         +[](int* n) { return *n == 0; }, &pending));
   }
   if (!outbox.Close()) {
-    return grpc::Status(grpc::StatusCode::CANCELLED,
-                        "the client stopped reading results");
+    return grpc::Status(
+        grpc::StatusCode::CANCELLED,
+        absl::StrCat("the client stopped reading results (none taken for ",
+                     absl::FormatDuration(stall_watchdog_.timeout()),
+                     ", --stream_write_timeout, or the stream broke)"));
   }
   return grpc::Status::OK;
 }

@@ -2,7 +2,7 @@
 // types, calls the Engine, and converts its absl::Status back through
 // ToGrpcStatus. No business logic lives here.
 //
-//   GradcompService service(engine.get(), &metrics, WorkerPool::Limits());
+//   GradcompService service(engine.get(), &metrics, StreamOptions());
 //   GC_ASSIGN_OR_RETURN(auto server, StartGrpcServer(listen, &service));
 #ifndef GRADCOMP_SERVICE_API_GRADCOMP_SERVICE_H_
 #define GRADCOMP_SERVICE_API_GRADCOMP_SERVICE_H_
@@ -13,9 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "gradcomp/v1/gradcomp.grpc.pb.h"
 #include "gradcomp/v1/gradcomp.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "service/api/stall_watchdog.h"
 #include "service/api/worker_pool.h"
 #include "service/engine/engine.h"
 #include "service/memory/shared_memory_registry.h"
@@ -33,15 +35,29 @@ struct DaemonSettings {
   std::vector<std::string> transports = {"local"};
 };
 
+// How ReduceStreams are served.
+struct StreamOptions {
+  // The pool that reduces the tensors of every stream; a tensor beyond its
+  // queue is answered RESOURCE_EXHAUSTED (worker_pool.h).
+  WorkerPool::Limits pool;
+  // Answers queued for a stream's client beyond which the stream takes no
+  // more of its requests (StreamOutbox::WaitForRoom): room for a reading
+  // client's answers to flow, small beside the memory budget (main.cc:
+  // 256 MiB, or a sixteenth of the budget when that is less).
+  uint64_t max_unwritten_bytes = uint64_t{256} << 20;
+  // A stream whose client has not taken an answer for this long (alive
+  // but not reading) is cancelled, and its queued answers' budget freed.
+  absl::Duration write_timeout = absl::Minutes(2);
+};
+
 class GradcompService final : public v1::Gradcomp::Service {
  public:
-  // A pool of `stream_pool` threads reduces the tensors of every
-  // ReduceStream; a stream's tensor beyond its queue is answered
-  // RESOURCE_EXHAUSTED. `engine` and `metrics` must outlive the service.
+  // `streams` says how ReduceStreams are served. `engine` and `metrics`
+  // must outlive the service.
   // `shm` (may be null: client shared memory off, --allow_client_shm
   // unset) serves the shared-memory RPCs and Reduce slices.
-  GradcompService(Engine* engine, Metrics* metrics,
-                  WorkerPool::Limits stream_pool, DaemonSettings settings = {},
+  GradcompService(Engine* engine, Metrics* metrics, StreamOptions streams,
+                  DaemonSettings settings = {},
                   SharedMemoryRegistry* shm = nullptr);
 
   grpc::Status Reduce(grpc::ServerContext* context,
@@ -173,6 +189,10 @@ class GradcompService final : public v1::Gradcomp::Service {
   Metrics* const metrics_;
   const DaemonSettings settings_;
   SharedMemoryRegistry* const shm_;
+  const uint64_t max_unwritten_bytes_;
+  // Cancels the streams whose client stopped reading; destroyed after the
+  // pool, whose tasks end the streams it watches.
+  StallWatchdog stall_watchdog_;
   WorkerPool stream_pool_;
 };
 

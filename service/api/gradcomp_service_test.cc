@@ -121,7 +121,7 @@ class GatedCollective : public LocalCollective {
 class GradcompServiceTest : public ::testing::Test {
  protected:
   virtual EngineOptions Options() const { return EngineOptions(); }
-  virtual WorkerPool::Limits StreamPool() const { return WorkerPool::Limits(); }
+  virtual StreamOptions Streams() const { return StreamOptions(); }
 
   void SetUp() override {
     auto engine = Engine::Create(Options(), codecs::BuiltinCodecs(), &store_,
@@ -132,7 +132,7 @@ class GradcompServiceTest : public ::testing::Test {
     settings.config_json = R"({"seed": "7"})";
     settings.flags = {{"collective_timeout", "1m"}};
     service_ = std::make_unique<GradcompService>(engine_.get(), &metrics_,
-                                                 StreamPool(), settings);
+                                                 Streams(), settings);
     int port = 0;
     auto server =
         StartGrpcServer("127.0.0.1:0", service_.get(), &port, &metrics_);
@@ -682,12 +682,12 @@ TEST_F(GradcompServiceTest, ATensorQueuedWhenItsStreamIsCancelledIsNotReduced) {
 // One worker and room for four queued tensors.
 class GradcompServiceSmallQueueTest : public GradcompServiceTest {
  protected:
-  WorkerPool::Limits StreamPool() const override {
-    WorkerPool::Limits limits;
-    limits.running = 1;
-    limits.threads = 1;
-    limits.queued = 4;
-    return limits;
+  StreamOptions Streams() const override {
+    StreamOptions streams;
+    streams.pool.running = 1;
+    streams.pool.threads = 1;
+    streams.pool.queued = 4;
+    return streams;
   }
 };
 
@@ -738,6 +738,58 @@ TEST_F(GradcompServiceSmallQueueTest,
   EXPECT_EQ(Metric("gradcomp_resource_exhausted_total",
                    {{"resource", "stream_queue"}}),
             1);
+}
+
+// A short stall timeout.
+class GradcompServiceStallTest : public GradcompServiceTest {
+ protected:
+  StreamOptions Streams() const override {
+    StreamOptions streams;
+    streams.write_timeout = absl::Milliseconds(300);
+    return streams;
+  }
+};
+
+// A client that stays connected but stops reading: its answers, more than
+// HTTP/2 flow control lets through, held their budget for ever (a review
+// helper: two such streams locked a 512 MiB daemon's other clients out).
+// The stream is cancelled after the write timeout, and the budget freed.
+TEST_F(GradcompServiceStallTest, AStreamWhoseClientStopsReadingIsCancelled) {
+  constexpr int64_t kFloats = int64_t{4} << 20;  // 16 MiB answers
+  const std::vector<float> g = Ramp(kFloats);
+  grpc::ClientContext context;
+  auto stalled = stub_->ReduceStream(&context);
+  for (int id = 0; id < 4; ++id) {
+    v1::ReduceRequest request = Request(absl::StrCat("t", id), {kFloats}, g);
+    request.set_request_id(id);
+    ASSERT_TRUE(stalled->Write(request));
+  }
+  // Nothing read: the answers wait until the watchdog cancels the stream.
+  for (int i = 0;
+       i < 600 && Metric("gradcomp_stalled_streams_cancelled_total", {}) < 1;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(Metric("gradcomp_stalled_streams_cancelled_total", {}), 1);
+  for (int i = 0;
+       i < 600 && Metric("gradcomp_memory_budget_in_use_bytes", {}) > 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(Metric("gradcomp_memory_budget_in_use_bytes", {}), 0);
+  if (HasFailure()) context.TryCancel();  // not to hang on the reads below
+  v1::ReduceStreamResponse response;
+  while (stalled->Read(&response)) {
+  }
+  EXPECT_EQ(stalled->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // Everyone else is served as before; a reading client is not cancelled.
+  grpc::ClientContext other_context;
+  auto other = stub_->ReduceStream(&other_context);
+  ASSERT_TRUE(other->Write(Request("b", {kFloats}, g)));
+  other->WritesDone();
+  ASSERT_TRUE(other->Read(&response));
+  EXPECT_EQ(response.error_code(), 0) << response.error_message();
+  EXPECT_TRUE(other->Finish().ok());
+  EXPECT_EQ(Metric("gradcomp_stalled_streams_cancelled_total", {}), 1);
 }
 
 TEST_F(GradcompServiceStreamBudgetTest, ABadlySizedTensorIsRefusedForItsSize) {
@@ -903,7 +955,7 @@ class GradcompShmTest : public ::testing::Test {
     options.reclaim_interval = absl::ZeroDuration();
     shm_ = std::make_unique<SharedMemoryRegistry>(options, &metrics_);
     service_ = std::make_unique<GradcompService>(engine_.get(), &metrics_,
-                                                 WorkerPool::Limits(),
+                                                 StreamOptions(),
                                                  DaemonSettings(), shm_.get());
     int port = 0;
     auto server =
@@ -1172,7 +1224,7 @@ TEST_F(GradcompShmTest, ClientsWithoutAnIdOwnRegionsByConnection) {
 // of every other such caller; with an id it is served as over TCP.
 TEST_F(GradcompShmTest, UnixCallersWithoutAnIdAreRefusedSharedMemory) {
   collective_.Open();
-  GradcompService unix_service(engine_.get(), &metrics_, WorkerPool::Limits(),
+  GradcompService unix_service(engine_.get(), &metrics_, StreamOptions(),
                                DaemonSettings(), shm_.get());
   // Not under TEST_TMPDIR: a socket's path holds at most 107 characters.
   const std::string path =

@@ -43,6 +43,11 @@ bool StreamOutbox::WaitForRoom() {
   return !broken_;
 }
 
+std::optional<absl::Time> StreamOutbox::WritingSince() {
+  absl::MutexLock lock(&mu_);
+  return writing_since_;
+}
+
 bool StreamOutbox::Close() {
   {
     absl::MutexLock lock(&mu_);
@@ -66,9 +71,11 @@ void StreamOutbox::WriteAll() {
       if (queue_.empty()) return;
       next = std::move(queue_.front());
       queue_.pop_front();
+      writing_since_ = absl::Now();
     }
     const bool written = write_(next.answer);
     absl::MutexLock lock(&mu_);
+    writing_since_.reset();
     unwritten_bytes_ -= next.bytes;
     if (!written && !broken_) {
       // Nothing more reaches this client: what is queued goes now.

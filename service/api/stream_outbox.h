@@ -22,11 +22,13 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "gradcomp/v1/gradcomp.pb.h"
 
 namespace gradcomp::service {
@@ -59,6 +61,10 @@ class StreamOutbox {
   // the stream broke (then false: read no more requests).
   bool WaitForRoom() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // When the write in progress began, nullopt when none is: a client that
+  // stopped reading keeps one in progress for ever (StallWatchdog).
+  std::optional<absl::Time> WritingSince() ABSL_LOCKS_EXCLUDED(mu_);
+
   // Waits until every answer pushed so far is written (or dropped by a
   // broken stream) and stops the writer; true if the stream took them all.
   // Call once every Push is done.
@@ -80,6 +86,7 @@ class StreamOutbox {
   uint64_t unwritten_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<absl::Time> writing_since_ ABSL_GUARDED_BY(mu_);
   std::thread writer_;
 };
 

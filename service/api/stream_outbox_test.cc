@@ -1,6 +1,7 @@
 #include "service/api/stream_outbox.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -68,6 +69,29 @@ TEST(StreamOutboxTest, PushNeverWaitsForTheClientAndTheReaderDoes) {
   reader.join();
   EXPECT_TRUE(room.HasBeenNotified());
   EXPECT_TRUE(outbox->Close());
+}
+
+// What the stall watchdog reads: the start of a write the client does not
+// take, and nothing once it has.
+TEST(StreamOutboxTest, WritingSinceNamesAWriteInProgressOnly) {
+  absl::Notification client_reads;
+  auto started = StalledOutbox(client_reads, /*max_unwritten_bytes=*/1000);
+  ASSERT_TRUE(started.ok()) << started.status();
+  StreamOutbox* outbox = started->get();
+  EXPECT_EQ(outbox->WritingSince(), std::nullopt);
+  const absl::Time before = absl::Now();
+  outbox->Push(Answer(1));
+  std::optional<absl::Time> since;
+  for (int i = 0; i < 60000 && !since.has_value(); ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+    since = outbox->WritingSince();
+  }
+  ASSERT_TRUE(since.has_value());
+  EXPECT_GE(*since, before);
+  EXPECT_LE(*since, absl::Now());
+  client_reads.Notify();
+  EXPECT_TRUE(outbox->Close());
+  EXPECT_EQ(outbox->WritingSince(), std::nullopt);
 }
 
 // An answer's hold (its reservation of the memory budget) lives until the

@@ -163,6 +163,14 @@ Metrics::Metrics(const codecs::StateStore* state, absl::string_view version)
                "away.")
            .Register(*registry_)
            .Add({});
+  stalled_streams_ =
+      &prometheus::BuildCounter()
+           .Name("gradcomp_stalled_streams_cancelled_total")
+           .Help(
+               "ReduceStreams cancelled because their client took no answer "
+               "for --stream_write_timeout (it stopped reading).")
+           .Register(*registry_)
+           .Add({});
   gpu_unavailable_ =
       &prometheus::BuildCounter()
            .Name("gradcomp_gpu_unavailable_total")
@@ -328,6 +336,8 @@ void Metrics::SetSharedMemory(uint64_t regions, uint64_t bytes) {
 void Metrics::CountSharedMemoryReclaimed(int regions) {
   shm_reclaimed_->Increment(regions);
 }
+
+void Metrics::CountStalledStream() { stalled_streams_->Increment(); }
 
 void Metrics::CountGpuUnavailable() { gpu_unavailable_->Increment(); }
 

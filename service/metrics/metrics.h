@@ -63,6 +63,9 @@ class Metrics {
   void SetSharedMemory(uint64_t regions, uint64_t bytes);
   // Regions dropped because the client that registered them went away.
   void CountSharedMemoryReclaimed(int regions);
+  // A ReduceStream cancelled because its client took no answer for the
+  // stall timeout (service/api/stall_watchdog.h).
+  void CountStalledStream();
   // The daemon found no usable CUDA device when a client asked for one
   // (counted once per process: service/memory/shared_memory_registry.cc).
   void CountGpuUnavailable();
@@ -122,6 +125,7 @@ class Metrics {
   prometheus::Gauge* shm_regions_;
   prometheus::Gauge* shm_bytes_;
   prometheus::Counter* shm_reclaimed_;
+  prometheus::Counter* stalled_streams_;
   prometheus::Counter* gpu_unavailable_;
   prometheus::Family<prometheus::Counter>* backend_total_;
   prometheus::Family<prometheus::Counter>* resource_exhausted_;

@@ -84,9 +84,9 @@ RequestChecker::RequestChecker() : metrics_(&store_, "fuzz") {
   // fuzzer exits without running its destructor: the name goes now, so that
   // no run leaves an object in /dev/shm.
   shm_unlink(region_->key().c_str());
-  WorkerPool::Limits one_worker;
-  one_worker.running = 1;
-  one_worker.threads = 1;
+  StreamOptions one_worker;
+  one_worker.pool.running = 1;
+  one_worker.pool.threads = 1;
   service_ = std::make_unique<GradcompService>(
       engine_.get(), &metrics_, one_worker, DaemonSettings(), shm_.get());
 }
