@@ -567,23 +567,36 @@ absl::StatusOr<v1::DeclareTensorsResponse> Client::DeclareTensors(
 absl::StatusOr<std::string> Client::ExportState(const std::string& job) {
   v1::ExportStateRequest request;
   request.set_job(job);
-  v1::ExportStateResponse response;
+  std::unique_ptr<grpc::ClientContext> context = NewContext();
+  std::unique_ptr<grpc::ClientReader<v1::ExportStateResponse>> reader =
+      stub_->ExportStateStream(context.get(), request);
+  std::string state;
+  for (v1::ExportStateResponse piece; reader->Read(&piece);) {
+    state.append(piece.state());
+  }
   GC_RETURN_IF_ERROR(
-      FromGrpcStatus(stub_->ExportState(NewContext().get(), request, &response),
-                     "ExportState", target_));
-  return std::move(*response.mutable_state());
+      FromGrpcStatus(reader->Finish(), "ExportStateStream", target_));
+  return state;
 }
 
 absl::Status Client::ImportState(const std::string& job, std::string state) {
-  GC_RETURN_IF_ERROR(CheckInline(
-      state.size(), absl::StrCat("the state blob of job '", job, "'")));
-  v1::ImportStateRequest request;
-  request.set_job(job);
-  request.set_state(std::move(state));
+  std::unique_ptr<grpc::ClientContext> context = NewContext();
   v1::ImportStateResponse response;
-  return FromGrpcStatus(
-      stub_->ImportState(NewContext().get(), request, &response), "ImportState",
-      target_);
+  std::unique_ptr<grpc::ClientWriter<v1::ImportStateRequest>> writer =
+      stub_->ImportStateStream(context.get(), &response);
+  const absl::string_view blob = state;
+  size_t sent = 0;
+  bool open = true;
+  do {
+    v1::ImportStateRequest piece;
+    if (sent == 0) piece.set_job(job);
+    piece.set_state(std::string(blob.substr(sent, kStatePieceBytes)));
+    sent += piece.state().size();
+    // Refused: the daemon has ended the call, and Finish says why.
+    open = writer->Write(piece);
+  } while (open && sent < blob.size());
+  if (open) writer->WritesDone();
+  return FromGrpcStatus(writer->Finish(), "ImportStateStream", target_);
 }
 
 absl::StatusOr<v1::ReleaseJobResponse> Client::ReleaseJob(

@@ -13,6 +13,7 @@
 #ifndef GRADCOMP_CLIENT_CPP_CLIENT_H_
 #define GRADCOMP_CLIENT_CPP_CLIENT_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -208,9 +209,12 @@ class Client {
 
   // The daemon's codec state of `job` (residuals, momenta, warm starts) as
   // an opaque blob for a checkpoint, and its restore; a bad blob is
-  // InvalidArgument and imports nothing.
+  // InvalidArgument and imports nothing. Both go in pieces of
+  // kStatePieceBytes (ExportStateStream, ImportStateStream), so a blob may
+  // be larger than a message.
   absl::StatusOr<std::string> ExportState(const std::string& job);
   absl::Status ImportState(const std::string& job, std::string state);
+  static constexpr size_t kStatePieceBytes = size_t{512} << 10;
 
   // Ends `job` on this daemon once its last reduce here has returned
   // (gradcomp.proto ReleaseJob): its codec state, tensor list and gossip

@@ -34,6 +34,21 @@ grpc::Status AuthenticatedService::ReduceStream(
   return inner_->ReduceStream(context, stream);
 }
 
+grpc::Status AuthenticatedService::ExportStateStream(
+    grpc::ServerContext* context, const v1::ExportStateRequest* request,
+    grpc::ServerWriter<v1::ExportStateResponse>* writer) {
+  if (grpc::Status denied = Check(*context); !denied.ok()) return denied;
+  return inner_->ExportStateStream(context, request, writer);
+}
+
+grpc::Status AuthenticatedService::ImportStateStream(
+    grpc::ServerContext* context,
+    grpc::ServerReader<v1::ImportStateRequest>* reader,
+    v1::ImportStateResponse* response) {
+  if (grpc::Status denied = Check(*context); !denied.ok()) return denied;
+  return inner_->ImportStateStream(context, reader, response);
+}
+
 grpc::Status AuthenticatedService::GetInfo(grpc::ServerContext* context,
                                            const v1::GetInfoRequest* request,
                                            v1::GetInfoResponse* response) {

@@ -66,6 +66,13 @@ class AuthenticatedService final : public ::gradcomp::v1::Gradcomp::Service {
   grpc::Status ImportState(grpc::ServerContext* context,
                            const v1::ImportStateRequest* request,
                            v1::ImportStateResponse* response) override;
+  grpc::Status ExportStateStream(
+      grpc::ServerContext* context, const v1::ExportStateRequest* request,
+      grpc::ServerWriter<v1::ExportStateResponse>* writer) override;
+  grpc::Status ImportStateStream(
+      grpc::ServerContext* context,
+      grpc::ServerReader<v1::ImportStateRequest>* reader,
+      v1::ImportStateResponse* response) override;
   grpc::Status ReleaseJob(grpc::ServerContext* context,
                           const v1::ReleaseJobRequest* request,
                           v1::ReleaseJobResponse* response) override;

@@ -651,6 +651,73 @@ grpc::Status GradcompService::ImportState(
   return ToGrpcStatus(engine_->ImportState(request->job(), request->state()));
 }
 
+grpc::Status GradcompService::ExportStateStream(
+    grpc::ServerContext* /*context*/, const v1::ExportStateRequest* request,
+    grpc::ServerWriter<v1::ExportStateResponse>* writer) {
+  absl::StatusOr<std::string> blob = engine_->ExportState(request->job());
+  if (!blob.ok()) return ToGrpcStatus(blob.status());
+  const absl::string_view state = *blob;
+  size_t sent = 0;
+  do {
+    v1::ExportStateResponse piece;
+    piece.set_state(std::string(state.substr(sent, kStatePieceBytes)));
+    sent += piece.state().size();
+    if (!writer->Write(piece)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED,
+                          "the client went away before the state was sent");
+    }
+  } while (sent < state.size());
+  return grpc::Status::OK;
+}
+
+grpc::Status GradcompService::ImportStateStream(
+    grpc::ServerContext* context,
+    grpc::ServerReader<v1::ImportStateRequest>* reader,
+    v1::ImportStateResponse* /*response*/) {
+  std::optional<std::string> job;
+  std::string blob;
+  std::vector<MemoryBudget::Reservation> held;
+  v1::ImportStateRequest piece;
+  while (reader->Read(&piece)) {
+    if (!job.has_value()) {
+      if (piece.job().empty()) {
+        return ToGrpcStatus(absl::InvalidArgumentError(
+            "ImportStateStream: the first message names no job; expected the "
+            "job whose state the stream carries"));
+      }
+      job = piece.job();
+    } else if (!piece.job().empty() && piece.job() != *job) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("ImportStateStream: a message names job '", piece.job(),
+                       "' after the first named '", *job,
+                       "'; expected one job per stream (nothing imported)")));
+    }
+    absl::StatusOr<MemoryBudget::Reservation> reserved = engine_->ReserveInput(
+        piece.state().size(),
+        absl::StrCat("the state of job '", *job, "' being imported"));
+    if (!reserved.ok()) {
+      return ToGrpcStatus(absl::Status(
+          reserved.status().code(),
+          absl::StrCat(reserved.status().message(), "; nothing imported")));
+    }
+    held.push_back(*std::move(reserved));
+    blob.append(piece.state());
+  }
+  if (context->IsCancelled()) {
+    return grpc::Status(grpc::StatusCode::CANCELLED,
+                        "the stream ended before the client finished it; "
+                        "nothing imported");
+  }
+  if (!job.has_value()) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        "ImportStateStream: no message; expected the job and its state"));
+  }
+  // The import counts the state it makes in the budget; the blob, as a
+  // unary ImportState's, is not counted beside it.
+  held.clear();
+  return ToGrpcStatus(engine_->ImportState(*job, blob));
+}
+
 grpc::Status GradcompService::ReleaseJob(grpc::ServerContext* /*context*/,
                                          const v1::ReleaseJobRequest* request,
                                          v1::ReleaseJobResponse* response) {

@@ -103,6 +103,21 @@ class GradcompService final : public v1::Gradcomp::Service {
   grpc::Status ImportState(grpc::ServerContext* context,
                            const v1::ImportStateRequest* request,
                            v1::ImportStateResponse* response) override;
+  // The state in pieces of kStatePieceBytes, for blobs over the client
+  // API's message cap.
+  grpc::Status ExportStateStream(
+      grpc::ServerContext* context, const v1::ExportStateRequest* request,
+      grpc::ServerWriter<v1::ExportStateResponse>* writer) override;
+  // The pieces are held in the memory budget until the stream ends; then
+  // the whole blob is imported, or nothing.
+  grpc::Status ImportStateStream(
+      grpc::ServerContext* context,
+      grpc::ServerReader<v1::ImportStateRequest>* reader,
+      v1::ImportStateResponse* response) override;
+
+  // The bytes of state in one ExportStateStream message: far under the
+  // smallest client message cap (max_tensor_bytes + 1 MiB).
+  static constexpr size_t kStatePieceBytes = size_t{512} << 10;
   grpc::Status ReleaseJob(grpc::ServerContext* context,
                           const v1::ReleaseJobRequest* request,
                           v1::ReleaseJobResponse* response) override;

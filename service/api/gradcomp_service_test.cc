@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/cpp/shm_region.h"
@@ -511,6 +512,88 @@ TEST_F(GradcompServiceTest, ExportAndImportStateRoundTrip) {
   EXPECT_EQ(
       stub_->ImportState(&context, import_request, &imported).error_code(),
       grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// The streamed state calls: the pieces make the blob the unary call
+// returns; an import takes effect whole when its stream ends, and one
+// that names two jobs, names none, or breaks imports nothing.
+TEST_F(GradcompServiceTest, StateStreamsCarryTheBlobInPiecesOrNothing) {
+  // Top-k residual and momentum of 512 Ki floats: 4 MiB, eight pieces.
+  constexpr int64_t kFloats = int64_t{512} << 10;
+  v1::ReduceRequest request = Request("w", {kFloats}, Ramp(kFloats));
+  request.mutable_codec()->set_name("topk");
+  (*request.mutable_codec()->mutable_params())["ratio"] = "0.01";
+  v1::ReduceResponse response;
+  ASSERT_TRUE(Reduce(request, &response).ok());
+
+  const auto export_pieces = [&](const std::string& job) {
+    v1::ExportStateRequest export_request;
+    export_request.set_job(job);
+    grpc::ClientContext context;
+    auto reader = stub_->ExportStateStream(&context, export_request);
+    std::vector<std::string> pieces;
+    for (v1::ExportStateResponse piece; reader->Read(&piece);) {
+      pieces.push_back(piece.state());
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+    return pieces;
+  };
+  const std::vector<std::string> pieces = export_pieces("job");
+  ASSERT_GE(pieces.size(), 8u);
+  for (const std::string& piece : pieces) {
+    EXPECT_LE(piece.size(), GradcompService::kStatePieceBytes);
+  }
+  const std::string blob = absl::StrJoin(pieces, "");
+  {
+    v1::ExportStateRequest export_request;
+    export_request.set_job("job");
+    v1::ExportStateResponse exported;
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub_->ExportState(&context, export_request, &exported).ok());
+    EXPECT_EQ(exported.state(), blob);
+  }
+  const std::string empty = absl::StrJoin(export_pieces("never-used"), "");
+  const double held = Metric("gradcomp_memory_budget_in_use_bytes", {});
+  ASSERT_GT(held, 0);
+
+  // Writes `pieces` to an ImportStateStream, each under the job of the
+  // same index (the last named for the rest); cancels before the last
+  // piece if `cancel`.
+  const auto import_pieces = [&](const std::vector<std::string>& jobs,
+                                 bool cancel) {
+    grpc::ClientContext context;
+    v1::ImportStateResponse imported;
+    auto writer = stub_->ImportStateStream(&context, &imported);
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (cancel && i + 1 == pieces.size()) {
+        context.TryCancel();
+        break;
+      }
+      v1::ImportStateRequest piece;
+      piece.set_job(jobs[std::min(i, jobs.size() - 1)]);
+      piece.set_state(pieces[i]);
+      if (!writer->Write(piece)) break;
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  grpc::Status status = import_pieces({"", "b"}, false);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("names no job"));
+  status = import_pieces({"b", "", "c"}, false);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("names job 'c' after the first named 'b'"));
+  status = import_pieces({"b"}, /*cancel=*/true);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(absl::StrJoin(export_pieces("b"), ""), empty);
+
+  // Later pieces may name the job or leave it out.
+  status = import_pieces({"b", "", "b", ""}, false);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(absl::StrJoin(export_pieces("b"), ""), blob);
+  // The pieces held while they came are freed; b's state counts as job's.
+  EXPECT_EQ(Metric("gradcomp_memory_budget_in_use_bytes", {}), 2 * held);
 }
 
 TEST_F(GradcompServiceTest, ReleaseJobSaysWhatItFreed) {

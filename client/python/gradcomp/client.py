@@ -247,6 +247,10 @@ def _shm_dtype(name: str, source: ShmTensor, target: ShmTensor) -> int:
 # The daemon's bound on a request's parts (kMaxRequestParts).
 MAX_REQUEST_PARTS = 128
 
+# Bytes of codec state in one message of import_state's stream: far under
+# the daemon's smallest message cap (max_tensor_bytes + 1 MiB).
+STATE_PIECE_BYTES = 512 << 10
+
 
 def _as_parts(template: gradcomp_pb2.ReduceRequest,
               tensors: Sequence[tuple[str, ShmTensor, ShmTensor]],
@@ -770,13 +774,37 @@ class Client:
 
     def export_state(self, job: str = "default") -> bytes:
         """The daemon's codec state of `job` (residuals, momenta, warm starts)
-        as an opaque blob for a trainer's checkpoint."""
-        return self._call("ExportState", gradcomp_pb2.ExportStateRequest(job=job)).state
+        as an opaque blob for a trainer's checkpoint. It comes in pieces
+        (ExportStateStream), so it may be larger than a gRPC message."""
+        try:
+            pieces = self._stub.ExportStateStream(
+                gradcomp_pb2.ExportStateRequest(job=job), timeout=self.timeout)
+            return b"".join(piece.state for piece in pieces)
+        except grpc.RpcError as error:
+            raise GradcompError.from_rpc_error("ExportStateStream", self.target,
+                                               error) from None
 
     def import_state(self, state: bytes, job: str = "default") -> None:
-        """Restores codec state exported by export_state; a bad blob raises
-        GradcompError INVALID_ARGUMENT and imports nothing."""
-        self._call("ImportState", gradcomp_pb2.ImportStateRequest(job=job, state=state))
+        """Restores codec state exported by export_state, sent in pieces
+        (ImportStateStream); a bad blob raises GradcompError INVALID_ARGUMENT
+        and imports nothing."""
+        blob = memoryview(state)
+
+        def pieces():
+            sent = 0
+            while True:
+                piece = bytes(blob[sent:sent + STATE_PIECE_BYTES])
+                yield gradcomp_pb2.ImportStateRequest(
+                    job=job if sent == 0 else "", state=piece)
+                sent += len(piece)
+                if sent >= len(blob):
+                    return
+
+        try:
+            self._stub.ImportStateStream(pieces(), timeout=self.timeout)
+        except grpc.RpcError as error:
+            raise GradcompError.from_rpc_error("ImportStateStream", self.target,
+                                               error) from None
 
     def release_job(self, job: str = "default") -> ReleasedJob:
         """Ends `job` on this daemon: frees its codec state, declared tensor
