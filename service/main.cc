@@ -126,10 +126,11 @@ ABSL_FLAG(absl::Duration, peer_tls_refresh, absl::Seconds(60),
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(60),
           "Deadline of one collective: how long a reduce waits for the other "
           "ranks before failing with an error naming the missing ones.");
-ABSL_FLAG(absl::Duration, stream_write_timeout, absl::Minutes(2),
-          "A ReduceStream whose client takes no answer for this long (alive "
-          "but not reading) is cancelled, and the memory its unread answers "
-          "held is freed.");
+ABSL_FLAG(absl::Duration, stream_stall_timeout, absl::Minutes(2),
+          "A stream whose client makes no progress for this long (a "
+          "ReduceStream or ExportStateStream whose client takes nothing, an "
+          "ImportStateStream whose client sends nothing) is cancelled, and "
+          "the memory it held is freed.");
 ABSL_FLAG(absl::Duration, peer_startup_timeout, absl::Minutes(5),
           "How long a starting daemon retries reaching every peer (names that "
           "do not resolve yet, daemons not up yet) before it exits.");
@@ -270,7 +271,7 @@ DaemonSettings Settings(const v1::DaemonConfig& config) {
   settings.config_json = ConfigToJson(config);
   for (const char* name :
        {"collective_timeout", "peer_startup_timeout", "peer_buffer_bytes",
-        "peer_listen", "peer_tls_refresh", "stream_write_timeout"}) {
+        "peer_listen", "peer_tls_refresh", "stream_stall_timeout"}) {
     settings.flags[name] = absl::FindCommandLineFlag(name)->CurrentValue();
   }
   settings.transports = {config.world_size() > 1 ? "grpc" : "local"};
@@ -341,7 +342,7 @@ absl::Status CheckFlagValues() {
   const std::pair<const char*, absl::Duration> durations[] = {
       {"--collective_timeout", absl::GetFlag(FLAGS_collective_timeout)},
       {"--peer_startup_timeout", absl::GetFlag(FLAGS_peer_startup_timeout)},
-      {"--stream_write_timeout", absl::GetFlag(FLAGS_stream_write_timeout)},
+      {"--stream_stall_timeout", absl::GetFlag(FLAGS_stream_stall_timeout)},
   };
   for (const auto& [flag, value] : durations) {
     if (value <= absl::ZeroDuration()) {
@@ -526,12 +527,13 @@ absl::Status Run(const std::set<std::string>& named_flags) {
   streams.pool.threads = std::max(streams.pool.running,
                                   static_cast<int>(config->max_rpc_threads()));
   streams.pool.queued = config->max_queued_requests();
-  // A stalled client's unread answers hold the budget until the write
-  // timeout: a sixteenth of it each at most, so that a few such streams
-  // cannot take it all from the others meanwhile.
+  // A client's unread answers hold the budget until it reads them, or the
+  // stall timeout: past a sixteenth of the budget its stream reads no more
+  // requests, so that it holds little more than that (the answers of the
+  // requests already read still come).
   streams.max_unwritten_bytes =
       std::min(streams.max_unwritten_bytes, config->memory_budget_bytes() / 16);
-  streams.write_timeout = absl::GetFlag(FLAGS_stream_write_timeout);
+  streams.stall_timeout = absl::GetFlag(FLAGS_stream_stall_timeout);
   // Off unless asked: a region maps a client's memory into the daemon.
   std::unique_ptr<SharedMemoryRegistry> shm;
   if (config->allow_client_shm()) {

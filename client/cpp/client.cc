@@ -589,7 +589,10 @@ absl::Status Client::ImportState(const std::string& job, std::string state) {
   bool open = true;
   do {
     v1::ImportStateRequest piece;
-    if (sent == 0) piece.set_job(job);
+    if (sent == 0) {
+      piece.set_job(job);
+      piece.set_state_bytes(blob.size());
+    }
     piece.set_state(std::string(blob.substr(sent, kStatePieceBytes)));
     sent += piece.state().size();
     // Refused: the daemon has ended the call, and Finish says why.

@@ -78,6 +78,13 @@ v1::ReduceRequest NamedPart(const v1::ReduceRequest& request) {
   return named;
 }
 
+// Why the stream pool did not take a tensor (WorkerPool::TrySchedule).
+enum class PoolRefusal {
+  kQueueFull,  // refused: its stream would hold as many as the longest
+  kDisplaced,  // queued, then displaced by another stream's tensor
+  kNoThread,   // no thread runs, and none could be started
+};
+
 // One tensor's ReduceStream answer: its result, or its error.
 v1::ReduceStreamResponse StreamAnswer(
     const v1::ReduceRequest& request,
@@ -129,6 +136,22 @@ class PartsAnswer {
 
 }  // namespace
 
+void GradcompService::ClientWait::Begin() {
+  absl::MutexLock lock(&mu_);
+  since_ = StallWatchdog::Clock::now();
+}
+
+void GradcompService::ClientWait::End() {
+  absl::MutexLock lock(&mu_);
+  since_.reset();
+}
+
+std::optional<StallWatchdog::Clock::time_point>
+GradcompService::ClientWait::Since() const {
+  absl::MutexLock lock(&mu_);
+  return since_;
+}
+
 GradcompService::GradcompService(Engine* engine, Metrics* metrics,
                                  StreamOptions streams, DaemonSettings settings,
                                  SharedMemoryRegistry* shm)
@@ -137,7 +160,7 @@ GradcompService::GradcompService(Engine* engine, Metrics* metrics,
       settings_(std::move(settings)),
       shm_(shm),
       max_unwritten_bytes_(streams.max_unwritten_bytes),
-      stall_watchdog_(streams.write_timeout),
+      stall_watchdog_(streams.stall_timeout),
       stream_pool_(streams.pool, [metrics](const WorkerPool::Stats& stats) {
         metrics->SetStreamPool(stats.running, stats.waiting, stats.idle,
                                stats.queued);
@@ -312,6 +335,22 @@ absl::StatusOr<v1::ReduceResponse> GradcompService::DoReduce(
   return ReduceResponseToProto(request, std::move(output));
 }
 
+absl::StatusOr<StallWatchdog::Watched> GradcompService::WatchStall(
+    grpc::ServerContext* context, StallWatchdog::SinceFn since) {
+  absl::StatusOr<StallWatchdog::Watched> watched =
+      stall_watchdog_.Watch(std::move(since), [this, context] {
+        metrics_->CountStalledStream();
+        context->TryCancel();
+      });
+  if (!watched.ok()) metrics_->CountResourceExhausted("threads");
+  return watched;
+}
+
+absl::StatusOr<StallWatchdog::Watched> GradcompService::WatchStall(
+    grpc::ServerContext* context, ClientWait* wait) {
+  return WatchStall(context, [wait] { return wait->Since(); });
+}
+
 grpc::Status GradcompService::Reduce(grpc::ServerContext* context,
                                      const v1::ReduceRequest* request,
                                      v1::ReduceResponse* response) {
@@ -344,15 +383,8 @@ grpc::Status GradcompService::ReduceStream(
   // A client that stops taking its answers has its stream cancelled: the
   // blocked write fails, and the outbox drops what it queued.
   absl::StatusOr<StallWatchdog::Watched> watched =
-      stall_watchdog_.Watch([&outbox] { return outbox.WritingSince(); },
-                            [this, context] {
-                              metrics_->CountStalledStream();
-                              context->TryCancel();
-                            });
-  if (!watched.ok()) {
-    metrics_->CountResourceExhausted("threads");
-    return ToGrpcStatus(watched.status());
-  }
+      WatchStall(context, [&outbox] { return outbox.WritingSince(); });
+  if (!watched.ok()) return ToGrpcStatus(watched.status());
   absl::Mutex mu;
   int pending = 0;
   // An answer goes to the outbox without a copy (a tensor sent alone holds
@@ -391,20 +423,32 @@ grpc::Status GradcompService::ReduceStream(
     // The answer of a tensor the pool refuses, or displaces for another
     // stream's (worker_pool.h): the queue is full and this stream holds
     // the most of it.
-    auto refuse = [this, &mu, &pending, named, batch, done] {
-      metrics_->CountResourceExhausted("stream_queue");
+    // The answer of a tensor the pool refuses, or displaces for another
+    // stream's (worker_pool.h).
+    auto refuse = [this, &mu, &pending, named, batch, done](PoolRefusal why) {
+      std::string reason;
+      if (why == PoolRefusal::kNoThread) {
+        metrics_->CountResourceExhausted("threads");
+        reason =
+            "no thread could be started to reduce it (the system's thread "
+            "limit); retry it, or lower --max_rpc_threads";
+      } else {
+        metrics_->CountResourceExhausted("stream_queue");
+        reason = absl::StrCat(
+            stream_pool_.max_queued(),
+            " stream tensors are already waiting for a worker on this daemon "
+            "(the queue's bound), and ",
+            why == PoolRefusal::kDisplaced
+                ? "this stream held the most of them: this tensor, its "
+                  "newest, gave its place to another stream's"
+                : "this stream would hold as many of them as the stream "
+                  "holding the most",
+            "; expected fewer tensors in flight, or retry this one");
+      }
       metrics_->CountReduce("unresolved", absl::StatusCode::kResourceExhausted);
       LeaveBatch(named, batch);
-      done(StreamAnswer(
-               named,
-               Prefixed(absl::ResourceExhaustedError(absl::StrCat(
-                            stream_pool_.max_queued(),
-                            " stream tensors are already waiting for a worker "
-                            "on this daemon (the queue's bound), and no "
-                            "stream holds more of them than this one would; "
-                            "expected fewer tensors in flight, or retry this "
-                            "one")),
-                        TensorLabel(named))),
+      done(StreamAnswer(named, Prefixed(absl::ResourceExhaustedError(reason),
+                                        TensorLabel(named))),
            nullptr);
       absl::MutexLock lock(&mu);
       --pending;
@@ -438,8 +482,11 @@ grpc::Status GradcompService::ReduceStream(
           absl::MutexLock lock(&mu);
           --pending;
         },
-        queue, refuse);
-    if (!queued) refuse();
+        queue, [refuse] { refuse(PoolRefusal::kDisplaced); });
+    if (!queued) {
+      refuse(stream_pool_.threads() == 0 ? PoolRefusal::kNoThread
+                                         : PoolRefusal::kQueueFull);
+    }
   };
   // A client whose answers pile up unread gets no more requests taken.
   v1::ReduceRequest request;
@@ -461,7 +508,7 @@ grpc::Status GradcompService::ReduceStream(
         grpc::StatusCode::CANCELLED,
         absl::StrCat("the client stopped reading results (none taken for ",
                      absl::FormatDuration(stall_watchdog_.timeout()),
-                     ", --stream_write_timeout, or the stream broke)"));
+                     ", --stream_stall_timeout, or the stream broke)"));
   }
   return grpc::Status::OK;
 }
@@ -652,19 +699,26 @@ grpc::Status GradcompService::ImportState(
 }
 
 grpc::Status GradcompService::ExportStateStream(
-    grpc::ServerContext* /*context*/, const v1::ExportStateRequest* request,
+    grpc::ServerContext* context, const v1::ExportStateRequest* request,
     grpc::ServerWriter<v1::ExportStateResponse>* writer) {
   absl::StatusOr<std::string> blob = engine_->ExportState(request->job());
   if (!blob.ok()) return ToGrpcStatus(blob.status());
+  ClientWait wait;
+  absl::StatusOr<StallWatchdog::Watched> watched = WatchStall(context, &wait);
+  if (!watched.ok()) return ToGrpcStatus(watched.status());
   const absl::string_view state = *blob;
   size_t sent = 0;
   do {
     v1::ExportStateResponse piece;
     piece.set_state(std::string(state.substr(sent, kStatePieceBytes)));
     sent += piece.state().size();
-    if (!writer->Write(piece)) {
+    wait.Begin();
+    const bool written = writer->Write(piece);
+    wait.End();
+    if (!written) {
       return grpc::Status(grpc::StatusCode::CANCELLED,
-                          "the client went away before the state was sent");
+                          "the client went away, or took no piece for "
+                          "--stream_stall_timeout, before the state was sent");
     }
   } while (sent < state.size());
   return grpc::Status::OK;
@@ -674,11 +728,21 @@ grpc::Status GradcompService::ImportStateStream(
     grpc::ServerContext* context,
     grpc::ServerReader<v1::ImportStateRequest>* reader,
     v1::ImportStateResponse* /*response*/) {
+  ClientWait wait;
+  absl::StatusOr<StallWatchdog::Watched> watched = WatchStall(context, &wait);
+  if (!watched.ok()) return ToGrpcStatus(watched.status());
   std::optional<std::string> job;
+  uint64_t declared = 0;
   std::string blob;
-  std::vector<MemoryBudget::Reservation> held;
+  // The whole blob, from the first message until the import returns: it
+  // and the state it makes are both in memory meanwhile.
+  std::optional<MemoryBudget::Reservation> held;
   v1::ImportStateRequest piece;
-  while (reader->Read(&piece)) {
+  while (true) {
+    wait.Begin();
+    const bool read = reader->Read(&piece);
+    wait.End();
+    if (!read) break;
     if (!job.has_value()) {
       if (piece.job().empty()) {
         return ToGrpcStatus(absl::InvalidArgumentError(
@@ -686,35 +750,52 @@ grpc::Status GradcompService::ImportStateStream(
             "job whose state the stream carries"));
       }
       job = piece.job();
+      declared = piece.state_bytes();
+      absl::StatusOr<MemoryBudget::Reservation> reserved =
+          engine_->ReserveInput(
+              declared, absl::StrCat("the state blob of job '", *job, "' (",
+                                     declared, " bytes) being imported"));
+      if (!reserved.ok()) {
+        return ToGrpcStatus(absl::Status(
+            reserved.status().code(),
+            absl::StrCat(reserved.status().message(), "; nothing imported")));
+      }
+      held = *std::move(reserved);
+      blob.reserve(declared);
     } else if (!piece.job().empty() && piece.job() != *job) {
       return ToGrpcStatus(absl::InvalidArgumentError(
           absl::StrCat("ImportStateStream: a message names job '", piece.job(),
                        "' after the first named '", *job,
                        "'; expected one job per stream (nothing imported)")));
     }
-    absl::StatusOr<MemoryBudget::Reservation> reserved = engine_->ReserveInput(
-        piece.state().size(),
-        absl::StrCat("the state of job '", *job, "' being imported"));
-    if (!reserved.ok()) {
-      return ToGrpcStatus(absl::Status(
-          reserved.status().code(),
-          absl::StrCat(reserved.status().message(), "; nothing imported")));
+    if (piece.state().size() > declared - blob.size()) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("ImportStateStream of job '", *job,
+                       "': the pieces bring more than "
+                       "the ",
+                       declared,
+                       " bytes the first message's state_bytes declared "
+                       "(nothing imported)")));
     }
-    held.push_back(*std::move(reserved));
     blob.append(piece.state());
   }
   if (context->IsCancelled()) {
     return grpc::Status(grpc::StatusCode::CANCELLED,
-                        "the stream ended before the client finished it; "
-                        "nothing imported");
+                        "the stream ended before the client finished it (it "
+                        "cancelled, went away, or sent nothing for "
+                        "--stream_stall_timeout); nothing imported");
   }
   if (!job.has_value()) {
     return ToGrpcStatus(absl::InvalidArgumentError(
         "ImportStateStream: no message; expected the job and its state"));
   }
-  // The import counts the state it makes in the budget; the blob, as a
-  // unary ImportState's, is not counted beside it.
-  held.clear();
+  if (blob.size() != declared) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "ImportStateStream of job '", *job, "': the stream ended after ",
+        blob.size(), " of the ", declared,
+        " bytes the first message's state_bytes declared (a message that "
+        "cannot be parsed ends it too); nothing imported")));
+  }
   return ToGrpcStatus(engine_->ImportState(*job, blob));
 }
 

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gradcomp/v1/gradcomp.grpc.pb.h"
 #include "gradcomp/v1/gradcomp.pb.h"
@@ -35,19 +37,22 @@ struct DaemonSettings {
   std::vector<std::string> transports = {"local"};
 };
 
-// How ReduceStreams are served.
+// How streaming calls are served.
 struct StreamOptions {
-  // The pool that reduces the tensors of every stream; a tensor beyond its
-  // queue is answered RESOURCE_EXHAUSTED (worker_pool.h).
+  // The pool that reduces the tensors of every ReduceStream; a tensor
+  // beyond its queue is answered RESOURCE_EXHAUSTED (worker_pool.h).
   WorkerPool::Limits pool;
-  // Answers queued for a stream's client beyond which the stream takes no
-  // more of its requests (StreamOutbox::WaitForRoom): room for a reading
-  // client's answers to flow, small beside the memory budget (main.cc:
-  // 256 MiB, or a sixteenth of the budget when that is less).
+  // Unread answers beyond which a ReduceStream reads no more requests
+  // (StreamOutbox::WaitForRoom): room for a reading client's answers to
+  // flow. The answers of requests already read still come, bounded by the
+  // memory budget only. main.cc: 256 MiB, or a sixteenth of the budget
+  // when that is less.
   uint64_t max_unwritten_bytes = uint64_t{256} << 20;
-  // A stream whose client has not taken an answer for this long (alive
-  // but not reading) is cancelled, and its queued answers' budget freed.
-  absl::Duration write_timeout = absl::Minutes(2);
+  // A stream whose client makes no progress for this long is cancelled:
+  // a ReduceStream or ExportStateStream whose client takes nothing (alive
+  // but not reading), an ImportStateStream whose client sends nothing. What
+  // it held in the memory budget is freed.
+  absl::Duration stall_timeout = absl::Minutes(2);
 };
 
 class GradcompService final : public v1::Gradcomp::Service {
@@ -199,6 +204,27 @@ class GradcompService final : public v1::Gradcomp::Service {
   absl::StatusOr<SharedMemorySlice> AcquireSlice(
       const ShmClient& client, const v1::SharedMemorySlice& slice,
       absl::string_view field);
+
+  // When a streaming call's current wait on its client began (a Write the
+  // client does not take, a Read it sends nothing for), for WatchStall.
+  class ClientWait {
+   public:
+    void Begin() ABSL_LOCKS_EXCLUDED(mu_);
+    void End() ABSL_LOCKS_EXCLUDED(mu_);
+    std::optional<StallWatchdog::Clock::time_point> Since() const
+        ABSL_LOCKS_EXCLUDED(mu_);
+
+   private:
+    mutable absl::Mutex mu_;
+    std::optional<StallWatchdog::Clock::time_point> since_ ABSL_GUARDED_BY(mu_);
+  };
+  // Cancels `context`'s call once `since` (or `wait`) names a wait older
+  // than the stall timeout, counting it; until the Watched goes. An error
+  // (counted) when the watchdog's thread cannot start.
+  absl::StatusOr<StallWatchdog::Watched> WatchStall(
+      grpc::ServerContext* context, StallWatchdog::SinceFn since);
+  absl::StatusOr<StallWatchdog::Watched> WatchStall(
+      grpc::ServerContext* context, ClientWait* wait);
 
   Engine* const engine_;
   Metrics* const metrics_;

@@ -13,12 +13,14 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -556,43 +558,85 @@ TEST_F(GradcompServiceTest, StateStreamsCarryTheBlobInPiecesOrNothing) {
   const double held = Metric("gradcomp_memory_budget_in_use_bytes", {});
   ASSERT_GT(held, 0);
 
-  // Writes `pieces` to an ImportStateStream, each under the job of the
-  // same index (the last named for the rest); cancels before the last
-  // piece if `cancel`.
-  const auto import_pieces = [&](const std::vector<std::string>& jobs,
-                                 bool cancel) {
+  // An ImportStateStream of the first `count` pieces (all), each under
+  // the job of the same index (the last named for the rest), the first
+  // declaring `declared` bytes (the blob's); cancelled after the last piece
+  // instead of half-closed if `cancel`.
+  struct Import {
+    std::vector<std::string> jobs = {"b"};
+    std::optional<size_t> count;
+    std::optional<uint64_t> declared;
+    bool cancel = false;
+  };
+  const auto import_pieces = [&](const Import& import) {
     grpc::ClientContext context;
     v1::ImportStateResponse imported;
     auto writer = stub_->ImportStateStream(&context, &imported);
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      if (cancel && i + 1 == pieces.size()) {
-        context.TryCancel();
-        break;
-      }
+    for (size_t i = 0; i < import.count.value_or(pieces.size()); ++i) {
       v1::ImportStateRequest piece;
-      piece.set_job(jobs[std::min(i, jobs.size() - 1)]);
+      piece.set_job(import.jobs[std::min(i, import.jobs.size() - 1)]);
+      if (i == 0) piece.set_state_bytes(import.declared.value_or(blob.size()));
       piece.set_state(pieces[i]);
       if (!writer->Write(piece)) break;
     }
-    writer->WritesDone();
+    if (import.cancel) {
+      context.TryCancel();
+    } else {
+      writer->WritesDone();
+    }
     return writer->Finish();
   };
-  grpc::Status status = import_pieces({"", "b"}, false);
+  // The daemon is done with a stream once the blob it held is freed.
+  const auto freed = [&] {
+    for (int i = 0;
+         i < 600 && Metric("gradcomp_memory_budget_in_use_bytes", {}) > held;
+         ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return Metric("gradcomp_memory_budget_in_use_bytes", {}) == held;
+  };
+  Import import;
+  import.jobs = {"", "b"};
+  grpc::Status status = import_pieces(import);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), HasSubstr("names no job"));
-  status = import_pieces({"b", "", "c"}, false);
+  import.jobs = {"b", "", "c"};
+  status = import_pieces(import);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(),
               HasSubstr("names job 'c' after the first named 'b'"));
-  status = import_pieces({"b"}, /*cancel=*/true);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
+  // Short of what the first message declared (as when a message that
+  // cannot be parsed ends the stream early), or over it.
+  import = Import();
+  import.count = pieces.size() - 1;
+  status = import_pieces(import);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(
+      status.error_message(),
+      HasSubstr(absl::StrCat("ended after ", blob.size() - pieces.back().size(),
+                             " of the ", blob.size(), " bytes")));
+  import = Import();
+  import.declared = blob.size() - 1;
+  status = import_pieces(import);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("bring more than the"));
+  // Every piece written, then cancelled instead of ended: nothing is
+  // imported, whether the daemon saw the cancel before its last piece (a
+  // short blob) or after (the handler's cancel check; which of the two
+  // this run takes is up to the scheduler).
+  import = Import();
+  import.cancel = true;
+  import_pieces(import).IgnoreError();
+  EXPECT_TRUE(freed());
   EXPECT_EQ(absl::StrJoin(export_pieces("b"), ""), empty);
 
   // Later pieces may name the job or leave it out.
-  status = import_pieces({"b", "", "b", ""}, false);
+  import = Import();
+  import.jobs = {"b", "", "b", ""};
+  status = import_pieces(import);
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(absl::StrJoin(export_pieces("b"), ""), blob);
-  // The pieces held while they came are freed; b's state counts as job's.
+  // The blob held while it came is freed; b's state counts as job's.
   EXPECT_EQ(Metric("gradcomp_memory_budget_in_use_bytes", {}), 2 * held);
 }
 
@@ -780,6 +824,8 @@ class GradcompServiceSmallQueueTest : public GradcompServiceTest {
 TEST_F(GradcompServiceSmallQueueTest,
        AFloodingStreamIsRefusedRatherThanOthers) {
   collective_.Close();
+  // A failed assertion must not leave the streams' handlers at the gate.
+  absl::Cleanup open_gate = [this] { collective_.Open(); };
   const std::vector<float> g = Ramp(64);
   grpc::ClientContext flood_context;
   auto flood = stub_->ReduceStream(&flood_context);
@@ -787,6 +833,9 @@ TEST_F(GradcompServiceSmallQueueTest,
     v1::ReduceRequest request = Request(absl::StrCat("t", id), {64}, g);
     request.set_request_id(id);
     ASSERT_TRUE(flood->Write(request));
+    // The first on the worker before the others come: queued until then,
+    // it would make the fifth one too many.
+    if (id == 0) collective_.WaitUntilEntered();
   }
   // One held at the gate, four queued.
   for (int i = 0; i < 600 && Metric("gradcomp_stream_queued_tensors", {}) < 4;
@@ -805,6 +854,8 @@ TEST_F(GradcompServiceSmallQueueTest,
   EXPECT_EQ(response.tensor(), "t4");
   EXPECT_THAT(response.error_message(),
               HasSubstr("4 stream tensors are already waiting"));
+  EXPECT_THAT(response.error_message(),
+              HasSubstr("gave its place to another stream's"));
   collective_.Open();
   ASSERT_TRUE(other->Read(&response));
   EXPECT_EQ(response.error_code(), 0) << response.error_message();
@@ -828,7 +879,7 @@ class GradcompServiceStallTest : public GradcompServiceTest {
  protected:
   StreamOptions Streams() const override {
     StreamOptions streams;
-    streams.write_timeout = absl::Milliseconds(300);
+    streams.stall_timeout = absl::Milliseconds(300);
     return streams;
   }
 };
@@ -873,6 +924,51 @@ TEST_F(GradcompServiceStallTest, AStreamWhoseClientStopsReadingIsCancelled) {
   EXPECT_EQ(response.error_code(), 0) << response.error_message();
   EXPECT_TRUE(other->Finish().ok());
   EXPECT_EQ(Metric("gradcomp_stalled_streams_cancelled_total", {}), 1);
+}
+
+// The state streams' clients stall too: an import whose client sends
+// nothing more held the whole blob's budget, and an export whose client
+// reads nothing held its copy of the state and a gRPC thread, for ever.
+TEST_F(GradcompServiceStallTest, StateStreamsWhoseClientStallsAreCancelled) {
+  grpc::ClientContext import_context;
+  v1::ImportStateResponse imported;
+  auto import = stub_->ImportStateStream(&import_context, &imported);
+  v1::ImportStateRequest first;
+  first.set_job("j");
+  first.set_state_bytes(uint64_t{8} << 20);
+  first.set_state(std::string(1024, 'x'));
+  ASSERT_TRUE(import->Write(first));
+  const auto stalled = [&](double n) {
+    for (int i = 0;
+         i < 600 && Metric("gradcomp_stalled_streams_cancelled_total", {}) < n;
+         ++i) {
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    return Metric("gradcomp_stalled_streams_cancelled_total", {}) == n;
+  };
+  EXPECT_TRUE(stalled(1));
+  if (HasFailure()) import_context.TryCancel();
+  EXPECT_EQ(import->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(Metric("gradcomp_memory_budget_in_use_bytes", {}), 0);
+
+  // Top-k residual and momentum of 4 Mi floats: 32 MiB, more than flow
+  // control lets through unread.
+  constexpr int64_t kFloats = int64_t{4} << 20;
+  v1::ReduceRequest request = Request("w", {kFloats}, Ramp(kFloats));
+  request.mutable_codec()->set_name("topk");
+  (*request.mutable_codec()->mutable_params())["ratio"] = "0.01";
+  v1::ReduceResponse response;
+  ASSERT_TRUE(Reduce(request, &response).ok());
+  grpc::ClientContext export_context;
+  v1::ExportStateRequest export_request;
+  export_request.set_job("job");
+  auto exported = stub_->ExportStateStream(&export_context, export_request);
+  EXPECT_TRUE(stalled(2));
+  if (HasFailure()) export_context.TryCancel();
+  v1::ExportStateResponse piece;
+  while (exported->Read(&piece)) {
+  }
+  EXPECT_EQ(exported->Finish().error_code(), grpc::StatusCode::CANCELLED);
 }
 
 TEST_F(GradcompServiceStreamBudgetTest, ABadlySizedTensorIsRefusedForItsSize) {

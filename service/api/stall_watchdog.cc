@@ -51,10 +51,11 @@ void StallWatchdog::Loop() {
       std::clamp(timeout_ / 4, absl::Milliseconds(1), absl::Seconds(1));
   absl::MutexLock lock(&mu_);
   while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) {
-    const absl::Time stalled_before = absl::Now() - timeout_;
+    const Clock::time_point stalled_before =
+        Clock::now() - absl::ToChronoNanoseconds(timeout_);
     for (auto& [id, entry] : entries_) {
       if (entry.cancelled) continue;
-      const std::optional<absl::Time> since = entry.since();
+      const std::optional<Clock::time_point> since = entry.since();
       if (since.has_value() && *since < stalled_before) {
         entry.cancelled = true;
         entry.cancel();

@@ -1,9 +1,11 @@
 // Cancels what has been stuck too long: a ReduceStream whose client stopped
 // reading (alive, but not taking its answers) keeps its writer in one Write
 // for ever, and the answers queued behind it hold their share of the memory
-// budget; enough such streams lock every other client out. One thread
-// looks at every watched stream a few times per timeout and calls the
-// cancel of those whose current wait began more than `timeout` ago.
+// budget; enough such streams lock every other client out. The same holds
+// for a state stream whose client stops sending or taking pieces. One
+// thread looks at every watched stream a few times per timeout and calls
+// the cancel of those whose current wait began more than `timeout` ago.
+// Times are of the steady clock: a step of the wall clock cancels nothing.
 //
 //   StallWatchdog watchdog(absl::Minutes(2));
 //   GC_ASSIGN_OR_RETURN(
@@ -14,6 +16,7 @@
 #ifndef GRADCOMP_SERVICE_API_STALL_WATCHDOG_H_
 #define GRADCOMP_SERVICE_API_STALL_WATCHDOG_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -29,9 +32,10 @@ namespace gradcomp::service {
 
 class StallWatchdog {
  public:
+  using Clock = std::chrono::steady_clock;
   // When the watched thing's current wait began; nullopt while it is not
   // waiting.
-  using SinceFn = std::function<std::optional<absl::Time>()>;
+  using SinceFn = std::function<std::optional<Clock::time_point>()>;
 
   // Keeps a watch until it is destroyed (or moved from).
   class Watched {

@@ -1,6 +1,7 @@
 #include "service/api/stall_watchdog.h"
 
 #include <atomic>
+#include <chrono>
 #include <optional>
 
 #include "absl/synchronization/notification.h"
@@ -12,16 +13,18 @@ namespace {
 
 TEST(StallWatchdogTest, CancelsAWaitOlderThanTheTimeoutOnce) {
   StallWatchdog watchdog(absl::Milliseconds(20));
-  const absl::Time began = absl::Now();
+  const StallWatchdog::Clock::time_point began_steady =
+      StallWatchdog::Clock::now();
   std::atomic<int> cancels{0};
   absl::Notification cancelled;
-  auto watched = watchdog.Watch([began] { return began; },
+  auto watched = watchdog.Watch([began_steady] { return began_steady; },
                                 [&] {
                                   if (++cancels == 1) cancelled.Notify();
                                 });
   ASSERT_TRUE(watched.ok()) << watched.status();
   ASSERT_TRUE(cancelled.WaitForNotificationWithTimeout(absl::Seconds(60)));
-  EXPECT_GE(absl::Now() - began, absl::Milliseconds(20));
+  EXPECT_GE(StallWatchdog::Clock::now() - began_steady,
+            std::chrono::milliseconds(20));
   absl::SleepFor(absl::Milliseconds(100));  // many more looks
   EXPECT_EQ(cancels.load(), 1);
 }
@@ -32,11 +35,13 @@ TEST(StallWatchdogTest, LeavesWaitsThatEndInTimeAndThoseNotWaiting) {
   // watchdog did look.
   StallWatchdog watchdog(absl::Milliseconds(10));
   std::atomic<int> cancels{0};
-  auto fresh = watchdog.Watch([] { return absl::Now(); }, [&] { ++cancels; });
-  auto idle = watchdog.Watch([] { return std::optional<absl::Time>(); },
-                             [&] { ++cancels; });
+  auto fresh = watchdog.Watch([] { return StallWatchdog::Clock::now(); },
+                              [&] { ++cancels; });
+  auto idle = watchdog.Watch(
+      [] { return std::optional<StallWatchdog::Clock::time_point>(); },
+      [&] { ++cancels; });
   absl::Notification stuck_cancelled;
-  const absl::Time began = absl::Now();
+  const StallWatchdog::Clock::time_point began = StallWatchdog::Clock::now();
   auto stuck = watchdog.Watch([began] { return began; },
                               [&] { stuck_cancelled.Notify(); });
   ASSERT_TRUE(fresh.ok() && idle.ok() && stuck.ok());
@@ -48,7 +53,8 @@ TEST(StallWatchdogTest, LeavesWaitsThatEndInTimeAndThoseNotWaiting) {
 
 TEST(StallWatchdogTest, AWatchThatEndedIsNotCancelled) {
   StallWatchdog watchdog(absl::Milliseconds(10));
-  const absl::Time began = absl::Now() - absl::Hours(1);
+  const StallWatchdog::Clock::time_point began =
+      StallWatchdog::Clock::now() - std::chrono::hours(1);
   std::atomic<int> cancels{0};
   {
     auto watched =

@@ -43,7 +43,8 @@ bool StreamOutbox::WaitForRoom() {
   return !broken_;
 }
 
-std::optional<absl::Time> StreamOutbox::WritingSince() {
+std::optional<std::chrono::steady_clock::time_point>
+StreamOutbox::WritingSince() {
   absl::MutexLock lock(&mu_);
   return writing_since_;
 }
@@ -71,7 +72,7 @@ void StreamOutbox::WriteAll() {
       if (queue_.empty()) return;
       next = std::move(queue_.front());
       queue_.pop_front();
-      writing_since_ = absl::Now();
+      writing_since_ = std::chrono::steady_clock::now();
     }
     const bool written = write_(next.answer);
     absl::MutexLock lock(&mu_);

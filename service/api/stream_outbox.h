@@ -18,6 +18,7 @@
 #ifndef GRADCOMP_SERVICE_API_STREAM_OUTBOX_H_
 #define GRADCOMP_SERVICE_API_STREAM_OUTBOX_H_
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -28,7 +29,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
 #include "gradcomp/v1/gradcomp.pb.h"
 
 namespace gradcomp::service {
@@ -63,7 +63,8 @@ class StreamOutbox {
 
   // When the write in progress began, nullopt when none is: a client that
   // stopped reading keeps one in progress for ever (StallWatchdog).
-  std::optional<absl::Time> WritingSince() ABSL_LOCKS_EXCLUDED(mu_);
+  std::optional<std::chrono::steady_clock::time_point> WritingSince()
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Waits until every answer pushed so far is written (or dropped by a
   // broken stream) and stops the writer; true if the stream took them all.
@@ -86,7 +87,8 @@ class StreamOutbox {
   uint64_t unwritten_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
-  std::optional<absl::Time> writing_since_ ABSL_GUARDED_BY(mu_);
+  std::optional<std::chrono::steady_clock::time_point> writing_since_
+      ABSL_GUARDED_BY(mu_);
   std::thread writer_;
 };
 

@@ -168,7 +168,7 @@ Metrics::Metrics(const codecs::StateStore* state, absl::string_view version)
            .Name("gradcomp_stalled_streams_cancelled_total")
            .Help(
                "ReduceStreams cancelled because their client took no answer "
-               "for --stream_write_timeout (it stopped reading).")
+               "for --stream_stall_timeout (it stopped reading).")
            .Register(*registry_)
            .Add({});
   gpu_unavailable_ =

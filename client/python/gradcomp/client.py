@@ -794,8 +794,11 @@ class Client:
             sent = 0
             while True:
                 piece = bytes(blob[sent:sent + STATE_PIECE_BYTES])
-                yield gradcomp_pb2.ImportStateRequest(
-                    job=job if sent == 0 else "", state=piece)
+                if sent == 0:
+                    yield gradcomp_pb2.ImportStateRequest(
+                        job=job, state_bytes=len(blob), state=piece)
+                else:
+                    yield gradcomp_pb2.ImportStateRequest(state=piece)
                 sent += len(piece)
                 if sent >= len(blob):
                     return
