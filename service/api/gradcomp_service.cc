@@ -261,7 +261,8 @@ void GradcompService::LeaveBatch(
 }
 
 absl::StatusOr<MemoryBudget::Reservation> GradcompService::ReserveQueued(
-    const v1::ReduceRequest& request, uint64_t* working) {
+    const v1::ReduceRequest& request, uint64_t* working,
+    absl::Time memory_deadline) {
   // By its shape, which the reduce checks against its bytes; a gossip
   // request's messages with it. A mode the reduce refuses is estimated as
   // average.
@@ -276,7 +277,8 @@ absl::StatusOr<MemoryBudget::Reservation> GradcompService::ReserveQueued(
                               : request.data().size(),
       !request.has_output_shm(), gossip.has_value() ? &*gossip : nullptr);
   return engine_->ReserveInput(request.data().size() + *working,
-                               "its inline input and working memory");
+                               "its inline input and working memory",
+                               memory_deadline);
 }
 
 absl::StatusOr<v1::ReduceResponse> GradcompService::DoReduce(
@@ -401,11 +403,12 @@ grpc::Status GradcompService::ReduceStream(
   const WorkerPool::QueueId queue = stream_pool_.NewQueue();
   auto schedule = [this, &mu, &pending, &client, context, queue](
                       v1::ReduceRequest request,
-                      std::shared_ptr<const BatchSpec> batch, AnswerFn done) {
+                      std::shared_ptr<const BatchSpec> batch, AnswerFn done,
+                      absl::Time memory_deadline) {
     const v1::ReduceRequest named = NamedPart(request);
     uint64_t working = 0;
     absl::StatusOr<MemoryBudget::Reservation> reserved =
-        ReserveQueued(request, &working);
+        ReserveQueued(request, &working, memory_deadline);
     if (!reserved.ok()) {
       metrics_->CountReduce("unresolved", reserved.status().code());
       LeaveBatch(named, batch);
@@ -494,7 +497,7 @@ grpc::Status GradcompService::ReduceStream(
     if (request.parts_size() > 0) {
       ScheduleParts(request, send, schedule);
     } else {
-      schedule(std::move(request), nullptr, send);
+      schedule(std::move(request), nullptr, send, absl::InfiniteFuture());
     }
     request = v1::ReduceRequest();
   }
@@ -527,17 +530,20 @@ void GradcompService::ScheduleParts(const v1::ReduceRequest& request,
     send(std::move(refused), nullptr);
     return;
   }
+  const absl::Time memory_deadline = absl::Now() + engine_->memory_wait();
   // The last part to finish sends every part's answer in one message.
   auto answer =
       std::make_shared<PartsAnswer>(request.request_id(), split->parts.size());
   for (size_t i = 0; i < split->parts.size(); ++i) {
-    schedule(std::move(split->parts[i]), split->batch,
-             [answer, i, send](v1::ReduceStreamResponse part,
-                               std::shared_ptr<const void> hold) {
-               if (!answer->Set(i, std::move(part), std::move(hold))) return;
-               auto [whole, holds] = answer->Take();
-               send(std::move(whole), std::move(holds));
-             });
+    schedule(
+        std::move(split->parts[i]), split->batch,
+        [answer, i, send](v1::ReduceStreamResponse part,
+                          std::shared_ptr<const void> hold) {
+          if (!answer->Set(i, std::move(part), std::move(hold))) return;
+          auto [whole, holds] = answer->Take();
+          send(std::move(whole), std::move(holds));
+        },
+        memory_deadline);
   }
 }
 

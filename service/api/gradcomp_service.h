@@ -156,11 +156,16 @@ class GradcompService final : public v1::Gradcomp::Service {
   // budget's reservation of its bytes; null for none).
   using AnswerFn = std::function<void(v1::ReduceStreamResponse,
                                       std::shared_ptr<const void>)>;
-  using ScheduleFn = std::function<void(
-      v1::ReduceRequest, std::shared_ptr<const BatchSpec>, AnswerFn)>;
+  // `memory_deadline`: how long the tensor may wait for room in the memory
+  // budget (at most --memory_wait).
+  using ScheduleFn =
+      std::function<void(v1::ReduceRequest, std::shared_ptr<const BatchSpec>,
+                         AnswerFn, absl::Time memory_deadline)>;
   // A ReduceStream request with parts: each part scheduled as a tensor of
   // its own, and every part's answer sent with `send` in one message once
   // the last is in; a request SplitParts refuses is answered with its error.
+  // The parts share the request's --memory_wait: a full budget refuses a
+  // request of 128 parts after one wait, not 128 of them.
   void ScheduleParts(const v1::ReduceRequest& request, const AnswerFn& send,
                      const ScheduleFn& schedule);
   // Reserves, for a stream's request that may wait in the queue, its
@@ -169,7 +174,8 @@ class GradcompService final : public v1::Gradcomp::Service {
   // held only its input would keep the workers from the room they grow
   // into.
   absl::StatusOr<MemoryBudget::Reservation> ReserveQueued(
-      const v1::ReduceRequest& request, uint64_t* working);
+      const v1::ReduceRequest& request, uint64_t* working,
+      absl::Time memory_deadline);
   // `request` was refused before the engine saw it: if it is a member of a
   // batch (its own, or `batch` as a part's), the other members go on
   // without it rather than wait for it until the batch's deadline.

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -1125,9 +1126,11 @@ TEST_F(GradcompServiceTest, HealthCheckIsServing) {
 // themselves with the gradcomp-client-id metadata.
 class GradcompShmTest : public ::testing::Test {
  protected:
+  virtual EngineOptions Options() const { return EngineOptions(); }
+
   void SetUp() override {
-    auto engine = Engine::Create(EngineOptions(), codecs::BuiltinCodecs(),
-                                 &store_, &collective_, &metrics_, Policy());
+    auto engine = Engine::Create(Options(), codecs::BuiltinCodecs(), &store_,
+                                 &collective_, &metrics_, Policy());
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = std::move(*engine);
     SharedMemoryOptions options;
@@ -1460,6 +1463,82 @@ TEST_F(GradcompShmTest, UnixCallersWithoutAnIdAreRefusedSharedMemory) {
                   .ok());
   (*server)->Shutdown();
   unlink(path.c_str());
+}
+
+// Room in the memory budget for the working memory of two 1024-float
+// tensors in shared memory, and a short wait for more.
+class GradcompShmBudgetTest : public GradcompShmTest {
+ protected:
+  static constexpr size_t kPart = 1024;
+  EngineOptions Options() const override {
+    EngineOptions options;
+    options.memory_budget_bytes = 2 * 2 * kPart * sizeof(float);
+    options.memory_wait = absl::Milliseconds(300);
+    options.error_sample_rate = 0;
+    return options;
+  }
+
+  // A request of `parts` tensors of kPart floats, from `first` on, in
+  // region "grads": five tensors' inputs, then their outputs.
+  static v1::ReduceRequest Parts(uint64_t id, size_t first, size_t parts) {
+    v1::ReduceRequest request =
+        ShmRequest("grads", parts * kPart, first * kPart * sizeof(float),
+                   (5 + first) * kPart * sizeof(float));
+    request.clear_tensor();
+    request.clear_shape();
+    request.set_request_id(id);
+    for (size_t i = 0; i < parts; ++i) {
+      v1::ReducePart* part = request.add_parts();
+      part->set_tensor(absl::StrCat("p", first + i));
+      part->add_shape(kPart);
+      part->set_offset(i * kPart * sizeof(float));
+    }
+    return request;
+  }
+};
+
+// The parts of a request share its --memory_wait: with the budget full, a
+// request's first part waits for room and the others are refused at once.
+// Each waited the whole wait in turn (a review helper: 128 parts x 10 s).
+TEST_F(GradcompShmBudgetTest, PartsShareTheirRequestsMemoryWait) {
+  std::unique_ptr<client::ShmRegion> region =
+      NewRegion(10 * kPart * sizeof(float));
+  ASSERT_NE(region, nullptr);
+  ASSERT_TRUE(
+      Register("c1", "grads", region->key(), 0, region->byte_size()).ok());
+  auto context = As("c1");
+  auto stream = stub_->ReduceStream(context.get());
+  // Two parts fill the budget and wait at the gate.
+  ASSERT_TRUE(stream->Write(Parts(1, 0, 2)));
+  const auto in_use = [&] {
+    return MetricValue(*metrics_.collectable(),
+                       "gradcomp_memory_budget_in_use_bytes", {});
+  };
+  for (int i = 0; i < 600 && in_use() < 4 * kPart * sizeof(float); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(in_use(), 4 * kPart * sizeof(float));
+  ASSERT_TRUE(stream->Write(Parts(2, 2, 3)));
+  v1::ReduceStreamResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.request_id(), 2u);
+  ASSERT_EQ(response.part_results_size(), 3) << response.DebugString();
+  for (int i = 0; i < 3; ++i) {
+    const v1::ReduceStreamResponse& part = response.part_results(i);
+    EXPECT_EQ(part.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    // The first waits (up to the request's deadline), the rest do not.
+    EXPECT_THAT(part.error_message(), HasSubstr("none came free within "));
+    EXPECT_EQ(absl::StrContains(part.error_message(), "within 0;"), i > 0)
+        << "part " << i << ": " << part.error_message();
+  }
+  collective_.Open();
+  stream->WritesDone();
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.request_id(), 1u);
+  for (const v1::ReduceStreamResponse& part : response.part_results()) {
+    EXPECT_EQ(part.error_code(), 0) << part.error_message();
+  }
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 // A request with parts: each part is reduced as a tensor of its own, and the

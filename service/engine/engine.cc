@@ -413,8 +413,10 @@ void Engine::LeaveBatch(const std::string& job, const std::string& tensor,
 }
 
 absl::StatusOr<MemoryBudget::Reservation> Engine::ReserveInput(
-    uint64_t bytes, absl::string_view what) {
-  return budget_.Reserve(bytes, what, options_.memory_wait);
+    uint64_t bytes, absl::string_view what, absl::Time deadline) {
+  const absl::Duration wait = std::clamp(
+      deadline - absl::Now(), absl::ZeroDuration(), options_.memory_wait);
+  return budget_.Reserve(bytes, what, wait);
 }
 
 namespace {

@@ -217,10 +217,14 @@ class Engine {
   const codecs::CodecRegistry& registry() const { return registry_; }
 
   // Reserves `bytes` of a request's own input (inline data that came with
-  // it) in the memory budget, waiting as a reduce does, for `what` (named
-  // in the error); hand it to Reduce in ReduceInput::reservation.
+  // it) in the memory budget, waiting as a reduce does (--memory_wait, but
+  // not past `deadline`), for `what` (named in the error); hand it to
+  // Reduce in ReduceInput::reservation.
   absl::StatusOr<MemoryBudget::Reservation> ReserveInput(
-      uint64_t bytes, absl::string_view what);
+      uint64_t bytes, absl::string_view what,
+      absl::Time deadline = absl::InfiniteFuture());
+  // How long a reservation waits for room (--memory_wait).
+  absl::Duration memory_wait() const { return options_.memory_wait; }
   // The working memory a reduce of `shape` x `dtype` takes, as
   // Reduce reserves it for an aligned input without an error sample: what
   // a caller reserves with a request's input when the request arrives
