@@ -493,7 +493,18 @@ grpc::Status GradcompService::ReduceStream(
   };
   // A client whose answers pile up unread gets no more requests taken.
   v1::ReduceRequest request;
-  while (outbox.WaitForRoom() && stream->Read(&request)) {
+  uint64_t unparsed = 0;
+  while (outbox.WaitForRoom()) {
+    if (!stream->Read(&request)) {
+      // gRPC's sync Read is false at the client's half-close and also for a
+      // message it cannot parse; after the latter the stream goes on, and
+      // another Read takes the next message. A bad last message cannot be
+      // told from the end: its request goes unanswered, which the clients
+      // check for.
+      if (context->IsCancelled() || !stream->Read(&request)) break;
+      ++unparsed;
+      metrics_->CountReduce("unresolved", absl::StatusCode::kInvalidArgument);
+    }
     if (request.parts_size() > 0) {
       ScheduleParts(request, send, schedule);
     } else {
@@ -512,6 +523,13 @@ grpc::Status GradcompService::ReduceStream(
         absl::StrCat("the client stopped reading results (none taken for ",
                      absl::FormatDuration(stall_watchdog_.timeout()),
                      ", --stream_stall_timeout, or the stream broke)"));
+  }
+  if (unparsed > 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        unparsed,
+        " message(s) of this stream could not be parsed as a "
+        "gradcomp.v1.ReduceRequest and got no answer; every other request "
+        "was answered")));
   }
   return grpc::Status::OK;
 }
