@@ -1219,6 +1219,12 @@ class GradcompShmTest : public ::testing::Test {
   std::unique_ptr<v1::Gradcomp::Stub> stub_;
 };
 
+// The C++ helper's default prefix is kept apart from the daemon's (the
+// client may not depend on the daemon): the two must not drift.
+TEST(ShmPrefixTest, TheClientsDefaultIsTheDaemons) {
+  EXPECT_STREQ(client::kDefaultShmPrefix, kDefaultShmPrefix);
+}
+
 TEST_F(GradcompShmTest, ReduceReadsAndWritesTheMappedRegion) {
   collective_.Open();
   const size_t n = 4096;

@@ -18,8 +18,8 @@ import grpc
 import numpy as np
 
 import gradcomp
-from gradcomp.shm import ShmRegion, ShmTensor
-from gradcomp.testing import Daemon, start_peered
+from gradcomp.shm import DEFAULT_SHM_PREFIX, ShmRegion, ShmTensor
+from gradcomp.testing import Daemon, daemon_binary, start_peered
 from gradcomp.v1 import gradcomp_pb2
 
 
@@ -175,6 +175,15 @@ class ShmRegionTest(unittest.TestCase):
                 gradcomp.Client("localhost:1", shm_prefix=prefix)
         # The longest prefix leaves room for the longest tag.
         ShmRegion(64, tag="t" * 128, prefix="/" + "p" * 99).release()
+
+    def test_the_default_prefix_is_the_daemons(self):
+        # Kept in two places (the client may not depend on the daemon): a
+        # change to one must not leave helper-made regions refused.
+        help_text = subprocess.run([str(daemon_binary()), "--helpfull"],
+                                   capture_output=True, text=True).stdout
+        after_flag = help_text[help_text.index("--shm_prefix"):]
+        default = after_flag[after_flag.index('default: "') + len('default: "'):]
+        self.assertEqual(default[:default.index('"')], DEFAULT_SHM_PREFIX)
 
 
 class ShmOffByDefaultTest(unittest.TestCase):
