@@ -98,8 +98,22 @@ absl::Status Mailbox::OverflowError(int from, const MessageKey& key,
       "closer together, or a larger peer buffer"));
 }
 
+absl::Status Mailbox::OverflowError(const MessageKey& key,
+                                    const Overflow& overflow) const {
+  if (!overflow.corrupt)
+    return OverflowError(overflow.from, key, overflow.bytes);
+  return absl::DataLossError(absl::StrCat(
+      "the message of rank ", overflow.from, " for ", KeyString(key),
+      " came before this rank's call and arrived corrupt; it was dropped, "
+      "and its error with it, since the ",
+      options_.max_unclaimed_bytes,
+      " bytes held for early messages were full (counted in "
+      "gradcomp_peer_messages_dropped_total)"));
+}
+
 Mailbox::Slot* Mailbox::ArrivalSlotLocked(const MessageKey& key, absl::Time now,
-                                          int from, uint64_t message_bytes) {
+                                          int from, uint64_t message_bytes,
+                                          bool corrupt) {
   auto current = current_step_.find(TensorKey(key.job, key.tensor));
   if (current != current_step_.end() && key.step < current->second.step) {
     CountDropped("stale");
@@ -119,7 +133,7 @@ Mailbox::Slot* Mailbox::ArrivalSlotLocked(const MessageKey& key, absl::Time now,
       overflows_.erase(it);
     } else {
       if (inserted) overflow_bytes_ += OverflowBytes(key);
-      it->second = Overflow{from, message_bytes, now};
+      it->second = Overflow{from, message_bytes, now, corrupt};
     }
     return nullptr;
   }
@@ -218,7 +232,8 @@ void Mailbox::OnCorruptMessage(int from, const MessageKey& key,
                                const absl::Status& why) {
   absl::MutexLock lock(&mu_);
   // Kept until this rank's call for the key collects it, like a message.
-  Slot* const slot = ArrivalSlotLocked(key, absl::Now(), from, 0);
+  Slot* const slot =
+      ArrivalSlotLocked(key, absl::Now(), from, 0, /*corrupt=*/true);
   if (slot == nullptr) return;
   if (slot->error.ok()) slot->error = why;
   ++slot->arrivals;
@@ -301,8 +316,7 @@ absl::StatusOr<std::vector<codecs::Bytes>> Mailbox::Collect(
   for (int rank : from) slot.awaited[rank] = true;
   if (auto dropped = overflows_.find(key); dropped != overflows_.end()) {
     if (slot.error.ok()) {
-      slot.error =
-          OverflowError(dropped->second.from, key, dropped->second.bytes);
+      slot.error = OverflowError(key, dropped->second);
     }
     EraseOverflowLocked(dropped);
   }

@@ -124,6 +124,8 @@ class Mailbox : public Receiver {
     int from = 0;
     uint64_t bytes = 0;  // the message's
     absl::Time at;
+    // It was the news of a corrupt message, whose error is not kept.
+    bool corrupt = false;
   };
   // The bytes of overflow records (their keys' OverflowBytes) kept at
   // most; beyond them a dropped message is forgotten, and its Collect waits
@@ -154,11 +156,15 @@ class Mailbox : public Receiver {
   // the tensor's current one, or when a new slot would not fit under
   // max_unclaimed_bytes (then recorded in overflows_).
   Slot* ArrivalSlotLocked(const MessageKey& key, absl::Time now, int from,
-                          uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                          uint64_t bytes, bool corrupt = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED: rank `from`'s message of `bytes` bytes for `key`
   // came early and did not fit.
   absl::Status OverflowError(int from, const MessageKey& key,
                              uint64_t bytes) const;
+  // The error of the Collect of a key whose early message was dropped.
+  absl::Status OverflowError(const MessageKey& key,
+                             const Overflow& overflow) const;
   // Rank `from` sent `key`: a Collect of the same (job, tensor, step,
   // round) in a collective of another kind fails, whether it awaits `from`
   // or not (the ranks disagree on how to reduce the tensor).

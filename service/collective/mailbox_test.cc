@@ -336,6 +336,16 @@ TEST(MailboxTest, AnEarlyMessageWithoutRoomForItsSlotFailsItsCollectAtOnce) {
               HasSubstr("the message of rank 1 for job 'job' tensor 'b' step "
                         "0 round 0 gather (5 bytes) came before this rank's "
                         "call and did not fit"));
+  // The news of a corrupt message that finds no room says it was corrupt;
+  // it said a message of 0 bytes had not fitted.
+  mailbox.OnCorruptMessage(1, Key(0, "d"), absl::DataLossError("damaged"));
+  got =
+      mailbox.Collect(Key(0, "d"), {1}, absl::Now() + absl::Seconds(30), Name);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+  EXPECT_THAT(got.status().message(),
+              HasSubstr("the message of rank 1 for job 'job' tensor 'd' step "
+                        "0 round 0 gather came before this rank's call and "
+                        "arrived corrupt"));
   // A record goes with its Collect, or once this rank is past its step.
   mailbox.OnMessage(1, Key(0, "c"), "1");
   mailbox.BeginStep("job", "c", 1);
