@@ -78,6 +78,29 @@ v1::ReduceRequest NamedPart(const v1::ReduceRequest& request) {
   return named;
 }
 
+// Bad messages in a row that ReadParsed reads past: each read costs the end
+// of every stream a Read more.
+constexpr int kMaxUnparsedInARow = 8;
+
+// Reads a client stream's next message into `message`. gRPC's sync Read is
+// false at the client's half-close and also for a message it cannot parse,
+// after which the stream goes on: so a false Read is tried again, up to
+// kMaxUnparsedInARow times, and `*unparsed` counts the messages passed over
+// before one that parsed. False at the end of the stream or a cancel; bad
+// messages just before the end, or more than kMaxUnparsedInARow in a row,
+// cannot be told from it.
+template <typename Stream, typename Message>
+bool ReadParsed(const grpc::ServerContext& context, Stream& stream,
+                Message* message, uint64_t* unparsed) {
+  for (int failed = 0;; ++failed) {
+    if (stream.Read(message)) {
+      *unparsed += failed;
+      return true;
+    }
+    if (context.IsCancelled() || failed == kMaxUnparsedInARow) return false;
+  }
+}
+
 // Why the stream pool did not take a tensor (WorkerPool::TrySchedule).
 enum class PoolRefusal {
   kQueueFull,  // refused: its stream would hold as many as the longest
@@ -456,6 +479,7 @@ grpc::Status GradcompService::ReduceStream(
       absl::MutexLock lock(&mu);
       --pending;
     };
+    WorkerPool::Refusal refusal;
     const bool queued = stream_pool_.TrySchedule(
         [this, &mu, &pending, &client, context, held, working, done,
          request = std::move(request), batch]() mutable {
@@ -485,26 +509,18 @@ grpc::Status GradcompService::ReduceStream(
           absl::MutexLock lock(&mu);
           --pending;
         },
-        queue, [refuse] { refuse(PoolRefusal::kDisplaced); });
+        queue, [refuse] { refuse(PoolRefusal::kDisplaced); }, &refusal);
     if (!queued) {
-      refuse(stream_pool_.threads() == 0 ? PoolRefusal::kNoThread
-                                         : PoolRefusal::kQueueFull);
+      refuse(refusal == WorkerPool::Refusal::kNoThread
+                 ? PoolRefusal::kNoThread
+                 : PoolRefusal::kQueueFull);
     }
   };
   // A client whose answers pile up unread gets no more requests taken.
   v1::ReduceRequest request;
   uint64_t unparsed = 0;
-  while (outbox.WaitForRoom()) {
-    if (!stream->Read(&request)) {
-      // gRPC's sync Read is false at the client's half-close and also for a
-      // message it cannot parse; after the latter the stream goes on, and
-      // another Read takes the next message. A bad last message cannot be
-      // told from the end: its request goes unanswered, which the clients
-      // check for.
-      if (context->IsCancelled() || !stream->Read(&request)) break;
-      ++unparsed;
-      metrics_->CountReduce("unresolved", absl::StatusCode::kInvalidArgument);
-    }
+  while (outbox.WaitForRoom() &&
+         ReadParsed(*context, *stream, &request, &unparsed)) {
     if (request.parts_size() > 0) {
       ScheduleParts(request, send, schedule);
     } else {
@@ -525,11 +541,17 @@ grpc::Status GradcompService::ReduceStream(
                      ", --stream_stall_timeout, or the stream broke)"));
   }
   if (unparsed > 0) {
+    for (uint64_t i = 0; i < unparsed; ++i) {
+      metrics_->CountReduce("unresolved", absl::StatusCode::kInvalidArgument);
+    }
     return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
         unparsed,
         " message(s) of this stream could not be parsed as a "
-        "gradcomp.v1.ReduceRequest and got no answer; every other request "
-        "was answered")));
+        "gradcomp.v1.ReduceRequest and got no answer (bad messages at the "
+        "stream's end, or more than ",
+        kMaxUnparsedInARow,
+        " in a row, end it as a half-close would: the requests after them "
+        "get no answer either)")));
   }
   return grpc::Status::OK;
 }
@@ -752,21 +774,22 @@ grpc::Status GradcompService::ImportStateStream(
     grpc::ServerContext* context,
     grpc::ServerReader<v1::ImportStateRequest>* reader,
     v1::ImportStateResponse* /*response*/) {
-  ClientWait wait;
-  absl::StatusOr<StallWatchdog::Watched> watched = WatchStall(context, &wait);
+  // Progress is bytes: a client that sends nothing, or only empty pieces,
+  // for the stall timeout is cancelled.
+  ClientWait last_bytes;
+  last_bytes.Begin();
+  absl::StatusOr<StallWatchdog::Watched> watched =
+      WatchStall(context, &last_bytes);
   if (!watched.ok()) return ToGrpcStatus(watched.status());
   std::optional<std::string> job;
   uint64_t declared = 0;
   std::string blob;
-  // The whole blob, from the first message until the import returns: it
-  // and the state it makes are both in memory meanwhile.
-  std::optional<MemoryBudget::Reservation> held;
+  // The blob's bytes as they come, until the import returns: it and the
+  // state it makes are both in memory then.
+  MemoryBudget::Reservation held;
+  uint64_t unparsed = 0;
   v1::ImportStateRequest piece;
-  while (true) {
-    wait.Begin();
-    const bool read = reader->Read(&piece);
-    wait.End();
-    if (!read) break;
+  while (ReadParsed(*context, *reader, &piece, &unparsed) && unparsed == 0) {
     if (!job.has_value()) {
       if (piece.job().empty()) {
         return ToGrpcStatus(absl::InvalidArgumentError(
@@ -775,17 +798,18 @@ grpc::Status GradcompService::ImportStateStream(
       }
       job = piece.job();
       declared = piece.state_bytes();
-      absl::StatusOr<MemoryBudget::Reservation> reserved =
-          engine_->ReserveInput(
-              declared, absl::StrCat("the state blob of job '", *job, "' (",
-                                     declared, " bytes) being imported"));
-      if (!reserved.ok()) {
-        return ToGrpcStatus(absl::Status(
-            reserved.status().code(),
-            absl::StrCat(reserved.status().message(), "; nothing imported")));
+      if (declared > engine_->memory_budget_bytes()) {
+        return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+            "ImportStateStream of job '", *job, "': the blob's ", declared,
+            " bytes (state_bytes) are more than the whole memory budget, ",
+            engine_->memory_budget_bytes(),
+            " bytes; expected a larger --memory_budget_bytes (nothing "
+            "imported)")));
       }
-      held = *std::move(reserved);
-      blob.reserve(declared);
+      absl::StatusOr<MemoryBudget::Reservation> none =
+          engine_->ReserveInput(0, "");
+      if (!none.ok()) return ToGrpcStatus(none.status());
+      held = *std::move(none);
     } else if (!piece.job().empty() && piece.job() != *job) {
       return ToGrpcStatus(absl::InvalidArgumentError(
           absl::StrCat("ImportStateStream: a message names job '", piece.job(),
@@ -801,13 +825,28 @@ grpc::Status GradcompService::ImportStateStream(
                        " bytes the first message's state_bytes declared "
                        "(nothing imported)")));
     }
+    if (piece.state().empty()) continue;
+    const absl::Status grown = held.GrowTo(
+        blob.size() + piece.state().size(),
+        absl::StrCat("the state blob of job '", *job, "' being imported"),
+        engine_->memory_wait());
+    if (!grown.ok()) {
+      return ToGrpcStatus(absl::Status(
+          grown.code(), absl::StrCat(grown.message(), "; nothing imported")));
+    }
     blob.append(piece.state());
+    last_bytes.Begin();
   }
   if (context->IsCancelled()) {
     return grpc::Status(grpc::StatusCode::CANCELLED,
                         "the stream ended before the client finished it (it "
-                        "cancelled, went away, or sent nothing for "
+                        "cancelled, went away, or sent no bytes for "
                         "--stream_stall_timeout); nothing imported");
+  }
+  if (unparsed > 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        "ImportStateStream: a message could not be parsed as a "
+        "gradcomp.v1.ImportStateRequest; nothing imported"));
   }
   if (!job.has_value()) {
     return ToGrpcStatus(absl::InvalidArgumentError(

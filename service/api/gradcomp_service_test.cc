@@ -621,6 +621,12 @@ TEST_F(GradcompServiceTest, StateStreamsCarryTheBlobInPiecesOrNothing) {
   status = import_pieces(import);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), HasSubstr("bring more than the"));
+  import = Import();
+  import.declared = uint64_t{1} << 62;
+  status = import_pieces(import);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("are more than the whole memory budget"));
   // Every piece written, then cancelled instead of ended: nothing is
   // imported, whether the daemon saw the cancel before its last piece (a
   // short blob) or after (the handler's cancel check; which of the two
@@ -931,6 +937,14 @@ TEST_F(GradcompServiceStallTest, AStreamWhoseClientStopsReadingIsCancelled) {
 // nothing more held the whole blob's budget, and an export whose client
 // reads nothing held its copy of the state and a gRPC thread, for ever.
 TEST_F(GradcompServiceStallTest, StateStreamsWhoseClientStallsAreCancelled) {
+  const auto in_use = [&](double bytes) {
+    for (int i = 0;
+         i < 600 && Metric("gradcomp_memory_budget_in_use_bytes", {}) != bytes;
+         ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return Metric("gradcomp_memory_budget_in_use_bytes", {}) == bytes;
+  };
   grpc::ClientContext import_context;
   v1::ImportStateResponse imported;
   auto import = stub_->ImportStateStream(&import_context, &imported);
@@ -939,18 +953,22 @@ TEST_F(GradcompServiceStallTest, StateStreamsWhoseClientStallsAreCancelled) {
   first.set_state_bytes(uint64_t{8} << 20);
   first.set_state(std::string(1024, 'x'));
   ASSERT_TRUE(import->Write(first));
-  const auto stalled = [&](double n) {
+  // What came is held, not what the first message declared.
+  EXPECT_TRUE(in_use(1024));
+  // Empty pieces are no progress: the stream is cancelled all the same.
+  const auto stalled = [&](double n, const std::function<void()>& meanwhile) {
     for (int i = 0;
          i < 600 && Metric("gradcomp_stalled_streams_cancelled_total", {}) < n;
          ++i) {
+      meanwhile();
       absl::SleepFor(absl::Milliseconds(100));
     }
     return Metric("gradcomp_stalled_streams_cancelled_total", {}) == n;
   };
-  EXPECT_TRUE(stalled(1));
+  EXPECT_TRUE(stalled(1, [&] { import->Write(v1::ImportStateRequest()); }));
   if (HasFailure()) import_context.TryCancel();
   EXPECT_EQ(import->Finish().error_code(), grpc::StatusCode::CANCELLED);
-  EXPECT_EQ(Metric("gradcomp_memory_budget_in_use_bytes", {}), 0);
+  EXPECT_TRUE(in_use(0));
 
   // Top-k residual and momentum of 4 Mi floats: 32 MiB, more than flow
   // control lets through unread.
@@ -964,7 +982,7 @@ TEST_F(GradcompServiceStallTest, StateStreamsWhoseClientStallsAreCancelled) {
   v1::ExportStateRequest export_request;
   export_request.set_job("job");
   auto exported = stub_->ExportStateStream(&export_context, export_request);
-  EXPECT_TRUE(stalled(2));
+  EXPECT_TRUE(stalled(2, [] {}));
   if (HasFailure()) export_context.TryCancel();
   v1::ExportStateResponse piece;
   while (exported->Read(&piece)) {

@@ -30,7 +30,8 @@ WorkerPool::QueueId WorkerPool::NewQueue() {
 }
 
 bool WorkerPool::TrySchedule(std::function<void()> work, QueueId queue,
-                             std::function<void()> displaced) {
+                             std::function<void()> displaced,
+                             Refusal* refusal) {
   Queued dropped;
   {
     absl::MutexLock lock(&mu_);
@@ -40,7 +41,10 @@ bool WorkerPool::TrySchedule(std::function<void()> work, QueueId queue,
       auto own = queues_.find(queue);
       const size_t own_size = own == queues_.end() ? 0 : own->second.size();
       // Taking one from the longest must leave it no shorter than `queue`.
-      if (own_size + 1 >= queues_.at(longest).size()) return false;
+      if (own_size + 1 >= queues_.at(longest).size()) {
+        if (refusal != nullptr) *refusal = Refusal::kQueueFull;
+        return false;
+      }
       victim = longest;
     }
     std::deque<Queued>& mine = queues_[queue];
@@ -56,6 +60,7 @@ bool WorkerPool::TrySchedule(std::function<void()> work, QueueId queue,
         queues_.erase(queue);
         turns_.pop_back();
       }
+      if (refusal != nullptr) *refusal = Refusal::kNoThread;
       return false;
     }
     if (victim.has_value()) {

@@ -92,10 +92,11 @@ class WorkerPool : private BlockingWaitObserver {
   // as the longest queue; otherwise it displaces the newest closure of the
   // longest queue, which is dropped after its `displaced` is called (here,
   // outside the pool's lock). Also false when no thread runs and none can
-  // be started (the system's thread limit).
+  // be started (the system's thread limit). `refusal`, if set, says which.
+  enum class Refusal { kQueueFull, kNoThread };
   bool TrySchedule(std::function<void()> work, QueueId queue = 0,
-                   std::function<void()> displaced = nullptr)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                   std::function<void()> displaced = nullptr,
+                   Refusal* refusal = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
   size_t max_queued() const { return limits_.queued; }
   // Threads running now (started and not ended).

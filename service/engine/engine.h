@@ -223,8 +223,10 @@ class Engine {
   absl::StatusOr<MemoryBudget::Reservation> ReserveInput(
       uint64_t bytes, absl::string_view what,
       absl::Time deadline = absl::InfiniteFuture());
-  // How long a reservation waits for room (--memory_wait).
+  // How long a reservation waits for room (--memory_wait), and the whole
+  // budget.
   absl::Duration memory_wait() const { return options_.memory_wait; }
+  uint64_t memory_budget_bytes() const { return options_.memory_budget_bytes; }
   // The working memory a reduce of `shape` x `dtype` takes, as
   // Reduce reserves it for an aligned input without an error sample: what
   // a caller reserves with a request's input when the request arrives

@@ -167,8 +167,9 @@ Metrics::Metrics(const codecs::StateStore* state, absl::string_view version)
       &prometheus::BuildCounter()
            .Name("gradcomp_stalled_streams_cancelled_total")
            .Help(
-               "ReduceStreams cancelled because their client took no answer "
-               "for --stream_stall_timeout (it stopped reading).")
+               "Streams (ReduceStream, ExportStateStream, ImportStateStream) "
+               "cancelled because their client made no progress for "
+               "--stream_stall_timeout.")
            .Register(*registry_)
            .Add({});
   gpu_unavailable_ =

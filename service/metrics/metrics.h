@@ -63,8 +63,8 @@ class Metrics {
   void SetSharedMemory(uint64_t regions, uint64_t bytes);
   // Regions dropped because the client that registered them went away.
   void CountSharedMemoryReclaimed(int regions);
-  // A ReduceStream cancelled because its client took no answer for the
-  // stall timeout (service/api/stall_watchdog.h).
+  // A stream cancelled because its client made no progress for the stall
+  // timeout (service/api/stall_watchdog.h).
   void CountStalledStream();
   // The daemon found no usable CUDA device when a client asked for one
   // (counted once per process: service/memory/shared_memory_registry.cc).

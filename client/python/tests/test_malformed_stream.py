@@ -36,18 +36,21 @@ class MalformedStreamTest(unittest.TestCase):
             request_serializer=lambda raw: raw,
             response_deserializer=response.FromString)
 
-    def test_reduce_stream_answers_around_a_bad_message_and_says_so(self):
+    def test_reduce_stream_answers_around_bad_messages_and_says_so(self):
+        # One bad message, and a run of three (a second read alone passed
+        # over the first of a run and took the second for the end).
+        messages = [_request(1), GARBAGE, _request(2), GARBAGE, GARBAGE,
+                    GARBAGE, _request(3)]
         call = self._raw("ReduceStream", "stream_stream",
-                         gradcomp_pb2.ReduceStreamResponse)(
-            iter([_request(1), GARBAGE, _request(2)]), timeout=60)
+                         gradcomp_pb2.ReduceStreamResponse)(iter(messages), timeout=60)
         answered = set()
         with self.assertRaises(grpc.RpcError) as ended:
             for reply in call:
                 self.assertEqual(reply.error_code, 0, reply.error_message)
                 answered.add(reply.result.request_id)
-        self.assertEqual(answered, {1, 2})
+        self.assertEqual(answered, {1, 2, 3})
         self.assertEqual(ended.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
-        self.assertIn("1 message(s) of this stream could not be parsed",
+        self.assertIn("4 message(s) of this stream could not be parsed",
                       ended.exception.details())
 
     def test_import_state_stream_cut_by_a_bad_message_imports_nothing(self):
@@ -60,8 +63,21 @@ class MalformedStreamTest(unittest.TestCase):
                       gradcomp_pb2.ImportStateResponse)(
                 iter([first, GARBAGE, rest]), timeout=60)
         self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
-        self.assertIn("the stream ended after 32 of the 64 bytes",
-                      refused.exception.details())
+        self.assertIn("a message could not be parsed", refused.exception.details())
+
+    def test_import_state_stream_with_a_bad_message_in_it_imports_nothing(self):
+        # The whole blob, a bad message, then more: without the bad message
+        # the extra bytes are refused, and with it the blob was imported.
+        blob = b"GCST" + bytes(60)
+        first = gradcomp_pb2.ImportStateRequest(
+            job="raw", state_bytes=len(blob), state=blob).SerializeToString()
+        extra = gradcomp_pb2.ImportStateRequest(state=b"x").SerializeToString()
+        with self.assertRaises(grpc.RpcError) as refused:
+            self._raw("ImportStateStream", "stream_unary",
+                      gradcomp_pb2.ImportStateResponse)(
+                iter([first, GARBAGE, extra]), timeout=60)
+        self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("a message could not be parsed", refused.exception.details())
 
 
 if __name__ == "__main__":
