@@ -129,7 +129,7 @@ ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(60),
 ABSL_FLAG(absl::Duration, stream_stall_timeout, absl::Minutes(2),
           "A stream whose client makes no progress for this long (a "
           "ReduceStream or ExportStateStream whose client takes nothing, an "
-          "ImportStateStream whose client sends nothing) is cancelled, and "
+          "ImportStateStream whose client sends no bytes) is cancelled, and "
           "the memory it held is freed.");
 ABSL_FLAG(absl::Duration, peer_startup_timeout, absl::Minutes(5),
           "How long a starting daemon retries reaching every peer (names that "

@@ -101,13 +101,6 @@ bool ReadParsed(const grpc::ServerContext& context, Stream& stream,
   }
 }
 
-// Why the stream pool did not take a tensor (WorkerPool::TrySchedule).
-enum class PoolRefusal {
-  kQueueFull,  // refused: its stream would hold as many as the longest
-  kDisplaced,  // queued, then displaced by another stream's tensor
-  kNoThread,   // no thread runs, and none could be started
-};
-
 // One tensor's ReduceStream answer: its result, or its error.
 v1::ReduceStreamResponse StreamAnswer(
     const v1::ReduceRequest& request,
@@ -447,13 +440,11 @@ grpc::Status GradcompService::ReduceStream(
       ++pending;
     }
     // The answer of a tensor the pool refuses, or displaces for another
-    // stream's (worker_pool.h): the queue is full and this stream holds
-    // the most of it.
-    // The answer of a tensor the pool refuses, or displaces for another
     // stream's (worker_pool.h).
-    auto refuse = [this, &mu, &pending, named, batch, done](PoolRefusal why) {
+    auto refuse = [this, &mu, &pending, named, batch,
+                   done](WorkerPool::Refusal why) {
       std::string reason;
-      if (why == PoolRefusal::kNoThread) {
+      if (why == WorkerPool::Refusal::kNoThread) {
         metrics_->CountResourceExhausted("threads");
         reason =
             "no thread could be started to reduce it (the system's thread "
@@ -464,7 +455,7 @@ grpc::Status GradcompService::ReduceStream(
             stream_pool_.max_queued(),
             " stream tensors are already waiting for a worker on this daemon "
             "(the queue's bound), and ",
-            why == PoolRefusal::kDisplaced
+            why == WorkerPool::Refusal::kDisplaced
                 ? "this stream held the most of them: this tensor, its "
                   "newest, gave its place to another stream's"
                 : "this stream would hold as many of them as the stream "
@@ -509,12 +500,8 @@ grpc::Status GradcompService::ReduceStream(
           absl::MutexLock lock(&mu);
           --pending;
         },
-        queue, [refuse] { refuse(PoolRefusal::kDisplaced); }, &refusal);
-    if (!queued) {
-      refuse(refusal == WorkerPool::Refusal::kNoThread
-                 ? PoolRefusal::kNoThread
-                 : PoolRefusal::kQueueFull);
-    }
+        queue, [refuse] { refuse(WorkerPool::Refusal::kDisplaced); }, &refusal);
+    if (!queued) refuse(refusal);
   };
   // A client whose answers pile up unread gets no more requests taken.
   v1::ReduceRequest request;
@@ -806,6 +793,7 @@ grpc::Status GradcompService::ImportStateStream(
             " bytes; expected a larger --memory_budget_bytes (nothing "
             "imported)")));
       }
+      // Empty, of the budget: it grows with the pieces.
       absl::StatusOr<MemoryBudget::Reservation> none =
           engine_->ReserveInput(0, "");
       if (!none.ok()) return ToGrpcStatus(none.status());
@@ -819,9 +807,7 @@ grpc::Status GradcompService::ImportStateStream(
     if (piece.state().size() > declared - blob.size()) {
       return ToGrpcStatus(absl::InvalidArgumentError(
           absl::StrCat("ImportStateStream of job '", *job,
-                       "': the pieces bring more than "
-                       "the ",
-                       declared,
+                       "': the pieces bring more than the ", declared,
                        " bytes the first message's state_bytes declared "
                        "(nothing imported)")));
     }

@@ -93,7 +93,12 @@ class WorkerPool : private BlockingWaitObserver {
   // longest queue, which is dropped after its `displaced` is called (here,
   // outside the pool's lock). Also false when no thread runs and none can
   // be started (the system's thread limit). `refusal`, if set, says which.
-  enum class Refusal { kQueueFull, kNoThread };
+  enum class Refusal {
+    kQueueFull,  // its queue would hold as many as the longest
+    kNoThread,   // no thread runs, and none could be started
+    kDisplaced,  // never returned: what a `displaced` closure's caller
+                 // answers for it
+  };
   bool TrySchedule(std::function<void()> work, QueueId queue = 0,
                    std::function<void()> displaced = nullptr,
                    Refusal* refusal = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
