@@ -163,6 +163,16 @@ absl::Status DaemonProcess::WaitServing(absl::Duration timeout) {
       " (last: ", status.ToString(), "); log:\n", Log()));
 }
 
+absl::Status DaemonProcess::ExitedWithin(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (Running()) {
+    if (absl::Now() > deadline) return absl::OkStatus();
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return absl::UnavailableError(absl::StrCat("gradcompd exited with status ",
+                                             exit_status_, "; log:\n", Log()));
+}
+
 absl::StatusOr<std::unique_ptr<client::Client>> DaemonProcess::Connect(
     client::ClientOptions options) const {
   GC_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client,

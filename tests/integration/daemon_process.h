@@ -57,6 +57,10 @@ class DaemonProcess {
   pid_t pid() const { return pid_; }
   // False once the process has exited (reaping it).
   bool Running();
+  // For a daemon expected to give up (a refused handshake) that may have
+  // answered GetInfo first: Unavailable with its exit status and log once
+  // it has exited, within `timeout`; OK if it still runs then.
+  absl::Status ExitedWithin(absl::Duration timeout);
   // The daemon's stdout and stderr so far.
   std::string Log() const;
   // SIGTERM, then SIGKILL after 10 s; returns the exit status as waitpid gives
